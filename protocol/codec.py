@@ -1,0 +1,421 @@
+"""Table-driven codec for the generated message classes.
+
+For each (struct class, version) the codec writes a small Python function from the schema facts
+in protocol/messages.py and compiles it once, the way kmsg/Kafka generate code per version, so
+decoding and encoding run straight-line code with no per-field interpretation.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from protocol import primitives as p
+from protocol.fieldspec import INHERIT, NEW_STRUCT, FieldSpec
+from protocol.messages import MESSAGES, RequestHeader, ResponseHeader
+
+DecodeError = p.DecodeError
+
+_FIXED = {
+    "bool": ("?", 1),
+    "int8": ("b", 1),
+    "int16": ("h", 2),
+    "uint16": ("H", 2),
+    "int32": ("i", 4),
+    "int64": ("q", 8),
+    "float64": ("d", 8),
+    "uuid": ("16s", 16),
+}
+# Smallest encoding of one array element, used to bound array counts against the frame size.
+_MIN_SIZE = {"string": 1, "bytes": 1, "records": 1}
+
+Decoder = Callable[[Any, int], tuple[Any, int]]
+Encoder = Callable[[Any, bytearray, "list[tuple[int, Any]] | None"], None]
+
+_decoders: dict[tuple[type, int], Decoder] = {}
+_encoders: dict[tuple[type, int], Encoder] = {}
+
+
+def _owner_of(cls: type) -> type:
+    """The message class that holds `cls` (inner struct classes are named Message.Struct)."""
+    top = cls.__qualname__.split(".")[0]
+    return MESSAGES[top]
+
+
+def _flexible(cls: type, version: int) -> bool:
+    owner = _owner_of(cls)
+    rng = owner.FLEXIBLE_VERSIONS  # type: ignore[attr-defined]
+    return rng is not None and rng[0] <= version <= rng[1]
+
+
+def _field_compact(f: FieldSpec, flexible: bool, version: int) -> bool:
+    if f.flexible_versions == INHERIT:
+        return flexible
+    rng = f.flexible_versions
+    return rng is not None and rng[0] <= version <= rng[1]  # type: ignore[index,operator]
+
+
+def _struct_class(cls: type, type_name: str) -> type:
+    owner = _owner_of(cls)
+    return getattr(owner, type_name.removeprefix("[]"))  # type: ignore[no-any-return]
+
+
+def _default_src(f: FieldSpec, cls: type, env: dict[str, Any]) -> str:
+    if f.default is NEW_STRUCT:
+        key = f"_cls_{f.attr}"
+        env[key] = _struct_class(cls, f.type)
+        return f"{key}()"
+    if isinstance(f.default, list):
+        return "[]"
+    key = f"_def_{f.attr}"
+    env[key] = f.default
+    return key
+
+
+def _min_item_size(cls: type, elem: str) -> int:
+    if elem in _FIXED:
+        return _FIXED[elem][1]
+    if elem in _MIN_SIZE:
+        return _MIN_SIZE[elem]
+    return 1  # a struct needs at least its tagged-field count or one field byte
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def _decode_value_src(
+    f: FieldSpec, cls: type, version: int, compact: bool, flexible: bool, target: str, env: dict[str, Any], ind: str
+) -> list[str]:
+    """Lines that decode one (non-fixed-grouped) field value into `target`, advancing `pos`."""
+    t = f.type
+    nullable = f.nullable_in(version)
+    if t in _FIXED:
+        fmt, size = _FIXED[t]
+        key = f"_S_{f.attr}"
+        env[key] = struct.Struct(">" + fmt)
+        return [f"{ind}({target},) = {key}.unpack_from(buf, pos)", f"{ind}pos += {size}"]
+    if t == "string":
+        return [f"{ind}{target}, pos = _rs(buf, pos, {compact}, {nullable})"]
+    if t == "bytes":
+        return [f"{ind}{target}, pos = _rb(buf, pos, {compact}, {nullable})"]
+    if t == "records":
+        return [f"{ind}{target}, pos = _rv(buf, pos, {compact}, True)"]
+    if t.startswith("[]"):
+        elem = t[2:]
+        lines = [
+            f"{ind}_n, pos = _ra(buf, pos, {compact}, {nullable}, {_min_item_size(cls, elem)})",
+            f"{ind}if _n < 0:",
+            f"{ind}    {target} = None",
+            f"{ind}else:",
+            f"{ind}    {target} = []",
+            f"{ind}    _app = {target}.append",
+            f"{ind}    for _ in range(_n):",
+        ]
+        ef = FieldSpec("e_" + f.attr, elem, f.versions, None, None, None, None, f.flexible_versions)
+        lines += _decode_value_src(ef, cls, version, compact, flexible, "_x", env, ind + "        ")
+        lines.append(f"{ind}        _app(_x)")
+        return lines
+    # a struct
+    sub = _struct_class(cls, t)
+    key = f"_dec_{sub.__name__}"
+    env[key] = decoder(sub, version)
+    if nullable:
+        return [
+            f"{ind}(_p,) = _I8.unpack_from(buf, pos)",
+            f"{ind}pos += 1",
+            f"{ind}if _p < 0:",
+            f"{ind}    {target} = None",
+            f"{ind}else:",
+            f"{ind}    {target}, pos = {key}(buf, pos)",
+        ]
+    return [f"{ind}{target}, pos = {key}(buf, pos)"]
+
+
+def _compile_decoder(cls: type, version: int) -> Decoder:
+    flexible = _flexible(cls, version)
+    fields: tuple[FieldSpec, ...] = cls.FIELDS  # type: ignore[attr-defined]
+    env: dict[str, Any] = {
+        "_rs": p.read_string,
+        "_rb": p.read_bytes,
+        "_rv": p.read_bytes_view,
+        "_ra": p.read_array_len,
+        "_ru": p.read_uvarint,
+        "_I8": p.I8,
+        "_cls": cls,
+        "DecodeError": DecodeError,
+    }
+    lines = ["def _decode(buf, pos):"]
+    values: list[str] = []
+    tagged: list[FieldSpec] = []
+    i = 0
+    while i < len(fields):
+        f = fields[i]
+        var = f"v_{f.attr}"
+        values.append(var)
+        if flexible and f.tagged_in(version):
+            tagged.append(f)
+            lines.append(f"    {var} = {_default_src(f, cls, env)}")
+            i += 1
+            continue
+        if not f.in_versions(version):
+            lines.append(f"    {var} = {_default_src(f, cls, env)}")
+            i += 1
+            continue
+        if f.type in _FIXED:
+            # Group consecutive fixed-width fields into one unpack.
+            group = [f]
+            j = i + 1
+            while j < len(fields):
+                g = fields[j]
+                if g.type in _FIXED and g.in_versions(version) and not (flexible and g.tagged_in(version)):
+                    group.append(g)
+                    j += 1
+                else:
+                    break
+            fmt = ">" + "".join(_FIXED[g.type][0] for g in group)
+            key = f"_G{i}"
+            env[key] = struct.Struct(fmt)
+            names = [f"v_{g.attr}" for g in group]
+            for g in group[1:]:
+                values.append(f"v_{g.attr}")
+            lines.append(f"    ({', '.join(names)},) = {key}.unpack_from(buf, pos)")
+            lines.append(f"    pos += {env[key].size}")
+            i = j
+            continue
+        compact = _field_compact(f, flexible, version)
+        lines += _decode_value_src(f, cls, version, compact, flexible, var, env, "    ")
+        i += 1
+    if flexible:
+        lines.append("    _nt, pos = _ru(buf, pos)")
+        lines.append("    for _ in range(_nt):")
+        lines.append("        _tag, pos = _ru(buf, pos)")
+        lines.append("        _sz, pos = _ru(buf, pos)")
+        lines.append("        _end = pos + _sz")
+        lines.append("        if _end > len(buf):")
+        lines.append("            raise DecodeError('tagged field runs past the end of the frame')")
+        for k, f in enumerate(tagged):
+            kw = "if" if k == 0 else "elif"
+            lines.append(f"        {kw} _tag == {f.tag}:")
+            lines += _decode_value_src(f, cls, version, True, True, f"v_{f.attr}", env, "            ")
+        lines.append("        pos = _end")
+    lines.append(f"    return _cls({', '.join(values)}), pos")
+    src = "\n".join(lines)
+    exec(compile(src, f"<decode {cls.__qualname__} v{version}>", "exec"), env)
+    return env["_decode"]  # type: ignore[no-any-return]
+
+
+def decoder(cls: type, version: int) -> Decoder:
+    key = (cls, version)
+    fn = _decoders.get(key)
+    if fn is None:
+        fn = _decoders[key] = _compile_decoder(cls, version)
+    return fn
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def _encode_value_src(
+    f: FieldSpec, cls: type, version: int, compact: bool, src: str, env: dict[str, Any], ind: str
+) -> list[str]:
+    t = f.type
+    nullable = f.nullable_in(version)
+    if t in _FIXED:
+        key = f"_S_{f.attr}"
+        env[key] = struct.Struct(">" + _FIXED[t][0])
+        return [f"{ind}out += {key}.pack({src})"]
+    if t == "string":
+        return [f"{ind}_ws(out, {src}, {compact}, {nullable})"]
+    if t == "bytes":
+        return [f"{ind}_wb(out, {src}, {compact}, {nullable})"]
+    if t == "records":
+        return [f"{ind}_wr(out, ext, {src}, {compact})"]
+    if t.startswith("[]"):
+        elem = t[2:]
+        ef = FieldSpec("e_" + f.attr, elem, f.versions, None, None, None, None, f.flexible_versions)
+        lines = [f"{ind}_wa(out, {src}, {compact}, {nullable})", f"{ind}if {src} is not None:"]
+        lines.append(f"{ind}    for _x in {src}:")
+        lines += _encode_value_src(ef, cls, version, compact, "_x", env, ind + "        ")
+        return lines
+    sub = _struct_class(cls, t)
+    key = f"_enc_{sub.__name__}"
+    env[key] = encoder(sub, version)
+    if nullable:
+        return [
+            f"{ind}if {src} is None:",
+            f"{ind}    out.append(0xff)",
+            f"{ind}else:",
+            f"{ind}    out.append(1)",
+            f"{ind}    {key}({src}, out, ext)",
+        ]
+    return [f"{ind}{key}({src}, out, ext)"]
+
+
+def _compile_encoder(cls: type, version: int) -> Encoder:
+    flexible = _flexible(cls, version)
+    fields: tuple[FieldSpec, ...] = cls.FIELDS  # type: ignore[attr-defined]
+    env: dict[str, Any] = {
+        "_ws": p.write_string,
+        "_wb": p.write_bytes,
+        "_wr": p.write_records,
+        "_wa": p.write_array_len,
+        "_wu": p.write_uvarint,
+    }
+    lines = ["def _encode(o, out, ext):"]
+    tagged: list[FieldSpec] = []
+    i = 0
+    while i < len(fields):
+        f = fields[i]
+        if flexible and f.tagged_in(version):
+            tagged.append(f)
+            i += 1
+            continue
+        if not f.in_versions(version):
+            i += 1
+            continue
+        if f.type in _FIXED:
+            group = [f]
+            j = i + 1
+            while j < len(fields):
+                g = fields[j]
+                if g.type in _FIXED and g.in_versions(version) and not (flexible and g.tagged_in(version)):
+                    group.append(g)
+                    j += 1
+                else:
+                    break
+            key = f"_G{i}"
+            env[key] = struct.Struct(">" + "".join(_FIXED[g.type][0] for g in group))
+            lines.append(f"    out += {key}.pack({', '.join('o.' + g.attr for g in group)})")
+            i = j
+            continue
+        compact = _field_compact(f, flexible, version)
+        lines += _encode_value_src(f, cls, version, compact, f"o.{f.attr}", env, "    ")
+        i += 1
+    if flexible:
+        if not tagged:
+            lines.append("    out.append(0)")
+        else:
+            lines.append("    _tags = []")
+            for f in tagged:
+                dkey = f"_tdef_{f.attr}"
+                env[dkey] = [] if isinstance(f.default, list) else f.default
+                cond = f"o.{f.attr} != {dkey}" if f.default is not NEW_STRUCT else "True"
+                lines.append(f"    if {cond}:")
+                lines.append("        _o, out = out, bytearray()")
+                lines += _encode_value_src(f, cls, version, True, f"o.{f.attr}", env, "        ")
+                lines.append(f"        _tags.append(({f.tag}, out))")
+                lines.append("        out = _o")
+            lines.append("    _wu(out, len(_tags))")
+            lines.append("    for _t, _b in _tags:")
+            lines.append("        _wu(out, _t)")
+            lines.append("        _wu(out, len(_b))")
+            lines.append("        out += _b")
+    if len(lines) == 1:
+        lines.append("    pass")
+    src = "\n".join(lines)
+    exec(compile(src, f"<encode {cls.__qualname__} v{version}>", "exec"), env)
+    return env["_encode"]  # type: ignore[no-any-return]
+
+
+def encoder(cls: type, version: int) -> Encoder:
+    key = (cls, version)
+    fn = _encoders.get(key)
+    if fn is None:
+        fn = _encoders[key] = _compile_encoder(cls, version)
+    return fn
+
+
+# ---------------------------------------------------------------- public API
+
+
+def decode(cls: type, version: int, buf: Any, pos: int = 0) -> tuple[Any, int]:
+    """Decode one `cls` at `version` from buf[pos:]; truncation and bad lengths raise DecodeError."""
+    try:
+        return decoder(cls, version)(buf, pos)
+    except struct.error as e:
+        raise DecodeError(f"{cls.__qualname__} v{version}: truncated ({e})") from None
+    except (IndexError, OverflowError, MemoryError) as e:
+        raise DecodeError(f"{cls.__qualname__} v{version}: {e}") from None
+
+
+def encode(obj: Any, version: int, out: bytearray | None = None, ext: list[tuple[int, Any]] | None = None) -> bytearray:
+    if out is None:
+        out = bytearray()
+    encoder(type(obj), version)(obj, out, ext)
+    return out
+
+
+REQUESTS: dict[int, type] = {}
+RESPONSES: dict[int, type] = {}
+for _cls in MESSAGES.values():
+    _key = getattr(_cls, "API_KEY", None)
+    if _key is None:
+        continue
+    if _cls.KIND == "request":  # type: ignore[attr-defined]
+        REQUESTS[_key] = _cls
+    elif _cls.KIND == "response":  # type: ignore[attr-defined]
+        RESPONSES[_key] = _cls
+
+API_VERSIONS_KEY = 18
+
+
+def is_flexible(api_key: int, version: int) -> bool:
+    rng = REQUESTS[api_key].FLEXIBLE_VERSIONS  # type: ignore[attr-defined]
+    return rng is not None and rng[0] <= version <= rng[1]
+
+
+def request_header_version(api_key: int, version: int) -> int:
+    if api_key == 7 and version == 0:  # ControlledShutdown v0 predates the client id
+        return 0
+    return 2 if is_flexible(api_key, version) else 1
+
+
+def response_header_version(api_key: int, version: int) -> int:
+    # ApiVersionsResponse keeps header v0 so that a client can always parse the answer.
+    if api_key == API_VERSIONS_KEY:
+        return 0
+    return 1 if is_flexible(api_key, version) else 0
+
+
+def decode_request_header(buf: Any) -> tuple[RequestHeader, int]:
+    """Decode the request header; the header version follows from the API key and version."""
+    if len(buf) < 8:
+        raise DecodeError("request shorter than a request header")
+    api_key, api_version = p.I16.unpack_from(buf, 0)[0], p.I16.unpack_from(buf, 2)[0]
+    if api_key in REQUESTS and is_flexible(api_key, api_version):
+        hv = 2
+    else:
+        hv = 1
+    return decode(RequestHeader, hv, buf, 0)  # type: ignore[return-value]
+
+
+def encode_response(correlation_id: int, api_key: int, version: int, body: Any,
+                    ext: list[tuple[int, Any]] | None = None) -> bytearray:
+    """Size-prefixed response frame: int32 size, response header, body."""
+    out = bytearray(4)
+    out += p.I32.pack(correlation_id)
+    if response_header_version(api_key, version) == 1:
+        out.append(0)
+    encoder(type(body), version)(body, out, ext)
+    size = len(out) - 4 + sum(region.size for _, region in ext or ())
+    p.I32.pack_into(out, 0, size)
+    return out
+
+
+def encode_request(header: RequestHeader, body: Any) -> bytearray:
+    """Size-prefixed request frame (used by tests and by the broker's own client paths)."""
+    out = bytearray(4)
+    hv = request_header_version(header.request_api_key, header.request_api_version)
+    encoder(RequestHeader, hv)(header, out, None)
+    encoder(type(body), header.request_api_version)(body, out, None)
+    p.I32.pack_into(out, 0, len(out) - 4)
+    return out
+
+
+def decode_response(api_key: int, version: int, frame: Any) -> tuple[int, Any]:
+    """Decode a response frame without its size prefix; returns (correlation_id, body)."""
+    hv = response_header_version(api_key, version)
+    header, pos = decode(ResponseHeader, hv, frame, 0)
+    body, _ = decode(RESPONSES[api_key], version, frame, pos)
+    return header.correlation_id, body

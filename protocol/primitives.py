@@ -1,0 +1,190 @@
+"""Wire primitives of the Kafka protocol: big-endian integers, varints, strings, bytes.
+
+Readers take (buf, pos) and return (value, new_pos); they bound every length by the buffer
+before slicing, so a hostile length prefix never causes a large allocation.
+Writers append to a bytearray.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+I8 = struct.Struct(">b")
+I16 = struct.Struct(">h")
+U16 = struct.Struct(">H")
+I32 = struct.Struct(">i")
+U32 = struct.Struct(">I")
+I64 = struct.Struct(">q")
+F64 = struct.Struct(">d")
+
+Buffer = bytes | bytearray | memoryview
+
+
+class DecodeError(ValueError):
+    """The bytes on the wire do not form a valid message for the declared API version."""
+
+
+def read_uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    end = len(buf)
+    while True:
+        if pos >= end:
+            raise DecodeError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 28:
+            raise DecodeError("unsigned varint longer than 5 bytes")
+
+
+def write_uvarint(out: bytearray, value: int) -> None:
+    if value < 0:
+        raise ValueError(f"unsigned varint cannot hold {value}")
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def uvarint_size(value: int) -> int:
+    n = 1
+    while value >= 0x80:
+        value >>= 7
+        n += 1
+    return n
+
+
+def _take(buf: Buffer, pos: int, n: int, what: str) -> int:
+    end = pos + n
+    if n < 0 or end > len(buf):
+        raise DecodeError(f"{what} length {n} exceeds the {len(buf) - pos} bytes left")
+    return end
+
+
+def read_string(buf: Buffer, pos: int, compact: bool, nullable: bool) -> tuple[str | None, int]:
+    if compact:
+        n, pos = read_uvarint(buf, pos)
+        n -= 1
+    else:
+        (n,) = I16.unpack_from(buf, pos)
+        pos += 2
+    if n < 0:
+        if n == -1 and nullable:
+            return None, pos
+        raise DecodeError(f"invalid string length {n}")
+    end = _take(buf, pos, n, "string")
+    try:
+        return str(buf[pos:end], "utf-8"), end
+    except UnicodeDecodeError as e:
+        raise DecodeError(f"string is not valid UTF-8: {e}") from None
+
+
+def read_bytes(buf: Buffer, pos: int, compact: bool, nullable: bool) -> tuple[bytes | None, int]:
+    view, pos = read_bytes_view(buf, pos, compact, nullable)
+    return (None if view is None else bytes(view)), pos
+
+
+def read_bytes_view(buf: Buffer, pos: int, compact: bool, nullable: bool) -> tuple[memoryview | None, int]:
+    """Like read_bytes but returns a zero-copy view: record sets are kept as slices of the frame."""
+    if compact:
+        n, pos = read_uvarint(buf, pos)
+        n -= 1
+    else:
+        (n,) = I32.unpack_from(buf, pos)
+        pos += 4
+    if n < 0:
+        if n == -1 and nullable:
+            return None, pos
+        raise DecodeError(f"invalid bytes length {n}")
+    end = _take(buf, pos, n, "bytes")
+    return memoryview(buf)[pos:end], end
+
+
+def read_array_len(buf: Buffer, pos: int, compact: bool, nullable: bool, min_item_size: int) -> tuple[int, int]:
+    """Array count, bounded by what the remaining bytes could possibly hold."""
+    if compact:
+        n, pos = read_uvarint(buf, pos)
+        n -= 1
+    else:
+        (n,) = I32.unpack_from(buf, pos)
+        pos += 4
+    if n < 0:
+        if n == -1 and nullable:
+            return -1, pos
+        raise DecodeError(f"invalid array length {n}")
+    if n * min_item_size > len(buf) - pos:
+        raise DecodeError(f"array of {n} items cannot fit in {len(buf) - pos} bytes")
+    return n, pos
+
+
+def write_string(out: bytearray, value: str | None, compact: bool, nullable: bool) -> None:
+    if value is None:
+        if not nullable:
+            raise ValueError("null string in a non-nullable field")
+        if compact:
+            out.append(0)
+        else:
+            out += b"\xff\xff"
+        return
+    data = value.encode()
+    if compact:
+        write_uvarint(out, len(data) + 1)
+    else:
+        out += I16.pack(len(data))
+    out += data
+
+
+def write_bytes(out: bytearray, value: Buffer | None, compact: bool, nullable: bool) -> None:
+    if value is None:
+        if not nullable:
+            raise ValueError("null bytes in a non-nullable field")
+        if compact:
+            out.append(0)
+        else:
+            out += b"\xff\xff\xff\xff"
+        return
+    if compact:
+        write_uvarint(out, len(value) + 1)
+    else:
+        out += I32.pack(len(value))
+    out += value
+
+
+def write_records(out: bytearray, ext: list[tuple[int, Any]] | None, value: Any, compact: bool) -> None:
+    """Records are bytes, or a file region (an object with `size`) that is sent with sendfile.
+
+    A file region is not copied: its length prefix is written and (offset in out, region) is
+    appended to `ext`, so the sender can splice the file bytes in at that point.
+    """
+    if value is None or isinstance(value, bytes | bytearray | memoryview):
+        write_bytes(out, value, compact, True)
+        return
+    size = value.size
+    if compact:
+        write_uvarint(out, size + 1)
+    else:
+        out += I32.pack(size)
+    if ext is None:
+        out += value.read_bytes()
+    else:
+        ext.append((len(out), value))
+
+
+def write_array_len(out: bytearray, value: list[Any] | None, compact: bool, nullable: bool) -> None:
+    if value is None:
+        if not nullable:
+            raise ValueError("null array in a non-nullable field")
+        if compact:
+            out.append(0)
+        else:
+            out += b"\xff\xff\xff\xff"
+        return
+    if compact:
+        write_uvarint(out, len(value) + 1)
+    else:
+        out += I32.pack(len(value))
