@@ -1,0 +1,666 @@
+"""Kafka record batch v2 (magic 2) codec.
+
+Everything here is synchronous, allocation-light and thread-safe (no shared mutable state).
+The produce path only touches batch headers (validate_batches, set_*); per-record parsing
+(decode_records) is reserved for the cleaner, the coordinators and tests.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import struct
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import crc32c as _crc32c
+import lz4.frame
+import snappy
+import zstandard
+
+__all__ = [
+    "ATTR_COMPRESSION_MASK",
+    "ATTR_CONTROL",
+    "ATTR_DELETE_HORIZON",
+    "ATTR_TIMESTAMP_TYPE",
+    "ATTR_TRANSACTIONAL",
+    "BATCH_HEADER_SIZE",
+    "BATCH_OVERHEAD",
+    "COMPRESSION_GZIP",
+    "COMPRESSION_LZ4",
+    "COMPRESSION_NONE",
+    "COMPRESSION_SNAPPY",
+    "COMPRESSION_ZSTD",
+    "CORRUPT_MESSAGE",
+    "INVALID_RECORD",
+    "LOG_OVERHEAD",
+    "NO_PRODUCER_EPOCH",
+    "NO_PRODUCER_ID",
+    "NO_SEQUENCE",
+    "NO_TIMESTAMP",
+    "TIMESTAMP_CREATE_TIME",
+    "TIMESTAMP_LOG_APPEND_TIME",
+    "BatchesSummary",
+    "CorruptRecordError",
+    "InvalidRecordError",
+    "Record",
+    "RecordBatchHeader",
+    "build_batch",
+    "compress",
+    "compute_crc",
+    "decode_records",
+    "decompress",
+    "iter_batch_headers",
+    "parse_batch_header",
+    "read_varint",
+    "read_uvarint",
+    "set_base_offset",
+    "set_log_append_time",
+    "set_partition_leader_epoch",
+    "validate_batches",
+    "write_uvarint",
+    "write_varint",
+]
+
+# Kafka error codes for the two exceptions raised here (the broker maps them onto responses).
+CORRUPT_MESSAGE = 2
+INVALID_RECORD = 87
+
+COMPRESSION_NONE = 0
+COMPRESSION_GZIP = 1
+COMPRESSION_SNAPPY = 2
+COMPRESSION_LZ4 = 3
+COMPRESSION_ZSTD = 4
+
+TIMESTAMP_CREATE_TIME = 0
+TIMESTAMP_LOG_APPEND_TIME = 1
+
+ATTR_COMPRESSION_MASK = 0x07
+ATTR_TIMESTAMP_TYPE = 0x08
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+# KIP-534: when set, baseTimestamp holds the cleaner's delete horizon for tombstones/markers.
+ATTR_DELETE_HORIZON = 0x40
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_TIMESTAMP = -1
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+BATCH_HEADER_SIZE = _HEADER.size  # 61
+# baseOffset + batchLength precede the part counted by batchLength.
+LOG_OVERHEAD = 12
+# Smallest legal batchLength: the header minus the LOG_OVERHEAD prefix.
+BATCH_OVERHEAD = BATCH_HEADER_SIZE - LOG_OVERHEAD  # 49
+
+# Field offsets inside a batch, used by the in-place rewriters.
+_OFF_BASE_OFFSET = 0
+_OFF_LENGTH = 8
+_OFF_LEADER_EPOCH = 12
+_OFF_MAGIC = 16
+_OFF_CRC = 17
+_OFF_ATTRIBUTES = 21
+_OFF_MAX_TIMESTAMP = 35
+_CRC_START = _OFF_ATTRIBUTES
+
+_I64 = struct.Struct(">q")
+_I32 = struct.Struct(">i")
+_U32 = struct.Struct(">I")
+_I16 = struct.Struct(">h")
+
+_INT32_MAX = 2**31 - 1
+# Default decompression bound for decode_records: large enough for any sane batch, small
+# enough that a crafted bomb cannot exhaust memory.
+DEFAULT_MAX_DECOMPRESSED = 256 * 1024 * 1024
+
+
+class CorruptRecordError(ValueError):
+    """Bytes that are not a well-formed batch (bad CRC, truncated, bad magic...)."""
+
+    error_code = CORRUPT_MESSAGE
+
+
+class InvalidRecordError(ValueError):
+    """A well-formed batch the broker refuses (bad offsets/count, control batch from a client...)."""
+
+    error_code = INVALID_RECORD
+
+
+Buffer = bytes | bytearray | memoryview
+
+
+# ----------------------------------------------------------------------------------------------
+# varints (protobuf-style zigzag for signed values, as Kafka's ByteUtils)
+
+
+def write_uvarint(value: int, out: bytearray) -> None:
+    if value < 0:
+        raise ValueError("unsigned varint must be >= 0")
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def write_varint(value: int, out: bytearray) -> None:
+    # Zigzag over 64 bits covers both Kafka varint and varlong.
+    write_uvarint((value << 1) ^ (value >> 63), out)
+
+
+def read_uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    end = len(buf)
+    while True:
+        if pos >= end:
+            raise CorruptRecordError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise CorruptRecordError("varint is too long")
+
+
+def read_varint(buf: Buffer, pos: int) -> tuple[int, int]:
+    raw, pos = read_uvarint(buf, pos)
+    return (raw >> 1) ^ -(raw & 1), pos
+
+
+# ----------------------------------------------------------------------------------------------
+# batch header
+
+
+@dataclass(slots=True)
+class RecordBatchHeader:
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & ATTR_COMPRESSION_MASK
+
+    @property
+    def timestamp_type(self) -> int:
+        return TIMESTAMP_LOG_APPEND_TIME if self.attributes & ATTR_TIMESTAMP_TYPE else TIMESTAMP_CREATE_TIME
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & ATTR_TRANSACTIONAL)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & ATTR_CONTROL)
+
+    @property
+    def has_delete_horizon(self) -> bool:
+        return bool(self.attributes & ATTR_DELETE_HORIZON)
+
+    @property
+    def delete_horizon_ms(self) -> int:
+        return self.base_timestamp if self.attributes & ATTR_DELETE_HORIZON else NO_TIMESTAMP
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def size_in_bytes(self) -> int:
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_sequence(self) -> int:
+        if self.base_sequence == NO_SEQUENCE:
+            return NO_SEQUENCE
+        # Sequences wrap at int32 max like the Java client does.
+        return (self.base_sequence + self.last_offset_delta) % (_INT32_MAX + 1)
+
+
+def parse_batch_header(buf: Buffer, pos: int = 0) -> RecordBatchHeader:
+    """Parse the 61-byte header at pos. Raises CorruptRecordError if fewer bytes are available."""
+    if len(buf) - pos < BATCH_HEADER_SIZE:
+        raise CorruptRecordError(f"need {BATCH_HEADER_SIZE} bytes for a batch header at {pos}, have {len(buf) - pos}")
+    return RecordBatchHeader(*_HEADER.unpack_from(buf, pos))
+
+
+def iter_batch_headers(buf: Buffer, pos: int = 0) -> Iterator[tuple[int, RecordBatchHeader]]:
+    """Yield (position, header) of each complete batch; stop silently at a partial trailing batch.
+
+    Fetch responses may legally end in a truncated batch, so this is not an error here.
+    """
+    end = len(buf)
+    while end - pos >= BATCH_HEADER_SIZE:
+        header = RecordBatchHeader(*_HEADER.unpack_from(buf, pos))
+        size = header.batch_length + LOG_OVERHEAD
+        if header.batch_length < BATCH_OVERHEAD or pos + size > end:
+            return
+        yield pos, header
+        pos += size
+
+
+def compute_crc(buf: Buffer, pos: int, size: int) -> int:
+    """CRC-32C over attributes..end of the batch at pos (size = whole batch size)."""
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    return _crc32c.crc32c(view[pos + _CRC_START : pos + size])
+
+
+@dataclass(slots=True)
+class BatchesSummary:
+    """Per-batch facts of a validated buffer, enough for the produce path without record parsing."""
+
+    batches: list[tuple[int, RecordBatchHeader]] = field(default_factory=list)
+    num_records: int = 0
+    valid_bytes: int = 0
+    first_timestamp: int = NO_TIMESTAMP
+    last_timestamp: int = NO_TIMESTAMP
+    max_timestamp: int = NO_TIMESTAMP
+    # Index into batches of the (first) batch carrying max_timestamp, -1 when there is none.
+    max_timestamp_batch: int = -1
+
+    @property
+    def num_batches(self) -> int:
+        return len(self.batches)
+
+    @property
+    def producers(self) -> list[tuple[int, int, int, int]]:
+        """(producer_id, producer_epoch, base_sequence, last_offset_delta) per batch."""
+        return [(h.producer_id, h.producer_epoch, h.base_sequence, h.last_offset_delta) for _, h in self.batches]
+
+
+def validate_batches(buf: Buffer, *, from_client: bool = True) -> BatchesSummary:
+    """Validate every batch of a produce payload; header + CRC work only.
+
+    from_client=True applies Kafka's LogValidator rules for client produce: at least one
+    record, lastOffsetDelta == recordsCount - 1, no control batches. Internal writers
+    (coordinators, the cleaner, recovery) pass False, which allows empty batches whose
+    lastOffsetDelta was preserved by compaction.
+    """
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    end = len(view)
+    if end == 0:
+        raise InvalidRecordError("record set is empty")
+    summary = BatchesSummary()
+    pos = 0
+    crc_fn = _crc32c.crc32c
+    while pos < end:
+        remaining = end - pos
+        if remaining < BATCH_HEADER_SIZE:
+            raise CorruptRecordError(f"truncated batch header at position {pos}: {remaining} bytes left")
+        header = RecordBatchHeader(*_HEADER.unpack_from(view, pos))
+        if header.batch_length < BATCH_OVERHEAD:
+            raise CorruptRecordError(
+                f"batch at position {pos} has batchLength {header.batch_length} < {BATCH_OVERHEAD}"
+            )
+        size = header.batch_length + LOG_OVERHEAD
+        if size > remaining:
+            raise CorruptRecordError(f"batch at position {pos} claims {size} bytes but only {remaining} remain")
+        if header.magic != 2:
+            raise CorruptRecordError(f"batch at position {pos} has unsupported magic {header.magic}")
+        actual = crc_fn(view[pos + _CRC_START : pos + size])
+        if actual != header.crc:
+            raise CorruptRecordError(
+                f"batch at position {pos} has CRC {header.crc:#010x}, computed {actual:#010x}"
+            )
+        count = header.records_count
+        if count < 0:
+            raise InvalidRecordError(f"batch at position {pos} has negative recordsCount {count}")
+        if header.last_offset_delta < 0:
+            raise InvalidRecordError(f"batch at position {pos} has negative lastOffsetDelta {header.last_offset_delta}")
+        if from_client:
+            if count == 0:
+                raise InvalidRecordError(f"batch at position {pos} has no records")
+            if header.last_offset_delta != count - 1:
+                raise InvalidRecordError(
+                    f"batch at position {pos} has lastOffsetDelta {header.last_offset_delta} "
+                    f"inconsistent with recordsCount {count}"
+                )
+            if header.is_control:
+                raise InvalidRecordError("clients are not allowed to write control records")
+        elif count > header.last_offset_delta + 1:
+            raise InvalidRecordError(
+                f"batch at position {pos} has {count} records for lastOffsetDelta {header.last_offset_delta}"
+            )
+        if header.compression > COMPRESSION_ZSTD:
+            raise InvalidRecordError(f"batch at position {pos} uses unknown compression codec {header.compression}")
+        summary.batches.append((pos, header))
+        summary.num_records += count
+        if summary.first_timestamp == NO_TIMESTAMP:
+            summary.first_timestamp = header.base_timestamp
+        summary.last_timestamp = header.max_timestamp
+        if header.max_timestamp > summary.max_timestamp:
+            summary.max_timestamp = header.max_timestamp
+            summary.max_timestamp_batch = len(summary.batches) - 1
+        pos += size
+    summary.valid_bytes = pos
+    return summary
+
+
+# ----------------------------------------------------------------------------------------------
+# in-place rewriting
+
+
+def set_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:
+    # baseOffset is not covered by the CRC, so no recompute.
+    _I64.pack_into(buf, pos + _OFF_BASE_OFFSET, base_offset)
+
+
+def set_partition_leader_epoch(buf: bytearray | memoryview, pos: int, epoch: int) -> None:
+    # Also outside the CRC (which starts at attributes).
+    _I32.pack_into(buf, pos + _OFF_LEADER_EPOCH, epoch)
+
+
+def set_log_append_time(buf: bytearray | memoryview, pos: int, timestamp: int) -> None:
+    """Mark the batch LogAppendTime with maxTimestamp=timestamp; recompute the CRC."""
+    (attributes,) = _I16.unpack_from(buf, pos + _OFF_ATTRIBUTES)
+    _I16.pack_into(buf, pos + _OFF_ATTRIBUTES, attributes | ATTR_TIMESTAMP_TYPE)
+    _I64.pack_into(buf, pos + _OFF_MAX_TIMESTAMP, timestamp)
+    (length,) = _I32.unpack_from(buf, pos + _OFF_LENGTH)
+    _U32.pack_into(buf, pos + _OFF_CRC, compute_crc(buf, pos, length + LOG_OVERHEAD))
+
+
+# ----------------------------------------------------------------------------------------------
+# compression
+
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = _XERIAL_MAGIC + struct.pack(">ii", 1, 1)
+# xerial's default block size; the Java client decodes any block size.
+_XERIAL_BLOCK = 32 * 1024
+
+
+def compress(codec: int, data: Buffer) -> bytes:
+    if codec == COMPRESSION_NONE:
+        return bytes(data)
+    if codec == COMPRESSION_GZIP:
+        return gzip.compress(bytes(data), compresslevel=6, mtime=0)
+    if codec == COMPRESSION_SNAPPY:
+        # Java clients (SnappyInputStream) and librdkafka expect xerial framing.
+        out = bytearray(_XERIAL_HEADER)
+        view = memoryview(data)
+        for start in range(0, len(view), _XERIAL_BLOCK):
+            block = snappy.compress(bytes(view[start : start + _XERIAL_BLOCK]))
+            out += _I32.pack(len(block))
+            out += block
+        return bytes(out)
+    if codec == COMPRESSION_LZ4:
+        return bytes(lz4.frame.compress(bytes(data)))
+    if codec == COMPRESSION_ZSTD:
+        return bytes(zstandard.ZstdCompressor(level=3).compress(bytes(data)))
+    raise InvalidRecordError(f"unknown compression codec {codec}")
+
+
+def _too_big(codec: int, max_size: int) -> CorruptRecordError:
+    return CorruptRecordError(f"decompressed data (codec {codec}) exceeds {max_size} bytes")
+
+
+def decompress(codec: int, data: Buffer, max_size: int = DEFAULT_MAX_DECOMPRESSED) -> bytes:
+    """Decompress, never producing more than max_size bytes (decompression bombs -> CorruptRecordError)."""
+    try:
+        if codec == COMPRESSION_NONE:
+            if len(data) > max_size:
+                raise _too_big(codec, max_size)
+            return bytes(data)
+        if codec == COMPRESSION_GZIP:
+            return _gunzip(bytes(data), max_size)
+        if codec == COMPRESSION_SNAPPY:
+            return _unsnappy(bytes(data), max_size)
+        if codec == COMPRESSION_LZ4:
+            dec = lz4.frame.LZ4FrameDecompressor()
+            out = dec.decompress(bytes(data), max_length=max_size + 1)
+            if len(out) > max_size:
+                raise _too_big(codec, max_size)
+            if not dec.eof:
+                raise CorruptRecordError("truncated lz4 frame")
+            return bytes(out)
+        if codec == COMPRESSION_ZSTD:
+            # Frames written by streaming encoders carry no content size, so use a reader.
+            reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(bytes(data)), read_across_frames=True)
+            chunks = []
+            total = 0
+            while True:
+                chunk = reader.read(min(1 << 20, max_size + 1 - total))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+                if total > max_size:
+                    raise _too_big(codec, max_size)
+            return b"".join(chunks)
+    except CorruptRecordError:
+        raise
+    except Exception as e:  # codec libraries raise assorted types on garbage input
+        raise CorruptRecordError(f"failed to decompress (codec {codec}): {e}") from e
+    raise InvalidRecordError(f"unknown compression codec {codec}")
+
+
+def _gunzip(data: bytes, max_size: int) -> bytes:
+    out = bytearray()
+    while data:
+        dec = zlib.decompressobj(wbits=31)
+        out += dec.decompress(data, max_size + 1 - len(out))
+        if len(out) > max_size or dec.unconsumed_tail:
+            raise _too_big(COMPRESSION_GZIP, max_size)
+        if not dec.eof:
+            raise CorruptRecordError("truncated gzip stream")
+        # Concatenated gzip members are legal.
+        data = dec.unused_data
+    return bytes(out)
+
+
+def _unsnappy(data: bytes, max_size: int) -> bytes:
+    if not data.startswith(_XERIAL_MAGIC):
+        return _snappy_block(data, max_size)
+    out = bytearray()
+    pos = len(_XERIAL_HEADER)
+    end = len(data)
+    while pos < end:
+        if end - pos < 4:
+            raise CorruptRecordError("truncated xerial snappy block length")
+        (n,) = _I32.unpack_from(data, pos)
+        pos += 4
+        if n < 0 or pos + n > end:
+            raise CorruptRecordError("truncated xerial snappy block")
+        out += _snappy_block(data[pos : pos + n], max_size - len(out))
+        pos += n
+    return bytes(out)
+
+
+def _snappy_block(block: bytes, max_size: int) -> bytes:
+    # The uncompressed length is a varint preamble: check it before allocating.
+    n, _ = read_uvarint(block, 0)
+    if n > max_size:
+        raise _too_big(COMPRESSION_SNAPPY, max_size)
+    return bytes(snappy.decompress(block))
+
+
+# ----------------------------------------------------------------------------------------------
+# records
+
+
+@dataclass(slots=True)
+class Record:
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]] = field(default_factory=list)
+    attributes: int = 0
+
+
+def decode_records(buf: Buffer, pos: int = 0, *, max_size: int = DEFAULT_MAX_DECOMPRESSED) -> list[Record]:
+    """Decode the records of the single batch at pos with absolute offsets and timestamps."""
+    header = parse_batch_header(buf, pos)
+    size = header.size_in_bytes
+    if header.batch_length < BATCH_OVERHEAD or pos + size > len(buf):
+        raise CorruptRecordError(f"batch at position {pos} is truncated")
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    body: Buffer = view[pos + BATCH_HEADER_SIZE : pos + size]
+    if header.compression != COMPRESSION_NONE:
+        body = decompress(header.compression, body, max_size)
+    log_append = header.attributes & ATTR_TIMESTAMP_TYPE
+    base_offset = header.base_offset
+    base_ts = header.base_timestamp
+    records: list[Record] = []
+    p = 0
+    end = len(body)
+    try:
+        for _ in range(header.records_count):
+            length, p = read_varint(body, p)
+            rec_end = p + length
+            if length < 0 or rec_end > end:
+                raise CorruptRecordError("record length exceeds batch")
+            attributes = body[p]
+            p += 1
+            ts_delta, p = read_varint(body, p)
+            off_delta, p = read_varint(body, p)
+            key_len, p = read_varint(body, p)
+            key: bytes | None = None
+            if key_len >= 0:
+                key = bytes(body[p : p + key_len])
+                p += key_len
+            value_len, p = read_varint(body, p)
+            value: bytes | None = None
+            if value_len >= 0:
+                value = bytes(body[p : p + value_len])
+                p += value_len
+            n_headers, p = read_varint(body, p)
+            headers: list[tuple[str, bytes | None]] = []
+            for _h in range(n_headers):
+                hk_len, p = read_varint(body, p)
+                if hk_len < 0:
+                    raise CorruptRecordError("null header key")
+                hkey = bytes(body[p : p + hk_len]).decode("utf-8")
+                p += hk_len
+                hv_len, p = read_varint(body, p)
+                hval: bytes | None = None
+                if hv_len >= 0:
+                    hval = bytes(body[p : p + hv_len])
+                    p += hv_len
+                headers.append((hkey, hval))
+            if p != rec_end:
+                raise CorruptRecordError("record length does not match its content")
+            ts = header.max_timestamp if log_append else base_ts + ts_delta
+            records.append(Record(base_offset + off_delta, ts, key, value, headers, attributes))
+    except (IndexError, UnicodeDecodeError) as e:
+        raise CorruptRecordError(f"malformed record in batch at offset {base_offset}: {e}") from e
+    return records
+
+
+def _encode_record(out: bytearray, offset_delta: int, ts_delta: int, key: bytes | None, value: bytes | None,
+                   headers: Sequence[tuple[str, bytes | None]], attributes: int = 0) -> None:
+    body = bytearray()
+    body.append(attributes & 0xFF)
+    write_varint(ts_delta, body)
+    write_varint(offset_delta, body)
+    if key is None:
+        write_varint(-1, body)
+    else:
+        write_varint(len(key), body)
+        body += key
+    if value is None:
+        write_varint(-1, body)
+    else:
+        write_varint(len(value), body)
+        body += value
+    write_varint(len(headers), body)
+    for hkey, hval in headers:
+        kb = hkey.encode("utf-8")
+        write_varint(len(kb), body)
+        body += kb
+        if hval is None:
+            write_varint(-1, body)
+        else:
+            write_varint(len(hval), body)
+            body += hval
+    write_varint(len(body), out)
+    out += body
+
+
+RecordLike = Record | tuple[Any, ...]
+
+
+def build_batch(
+    records: Iterable[RecordLike],
+    *,
+    base_offset: int = 0,
+    compression: int = COMPRESSION_NONE,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    is_transactional: bool = False,
+    is_control: bool = False,
+    timestamp_type: int = TIMESTAMP_CREATE_TIME,
+    partition_leader_epoch: int = -1,
+    last_offset_delta: int | None = None,
+    max_timestamp: int | None = None,
+    delete_horizon_ms: int | None = None,
+) -> bytes:
+    """Encode one v2 batch with a correct CRC.
+
+    records are Record objects (offset deltas taken from record.offset - base_offset, so the
+    cleaner can keep original offsets) or (key, value, headers, timestamp) tuples (consecutive
+    offsets). last_offset_delta overrides the computed one (compaction keeps the original last
+    offset even when the last record was removed; an empty batch needs it). max_timestamp
+    overrides the computed one (LogAppendTime batches, empty batches). delete_horizon_ms sets
+    the KIP-534 delete horizon as baseTimestamp.
+    """
+    entries: list[tuple[int, int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]], int]] = []
+    for i, rec in enumerate(records):
+        if isinstance(rec, Record):
+            entries.append((rec.offset - base_offset, rec.timestamp, rec.key, rec.value, rec.headers, rec.attributes))
+        else:
+            key, value, headers, ts = rec
+            entries.append((i, ts, key, value, headers or (), 0))
+    timestamps = [e[1] for e in entries]
+    if delete_horizon_ms is not None:
+        base_ts = delete_horizon_ms
+    elif entries:
+        base_ts = timestamps[0]
+    else:
+        base_ts = max_timestamp if max_timestamp is not None else NO_TIMESTAMP
+    if max_timestamp is None:
+        max_timestamp = max(timestamps) if timestamps else NO_TIMESTAMP
+    if last_offset_delta is None:
+        last_offset_delta = entries[-1][0] if entries else 0
+    body = bytearray()
+    for off_delta, ts, key, value, headers, rec_attrs in entries:
+        if off_delta < 0 or off_delta > last_offset_delta:
+            raise ValueError(f"record offset delta {off_delta} outside batch range 0..{last_offset_delta}")
+        _encode_record(body, off_delta, ts - base_ts, key, value, headers, rec_attrs)
+    payload = compress(compression, body) if compression != COMPRESSION_NONE else bytes(body)
+    attributes = compression & ATTR_COMPRESSION_MASK
+    if timestamp_type == TIMESTAMP_LOG_APPEND_TIME:
+        attributes |= ATTR_TIMESTAMP_TYPE
+    if is_transactional:
+        attributes |= ATTR_TRANSACTIONAL
+    if is_control:
+        attributes |= ATTR_CONTROL
+    if delete_horizon_ms is not None:
+        attributes |= ATTR_DELETE_HORIZON
+    out = bytearray(BATCH_HEADER_SIZE + len(payload))
+    _HEADER.pack_into(
+        out, 0, base_offset, BATCH_OVERHEAD + len(payload), partition_leader_epoch, 2, 0, attributes,
+        last_offset_delta, base_ts, max_timestamp, producer_id, producer_epoch, base_sequence, len(entries),
+    )
+    out[BATCH_HEADER_SIZE:] = payload
+    _U32.pack_into(out, _OFF_CRC, compute_crc(out, 0, len(out)))
+    return bytes(out)
