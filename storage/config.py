@@ -1,0 +1,127 @@
+"""LogConfig: topic-level log settings with Kafka's names, defaults and validation."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+_LONG_MAX = 2**63 - 1
+_INT_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    segment_bytes: int = 1073741824
+    segment_ms: int = 604800000
+    segment_index_bytes: int = 10485760
+    index_interval_bytes: int = 4096
+    retention_ms: int = 604800000
+    retention_bytes: int = -1
+    cleanup_policy: str = "delete"
+    max_message_bytes: int = 1048588
+    message_timestamp_type: str = "CreateTime"
+    flush_messages: int = _LONG_MAX
+    flush_ms: int = _LONG_MAX
+    delete_retention_ms: int = 86400000
+    min_compaction_lag_ms: int = 0
+    min_cleanable_dirty_ratio: float = 0.5
+    file_delete_delay_ms: int = 60000
+
+    # Filled in below the class: the topic config keys this class understands.
+    TOPIC_CONFIG_KEYS: ClassVar[frozenset[str]]
+
+    @property
+    def compact(self) -> bool:
+        return "compact" in self.policies
+
+    @property
+    def delete(self) -> bool:
+        return "delete" in self.policies
+
+    @property
+    def policies(self) -> frozenset[str]:
+        return frozenset(p.strip() for p in self.cleanup_policy.split(",") if p.strip())
+
+    @property
+    def log_append_time(self) -> bool:
+        return self.message_timestamp_type == "LogAppendTime"
+
+    def replace(self, **changes: Any) -> LogConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_topic_configs(cls, base: LogConfig, overrides: Mapping[str, str]) -> LogConfig:
+        """Apply Kafka topic config overrides (string values) on top of base; unknown keys are
+        ignored here because the broker owns the full topic-config namespace."""
+        changes: dict[str, Any] = {}
+        for key, raw in overrides.items():
+            spec = _SPECS.get(key)
+            if spec is None:
+                continue
+            attr, parse = spec
+            try:
+                changes[attr] = parse(raw.strip() if isinstance(raw, str) else raw)
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"Invalid value {raw!r} for configuration {key}: {e}") from None
+        return dataclasses.replace(base, **changes)
+
+    def to_topic_configs(self) -> dict[str, str]:
+        out = {}
+        for key, (attr, _) in _SPECS.items():
+            out[key] = str(getattr(self, attr))
+        return out
+
+
+def _int(lo: int, hi: int = _LONG_MAX) -> Callable[[str], int]:
+    def parse(s: str) -> int:
+        v = int(s)
+        if not lo <= v <= hi:
+            raise ValueError(f"must be in [{lo}, {hi}]")
+        return v
+
+    return parse
+
+
+def _ratio(s: str) -> float:
+    v = float(s)
+    if not 0.0 <= v <= 1.0:
+        raise ValueError("must be in [0, 1]")
+    return v
+
+
+def _policy(s: str) -> str:
+    parts = [p.strip() for p in s.split(",") if p.strip()]
+    if not parts or any(p not in ("delete", "compact") for p in parts):
+        raise ValueError("must be a list of 'delete' and/or 'compact'")
+    return ",".join(sorted(set(parts), key=parts.index))
+
+
+def _ts_type(s: str) -> str:
+    if s not in ("CreateTime", "LogAppendTime"):
+        raise ValueError("must be CreateTime or LogAppendTime")
+    return s
+
+
+# Kafka's lower bounds (TopicConfig/LogConfig validators).
+_SPECS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "segment.bytes": ("segment_bytes", _int(14, _INT_MAX)),
+    "segment.ms": ("segment_ms", _int(1)),
+    "segment.index.bytes": ("segment_index_bytes", _int(4, _INT_MAX)),
+    "index.interval.bytes": ("index_interval_bytes", _int(0, _INT_MAX)),
+    "retention.ms": ("retention_ms", _int(-1)),
+    "retention.bytes": ("retention_bytes", _int(-(2**63))),
+    "cleanup.policy": ("cleanup_policy", _policy),
+    "max.message.bytes": ("max_message_bytes", _int(0, _INT_MAX)),
+    "message.timestamp.type": ("message_timestamp_type", _ts_type),
+    "flush.messages": ("flush_messages", _int(1)),
+    "flush.ms": ("flush_ms", _int(0)),
+    "delete.retention.ms": ("delete_retention_ms", _int(0)),
+    "min.compaction.lag.ms": ("min_compaction_lag_ms", _int(0)),
+    "min.cleanable.dirty.ratio": ("min_cleanable_dirty_ratio", _ratio),
+    "file.delete.delay.ms": ("file_delete_delay_ms", _int(0)),
+}
+
+TOPIC_CONFIG_KEYS: frozenset[str] = frozenset(_SPECS)
+LogConfig.TOPIC_CONFIG_KEYS = TOPIC_CONFIG_KEYS

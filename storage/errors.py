@@ -1,0 +1,30 @@
+"""Storage-layer exceptions, each carrying the Kafka error code the broker should return."""
+
+from __future__ import annotations
+
+from protocol.records import CorruptRecordError, InvalidRecordError
+
+__all__ = [
+    "CorruptRecordError",
+    "InvalidRecordError",
+    "KafkaStorageError",
+    "OffsetOutOfRangeError",
+    "RecordTooLargeError",
+    "StorageError",
+]
+
+
+class StorageError(Exception):
+    error_code = -1
+
+
+class RecordTooLargeError(StorageError):
+    error_code = 10  # MESSAGE_TOO_LARGE
+
+
+class OffsetOutOfRangeError(StorageError):
+    error_code = 1  # OFFSET_OUT_OF_RANGE
+
+
+class KafkaStorageError(StorageError):
+    error_code = 56  # KAFKA_STORAGE_ERROR

@@ -1,0 +1,251 @@
+"""Sparse per-segment indexes: OffsetIndex (offset -> file position) and TimeIndex (timestamp -> offset).
+
+On disk the formats are Kafka's (big-endian, relative offsets). Files are append-only and
+not preallocated, so the entry count is simply size // entry_size and a clean restart needs
+no trimming. Entries are loaded lazily on the first lookup: a broker restart with many
+segments only stats the files. Lookups are binary searches over in-memory arrays; appends
+are O(1). Readers never lock after the lazy load: appends only grow the arrays (values before
+keys, so a reader's len(keys) never exceeds len(values)) and truncation swaps in new arrays.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+import threading
+from array import array
+from pathlib import Path
+
+_INT32_MAX = 2**31 - 1
+
+
+class IndexCorruptError(Exception):
+    pass
+
+
+class _Index:
+    entry_size: int
+    _struct: struct.Struct
+
+    def __init__(self, path: Path, base_offset: int, max_index_size: int) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self.max_entries = max(1, max_index_size // self.entry_size)
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        try:
+            file_size = path.stat().st_size
+        except FileNotFoundError:
+            path.touch()
+            file_size = 0
+        self._count = file_size // self.entry_size
+        if file_size % self.entry_size:
+            # A torn final entry (crash mid-write) would misalign every later append.
+            file_size = self._count * self.entry_size
+            os.truncate(path, file_size)
+        self._file_size = file_size
+        self._entries: tuple[array[int], array[int]] | None = None
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def _load(self) -> tuple[array[int], array[int]]:
+        entries = self._entries
+        if entries is not None:
+            return entries
+        with self._lock:
+            if self._entries is None:
+                data = self.path.read_bytes()[: self._count * self.entry_size]
+                keys: array[int] = array("q")
+                values: array[int] = array("q")
+                for k, v in self._struct.iter_unpack(data):
+                    keys.append(self._key_of(k, v))
+                    values.append(self._value_of(k, v))
+                self._entries = (keys, values)
+            return self._entries
+
+    def _key_of(self, a: int, b: int) -> int:
+        raise NotImplementedError
+
+    def _value_of(self, a: int, b: int) -> int:
+        raise NotImplementedError
+
+    def _last_raw(self) -> tuple[int, int] | None:
+        """Last entry as (key, value) without loading the whole file."""
+        entries = self._entries
+        if entries is not None:
+            keys, values = entries
+            n = len(keys)
+            return (keys[n - 1], values[n - 1]) if n else None
+        with self._lock:
+            if self._count == 0:
+                return None
+            with open(self.path, "rb") as f:
+                f.seek((self._count - 1) * self.entry_size)
+                a, b = self._struct.unpack(f.read(self.entry_size))
+            return self._key_of(a, b), self._value_of(a, b)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def _append_raw(self, key: int, value: int, packed: bytes) -> None:
+        with self._lock:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.write(self._fd, packed)
+            self._count += 1
+            self._file_size += len(packed)
+            if self._entries is not None:
+                keys, values = self._entries
+                values.append(value)
+                keys.append(key)
+
+    def _truncate_entries(self, n: int) -> None:
+        with self._lock:
+            if n >= self._count:
+                return
+            if self._entries is not None:
+                keys, values = self._entries
+                self._entries = (keys[:n], values[:n])
+            self._count = n
+            self._file_size = n * self.entry_size
+            os.truncate(self.path, self._file_size)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._entries = (array("q"), array("q"))
+            self._count = 0
+            self._file_size = 0
+            os.truncate(self.path, 0)
+
+    # -- misc ----------------------------------------------------------------------------------
+
+    @property
+    def entries(self) -> int:
+        return self._count
+
+    @property
+    def is_full(self) -> bool:
+        return self._count >= self.max_entries
+
+    def sanity_check(self) -> None:
+        size = self.path.stat().st_size
+        if size % self.entry_size:
+            raise IndexCorruptError(f"index file {self.path} has size {size}, not a multiple of {self.entry_size}")
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.fsync(self._fd)
+
+    def close_writer(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def close(self) -> None:
+        self.close_writer()
+
+    def rename_to(self, path: Path) -> None:
+        with self._lock:
+            os.replace(self.path, path)
+            self.path = path
+
+    def delete_file(self) -> None:
+        self.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+class OffsetIndex(_Index):
+    """Entries (relative offset int32, position int32): the last offset of a batch -> that batch's position."""
+
+    entry_size = 8
+    _struct = struct.Struct(">ii")
+
+    def _key_of(self, a: int, b: int) -> int:
+        return a + self.base_offset
+
+    def _value_of(self, a: int, b: int) -> int:
+        return b
+
+    def append(self, offset: int, position: int) -> None:
+        rel = offset - self.base_offset
+        if not 0 <= rel <= _INT32_MAX:
+            raise ValueError(f"offset {offset} is not representable relative to {self.base_offset}")
+        last = self._last_raw()
+        if last is not None and offset <= last[0]:
+            raise ValueError(f"index append of offset {offset} not larger than last entry {last[0]}")
+        self._append_raw(offset, position, self._struct.pack(rel, position))
+
+    def lookup(self, target_offset: int) -> tuple[int, int]:
+        """(offset, position) of the largest entry with offset <= target, else (base_offset, 0)."""
+        keys, values = self._load()
+        n = len(keys)
+        i = bisect.bisect_right(keys, target_offset, 0, n) - 1
+        if i < 0:
+            return self.base_offset, 0
+        return keys[i], values[i]
+
+    def lookup_by_position(self, position: int) -> tuple[int, int]:
+        """(offset, position) of the largest entry with position <= the given one, else (base_offset, 0)."""
+        keys, values = self._load()
+        n = len(keys)
+        i = bisect.bisect_right(values, position, 0, n) - 1
+        if i < 0:
+            return self.base_offset, 0
+        return keys[i], values[i]
+
+    def last_entry(self) -> tuple[int, int]:
+        last = self._last_raw()
+        return last if last is not None else (self.base_offset, 0)
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop entries with offset >= the given one."""
+        keys, _ = self._load()
+        self._truncate_entries(bisect.bisect_left(keys, offset))
+
+
+class TimeIndex(_Index):
+    """Entries (timestamp int64, relative offset int32); timestamps strictly increase."""
+
+    entry_size = 12
+    _struct = struct.Struct(">qi")
+
+    def _key_of(self, a: int, b: int) -> int:
+        return a
+
+    def _value_of(self, a: int, b: int) -> int:
+        return b + self.base_offset
+
+    def maybe_append(self, timestamp: int, offset: int, *, skip_full_check: bool = False) -> bool:
+        if not skip_full_check and self.is_full:
+            raise ValueError(f"time index {self.path} is full")
+        last = self._last_raw()
+        if last is not None and (timestamp <= last[0] or offset < last[1]):
+            return False
+        rel = offset - self.base_offset
+        if not 0 <= rel <= _INT32_MAX:
+            raise ValueError(f"offset {offset} is not representable relative to {self.base_offset}")
+        self._append_raw(timestamp, offset, self._struct.pack(timestamp, rel))
+        return True
+
+    def lookup(self, target_timestamp: int) -> tuple[int, int]:
+        """(timestamp, offset) of the largest entry with timestamp <= target, else (-1, base_offset)."""
+        keys, values = self._load()
+        n = len(keys)
+        i = bisect.bisect_right(keys, target_timestamp, 0, n) - 1
+        if i < 0:
+            return -1, self.base_offset
+        return keys[i], values[i]
+
+    def last_entry(self) -> tuple[int, int]:
+        last = self._last_raw()
+        return last if last is not None else (-1, self.base_offset)
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop entries pointing at offset >= the given one."""
+        _, values = self._load()
+        self._truncate_entries(bisect.bisect_left(values, offset))

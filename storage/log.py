@@ -1,0 +1,692 @@
+"""Log: one topic-partition's segmented log (Kafka's UnifiedLog for a single local replica).
+
+Concurrency model: appends, rolls, truncation and segment deletion take `_lock`; reads take
+no lock and work on snapshots (the segment tuple is replaced copy-on-write, LEO is read
+before the segment list so it never points past what the snapshot holds). fsync happens
+outside `_lock` with group commit, so appends keep flowing while a flush is in progress.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.records import (
+    ATTR_TIMESTAMP_TYPE,
+    BatchesSummary,
+    InvalidRecordError,
+    decode_records,
+    set_base_offset,
+    set_log_append_time,
+    set_partition_leader_epoch,
+    validate_batches,
+)
+from storage.config import LogConfig
+from storage.errors import KafkaStorageError, OffsetOutOfRangeError, RecordTooLargeError
+from storage.recovery import recover_segment
+from storage.segment import (
+    CLEANED_SUFFIX,
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SWAP_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    FileRecordsSlice,
+    LogSegment,
+)
+
+logger = logging.getLogger("kbroker.storage")
+
+# ListOffsets special timestamps.
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+MAX_TIMESTAMP = -3
+EARLIEST_LOCAL_TIMESTAMP = -4
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True)
+class LogAppendInfo:
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    offset_of_max_timestamp: int
+    log_append_time: int
+    log_start_offset: int
+    num_records: int
+    valid_bytes: int
+
+
+@dataclass(slots=True)
+class FetchDataInfo:
+    fetch_offset: int
+    records: FileRecordsSlice | None
+    first_entry_incomplete: bool = False
+    # Snapshots taken with the read, for the fetch response.
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    log_end_offset: int = -1
+
+    @property
+    def size(self) -> int:
+        return self.records.size if self.records is not None else 0
+
+
+# Hook for idempotent/transactional producer checks (PID -> recent batches). Called under the
+# log lock with final offsets assigned, before anything is written. Raise to reject the
+# request; return a LogAppendInfo to answer a duplicate without appending; None to proceed.
+ProducerStateValidator = Callable[["Log", BatchesSummary, int], "LogAppendInfo | None"]
+
+
+@dataclass(slots=True)
+class _PendingDelete:
+    due_ms: int
+    segment: LogSegment
+
+
+class Log:
+    def __init__(self, dir: Path, topic: str, partition: int, config: LogConfig, segments: Sequence[LogSegment],
+                 *, log_start_offset: int, log_end_offset: int, recovery_point: int) -> None:
+        self.dir = dir
+        self.topic = topic
+        self.partition = partition
+        self.config = config
+        self._lock = threading.RLock()
+        self._segments: tuple[LogSegment, ...] = tuple(segments)
+        self._log_start_offset = log_start_offset
+        self._leo = log_end_offset
+        self._hw = log_end_offset
+        self._recovery_point = recovery_point
+        self._appended_messages = 0
+        self._flushed_messages = 0
+        self._flush_cond = threading.Condition()
+        self._flush_in_progress = False
+        self._last_flush_ms = _now_ms()
+        self._dir_dirty = False
+        self._pending_deletes: list[_PendingDelete] = []
+        self._closed = False
+        self.validate_producer_state: ProducerStateValidator | None = None
+
+    # -- opening -------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, dir: str | Path, topic: str, partition: int, config: LogConfig, *, recovery_point: int = 0,
+             log_start_offset: int = 0, clean_shutdown: bool) -> Log:
+        dir = Path(dir)
+        dir.mkdir(parents=True, exist_ok=True)
+        rebuild = _cleanup_leftover_files(dir)
+        segments: list[LogSegment] = []
+        for base in sorted(_segment_bases(dir)):
+            missing_index = not (dir / f"{base:020d}{INDEX_SUFFIX}").exists()
+            seg = LogSegment(dir, base, index_interval_bytes=config.index_interval_bytes,
+                             max_index_size=config.segment_index_bytes)
+            if missing_index and seg.size > 0:
+                rebuild.add(base)
+            segments.append(seg)
+        tp = f"{topic}-{partition}"
+        if not segments:
+            segments.append(cls._new_segment(dir, max(log_start_offset, 0), config))
+        elif not clean_shutdown:
+            segments = _recover(tp, segments, recovery_point, rebuild)
+        elif rebuild:
+            for seg in segments:
+                if seg.base_offset in rebuild:
+                    recover_segment(seg, seg.base_offset)
+        leo = segments[-1].read_next_offset()
+        log_start_offset = max(log_start_offset, segments[0].base_offset)
+        log = cls(dir, topic, partition, config, segments, log_start_offset=log_start_offset,
+                  log_end_offset=leo, recovery_point=min(recovery_point, leo))
+        if leo < log_start_offset:
+            # DeleteRecords moved the start past everything we still have.
+            log.truncate_fully_and_start_at(log_start_offset)
+        if not clean_shutdown:
+            log.flush()
+        return log
+
+    @staticmethod
+    def _new_segment(dir: Path, base_offset: int, config: LogConfig) -> LogSegment:
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            # A stale file (e.g. an index of a segment lost in a crash) must not leak into the new one.
+            (dir / f"{base_offset:020d}{suffix}").unlink(missing_ok=True)
+        return LogSegment(dir, base_offset, index_interval_bytes=config.index_interval_bytes,
+                          max_index_size=config.segment_index_bytes, create=True)
+
+    # -- simple state --------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._leo
+
+    @property
+    def high_watermark(self) -> int:
+        return self._hw
+
+    @property
+    def recovery_point(self) -> int:
+        return self._recovery_point
+
+    @property
+    def unflushed_messages(self) -> int:
+        return self._appended_messages - self._flushed_messages
+
+    @property
+    def last_flush_ms(self) -> int:
+        return self._last_flush_ms
+
+    @property
+    def segments(self) -> tuple[LogSegment, ...]:
+        return self._segments
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._segments[-1]
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    def update_config(self, config: LogConfig) -> None:
+        self.config = config
+
+    # -- append --------------------------------------------------------------------------------
+
+    def append_as_leader(self, records: bytes | bytearray | memoryview, now_ms: int, *,
+                         leader_epoch: int | None = None, from_client: bool = True) -> LogAppendInfo:
+        """Validate, assign offsets and append all batches of one request (all or nothing).
+
+        from_client=False is for internal writers (coordinators): it allows control batches.
+        """
+        config = self.config
+        summary = validate_batches(records, from_client=from_client)
+        for pos, h in summary.batches:
+            if h.size_in_bytes > config.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"batch at position {pos} is {h.size_in_bytes} bytes, larger than max.message.bytes "
+                    f"{config.max_message_bytes} of {self.name}")
+        if config.compact:
+            self._check_keys(records, summary)
+        buf = bytearray(records[: summary.valid_bytes])
+        log_append_time = now_ms if config.log_append_time else -1
+        with self._lock:
+            self._check_open()
+            first_offset = self._leo
+            offset = first_offset
+            for pos, h in summary.batches:
+                set_base_offset(buf, pos, offset)
+                h.base_offset = offset
+                if leader_epoch is not None:
+                    set_partition_leader_epoch(buf, pos, leader_epoch)
+                    h.partition_leader_epoch = leader_epoch
+                if log_append_time >= 0 and not h.is_control:
+                    set_log_append_time(buf, pos, now_ms)
+                    h.max_timestamp = now_ms
+                    h.attributes |= ATTR_TIMESTAMP_TYPE
+                offset = h.next_offset
+            last_offset = offset - 1
+            if self.validate_producer_state is not None:
+                duplicate = self.validate_producer_state(self, summary, first_offset)
+                if duplicate is not None:
+                    return duplicate
+            segment = self._maybe_roll(len(buf), now_ms, last_offset)
+            try:
+                segment.append(buf, summary.batches, now_ms)
+            except OSError as e:
+                raise KafkaStorageError(
+                    f"error appending to {segment.log_path} of {self.name}: {errno.errorcode.get(e.errno or 0, e)} {e}"
+                ) from e
+            self._leo = offset
+            self._hw = offset  # single replica: committed as soon as it is in the log
+            self._appended_messages += summary.num_records
+        if log_append_time >= 0:
+            max_ts, offset_of_max = now_ms, first_offset
+        elif summary.max_timestamp_batch >= 0:
+            max_ts = summary.max_timestamp
+            offset_of_max = summary.batches[summary.max_timestamp_batch][1].last_offset
+        else:
+            max_ts, offset_of_max = -1, first_offset
+        return LogAppendInfo(first_offset, last_offset, max_ts, offset_of_max, log_append_time,
+                             self._log_start_offset, summary.num_records, summary.valid_bytes)
+
+    def _check_keys(self, records: bytes | bytearray | memoryview, summary: BatchesSummary) -> None:
+        # Compacted topics need a key on every record (Kafka rejects with INVALID_RECORD).
+        for pos, h in summary.batches:
+            if h.is_control:
+                continue
+            for rec in decode_records(records, pos):
+                if rec.key is None:
+                    raise InvalidRecordError(f"compacted topic {self.topic} cannot accept a record without a key")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KafkaStorageError(f"log {self.name} is closed")
+
+    def _maybe_roll(self, size: int, now_ms: int, max_offset: int) -> LogSegment:
+        seg = self._segments[-1]
+        cfg = self.config
+        if seg.size > 0 and (
+            seg.size > cfg.segment_bytes - size
+            or seg.time_waited_for_roll(now_ms) > cfg.segment_ms
+            or seg.index.is_full
+            or seg.time_index.is_full
+            or not seg.can_convert_to_relative_offset(max_offset)
+        ):
+            return self.roll()
+        return seg
+
+    def roll(self) -> LogSegment:
+        """Start a new active segment at LEO (no-op if the active one is empty)."""
+        with self._lock:
+            self._check_open()
+            active = self._segments[-1]
+            if active.size == 0:
+                return active
+            try:
+                new = self._new_segment(self.dir, self._leo, self.config)
+            except OSError as e:
+                raise KafkaStorageError(f"error rolling {self.name}: {e}") from e
+            active.on_become_inactive()
+            self._segments = (*self._segments, new)
+            self._dir_dirty = True
+            logger.debug("Rolled %s: new segment at offset %d", self.name, new.base_offset)
+            return new
+
+    # -- read ----------------------------------------------------------------------------------
+
+    def read(self, fetch_offset: int, max_bytes: int, *, max_offset: int | None = None,
+             min_one_message: bool = True) -> FetchDataInfo:
+        leo = self._leo
+        hw = self._hw
+        lso = self._log_start_offset
+        segments = self._segments
+        if fetch_offset < lso or fetch_offset > leo:
+            raise OffsetOutOfRangeError(
+                f"offset {fetch_offset} is out of range for {self.name}: [{lso}, {leo}]")
+        limit = leo if max_offset is None else min(max_offset, leo)
+        result = FetchDataInfo(fetch_offset, None, high_watermark=hw, log_start_offset=lso, log_end_offset=leo)
+        if fetch_offset >= limit:
+            return result
+        i = max(0, bisect.bisect_right(segments, fetch_offset, key=lambda s: s.base_offset) - 1)
+        while i < len(segments):
+            seg = segments[i]
+            if seg.base_offset >= limit:
+                break
+            max_position = None
+            if limit < leo:
+                loc = seg.translate_offset(limit)
+                max_position = loc.position if loc is not None else None
+            try:
+                got = seg.read(fetch_offset, max_bytes, max_position, min_one_message)
+            except OSError as e:
+                raise KafkaStorageError(f"error reading {seg.log_path}: {e}") from e
+            if got is not None:
+                result.records = got.records
+                result.first_entry_incomplete = got.first_entry_incomplete
+                return result
+            i += 1
+        return result
+
+    # -- timestamps ----------------------------------------------------------------------------
+
+    def offset_for_timestamp(self, ts: int) -> tuple[int, int] | None:
+        if ts in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
+            return self._log_start_offset, -1
+        if ts == LATEST_TIMESTAMP:
+            return self._leo, -1
+        lso = self._log_start_offset
+        segments = self._segments
+        if ts == MAX_TIMESTAMP:
+            return self._max_timestamp_offset(segments, lso)
+        for seg in segments:
+            if seg.max_timestamp >= ts:
+                found = seg.find_offset_by_timestamp(ts, lso)
+                if found is not None:
+                    return found
+        return None
+
+    def _max_timestamp_offset(self, segments: Sequence[LogSegment], lso: int) -> tuple[int, int] | None:
+        best: LogSegment | None = None
+        for seg in segments:
+            if seg.max_timestamp >= 0 and (best is None or seg.max_timestamp > best.max_timestamp):
+                best = seg
+        if best is None:
+            return None
+        ts, batch_last = best.max_timestamp_and_offset
+        loc = best.translate_offset(batch_last)
+        if loc is None:
+            return None
+        for rec in decode_records(best.read_batch_bytes(loc)):
+            if rec.timestamp == ts and rec.offset >= lso:
+                return rec.offset, ts
+        return max(batch_last, lso), ts
+
+    # -- deletion ------------------------------------------------------------------------------
+
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords: move the log start to offset (-1 = high watermark); drop segments wholly below."""
+        with self._lock:
+            self._check_open()
+            if offset == -1:
+                offset = self._hw
+            if offset < 0 or offset > self._hw:
+                raise OffsetOutOfRangeError(
+                    f"cannot delete records of {self.name} before {offset}: high watermark is {self._hw}")
+            if offset > self._log_start_offset:
+                self._log_start_offset = offset
+                logger.info("Incremented log start offset of %s to %d (DeleteRecords)", self.name, offset)
+                self._delete_segments(self._start_offset_breached(), "log start offset breach")
+            return self._log_start_offset
+
+    def _start_offset_breached(self) -> list[LogSegment]:
+        segs = self._segments
+        return [s for i, s in enumerate(segs[:-1]) if segs[i + 1].base_offset <= self._log_start_offset]
+
+    def delete_old_segments(self, now_ms: int | None = None) -> int:
+        """Retention: whole non-active segments, by log start, time and size; returns segments deleted."""
+        now_ms = _now_ms() if now_ms is None else now_ms
+        cfg = self.config
+        with self._lock:
+            if self._closed:
+                return 0
+            # Breached segments and retention candidates are both prefixes (offsets only grow).
+            doomed = self._start_offset_breached()
+            if cfg.delete:
+                rest = self._segments[len(doomed):-1]
+                n = 0
+                if cfg.retention_ms >= 0:
+                    while n < len(rest) and now_ms - rest[n].largest_timestamp() > cfg.retention_ms:
+                        n += 1
+                if cfg.retention_bytes >= 0:
+                    diff = self.size - cfg.retention_bytes - sum(s.size for s in doomed) - sum(s.size for s in rest[:n])
+                    while n < len(rest) and diff - rest[n].size >= 0:
+                        diff -= rest[n].size
+                        n += 1
+                doomed.extend(rest[:n])
+            if doomed:
+                self._delete_segments(doomed, "retention")
+            return len(doomed)
+
+    def _delete_segments(self, doomed: Sequence[LogSegment], reason: str) -> None:
+        """Drop segments from the list now; rename to .deleted and close them after file.delete.delay.ms."""
+        if not doomed:
+            return
+        gone = {id(s) for s in doomed}
+        remaining = tuple(s for s in self._segments if id(s) not in gone)
+        assert remaining, "the active segment is never deleted"
+        self._segments = remaining
+        if remaining[0].base_offset > self._log_start_offset:
+            self._log_start_offset = remaining[0].base_offset
+        due = _now_ms() + self.config.file_delete_delay_ms
+        for seg in doomed:
+            logger.info("Deleting segment %d of %s (%s), log start offset now %d",
+                        seg.base_offset, self.name, reason, self._log_start_offset)
+            self._schedule_delete(seg, due)
+
+    def _schedule_delete(self, seg: LogSegment, due_ms: int) -> None:
+        try:
+            seg.close_writers()
+            seg.change_file_suffix(DELETED_SUFFIX)
+        except OSError as e:
+            logger.warning("Failed to rename segment %s for deletion: %s", seg.log_path, e)
+        self._pending_deletes.append(_PendingDelete(due_ms, seg))
+
+    def delete_pending_files(self, now_ms: int | None = None, *, force: bool = False) -> int:
+        """Close and unlink segments whose delete delay has passed; returns how many."""
+        now_ms = _now_ms() if now_ms is None else now_ms
+        with self._lock:
+            due = [p for p in self._pending_deletes if force or p.due_ms <= now_ms]
+            if not due:
+                return 0
+            self._pending_deletes = [p for p in self._pending_deletes if not (force or p.due_ms <= now_ms)]
+        for p in due:
+            p.segment.delete_files()
+        return len(due)
+
+    # -- flush ---------------------------------------------------------------------------------
+
+    def flush(self, up_to_offset: int | None = None) -> None:
+        """fsync everything up to up_to_offset (default: LEO now). Group commit: concurrent
+        callers whose offsets an in-progress fsync covers wait for it instead of issuing their own."""
+        target = self._leo if up_to_offset is None else min(up_to_offset, self._leo)
+        with self._flush_cond:
+            while True:
+                if self._recovery_point >= target:
+                    return
+                if not self._flush_in_progress:
+                    self._flush_in_progress = True
+                    break
+                self._flush_cond.wait()
+        ok = False
+        try:
+            with self._lock:
+                flush_to = self._leo
+                appended = self._appended_messages
+                segments = self._segments
+                dir_dirty, self._dir_dirty = self._dir_dirty, False
+            start = self._recovery_point
+            try:
+                for i, seg in enumerate(segments):
+                    seg_end = segments[i + 1].base_offset if i + 1 < len(segments) else flush_to
+                    if seg_end <= start or seg.size == 0:
+                        continue
+                    try:
+                        seg.flush()
+                        if i + 1 < len(segments):
+                            seg.close_writers()
+                    except OSError as e:
+                        # EBADF: deleted (and closed) concurrently, nothing left to make durable.
+                        if e.errno != errno.EBADF:
+                            raise
+                if dir_dirty:
+                    _fsync_dir(self.dir)
+            except OSError as e:
+                with self._lock:
+                    self._dir_dirty = self._dir_dirty or dir_dirty
+                raise KafkaStorageError(f"error flushing {self.name}: {e}") from e
+            ok = True
+        finally:
+            with self._flush_cond:
+                self._flush_in_progress = False
+                if ok:
+                    self._recovery_point = max(self._recovery_point, flush_to)
+                    self._flushed_messages = max(self._flushed_messages, appended)
+                    self._last_flush_ms = _now_ms()
+                self._flush_cond.notify_all()
+
+    # -- truncation ----------------------------------------------------------------------------
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        with self._lock:
+            self._check_open()
+            old = self._segments
+            new = self._new_segment_after(old, offset)
+            self._segments = (new,)
+            self._leo = self._hw = self._log_start_offset = offset
+            self._recovery_point = offset
+            self._flushed_messages = self._appended_messages
+            now = _now_ms()
+            for seg in old:
+                if seg is not new:
+                    self._schedule_delete(seg, now + self.config.file_delete_delay_ms)
+
+    def _new_segment_after(self, old: Sequence[LogSegment], offset: int) -> LogSegment:
+        for seg in old:
+            if seg.base_offset == offset:
+                # Same file name: move the old one aside first.
+                seg.close_writers()
+                seg.change_file_suffix(DELETED_SUFFIX)
+        self._dir_dirty = True
+        return self._new_segment(self.dir, offset, self.config)
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every batch at or after offset (whole batches), e.g. for a future follower."""
+        with self._lock:
+            self._check_open()
+            if offset >= self._leo:
+                return
+            if offset <= self._segments[0].base_offset:
+                self.truncate_fully_and_start_at(max(offset, self._log_start_offset))
+                return
+            keep = tuple(s for s in self._segments if s.base_offset < offset)
+            doomed = [s for s in self._segments if s.base_offset >= offset]
+            self._segments = keep
+            now = _now_ms()
+            for seg in doomed:
+                self._schedule_delete(seg, now)
+            keep[-1].truncate_to(offset)
+            self._leo = keep[-1].read_next_offset()
+            self._hw = min(self._hw, self._leo)
+            self._recovery_point = min(self._recovery_point, self._leo)
+
+    # -- cleaner support -----------------------------------------------------------------------
+
+    def replace_segment(self, old: LogSegment, new: LogSegment) -> bool:
+        """Swap a cleaned copy in (new has the .swap suffix). False if old is gone (retention won)."""
+        with self._lock:
+            if self._closed or old not in self._segments or old is self._segments[-1]:
+                return False
+            old.close_writers()
+            old.change_file_suffix(DELETED_SUFFIX)
+            new.change_file_suffix("")
+            self._segments = tuple(new if s is old else s for s in self._segments)
+            self._schedule_delete_already_renamed(old)
+            return True
+
+    def _schedule_delete_already_renamed(self, seg: LogSegment) -> None:
+        self._pending_deletes.append(_PendingDelete(_now_ms() + self.config.file_delete_delay_ms, seg))
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            active = self._segments[-1]
+            # Persist the active segment's max timestamp so the next start needs no scan.
+            try:
+                active.on_become_inactive()
+            except OSError:
+                pass
+            for seg in self._segments:
+                seg.close()
+        self.delete_pending_files(force=True)
+
+    def delete(self) -> None:
+        self.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        return (f"Log({self.name}, start={self._log_start_offset}, end={self._leo}, "
+                f"segments={len(self._segments)})")
+
+
+# -- loading helpers ---------------------------------------------------------------------------
+
+
+def _fsync_dir(dir: Path) -> None:
+    fd = os.open(dir, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _segment_bases(dir: Path) -> list[int]:
+    bases = []
+    for p in dir.iterdir():
+        name = p.name
+        if name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit():
+            bases.append(int(name[: -len(LOG_SUFFIX)]))
+    return bases
+
+
+def _cleanup_leftover_files(dir: Path) -> set[int]:
+    """Finish or undo interrupted deletes/cleanings; returns segment bases whose indexes need a rebuild.
+
+    .cleaned files are an unfinished cleaning (discard). A .swap log means the cleaned copy was
+    complete: it replaces the original. .deleted files were already out of the log.
+    """
+    rebuild: set[int] = set()
+    for p in list(dir.iterdir()):
+        name = p.name
+        if name.endswith(DELETED_SUFFIX) or name.endswith(CLEANED_SUFFIX):
+            p.unlink(missing_ok=True)
+    for p in list(dir.iterdir()):
+        name = p.name
+        if not name.endswith(SWAP_SUFFIX):
+            continue
+        base_name = name[: -len(SWAP_SUFFIX)]
+        if base_name.endswith(LOG_SUFFIX):
+            os.replace(p, dir / base_name)
+            stem = base_name[: -len(LOG_SUFFIX)]
+            if stem.isdigit():
+                rebuild.add(int(stem))
+                for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                    (dir / f"{stem}{suffix}").unlink(missing_ok=True)
+        else:
+            p.unlink(missing_ok=True)
+    for p in list(dir.iterdir()):
+        name = p.name
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            if name.endswith(suffix):
+                stem = name[: -len(suffix)]
+                if stem.isdigit() and not (dir / f"{stem}{LOG_SUFFIX}").exists():
+                    p.unlink(missing_ok=True)
+    return rebuild
+
+
+def _recover(tp: str, segments: list[LogSegment], recovery_point: int, rebuild: set[int]) -> list[LogSegment]:
+    """Unclean start: trust segments wholly below the recovery point (index sanity only), recover the rest."""
+    bases = [s.base_offset for s in segments]
+    first_unflushed = max(0, bisect.bisect_right(bases, recovery_point) - 1)
+    next_offset = segments[0].base_offset
+    for i, seg in enumerate(segments):
+        if i < first_unflushed and seg.base_offset not in rebuild and _index_sane(seg):
+            next_offset = segments[i + 1].base_offset
+            continue
+        result = recover_segment(seg, next_offset if i else seg.base_offset)
+        next_offset = result.next_offset
+        if result.truncated_bytes:
+            logger.warning(
+                "Truncated %s segment %d at position %d (next offset %d): removed %d bytes (%s)",
+                tp, seg.base_offset, result.valid_bytes, result.next_offset, result.truncated_bytes, result.reason)
+            for later in segments[i + 1:]:
+                logger.warning("Deleted %s segment %d (%d bytes) after truncation at offset %d",
+                               tp, later.base_offset, later.size, result.next_offset)
+                later.delete_files()
+            return segments[: i + 1]
+    return segments
+
+
+def _index_sane(seg: LogSegment) -> bool:
+    try:
+        seg.index.sanity_check()
+        seg.time_index.sanity_check()
+    except Exception:
+        return False
+    offset, position = seg.index.last_entry()
+    return position < max(seg.size, 1) and offset >= seg.base_offset
+

@@ -1,0 +1,357 @@
+"""LogSegment: one .log file of whole batches plus its offset and time indexes."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.records import (
+    BATCH_HEADER_SIZE,
+    BATCH_OVERHEAD,
+    LOG_OVERHEAD,
+    RecordBatchHeader,
+    decode_records,
+    parse_batch_header,
+)
+from storage.index import OffsetIndex, TimeIndex
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+DELETED_SUFFIX = ".deleted"
+
+# Header scans read this much at a time: many small batches per syscall, little waste on big ones.
+_SCAN_CHUNK = 16 * 1024
+_INT32_MAX = 2**31 - 1
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    return f"{base_offset:020d}{suffix}"
+
+
+@dataclass(slots=True)
+class FileRecordsSlice:
+    """A byte range of a segment file; the broker sendfile()s it straight to the socket.
+
+    fd stays open until the segment is closed, which for deleted segments is deferred by
+    file.delete.delay.ms, so a slice handed out just before a deletion stays readable.
+    """
+
+    fd: int
+    position: int
+    size: int
+
+    def read_bytes(self) -> bytes:
+        chunks = []
+        pos, remaining = self.position, self.size
+        while remaining > 0:
+            chunk = os.pread(self.fd, remaining, pos)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            pos += len(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+
+
+@dataclass(slots=True)
+class BatchLocation:
+    position: int
+    header: RecordBatchHeader
+
+    @property
+    def size(self) -> int:
+        return self.header.batch_length + LOG_OVERHEAD
+
+
+@dataclass(slots=True)
+class SegmentReadResult:
+    records: FileRecordsSlice | None
+    first_entry_incomplete: bool = False
+
+
+class LogSegment:
+    """Mutated only under the owning Log's lock; reads are lock-free snapshots of `size`."""
+
+    def __init__(self, dir: Path, base_offset: int, *, index_interval_bytes: int, max_index_size: int,
+                 suffix: str = "", create: bool = False) -> None:
+        self.dir = dir
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        self.suffix = suffix
+        self.log_path = dir / (segment_file_name(base_offset, LOG_SUFFIX) + suffix)
+        flags = os.O_RDONLY | (os.O_CREAT if create else 0)
+        self._read_fd = os.open(self.log_path, flags, 0o644)
+        self._write_fd: int | None = None
+        self._size = os.fstat(self._read_fd).st_size
+        self.index = OffsetIndex(dir / (segment_file_name(base_offset, INDEX_SUFFIX) + suffix), base_offset,
+                                 max_index_size)
+        self.time_index = TimeIndex(dir / (segment_file_name(base_offset, TIME_INDEX_SUFFIX) + suffix),
+                                    base_offset, max_index_size)
+        self._bytes_since_last_index_entry = 0
+        # Loaded lazily from the time index (a clean restart must not scan data).
+        self._max_ts: tuple[int, int] | None = None
+        # Wall-clock of the first append since open; for loaded segments the first batch's
+        # timestamp is used instead (Kafka's rollingBasedTimestamp).
+        self._rolling_base_ms: int | None = None
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    # -- properties ----------------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def read_fd(self) -> int:
+        return self._read_fd
+
+    @property
+    def max_timestamp_and_offset(self) -> tuple[int, int]:
+        """(largest batch maxTimestamp, last offset of that batch); (-1, base) when empty."""
+        if self._max_ts is None:
+            ts, off = self.time_index.last_entry()
+            if ts < 0 and self._size > 0:
+                # Only an index-less segment (e.g. a small active one) lands here.
+                for loc in self.iter_batches():
+                    if loc.header.max_timestamp > ts:
+                        ts, off = loc.header.max_timestamp, loc.header.last_offset
+            self._max_ts = (ts, off)
+        return self._max_ts
+
+    @property
+    def max_timestamp(self) -> int:
+        return self.max_timestamp_and_offset[0]
+
+    def largest_timestamp(self) -> int:
+        """For time retention: max record timestamp, or the file's mtime when there is none."""
+        ts = self.max_timestamp
+        if ts >= 0:
+            return ts
+        return int(os.fstat(self._read_fd).st_mtime * 1000)
+
+    def rolling_base_ms(self) -> int | None:
+        if self._rolling_base_ms is None and self._size > 0:
+            first = next(self.iter_batches(), None)
+            if first is not None:
+                self._rolling_base_ms = first.header.max_timestamp
+        return self._rolling_base_ms
+
+    def time_waited_for_roll(self, now_ms: int) -> int:
+        base = self.rolling_base_ms()
+        return 0 if base is None else now_ms - base
+
+    def can_convert_to_relative_offset(self, offset: int) -> bool:
+        return 0 <= offset - self.base_offset <= _INT32_MAX
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def _writer(self) -> int:
+        if self._write_fd is None:
+            self._write_fd = os.open(self.log_path, os.O_WRONLY)
+        return self._write_fd
+
+    def append(self, data: bytes | bytearray | memoryview, batches: list[tuple[int, RecordBatchHeader]],
+               now_ms: int | None = None) -> None:
+        """Write whole batches at the end; batches are (position within data, header with final offsets).
+
+        On OSError the file is cut back and `size` unchanged, so readers never see a partial write.
+        """
+        start = self._size
+        view = memoryview(data)
+        fd = self._writer()
+        written = 0
+        try:
+            while written < len(view):
+                written += os.pwrite(fd, view[written:], start + written)
+        except OSError:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:
+                pass  # the next append overwrites the tail at `start` anyway
+            raise
+        if self._rolling_base_ms is None:
+            self._rolling_base_ms = now_ms if now_ms is not None else (batches[0][1].max_timestamp if batches else None)
+        for pos, header in batches:
+            self._index_batch(start + pos, header)
+        self._size = start + len(view)
+
+    def _index_batch(self, position: int, header: RecordBatchHeader) -> None:
+        ts, _ = self.max_timestamp_and_offset
+        if header.max_timestamp > ts:
+            self._max_ts = (header.max_timestamp, header.last_offset)
+        if self._bytes_since_last_index_entry > self.index_interval_bytes:
+            self.index.append(header.last_offset, position)
+            mts, moff = self.max_timestamp_and_offset
+            self.time_index.maybe_append(mts, moff, skip_full_check=True)
+            self._bytes_since_last_index_entry = 0
+        self._bytes_since_last_index_entry += header.batch_length + LOG_OVERHEAD
+
+    def reset_indexes(self) -> None:
+        self.index.reset()
+        self.time_index.reset()
+        self._bytes_since_last_index_entry = 0
+        self._max_ts = (-1, self.base_offset)
+
+    def truncate_to_position(self, position: int) -> int:
+        """Cut the file at position (a batch boundary); returns bytes removed. Indexes must be fixed by the caller."""
+        removed = self._size - position
+        if removed > 0:
+            os.ftruncate(self._writer(), position)
+            self._size = position
+        return max(0, removed)
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch whose last offset >= offset (whole batches); returns bytes removed."""
+        loc = self.translate_offset(offset)
+        if loc is None:
+            return 0
+        removed = self.truncate_to_position(loc.position)
+        self.index.truncate_to(offset)
+        self.time_index.truncate_to(offset)
+        self._max_ts = None
+        self._bytes_since_last_index_entry = 0
+        if self._size == 0:
+            self._rolling_base_ms = None
+        return removed
+
+    def on_become_inactive(self) -> None:
+        """Record the final max timestamp in the time index so retention needs no scan later."""
+        ts, off = self.max_timestamp_and_offset
+        if ts >= 0:
+            self.time_index.maybe_append(ts, off, skip_full_check=True)
+
+    def flush(self) -> None:
+        os.fsync(self._read_fd)  # fsync works on a read-only fd on Linux and flushes the inode
+        self.index.flush()
+        self.time_index.flush()
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def iter_batches(self, start_position: int = 0, end_position: int | None = None) -> Iterator[BatchLocation]:
+        """Headers of whole batches in [start, end); stops at a torn or invalid header."""
+        end = self._size if end_position is None else end_position
+        fd = self._read_fd
+        pos = start_position
+        buf = b""
+        buf_start = pos
+        while end - pos >= BATCH_HEADER_SIZE:
+            off = pos - buf_start
+            if off + BATCH_HEADER_SIZE > len(buf):
+                buf = os.pread(fd, min(_SCAN_CHUNK, end - pos), pos)
+                buf_start, off = pos, 0
+                if len(buf) < BATCH_HEADER_SIZE:
+                    return
+            header = parse_batch_header(buf, off)
+            if header.batch_length < BATCH_OVERHEAD:
+                return
+            size = header.batch_length + LOG_OVERHEAD
+            if pos + size > end:
+                return
+            yield BatchLocation(pos, header)
+            pos += size
+
+    def translate_offset(self, offset: int, starting_position: int = 0) -> BatchLocation | None:
+        """The first batch whose last offset >= offset (the one containing it, or the next after a gap)."""
+        _, position = self.index.lookup(offset)
+        for loc in self.iter_batches(max(position, starting_position)):
+            if loc.header.last_offset >= offset:
+                return loc
+        return None
+
+    def read(self, start_offset: int, max_size: int, max_position: int | None = None,
+             min_one_message: bool = True) -> SegmentReadResult | None:
+        """Whole batches from the one containing start_offset, up to max_size bytes (KIP-74:
+        at least the first batch when min_one_message). None when no batch has offset >= start."""
+        limit_pos = self._size if max_position is None else min(max_position, self._size)
+        start = self.translate_offset(start_offset)
+        if start is None or start.position >= limit_pos:
+            return None
+        first_size = start.size
+        budget = max(max_size, first_size) if min_one_message else max_size
+        if first_size > budget:
+            return SegmentReadResult(None, first_entry_incomplete=True)
+        limit = min(limit_pos, start.position + budget)
+        # Jump close to the limit via the index (positions there are batch starts), then scan.
+        _, scan_from = self.index.lookup_by_position(limit)
+        scan_from = max(scan_from, start.position)
+        end = scan_from
+        for loc in self.iter_batches(scan_from, limit):
+            end = loc.position + loc.size
+        return SegmentReadResult(FileRecordsSlice(self._read_fd, start.position, end - start.position))
+
+    def find_offset_by_timestamp(self, timestamp: int, starting_offset: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with timestamp >= target and offset >= starting_offset."""
+        _, ts_offset = self.time_index.lookup(timestamp)
+        _, position = self.index.lookup(max(ts_offset, starting_offset))
+        for loc in self.iter_batches(position):
+            h = loc.header
+            if h.max_timestamp >= timestamp and h.last_offset >= starting_offset:
+                found = self._first_record_at_or_after(loc, timestamp, starting_offset)
+                if found is not None:
+                    return found
+        return None
+
+    def read_batch_bytes(self, loc: BatchLocation) -> bytes:
+        return FileRecordsSlice(self._read_fd, loc.position, loc.size).read_bytes()
+
+    def _first_record_at_or_after(self, loc: BatchLocation, timestamp: int, starting_offset: int) -> tuple[int, int] | None:
+        for rec in decode_records(self.read_batch_bytes(loc)):
+            if rec.timestamp >= timestamp and rec.offset >= starting_offset:
+                return rec.offset, rec.timestamp
+        return None
+
+    def read_next_offset(self) -> int:
+        """Offset after the last batch; from the last index entry plus a short scan."""
+        _, position = self.index.last_entry()
+        next_offset = self.base_offset
+        for loc in self.iter_batches(position):
+            next_offset = loc.header.next_offset
+        return next_offset
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._write_fd is not None:
+                os.close(self._write_fd)
+                self._write_fd = None
+            self.index.close()
+            self.time_index.close()
+            os.close(self._read_fd)
+
+    def close_writers(self) -> None:
+        if self._write_fd is not None:
+            os.close(self._write_fd)
+            self._write_fd = None
+        self.index.close_writer()
+        self.time_index.close_writer()
+
+    def change_file_suffix(self, new_suffix: str) -> None:
+        """Rename the three files (fds stay valid); e.g. '' -> '.deleted' or '.swap' -> ''."""
+        new_log = self.dir / (segment_file_name(self.base_offset, LOG_SUFFIX) + new_suffix)
+        os.replace(self.log_path, new_log)
+        self.log_path = new_log
+        self.index.rename_to(self.dir / (segment_file_name(self.base_offset, INDEX_SUFFIX) + new_suffix))
+        self.time_index.rename_to(self.dir / (segment_file_name(self.base_offset, TIME_INDEX_SUFFIX) + new_suffix))
+        self.suffix = new_suffix
+
+    def delete_files(self) -> None:
+        self.close()
+        for p in (self.log_path, self.index.path, self.time_index.path):
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+
+    def __repr__(self) -> str:
+        return f"LogSegment(base_offset={self.base_offset}, size={self._size}, path={self.log_path})"
