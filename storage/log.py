@@ -117,6 +117,10 @@ class Log:
         self._pending_deletes: list[_PendingDelete] = []
         self._closed = False
         self.validate_producer_state: ProducerStateValidator | None = None
+        # Compaction state: offsets below cleaner_checkpoint are clean (persisted by LogManager in
+        # cleaner-offset-checkpoint); tombstone_horizon_ms forces a pass when tombstones expire.
+        self.cleaner_checkpoint = 0
+        self.tombstone_horizon_ms: int | None = None
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -522,6 +526,7 @@ class Log:
             self._leo = self._hw = self._log_start_offset = offset
             self._recovery_point = offset
             self._flushed_messages = self._appended_messages
+            self.cleaner_checkpoint = offset
             now = _now_ms()
             for seg in old:
                 if seg is not new:

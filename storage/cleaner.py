@@ -1,0 +1,289 @@
+"""LogCleaner: key-based compaction for logs with cleanup.policy containing "compact".
+
+One pass over a log:
+1. the cleanable range ends at the active segment, the high watermark and the first segment
+   holding records younger than min.compaction.lag.ms; only whole segments are cleaned;
+2. an offset map (key -> latest offset) is built from the dirty part (offsets >= the cleaner
+   checkpoint);
+3. every cleanable segment is copied into `<base>.log.cleaned` keeping, per batch, the records
+   that are the latest for their key; then renamed to `.swap` and swapped in under the log lock.
+   Readers holding the old segment's fd keep reading the old file (closed after
+   file.delete.delay.ms).
+
+Batches keep baseOffset, lastOffsetDelta, producer id/epoch/base sequence and compression; a
+batch emptied of records is kept as an empty batch when it has a producer id (so producer
+sequence metadata survives). Tombstones get a delete horizon (KIP-534: attribute bit 6 and
+baseTimestamp) of now + delete.retention.ms the first time the cleaner sees them and are
+dropped by the first pass after it. Control batches are kept as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from protocol.records import (
+    TIMESTAMP_LOG_APPEND_TIME,
+    Record,
+    RecordBatchHeader,
+    build_batch,
+    decode_records,
+    parse_batch_header,
+)
+from storage.log import Log
+from storage.segment import CLEANED_SUFFIX, SWAP_SUFFIX, LogSegment, segment_file_name
+
+logger = logging.getLogger("kbroker.storage")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True)
+class CleanerStats:
+    segments_cleaned: int = 0
+    segments_rewritten: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_read: int = 0
+    records_removed: int = 0
+    tombstones_removed: int = 0
+    end_offset: int = 0
+
+
+@dataclass(slots=True)
+class _CleanableRange:
+    segments: list[LogSegment]
+    first_dirty: int
+    end_offset: int
+    clean_bytes: int
+    dirty_bytes: int
+
+    @property
+    def dirty_ratio(self) -> float:
+        total = self.clean_bytes + self.dirty_bytes
+        return self.dirty_bytes / total if total else 0.0
+
+
+def cleanable_range(log: Log, now_ms: int) -> _CleanableRange | None:
+    segments = log.segments
+    if len(segments) < 2:
+        return None
+    cfg = log.config
+    first_dirty = max(log.cleaner_checkpoint, log.log_start_offset)
+    uncleanable = min(segments[-1].base_offset, log.high_watermark)
+    if cfg.min_compaction_lag_ms > 0:
+        for i, seg in enumerate(segments[:-1]):
+            seg_end = segments[i + 1].base_offset
+            if seg_end > first_dirty and seg.max_timestamp > now_ms - cfg.min_compaction_lag_ms:
+                uncleanable = min(uncleanable, seg.base_offset)
+                break
+    chosen: list[LogSegment] = []
+    clean_bytes = dirty_bytes = 0
+    end_offset = segments[0].base_offset
+    for i, seg in enumerate(segments[:-1]):
+        seg_end = segments[i + 1].base_offset
+        if seg_end > uncleanable:
+            break
+        chosen.append(seg)
+        end_offset = seg_end
+        if seg_end <= first_dirty:
+            clean_bytes += seg.size
+        else:
+            dirty_bytes += seg.size
+    if not chosen:
+        return None
+    return _CleanableRange(chosen, first_dirty, end_offset, clean_bytes, dirty_bytes)
+
+
+def clean_log(log: Log, now_ms: int | None = None, *, force: bool = False) -> CleanerStats | None:
+    """One compaction pass; None if there was nothing (worth) cleaning."""
+    now_ms = _now_ms() if now_ms is None else now_ms
+    cfg = log.config
+    if not cfg.compact or log.closed:
+        return None
+    rng = cleanable_range(log, now_ms)
+    if rng is None:
+        return None
+    horizon_due = log.tombstone_horizon_ms is not None and log.tombstone_horizon_ms <= now_ms
+    if not force and not horizon_due and (rng.dirty_bytes == 0 or rng.dirty_ratio < cfg.min_cleanable_dirty_ratio):
+        return None
+    stats = CleanerStats(end_offset=rng.end_offset)
+    offset_map = _build_offset_map(rng.segments, rng.first_dirty, rng.end_offset, stats)
+    next_horizon: int | None = None
+    for seg in rng.segments:
+        new, horizon = _clean_segment(log, seg, offset_map, now_ms, stats)
+        if horizon is not None:
+            next_horizon = horizon if next_horizon is None else min(next_horizon, horizon)
+        stats.segments_cleaned += 1
+        if new is None:
+            continue
+        if log.replace_segment(seg, new):
+            stats.segments_rewritten += 1
+        else:
+            new.delete_files()
+    log.cleaner_checkpoint = max(log.cleaner_checkpoint, rng.end_offset)
+    log.tombstone_horizon_ms = next_horizon
+    logger.info(
+        "Cleaned %s up to offset %d: %d segments (%d rewritten), %d -> %d bytes, removed %d records "
+        "(%d tombstones)", log.name, rng.end_offset, stats.segments_cleaned, stats.segments_rewritten,
+        stats.bytes_read, stats.bytes_written, stats.records_removed, stats.tombstones_removed)
+    return stats
+
+
+def _build_offset_map(segments: list[LogSegment], first_dirty: int, end_offset: int,
+                      stats: CleanerStats) -> dict[bytes, int]:
+    offset_map: dict[bytes, int] = {}
+    for seg in segments:
+        for loc in seg.iter_batches():
+            h = loc.header
+            if h.is_control or h.last_offset < first_dirty or h.records_count == 0:
+                continue
+            if h.base_offset >= end_offset:
+                break
+            for rec in decode_records(seg.read_batch_bytes(loc)):
+                if rec.key is not None and first_dirty <= rec.offset < end_offset:
+                    offset_map[rec.key] = rec.offset
+    return offset_map
+
+
+def _clean_segment(log: Log, seg: LogSegment, offset_map: dict[bytes, int], now_ms: int,
+                   stats: CleanerStats) -> tuple[LogSegment | None, int | None]:
+    """Copy seg's retained batches into a .cleaned segment; (None, horizon) if nothing would change."""
+    cfg = log.config
+    for suffix in (".log", ".index", ".timeindex"):
+        (seg.dir / (segment_file_name(seg.base_offset, suffix) + CLEANED_SUFFIX)).unlink(missing_ok=True)
+    new = LogSegment(seg.dir, seg.base_offset, index_interval_bytes=cfg.index_interval_bytes,
+                     max_index_size=cfg.segment_index_bytes, suffix=CLEANED_SUFFIX, create=True)
+    changed = False
+    min_horizon: int | None = None
+    try:
+        for loc in seg.iter_batches():
+            raw = seg.read_batch_bytes(loc)
+            h = loc.header
+            stats.bytes_read += len(raw)
+            out, horizon = _filter_batch(h, raw, offset_map, now_ms, cfg.delete_retention_ms, stats)
+            if horizon is not None:
+                min_horizon = horizon if min_horizon is None else min(min_horizon, horizon)
+            if out is not raw:
+                changed = True
+            if out is None:
+                continue
+            new.append(out, [(0, parse_batch_header(out))])
+            stats.bytes_written += len(out)
+        if not changed:
+            new.delete_files()
+            return None, min_horizon
+        new.on_become_inactive()
+        new.flush()
+        new.close_writers()
+        new.change_file_suffix(SWAP_SUFFIX)
+        return new, min_horizon
+    except BaseException:
+        new.delete_files()
+        raise
+
+
+def _filter_batch(h: RecordBatchHeader, raw: bytes, offset_map: dict[bytes, int], now_ms: int,
+                  delete_retention_ms: int, stats: CleanerStats) -> tuple[bytes | None, int | None]:
+    """Returns (batch bytes to keep — `raw` itself when unchanged — or None, tombstone horizon)."""
+    if h.is_control or h.records_count == 0:
+        return raw, None
+    records = decode_records(raw)
+    stats.records_read += len(records)
+    horizon = h.delete_horizon_ms if h.has_delete_horizon else None
+    retained: list[Record] = []
+    tombstones_kept = False
+    for rec in records:
+        if rec.key is None:
+            continue  # cannot be compacted; Kafka's cleaner drops these too
+        latest = offset_map.get(rec.key)
+        if latest is not None and rec.offset < latest:
+            continue
+        if rec.value is None:
+            if horizon is not None and now_ms >= horizon:
+                stats.tombstones_removed += 1
+                continue
+            tombstones_kept = True
+        retained.append(rec)
+    stats.records_removed += len(records) - len(retained)
+    new_horizon = horizon
+    if tombstones_kept and horizon is None:
+        new_horizon = now_ms + delete_retention_ms
+    if len(retained) == len(records) and new_horizon == horizon:
+        return raw, (new_horizon if tombstones_kept else None)
+    if not retained:
+        if h.producer_id < 0:
+            return None, None
+        # Keep the offsets and producer metadata; no records.
+        return build_batch(
+            [], base_offset=h.base_offset, compression=h.compression, producer_id=h.producer_id,
+            producer_epoch=h.producer_epoch, base_sequence=h.base_sequence, is_transactional=h.is_transactional,
+            timestamp_type=h.timestamp_type, partition_leader_epoch=h.partition_leader_epoch,
+            last_offset_delta=h.last_offset_delta, max_timestamp=h.max_timestamp), None
+    log_append = h.timestamp_type == TIMESTAMP_LOG_APPEND_TIME
+    out = build_batch(
+        retained, base_offset=h.base_offset, compression=h.compression, producer_id=h.producer_id,
+        producer_epoch=h.producer_epoch, base_sequence=h.base_sequence, is_transactional=h.is_transactional,
+        timestamp_type=h.timestamp_type, partition_leader_epoch=h.partition_leader_epoch,
+        last_offset_delta=h.last_offset_delta, max_timestamp=h.max_timestamp if log_append else None,
+        delete_horizon_ms=new_horizon if tombstones_kept else None)
+    return out, (new_horizon if tombstones_kept else None)
+
+
+class LogCleaner:
+    """Background thread compacting the logs returned by `logs` every backoff_ms (or sooner when busy)."""
+
+    def __init__(self, logs: Callable[[], Iterable[Log]], *, backoff_ms: int = 15000,
+                 on_cleaned: Callable[[Log], None] | None = None) -> None:
+        self._logs = logs
+        self.backoff_ms = backoff_ms
+        self._on_cleaned = on_cleaned
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failed: set[int] = set()
+
+    def clean_once(self, now_ms: int | None = None) -> int:
+        cleaned = 0
+        for log in list(self._logs()):
+            if self._stop.is_set():
+                break
+            if id(log) in self._failed or not log.config.compact or log.closed:
+                continue
+            try:
+                if clean_log(log, now_ms) is not None:
+                    cleaned += 1
+                    if self._on_cleaned is not None:
+                        self._on_cleaned(log)
+            except Exception:
+                if log.closed:
+                    continue  # deleted or shut down under us
+                # Kafka marks such a partition uncleanable rather than retrying forever.
+                logger.exception("Cleaner failed on %s; marking it uncleanable", log.name)
+                self._failed.add(id(log))
+        return cleaned
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kbroker-log-cleaner", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                busy = self.clean_once()
+            except Exception:
+                logger.exception("Log cleaner pass failed")
+                busy = 0
+            if not busy:
+                self._stop.wait(self.backoff_ms / 1000)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None

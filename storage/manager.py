@@ -1,0 +1,288 @@
+"""LogManager: owns every partition log across the log dirs, checkpoints, and the background work."""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from storage.checkpoints import (
+    CLEAN_SHUTDOWN_MARKER,
+    CLEANER_OFFSET_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    OffsetCheckpointFile,
+)
+from storage.cleaner import LogCleaner
+from storage.config import LogConfig
+from storage.errors import KafkaStorageError
+from storage.log import Log
+
+logger = logging.getLogger("kbroker.storage")
+
+_LOG_DIR_RE = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
+_DELETE_DIR_RE = re.compile(r"^.+-\d+\.[0-9a-f]{32}-delete$")
+# How often the scheduler wakes for delayed file deletes even when nothing else is due.
+_DELETE_POLL_MS = 1000
+
+TopicPartition = tuple[str, int]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True)
+class _PendingDirDelete:
+    due_ms: int
+    path: Path
+    log: Log
+
+
+class LogManager:
+    def __init__(self, log_dirs: list[str], default_config: LogConfig, *, retention_check_interval_ms: int = 300000,
+                 flush_check_interval_ms: int = 2**63 - 1, flush_offset_checkpoint_interval_ms: int = 60000,
+                 cleaner_enabled: bool = True, cleaner_backoff_ms: int = 15000,
+                 topic_config: Callable[[str], LogConfig | None] | None = None) -> None:
+        """topic_config(topic) supplies a topic's config at startup (None -> default_config)."""
+        self.log_dirs = [Path(d) for d in log_dirs]
+        self.default_config = default_config
+        self.retention_check_interval_ms = retention_check_interval_ms
+        self.flush_check_interval_ms = flush_check_interval_ms
+        self.flush_offset_checkpoint_interval_ms = flush_offset_checkpoint_interval_ms
+        self.cleaner_enabled = cleaner_enabled
+        self._topic_config = topic_config
+        self._lock = threading.RLock()
+        self._logs: dict[TopicPartition, Log] = {}
+        self._log_dir_of: dict[TopicPartition, Path] = {}
+        self._topic_configs: dict[str, LogConfig] = {}
+        self._pending_dir_deletes: list[_PendingDirDelete] = []
+        self._stop = threading.Event()
+        self._scheduler: threading.Thread | None = None
+        self.cleaner = LogCleaner(self._compacted_logs, backoff_ms=cleaner_backoff_ms)
+        self._started = False
+
+    # -- startup -------------------------------------------------------------------------------
+
+    def startup(self) -> None:
+        for log_dir in self.log_dirs:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            self._load_dir(log_dir)
+        self._started = True
+
+    def _load_dir(self, log_dir: Path) -> None:
+        marker = log_dir / CLEAN_SHUTDOWN_MARKER
+        clean = marker.exists()
+        recovery_points = OffsetCheckpointFile(log_dir / RECOVERY_POINT_CHECKPOINT).read()
+        start_offsets = OffsetCheckpointFile(log_dir / LOG_START_OFFSET_CHECKPOINT).read()
+        cleaner_offsets = OffsetCheckpointFile(log_dir / CLEANER_OFFSET_CHECKPOINT).read()
+        started = time.monotonic()
+        loaded = 0
+        for child in sorted(log_dir.iterdir()):
+            if not child.is_dir():
+                continue
+            if _DELETE_DIR_RE.match(child.name):
+                # A delete that did not finish before the last shutdown.
+                shutil.rmtree(child, ignore_errors=True)
+                continue
+            m = _LOG_DIR_RE.match(child.name)
+            if m is None:
+                continue
+            tp = (m.group("topic"), int(m.group("partition")))
+            if tp in self._logs:
+                logger.error("Duplicate log directories for %s-%d: %s and %s; ignoring the latter",
+                             tp[0], tp[1], self._log_dir_of[tp], child)
+                continue
+            config = self._config_for(tp[0])
+            log = Log.open(child, tp[0], tp[1], config, recovery_point=recovery_points.get(tp, 0),
+                           log_start_offset=start_offsets.get(tp, 0), clean_shutdown=clean)
+            log.cleaner_checkpoint = max(cleaner_offsets.get(tp, 0), log.log_start_offset)
+            self._logs[tp] = log
+            self._log_dir_of[tp] = log_dir
+            loaded += 1
+        logger.info("Loaded %d logs from %s in %.3f s (%s shutdown)", loaded, log_dir,
+                    time.monotonic() - started, "clean" if clean else "unclean")
+        # Only now: a crash during loading must recover again.
+        marker.unlink(missing_ok=True)
+
+    def _config_for(self, topic: str) -> LogConfig:
+        cfg = self._topic_configs.get(topic)
+        if cfg is None and self._topic_config is not None:
+            cfg = self._topic_config(topic)
+        return cfg if cfg is not None else self.default_config
+
+    # -- lookup / create / delete ----------------------------------------------------------------
+
+    def get_log(self, topic: str, partition: int) -> Log | None:
+        return self._logs.get((topic, partition))
+
+    def get_or_create_log(self, topic: str, partition: int, config: LogConfig | None = None) -> Log:
+        tp = (topic, partition)
+        log = self._logs.get(tp)
+        if log is not None:
+            return log
+        with self._lock:
+            log = self._logs.get(tp)
+            if log is not None:
+                return log
+            if config is not None:
+                self._topic_configs[topic] = config
+            config = self._config_for(topic)
+            counts = {d: 0 for d in self.log_dirs}
+            for d in self._log_dir_of.values():
+                counts[d] = counts.get(d, 0) + 1
+            log_dir = min(self.log_dirs, key=lambda d: counts[d])
+            try:
+                log = Log.open(log_dir / f"{topic}-{partition}", topic, partition, config, clean_shutdown=True)
+            except OSError as e:
+                raise KafkaStorageError(f"cannot create log for {topic}-{partition} in {log_dir}: {e}") from e
+            self._logs[tp] = log
+            self._log_dir_of[tp] = log_dir
+            logger.info("Created log for %s-%d in %s", topic, partition, log_dir)
+            return log
+
+    def delete_log(self, topic: str, partition: int) -> None:
+        """Forget the log now; rename its dir to <tp>.<uuid>-delete and remove it after file.delete.delay.ms
+        (open fds, e.g. an in-flight sendfile, stay valid until then)."""
+        tp = (topic, partition)
+        with self._lock:
+            log = self._logs.pop(tp, None)
+            self._log_dir_of.pop(tp, None)
+            if log is None:
+                return
+            target = log.dir.with_name(f"{log.dir.name}.{uuid.uuid4().hex}-delete")
+            log.dir.rename(target)
+            log.dir = target
+            self._pending_dir_deletes.append(_PendingDirDelete(_now_ms() + log.config.file_delete_delay_ms,
+                                                               target, log))
+        logger.info("Scheduled deletion of log %s-%d (%s)", topic, partition, target)
+
+    def logs(self) -> list[Log]:
+        return list(self._logs.values())
+
+    def update_topic_config(self, topic: str, config: LogConfig) -> None:
+        with self._lock:
+            self._topic_configs[topic] = config
+            for (t, _), log in self._logs.items():
+                if t == topic:
+                    log.update_config(config)
+
+    def _compacted_logs(self) -> Iterable[Log]:
+        return [log for log in self.logs() if log.config.compact]
+
+    # -- periodic work (all sync; called by the scheduler thread, callable directly by tests) ----
+
+    def cleanup_logs(self, now_ms: int | None = None) -> int:
+        """Retention pass over every log; returns segments deleted."""
+        now_ms = _now_ms() if now_ms is None else now_ms
+        deleted = 0
+        for log in self.logs():
+            try:
+                deleted += log.delete_old_segments(now_ms)
+            except Exception:
+                logger.exception("Retention failed for %s", log.name)
+        return deleted
+
+    def flush_dirty_logs(self, now_ms: int | None = None) -> None:
+        """Time-based flush (flush.ms)."""
+        now_ms = _now_ms() if now_ms is None else now_ms
+        for log in self.logs():
+            if log.unflushed_messages > 0 and now_ms - log.last_flush_ms >= log.config.flush_ms:
+                try:
+                    log.flush()
+                except Exception:
+                    logger.exception("Flush failed for %s", log.name)
+
+    def checkpoint(self) -> bool:
+        """Write recovery-point, log-start-offset and cleaner-offset checkpoints in every log dir."""
+        ok = True
+        with self._lock:
+            by_dir: dict[Path, dict[TopicPartition, Log]] = {d: {} for d in self.log_dirs}
+            for tp, log in self._logs.items():
+                by_dir.setdefault(self._log_dir_of[tp], {})[tp] = log
+        for log_dir, logs in by_dir.items():
+            try:
+                OffsetCheckpointFile(log_dir / RECOVERY_POINT_CHECKPOINT).write(
+                    {tp: log.recovery_point for tp, log in logs.items()})
+                OffsetCheckpointFile(log_dir / LOG_START_OFFSET_CHECKPOINT).write(
+                    {tp: log.log_start_offset for tp, log in logs.items()})
+                OffsetCheckpointFile(log_dir / CLEANER_OFFSET_CHECKPOINT).write(
+                    {tp: log.cleaner_checkpoint for tp, log in logs.items() if log.config.compact})
+            except OSError:
+                ok = False
+                logger.exception("Failed to write checkpoints in %s", log_dir)
+        return ok
+
+    def delete_pending_files(self, now_ms: int | None = None, *, force: bool = False) -> None:
+        now_ms = _now_ms() if now_ms is None else now_ms
+        for log in self.logs():
+            log.delete_pending_files(now_ms, force=force)
+        with self._lock:
+            due = [p for p in self._pending_dir_deletes if force or p.due_ms <= now_ms]
+            self._pending_dir_deletes = [p for p in self._pending_dir_deletes if p not in due]
+        for p in due:
+            p.log.close()
+            shutil.rmtree(p.path, ignore_errors=True)
+            logger.info("Deleted log directory %s", p.path)
+
+    # -- background ----------------------------------------------------------------------------
+
+    def start_background(self) -> None:
+        if self._scheduler is not None:
+            return
+        self._scheduler = threading.Thread(target=self._run_scheduler, name="kbroker-log-scheduler", daemon=True)
+        self._scheduler.start()
+        if self.cleaner_enabled:
+            self.cleaner.start()
+
+    def _run_scheduler(self) -> None:
+        now = _now_ms()
+        tasks: list[tuple[str, int, Callable[[], object]]] = [
+            ("retention", self.retention_check_interval_ms, self.cleanup_logs),
+            ("flush", self.flush_check_interval_ms, self.flush_dirty_logs),
+            ("checkpoint", self.flush_offset_checkpoint_interval_ms, self.checkpoint),
+            ("delete", _DELETE_POLL_MS, self.delete_pending_files),
+        ]
+        next_run = {name: now + min(interval, 2**62) for name, interval, _ in tasks}
+        while not self._stop.is_set():
+            now = _now_ms()
+            for name, interval, fn in tasks:
+                if now >= next_run[name]:
+                    try:
+                        fn()
+                    except Exception:
+                        logger.exception("Scheduled task %s failed", name)
+                    next_run[name] = _now_ms() + interval
+            wait_ms = max(0, min(next_run.values()) - _now_ms())
+            self._stop.wait(min(wait_ms, _DELETE_POLL_MS) / 1000)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._scheduler is not None:
+            self._scheduler.join()
+            self._scheduler = None
+        self.cleaner.shutdown()
+        clean = True
+        for log in self.logs():
+            try:
+                log.flush()
+            except Exception:
+                clean = False
+                logger.exception("Final flush failed for %s", log.name)
+        clean = self.checkpoint() and clean
+        self.delete_pending_files(force=True)
+        for log in self.logs():
+            log.close()
+        if not clean:
+            # Without the marker the next start recovers from the checkpoints instead of trusting them.
+            logger.error("Log manager shut down with errors; next start will run recovery")
+            return
+        for log_dir in self.log_dirs:
+            (log_dir / CLEAN_SHUTDOWN_MARKER).touch()
+        logger.info("Log manager shut down cleanly")
