@@ -1,0 +1,229 @@
+"""AdminManager: topic creation, deletion, partition growth and config changes."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from broker.topic_config import InvalidConfig, default_log_config, validate_topic_configs
+from coordinator.metadata_store import TopicRecord, new_topic_id
+from protocol.errors import ErrorCode, KafkaError
+from storage.config import LogConfig
+
+if TYPE_CHECKING:
+    from broker.server import KafkaServer
+    from storage.log import Log
+
+log = logging.getLogger("kbroker.admin")
+
+MAX_TOPIC_NAME = 249
+_LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+
+
+def validate_topic_name(name: str) -> str | None:
+    """Kafka's Topic.validate: the reason a name is illegal, or None."""
+    if not name:
+        return "Topic name is illegal, it can't be empty"
+    if name in (".", ".."):
+        return "Topic name cannot be \".\" or \"..\""
+    if len(name) > MAX_TOPIC_NAME:
+        return f"Topic name is illegal, it can't be longer than {MAX_TOPIC_NAME} characters, topic name: {name}"
+    if not _LEGAL.fullmatch(name):
+        return (
+            f"Topic name \"{name}\" is illegal, it contains a character other than ASCII alphanumerics, '.', '_' and '-'"
+        )
+    return None
+
+
+def _collides(a: str, b: str) -> bool:
+    return a != b and a.replace(".", "_") == b.replace(".", "_")
+
+
+class AdminManager:
+    def __init__(self, server: KafkaServer) -> None:
+        self.server = server
+        self._lock = threading.RLock()
+
+    @property
+    def metadata(self):  # type: ignore[no-untyped-def]
+        return self.server.metadata
+
+    def base_log_config(self) -> LogConfig:
+        return default_log_config(self.server.config, self.metadata.broker_configs)
+
+    def log_config_for(self, rec: TopicRecord) -> LogConfig:
+        return validate_topic_configs(rec.configs, self.base_log_config())
+
+    # ------------------------------------------------------------ create
+
+    def check_new_topic(self, name: str, num_partitions: int, replication_factor: int,
+                        configs: Mapping[str, str | None]) -> tuple[int, int, LogConfig]:
+        """Validate a CreateTopics entry; returns the effective (partitions, replication factor, config)."""
+        problem = validate_topic_name(name)
+        if problem:
+            raise KafkaError(ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
+        if name in self.metadata.topics:
+            raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
+        for existing in self.metadata.topics:
+            if _collides(name, existing):
+                raise KafkaError(
+                    ErrorCode.INVALID_TOPIC_EXCEPTION,
+                    f"Topic '{name}' collides with existing topic: {existing}",
+                )
+        if num_partitions == -1:
+            num_partitions = self.server.config["num.partitions"]
+        if num_partitions <= 0:
+            raise KafkaError(ErrorCode.INVALID_PARTITIONS, "Number of partitions must be larger than 0.")
+        if replication_factor == -1:
+            replication_factor = self.server.config["default.replication.factor"]
+        if replication_factor <= 0:
+            raise KafkaError(ErrorCode.INVALID_REPLICATION_FACTOR, "Replication factor must be larger than 0.")
+        live = len(self.metadata.live_brokers())
+        if replication_factor > live:
+            raise KafkaError(
+                ErrorCode.INVALID_REPLICATION_FACTOR,
+                f"Replication factor: {replication_factor} larger than available brokers: {live}.",
+            )
+        if replication_factor > 1:
+            raise KafkaError(
+                ErrorCode.INVALID_REPLICATION_FACTOR,
+                "kbroker keeps one replica per partition; replication factor must be 1.",
+            )
+        try:
+            config = validate_topic_configs(configs, self.base_log_config())
+        except InvalidConfig as e:
+            raise KafkaError(ErrorCode.INVALID_CONFIG, str(e)) from None
+        return num_partitions, replication_factor, config
+
+    def assign_leaders(self, num_partitions: int, start: int = 0) -> list[int]:
+        brokers = sorted(self.metadata.live_brokers())
+        return [brokers[(start + i) % len(brokers)] for i in range(num_partitions)]
+
+    def create_topic(self, name: str, num_partitions: int = -1, replication_factor: int = -1,
+                     configs: Mapping[str, str | None] | None = None,
+                     leaders: list[int] | None = None) -> TopicRecord:
+        with self._lock:
+            num_partitions, _, _ = self.check_new_topic(name, num_partitions, replication_factor, configs or {})
+            rec = TopicRecord(
+                name,
+                new_topic_id(),
+                leaders or self.assign_leaders(num_partitions),
+                {k: str(v) for k, v in (configs or {}).items()},
+            )
+            self.metadata.create_topic(rec)
+            for p in range(num_partitions):
+                if rec.leaders[p] == self.server.broker_id:
+                    self.ensure_log(name, p)
+            log.info("Created topic %s with %d partitions, configs %s", name, num_partitions, rec.configs)
+            return rec
+
+    def ensure_log(self, topic: str, partition: int) -> Log:
+        rec = self.metadata.topics.get(topic)
+        if rec is None:
+            raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        return self.server.log_manager.get_or_create_log(topic, partition, self.log_config_for(rec))
+
+    def auto_create(self, name: str) -> TopicRecord | None:
+        """Metadata-driven auto creation (auto.create.topics.enable)."""
+        with self._lock:
+            rec = self.metadata.topics.get(name)
+            if rec is not None:
+                return rec
+            return self.create_topic(name)
+
+    # ------------------------------------------------------------ delete
+
+    def delete_topic(self, name: str) -> None:
+        with self._lock:
+            if not self.server.config["delete.topic.enable"]:
+                raise KafkaError(ErrorCode.TOPIC_DELETION_DISABLED, "Topic deletion is disabled.")
+            rec = self.metadata.topics.get(name)
+            if rec is None:
+                raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+            self.metadata.delete_topic(name)
+            for p in range(rec.num_partitions):
+                self.server.log_manager.delete_log(name, p)
+                self.server.replica_manager.purgatory.notify((name, p))
+            log.info("Deleted topic %s (%d partitions)", name, rec.num_partitions)
+
+    # ------------------------------------------------------------ partitions
+
+    def create_partitions(self, name: str, count: int, assignments: list[list[int]] | None,
+                          validate_only: bool) -> None:
+        with self._lock:
+            rec = self.metadata.topics.get(name)
+            if rec is None:
+                raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{name}' does not exist.")
+            current = rec.num_partitions
+            if count < current:
+                raise KafkaError(
+                    ErrorCode.INVALID_PARTITIONS,
+                    f"Topic currently has {current} partitions, which is higher than the requested {count}.",
+                )
+            if count == current:
+                raise KafkaError(ErrorCode.INVALID_PARTITIONS, f"Topic already has {current} partitions.")
+            new = count - current
+            live = set(self.metadata.live_brokers())
+            if assignments is not None:
+                if len(assignments) != new:
+                    raise KafkaError(
+                        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                        f"Increasing the number of partitions by {new} but {len(assignments)} assignments provided.",
+                    )
+                for replicas in assignments:
+                    if len(replicas) != 1:
+                        raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, "Each partition has exactly one replica.")
+                    if replicas[0] not in live:
+                        raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"Unknown broker {replicas[0]}.")
+                leaders = [r[0] for r in assignments]
+            else:
+                leaders = self.assign_leaders(new, start=current)
+            if validate_only:
+                return
+            self.metadata.add_partitions(name, leaders)
+            for i, leader in enumerate(leaders):
+                if leader == self.server.broker_id:
+                    self.ensure_log(name, current + i)
+            log.info("Topic %s now has %d partitions (was %d)", name, count, current)
+
+    # ------------------------------------------------------------ configs
+
+    def set_topic_configs(self, name: str, configs: Mapping[str, str | None], validate_only: bool) -> None:
+        with self._lock:
+            rec = self.metadata.topics.get(name)
+            if rec is None:
+                raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {name} does not exist")
+            try:
+                config = validate_topic_configs(configs, self.base_log_config())
+            except InvalidConfig as e:
+                raise KafkaError(ErrorCode.INVALID_CONFIG, str(e)) from None
+            if validate_only:
+                return
+            self.metadata.set_topic_configs(name, {k: str(v) for k, v in configs.items()})
+            self.server.log_manager.update_topic_config(name, config)
+            log.info("Topic %s configs are now %s", name, dict(configs))
+
+    def set_broker_configs(self, configs: Mapping[str, str], validate_only: bool) -> None:
+        from broker.config import KEYS, KafkaConfig
+
+        with self._lock:
+            for key, value in configs.items():
+                spec = KEYS.get(key)
+                if spec is None:
+                    raise KafkaError(ErrorCode.INVALID_CONFIG, f"Unknown broker config {key}")
+                if not spec.dynamic:
+                    raise KafkaError(ErrorCode.INVALID_CONFIG, f"Cannot update {key} dynamically: it is read-only")
+                try:
+                    KafkaConfig({**self.server.config.originals, key: value})
+                except ValueError as e:
+                    raise KafkaError(ErrorCode.INVALID_CONFIG, str(e)) from None
+            if validate_only:
+                return
+            self.metadata.set_broker_configs(dict(configs))
+            for rec in list(self.metadata.topics.values()):
+                self.server.log_manager.update_topic_config(rec.name, self.log_config_for(rec))
+            log.info("Dynamic broker configs are now %s", dict(configs))

@@ -1,0 +1,122 @@
+"""KafkaApis: decode a request frame, dispatch to the handler of its API, encode the response."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from broker.network import CloseConnection, KafkaConnection, Response
+from protocol import codec
+from protocol.errors import ErrorCode
+from protocol.messages import ApiVersionsResponse, RequestHeader
+
+if TYPE_CHECKING:
+    from broker.server import KafkaServer
+
+log = logging.getLogger("kbroker.apis")
+
+API_VERSIONS = 18
+
+
+@dataclass
+class RequestContext:
+    server: KafkaServer
+    conn: KafkaConnection
+    header: RequestHeader
+
+    @property
+    def api_version(self) -> int:
+        return self.header.request_api_version
+
+    @property
+    def client_id(self) -> str:
+        return self.header.client_id or ""
+
+
+HandlerFn = Callable[[RequestContext, Any], Any]
+
+
+@dataclass(frozen=True)
+class ApiHandler:
+    api_key: int
+    min_version: int
+    max_version: int
+    fn: HandlerFn
+
+
+class KafkaApis:
+    def __init__(self, server: KafkaServer, handlers: list[ApiHandler]) -> None:
+        self.server = server
+        self.handlers = {h.api_key: h for h in handlers}
+        for h in handlers:
+            lo, hi = codec.REQUESTS[h.api_key].VALID_VERSIONS  # type: ignore[attr-defined]
+            assert lo <= h.min_version <= h.max_version <= hi, h
+
+    def supported_versions(self) -> list[tuple[int, int, int]]:
+        return sorted((h.api_key, h.min_version, h.max_version) for h in self.handlers.values())
+
+    def handle(self, conn: KafkaConnection, frame: bytes) -> Response | Awaitable[Response | None] | None:
+        try:
+            header, pos = codec.decode_request_header(frame)
+        except codec.DecodeError as e:
+            raise CloseConnection(f"malformed request header: {e}") from None
+        api_key, version = header.request_api_key, header.request_api_version
+        handler = self.handlers.get(api_key)
+        if handler is None or not handler.min_version <= version <= handler.max_version:
+            return self._unsupported(header)
+        try:
+            request, end = codec.decode(codec.REQUESTS[api_key], version, frame, pos)
+        except codec.DecodeError as e:
+            raise CloseConnection(
+                f"malformed {codec.REQUESTS[api_key].__name__} v{version} from client {header.client_id!r}: {e}"
+            ) from None
+        if end != len(frame):
+            raise CloseConnection(
+                f"{len(frame) - end} trailing bytes after {codec.REQUESTS[api_key].__name__} v{version}"
+            )
+        ctx = RequestContext(self.server, conn, header)
+        result = handler.fn(ctx, request)
+        if result is None:
+            return None
+        if inspect.isawaitable(result):
+            return self._complete_later(header, result)
+        return self._encode(header, result)
+
+    async def _complete_later(self, header: RequestHeader, pending: Awaitable[Any]) -> Response | None:
+        body = await pending
+        return None if body is None else self._encode(header, body)
+
+    @staticmethod
+    def _encode(header: RequestHeader, body: Any) -> Response:
+        ext: list[tuple[int, Any]] = []
+        frame = codec.encode_response(header.correlation_id, header.request_api_key, header.request_api_version, body, ext)
+        return Response(frame, ext or None)
+
+    def _unsupported(self, header: RequestHeader) -> Response:
+        api_key, version = header.request_api_key, header.request_api_version
+        if api_key == API_VERSIONS:
+            # KIP-511: answer an unknown ApiVersions version with v0 and the versions we do support,
+            # so that the client can retry with one of them.
+            body = ApiVersionsResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, api_keys=self.api_version_list())
+            frame = codec.encode_response(header.correlation_id, api_key, 0, body)
+            return Response(frame)
+        cls = codec.RESPONSES.get(api_key)
+        if cls is None:
+            raise CloseConnection(f"unknown api key {api_key} (version {version}) from client {header.client_id!r}")
+        lo, hi = cls.VALID_VERSIONS  # type: ignore[attr-defined]
+        if not lo <= version <= hi or not any(f.attr == "error_code" for f in cls.FIELDS):  # type: ignore[attr-defined]
+            raise CloseConnection(
+                f"unsupported version {version} of {cls.__name__} from client {header.client_id!r}"
+            )
+        log.info("Answering UNSUPPORTED_VERSION to %s v%d from %r", cls.__name__, version, header.client_id)
+        body = cls(error_code=ErrorCode.UNSUPPORTED_VERSION)
+        return self._encode(header, body)
+
+    def api_version_list(self) -> list[ApiVersionsResponse.ApiVersion]:
+        return [
+            ApiVersionsResponse.ApiVersion(api_key=k, min_version=lo, max_version=hi)
+            for k, lo, hi in self.supported_versions()
+        ]

@@ -1,0 +1,312 @@
+"""Broker configuration: Kafka's server.properties keys, types, defaults and validation."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+LONG_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1
+
+
+class ConfigError(ValueError):
+    """A bad config value: the message names the key."""
+
+
+def _bool(v: str) -> bool:
+    s = v.strip().lower()
+    if s not in ("true", "false"):
+        raise ValueError("expected true or false")
+    return s == "true"
+
+
+def _int(v: str) -> int:
+    n = int(v.strip())
+    if not -(2**31) <= n <= INT_MAX:
+        raise ValueError("out of int32 range")
+    return n
+
+
+def _long(v: str) -> int:
+    n = int(v.strip())
+    if not -(2**63) <= n <= LONG_MAX:
+        raise ValueError("out of int64 range")
+    return n
+
+
+def _double(v: str) -> float:
+    return float(v.strip())
+
+
+def _str(v: str) -> str:
+    return v.strip()
+
+
+def _list(v: str) -> list[str]:
+    return [x.strip() for x in v.split(",") if x.strip()]
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    check: Callable[[Any], str | None] | None = None  # returns an error text, or None when valid
+    dynamic: bool = False  # may be changed with AlterConfigs at runtime
+
+
+def at_least(n: float) -> Callable[[Any], str | None]:
+    return lambda v: None if v is None or v >= n else f"must be at least {n}"
+
+
+def one_of(*choices: str) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        values = v if isinstance(v, list) else [v]
+        bad = [x for x in values if x not in choices]
+        return f"must be one of {', '.join(choices)}" if bad else None
+
+    return check
+
+
+def _listeners_check(v: Any) -> str | None:
+    for entry in v or []:
+        try:
+            parsed = parse_listener(entry)
+        except ValueError as e:
+            return str(e)
+        if parsed.security_protocol != "PLAINTEXT":
+            return f"listener {entry!r}: only PLAINTEXT is supported"
+    return None
+
+
+KEYS: dict[str, ConfigKey] = {
+    k.name: k
+    for k in [
+        ConfigKey("broker.id", _int, 0, at_least(0)),
+        ConfigKey("listeners", _list, ["PLAINTEXT://:9092"], _listeners_check),
+        ConfigKey("advertised.listeners", _list, None, _listeners_check),
+        ConfigKey("listener.security.protocol.map", _str, "PLAINTEXT:PLAINTEXT"),
+        ConfigKey("inter.broker.listener.name", _str, None),
+        ConfigKey("security.inter.broker.protocol", _str, "PLAINTEXT", one_of("PLAINTEXT")),
+        ConfigKey("log.dirs", _list, None),
+        ConfigKey("log.dir", _str, "/tmp/kafka-logs"),
+        ConfigKey("num.network.threads", _int, 3, at_least(1)),
+        ConfigKey("num.io.threads", _int, 8, at_least(1)),
+        ConfigKey("num.recovery.threads.per.data.dir", _int, 1, at_least(1)),
+        ConfigKey("background.threads", _int, 10, at_least(1)),
+        ConfigKey("queued.max.requests", _int, 500, at_least(1)),
+        ConfigKey("queued.max.request.bytes", _long, -1),
+        ConfigKey("socket.send.buffer.bytes", _int, 102400),
+        ConfigKey("socket.receive.buffer.bytes", _int, 102400),
+        ConfigKey("socket.request.max.bytes", _int, 104857600, at_least(1)),
+        ConfigKey("socket.listen.backlog.size", _int, 50, at_least(1)),
+        ConfigKey("connections.max.idle.ms", _long, 600000),
+        ConfigKey("max.connections", _int, INT_MAX, at_least(0)),
+        ConfigKey("max.connections.per.ip", _int, INT_MAX, at_least(0)),
+        ConfigKey("num.partitions", _int, 1, at_least(1)),
+        ConfigKey("default.replication.factor", _int, 1, at_least(1)),
+        ConfigKey("min.insync.replicas", _int, 1, at_least(1)),
+        ConfigKey("auto.create.topics.enable", _bool, True),
+        ConfigKey("delete.topic.enable", _bool, True),
+        ConfigKey("message.max.bytes", _int, 1048588, at_least(0), dynamic=True),
+        ConfigKey("log.segment.bytes", _int, 1073741824, at_least(14), dynamic=True),
+        ConfigKey("log.roll.ms", _long, None, at_least(1), dynamic=True),
+        ConfigKey("log.roll.hours", _int, 168, at_least(1)),
+        ConfigKey("log.index.size.max.bytes", _int, 10485760, at_least(4), dynamic=True),
+        ConfigKey("log.index.interval.bytes", _int, 4096, at_least(0), dynamic=True),
+        ConfigKey("log.retention.ms", _long, None, dynamic=True),
+        ConfigKey("log.retention.minutes", _int, None),
+        ConfigKey("log.retention.hours", _int, 168),
+        ConfigKey("log.retention.bytes", _long, -1, dynamic=True),
+        ConfigKey("log.retention.check.interval.ms", _long, 300000, at_least(1)),
+        ConfigKey("log.cleanup.policy", _list, ["delete"], one_of("delete", "compact"), dynamic=True),
+        ConfigKey("log.cleaner.enable", _bool, True),
+        ConfigKey("log.cleaner.threads", _int, 1, at_least(0)),
+        ConfigKey("log.cleaner.backoff.ms", _long, 15000, at_least(0)),
+        ConfigKey("log.cleaner.delete.retention.ms", _long, 86400000, at_least(0), dynamic=True),
+        ConfigKey("log.cleaner.min.compaction.lag.ms", _long, 0, at_least(0), dynamic=True),
+        ConfigKey("log.cleaner.min.cleanable.ratio", _double, 0.5, dynamic=True),
+        ConfigKey("log.flush.interval.messages", _long, LONG_MAX, at_least(1), dynamic=True),
+        ConfigKey("log.flush.interval.ms", _long, None, at_least(0), dynamic=True),
+        ConfigKey("log.flush.scheduler.interval.ms", _long, LONG_MAX, at_least(0)),
+        ConfigKey("log.flush.offset.checkpoint.interval.ms", _int, 60000, at_least(0)),
+        ConfigKey("log.flush.start.offset.checkpoint.interval.ms", _int, 60000, at_least(0)),
+        ConfigKey("log.segment.delete.delay.ms", _long, 60000, at_least(0), dynamic=True),
+        ConfigKey(
+            "log.message.timestamp.type", _str, "CreateTime", one_of("CreateTime", "LogAppendTime"), dynamic=True
+        ),
+        ConfigKey("log.message.format.version", _str, "3.0-IV1"),
+        ConfigKey("compression.type", _str, "producer", one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")),
+        ConfigKey("zookeeper.connect", _str, None),
+        ConfigKey("zookeeper.session.timeout.ms", _int, 18000, at_least(1)),
+        ConfigKey("zookeeper.connection.timeout.ms", _int, None, at_least(1)),
+        ConfigKey("zookeeper.max.in.flight.requests", _int, 10, at_least(1)),
+        ConfigKey("offsets.topic.num.partitions", _int, 50, at_least(1)),
+        ConfigKey("offsets.topic.replication.factor", _int, 3, at_least(1)),
+        ConfigKey("offsets.topic.segment.bytes", _int, 104857600, at_least(1)),
+        ConfigKey("offsets.retention.minutes", _int, 10080, at_least(1)),
+        ConfigKey("offsets.retention.check.interval.ms", _long, 600000, at_least(1)),
+        ConfigKey("offsets.load.buffer.size", _int, 5242880, at_least(1)),
+        ConfigKey("offsets.commit.timeout.ms", _int, 5000, at_least(1)),
+        ConfigKey("offset.metadata.max.bytes", _int, 4096, at_least(0)),
+        ConfigKey("group.initial.rebalance.delay.ms", _int, 3000, at_least(0)),
+        ConfigKey("group.min.session.timeout.ms", _int, 6000, at_least(0)),
+        ConfigKey("group.max.session.timeout.ms", _int, 1800000, at_least(0)),
+        ConfigKey("group.max.size", _int, INT_MAX, at_least(1)),
+        ConfigKey("transaction.state.log.num.partitions", _int, 50, at_least(1)),
+        ConfigKey("transaction.state.log.replication.factor", _int, 3, at_least(1)),
+        ConfigKey("transaction.state.log.min.isr", _int, 2, at_least(1)),
+        ConfigKey("transactional.id.expiration.ms", _int, 604800000, at_least(1)),
+        ConfigKey("producer.id.expiration.ms", _int, 86400000, at_least(1)),
+        ConfigKey("unclean.leader.election.enable", _bool, False),
+        ConfigKey("controlled.shutdown.enable", _bool, True),
+        ConfigKey("request.timeout.ms", _int, 30000, at_least(0)),
+        ConfigKey("replica.lag.time.max.ms", _long, 30000, at_least(0)),
+        ConfigKey("num.replica.fetchers", _int, 1, at_least(1)),
+        ConfigKey("group.coordinator.rebalance.protocols", _list, ["classic"], one_of("classic")),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class Listener:
+    name: str
+    security_protocol: str
+    host: str
+    port: int
+
+
+def parse_listener(entry: str) -> Listener:
+    m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)://(\[[^\]]*\]|[^:/]*):(\d+)", entry.strip())
+    if not m:
+        raise ValueError(f"listener {entry!r} is not of the form NAME://host:port")
+    name, host, port = m.group(1), m.group(2).strip("[]"), int(m.group(3))
+    if not 0 <= port <= 65535:
+        raise ValueError(f"listener {entry!r}: port out of range")
+    urlsplit(f"x://{m.group(2)}:{port}")  # rejects malformed IPv6 literals
+    return Listener(name.upper(), name.upper(), host, port)
+
+
+def read_properties(text: str) -> dict[str, str]:
+    """Java .properties: `key=value` or `key: value`, # and ! comments, backslash line continuation."""
+    props: dict[str, str] = {}
+    logical = ""
+    for raw in text.splitlines():
+        line = raw.strip() if not logical else raw.lstrip()
+        if not logical and (not line or line[0] in "#!"):
+            continue
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            logical += line[:-1]
+            continue
+        logical += line
+        m = re.match(r"([^=:\s]+)\s*[=:\s]\s*(.*)$", logical)
+        if m:
+            props[m.group(1)] = m.group(2)
+        elif logical:
+            props[logical] = ""
+        logical = ""
+    return props
+
+
+class KafkaConfig:
+    """Typed broker config. Unknown keys and invalid values raise ConfigError naming the key."""
+
+    def __init__(self, props: dict[str, str]) -> None:
+        self.originals = dict(props)
+        self._values: dict[str, Any] = {}
+        for name, key in KEYS.items():
+            self._values[name] = key.default
+        for name, raw in props.items():
+            self.set(name, raw)
+        self._derive()
+
+    def set(self, name: str, raw: str) -> None:
+        key = KEYS.get(name)
+        if key is None:
+            raise ConfigError(f"{name}: unknown config key")
+        try:
+            value = key.parse(raw)
+        except ValueError as e:
+            raise ConfigError(f"{name}: invalid value {raw!r} ({e})") from None
+        problem = key.check(value) if key.check else None
+        if problem:
+            raise ConfigError(f"{name}: invalid value {raw!r} ({problem})")
+        self._values[name] = value
+
+    def _derive(self) -> None:
+        v = self._values
+        if not v["log.dirs"]:
+            v["log.dirs"] = [v["log.dir"]]
+        if v["log.retention.ms"] is None:
+            if v["log.retention.minutes"] is not None:
+                v["log.retention.ms"] = v["log.retention.minutes"] * 60000
+            else:
+                v["log.retention.ms"] = v["log.retention.hours"] * 3600000
+        if v["log.roll.ms"] is None:
+            v["log.roll.ms"] = v["log.roll.hours"] * 3600000
+        if v["log.flush.interval.ms"] is None:
+            v["log.flush.interval.ms"] = v["log.flush.scheduler.interval.ms"]
+        listeners = [parse_listener(x) for x in v["listeners"]]
+        if not listeners:
+            raise ConfigError("listeners: at least one listener is required")
+        names = [x.name for x in listeners]
+        if len(set(names)) != len(names):
+            raise ConfigError("listeners: each listener needs a distinct name")
+        if v["advertised.listeners"] is None:
+            v["advertised.listeners"] = v["listeners"]
+        for adv in v["advertised.listeners"]:
+            if parse_listener(adv).name not in names:
+                raise ConfigError(f"advertised.listeners: {adv!r} names no configured listener")
+        if v["group.min.session.timeout.ms"] > v["group.max.session.timeout.ms"]:
+            raise ConfigError("group.min.session.timeout.ms: must not exceed group.max.session.timeout.ms")
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def items(self) -> Iterable[tuple[str, Any]]:
+        return self._values.items()
+
+    @property
+    def broker_id(self) -> int:
+        return int(self._values["broker.id"])
+
+    @property
+    def listeners(self) -> list[Listener]:
+        return [parse_listener(x) for x in self._values["listeners"]]
+
+    @property
+    def advertised_listeners(self) -> list[Listener]:
+        return [parse_listener(x) for x in self._values["advertised.listeners"]]
+
+    @property
+    def log_dirs(self) -> list[str]:
+        return list(self._values["log.dirs"])
+
+    @classmethod
+    def from_file(cls, path: str | Path, overrides: Iterable[str] = ()) -> KafkaConfig:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+        props = read_properties(text)
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"--override {item!r}: expected key=value")
+            k, _, val = item.partition("=")
+            props[k.strip()] = val
+        return cls(props)
+
+
+def render_value(value: Any) -> str | None:
+    """A config value as Kafka shows it in DescribeConfigs."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(str(x) for x in value)
+    return str(value)

@@ -1,0 +1,14 @@
+"""Request handlers, one module per API family. Each module lists its ApiHandlers in HANDLERS."""
+
+from __future__ import annotations
+
+from broker.apis import ApiHandler
+
+
+def all_handlers() -> list[ApiHandler]:
+    from broker.handlers import api_versions, configs, fetch, metadata, produce, topics
+
+    out: list[ApiHandler] = []
+    for module in (api_versions, metadata, produce, fetch, topics, configs):
+        out.extend(module.HANDLERS)
+    return out

@@ -1,0 +1,178 @@
+"""DescribeConfigs (32), AlterConfigs (33), IncrementalAlterConfigs (44) for topics and brokers."""
+
+from __future__ import annotations
+
+from broker.apis import ApiHandler, RequestContext
+from broker.config import KEYS, render_value
+from broker.topic_config import (
+    SOURCE_DEFAULT,
+    SOURCE_DYNAMIC_DEFAULT_BROKER,
+    SOURCE_STATIC_BROKER,
+    TOPIC_TO_BROKER,
+    DescribedConfig,
+    config_type_of,
+    describe_topic,
+)
+from protocol.errors import ErrorCode, KafkaError
+from protocol.messages import (
+    AlterConfigsRequest,
+    AlterConfigsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
+    IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResponse,
+)
+
+TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+LIST_CONFIGS = frozenset({"cleanup.policy", "log.cleanup.policy"})
+
+
+def _describe_broker(ctx: RequestContext) -> list[DescribedConfig]:
+    cfg = ctx.server.config
+    dynamic = ctx.server.metadata.broker_configs
+    out = []
+    for name, spec in sorted(KEYS.items()):
+        synonyms: list[tuple[str, str | None, int]] = []
+        if name in dynamic:
+            synonyms.append((name, dynamic[name], SOURCE_DYNAMIC_DEFAULT_BROKER))
+        if name in cfg.originals:
+            synonyms.append((name, render_value(cfg[name]), SOURCE_STATIC_BROKER))
+        synonyms.append((name, render_value(cfg[name] if spec.default is None else spec.default), SOURCE_DEFAULT))
+        out.append(DescribedConfig(name, synonyms[0][1], synonyms[0][2], read_only=not spec.dynamic, synonyms=synonyms))
+    return out
+
+
+def _check_broker_resource(ctx: RequestContext, name: str, allow_default: bool) -> None:
+    if name == "" and allow_default:
+        return
+    if name != str(ctx.server.broker_id):
+        raise KafkaError(ErrorCode.INVALID_REQUEST, f"Unexpected broker id, expected {ctx.server.broker_id} but received {name}")
+
+
+def handle_describe_configs(ctx: RequestContext, req: DescribeConfigsRequest) -> DescribeConfigsResponse:
+    R = DescribeConfigsResponse
+    v = ctx.api_version
+    results = []
+    for res in req.resources:
+        out = R.DescribeConfigsResult(
+            error_code=0, error_message=None, resource_type=res.resource_type, resource_name=res.resource_name
+        )
+        results.append(out)
+        try:
+            if res.resource_type == TOPIC:
+                rec = ctx.server.metadata.topics.get(res.resource_name)
+                if rec is None:
+                    raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {res.resource_name} does not exist")
+                entries = describe_topic(ctx.server.config, rec.configs, ctx.server.metadata.broker_configs)
+            elif res.resource_type == BROKER:
+                _check_broker_resource(ctx, res.resource_name, allow_default=False)
+                entries = _describe_broker(ctx)
+            else:
+                raise KafkaError(ErrorCode.INVALID_REQUEST, f"Unsupported resource type {res.resource_type}")
+            keys = None if res.configuration_keys is None else set(res.configuration_keys)
+            out.configs = [
+                R.DescribeConfigsResourceResult(
+                    name=e.name,
+                    value=e.value,
+                    read_only=e.read_only,
+                    is_default=e.source == SOURCE_DEFAULT,
+                    config_source=e.source,
+                    is_sensitive=e.sensitive,
+                    synonyms=[R.DescribeConfigsSynonym(name=n, value=val, source=s) for n, val, s in e.synonyms or []]
+                    if v >= 1 and req.include_synonyms
+                    else [],
+                    config_type=config_type_of(e.name),
+                    documentation=None,
+                )
+                for e in entries
+                if keys is None or e.name in keys
+            ]
+        except KafkaError as e:
+            out.error_code = e.code
+            out.error_message = e.message or None
+    return R(throttle_time_ms=0, results=results)
+
+
+def _apply(ctx: RequestContext, resource_type: int, name: str, new: dict[str, str | None], validate_only: bool) -> None:
+    if resource_type == TOPIC:
+        ctx.server.admin.set_topic_configs(name, new, validate_only)
+    elif resource_type == BROKER:
+        _check_broker_resource(ctx, name, allow_default=True)
+        ctx.server.admin.set_broker_configs({k: str(v) for k, v in new.items()}, validate_only)
+    else:
+        raise KafkaError(ErrorCode.INVALID_REQUEST, f"Unsupported resource type {resource_type}")
+
+
+def _current(ctx: RequestContext, resource_type: int, name: str) -> dict[str, str | None]:
+    if resource_type == TOPIC:
+        rec = ctx.server.metadata.topics.get(name)
+        if rec is None:
+            raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {name} does not exist")
+        return dict(rec.configs)
+    return dict(ctx.server.metadata.broker_configs)
+
+
+def handle_alter_configs(ctx: RequestContext, req: AlterConfigsRequest) -> AlterConfigsResponse:
+    R = AlterConfigsResponse
+    out = []
+    for res in req.resources:
+        r = R.AlterConfigsResourceResponse(error_code=0, error_message=None, resource_type=res.resource_type,
+                                           resource_name=res.resource_name)
+        out.append(r)
+        try:
+            _current(ctx, res.resource_type, res.resource_name)  # existence check
+            _apply(ctx, res.resource_type, res.resource_name, {c.name: c.value for c in res.configs}, req.validate_only)
+        except KafkaError as e:
+            r.error_code = e.code
+            r.error_message = e.message or None
+    return R(throttle_time_ms=0, responses=out)
+
+
+def handle_incremental_alter_configs(
+    ctx: RequestContext, req: IncrementalAlterConfigsRequest
+) -> IncrementalAlterConfigsResponse:
+    R = IncrementalAlterConfigsResponse
+    out = []
+    for res in req.resources:
+        r = R.AlterConfigsResourceResponse(error_code=0, error_message=None, resource_type=res.resource_type,
+                                           resource_name=res.resource_name)
+        out.append(r)
+        try:
+            configs = _current(ctx, res.resource_type, res.resource_name)
+            for c in res.configs:
+                if c.config_operation == SET:
+                    configs[c.name] = c.value
+                elif c.config_operation == DELETE:
+                    configs.pop(c.name, None)
+                elif c.config_operation in (APPEND, SUBTRACT):
+                    if c.name not in LIST_CONFIGS:
+                        raise KafkaError(ErrorCode.INVALID_CONFIG,
+                                         f"Config value append/subtract is not allowed for config key {c.name}")
+                    current = configs.get(c.name) or _effective(ctx, res.resource_type, c.name)
+                    items = [x for x in (current or "").split(",") if x]
+                    change = [x.strip() for x in (c.value or "").split(",") if x.strip()]
+                    if c.config_operation == APPEND:
+                        items += [x for x in change if x not in items]
+                    else:
+                        items = [x for x in items if x not in change]
+                    configs[c.name] = ",".join(items)
+                else:
+                    raise KafkaError(ErrorCode.INVALID_REQUEST, f"Unknown config operation {c.config_operation}")
+            _apply(ctx, res.resource_type, res.resource_name, configs, req.validate_only)
+        except KafkaError as e:
+            r.error_code = e.code
+            r.error_message = e.message or None
+    return R(throttle_time_ms=0, responses=out)
+
+
+def _effective(ctx: RequestContext, resource_type: int, name: str) -> str | None:
+    key = TOPIC_TO_BROKER.get(name, name) if resource_type == TOPIC else name
+    return render_value(ctx.server.config[key])
+
+
+HANDLERS = [
+    ApiHandler(32, 0, 4, handle_describe_configs),
+    ApiHandler(33, 0, 2, handle_alter_configs),
+    ApiHandler(44, 0, 1, handle_incremental_alter_configs),
+]

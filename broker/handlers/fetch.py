@@ -1,0 +1,217 @@
+"""Fetch (key 1), ListOffsets (key 2) and OffsetForLeaderEpoch (key 23)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from broker.apis import ApiHandler, RequestContext
+from broker.replica_manager import LEADER_EPOCH, error_of
+from protocol.errors import ErrorCode, KafkaError
+from protocol.messages import (
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
+)
+
+log = logging.getLogger("kbroker.fetch")
+
+INT32_MAX = 2**31 - 1
+PartitionData = FetchResponse.PartitionData
+
+
+def check_leader_epoch(current_leader_epoch: int) -> None:
+    """Kafka's leader epoch fencing for a client that knows the epoch (-1 means it does not)."""
+    if current_leader_epoch < 0 or current_leader_epoch == LEADER_EPOCH:
+        return
+    if current_leader_epoch > LEADER_EPOCH:
+        raise KafkaError(ErrorCode.UNKNOWN_LEADER_EPOCH)
+    raise KafkaError(ErrorCode.FENCED_LEADER_EPOCH)
+
+
+class _FetchPlan:
+    """The partitions of one fetch request, resolved to names, in request order."""
+
+    def __init__(self, ctx: RequestContext, req: FetchRequest) -> None:
+        self.ctx = ctx
+        self.req = req
+        self.by_id = ctx.api_version >= 13
+        self.topics: list[tuple[FetchRequest.FetchTopic, str | None]] = []
+        ids = {rec.topic_id: rec.name for rec in list(ctx.server.metadata.topics.values())} if self.by_id else {}
+        for t in req.topics:
+            name = ids.get(t.topic_id) if self.by_id else t.topic
+            self.topics.append((t, name))
+
+    def keys(self) -> list[tuple[str, int]]:
+        return [(name, p.partition) for t, name in self.topics if name is not None for p in t.partitions]
+
+    def read(self) -> tuple[FetchResponse, int, bool]:
+        """Read every partition now; returns (response, bytes read, whether any partition has an error)."""
+        rm = self.ctx.server.replica_manager
+        req = self.req
+        remaining = req.max_bytes if self.ctx.api_version >= 3 else INT32_MAX
+        min_one = True
+        total = 0
+        has_error = False
+        aborted = None if req.isolation_level == 0 else []
+        responses = []
+        for t, name in self.topics:
+            parts = []
+            for p in t.partitions:
+                if name is None:
+                    parts.append(_error(p.partition, ErrorCode.UNKNOWN_TOPIC_ID))
+                    has_error = True
+                    continue
+                try:
+                    check_leader_epoch(p.current_leader_epoch)
+                    lg = rm.get_log(name, p.partition)
+                    hw = lg.high_watermark
+                    records: Any = b""
+                    if remaining > 0 or min_one:
+                        info = lg.read(p.fetch_offset, max(0, min(p.partition_max_bytes, remaining)),
+                                       max_offset=hw, min_one_message=min_one)
+                        if info.records is not None and info.records.size > 0:
+                            records = info.records
+                            remaining -= records.size
+                            total += records.size
+                            min_one = False
+                    parts.append(
+                        PartitionData(
+                            partition_index=p.partition,
+                            error_code=0,
+                            high_watermark=hw,
+                            last_stable_offset=hw,
+                            log_start_offset=lg.log_start_offset,
+                            aborted_transactions=aborted,
+                            preferred_read_replica=-1,
+                            records=records,
+                        )
+                    )
+                except Exception as e:  # noqa: BLE001 - each partition answers with its own error code
+                    code = error_of(e)
+                    if code == ErrorCode.UNKNOWN_SERVER_ERROR:
+                        log.exception("Fetch from %s-%d failed", name, p.partition)
+                    parts.append(_error(p.partition, code))
+                    has_error = True
+            responses.append(FetchResponse.FetchableTopicResponse(topic=name or "", topic_id=t.topic_id, partitions=parts))
+        return FetchResponse(throttle_time_ms=0, error_code=0, session_id=0, responses=responses), total, has_error
+
+
+def _error(partition: int, code: ErrorCode) -> PartitionData:
+    return PartitionData(partition_index=partition, error_code=code, high_watermark=-1, last_stable_offset=-1,
+                         log_start_offset=-1, records=b"")
+
+
+def handle_fetch(ctx: RequestContext, req: FetchRequest) -> Any:
+    if ctx.api_version >= 7 and req.session_id != 0:
+        # Incremental fetch sessions (KIP-227) are not kept: we never hand out a session id, so a
+        # client naming one is told it is gone and falls back to full fetch requests.
+        return FetchResponse(error_code=ErrorCode.FETCH_SESSION_ID_NOT_FOUND, session_id=0, responses=[])
+    plan = _FetchPlan(ctx, req)
+    response, nbytes, has_error = plan.read()
+    if nbytes >= req.min_bytes or req.max_wait_ms <= 0 or has_error or not plan.keys():
+        return response
+    return _long_poll(ctx, plan, req.max_wait_ms / 1000.0, req.min_bytes)
+
+
+async def _long_poll(ctx: RequestContext, plan: _FetchPlan, max_wait: float, min_bytes: int) -> FetchResponse:
+    purgatory = ctx.server.replica_manager.purgatory
+    deadline = time.monotonic() + max_wait
+    keys = plan.keys()
+    while True:
+        # Watch before re-reading, so an append between the read and the wait still wakes us.
+        waiter = purgatory.watch(keys)
+        try:
+            response, nbytes, has_error = plan.read()
+            left = deadline - time.monotonic()
+            if nbytes >= min_bytes or has_error or left <= 0:
+                return response
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter.future), left)
+            except TimeoutError:
+                pass
+        finally:
+            purgatory.unwatch(waiter)
+
+
+# ---------------------------------------------------------------- ListOffsets
+
+EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -2, -1, -3, -4
+
+
+def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOffsetsResponse:
+    rm = ctx.server.replica_manager
+    v = ctx.api_version
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            resp = ListOffsetsResponse.ListOffsetsPartitionResponse(partition_index=p.partition_index)
+            try:
+                check_leader_epoch(p.current_leader_epoch)
+                lg = rm.get_log(t.name, p.partition_index)
+                ts = p.timestamp
+                if ts == EARLIEST_LOCAL:
+                    ts = EARLIEST
+                if ts == MAX_TIMESTAMP and v < 7:
+                    raise KafkaError(ErrorCode.UNSUPPORTED_VERSION)
+                if ts < MAX_TIMESTAMP:
+                    raise KafkaError(ErrorCode.INVALID_REQUEST, f"unsupported timestamp {ts}")
+                if ts == LATEST:
+                    found: tuple[int, int] | None = (lg.high_watermark, -1)
+                else:
+                    found = lg.offset_for_timestamp(ts)
+                offset, timestamp = found if found is not None else (-1, -1)
+                resp.error_code = 0
+                resp.offset = offset
+                resp.timestamp = timestamp
+                resp.leader_epoch = LEADER_EPOCH if offset >= 0 else -1
+                resp.old_style_offsets = [offset] if offset >= 0 else []
+            except Exception as e:  # noqa: BLE001
+                code = error_of(e)
+                if code == ErrorCode.UNKNOWN_SERVER_ERROR:
+                    log.exception("ListOffsets on %s-%d failed", t.name, p.partition_index)
+                resp.error_code = code
+                resp.offset = -1
+                resp.timestamp = -1
+            parts.append(resp)
+        topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=t.name, partitions=parts))
+    return ListOffsetsResponse(throttle_time_ms=0, topics=topics)
+
+
+# ---------------------------------------------------------------- OffsetForLeaderEpoch
+
+
+def handle_offset_for_leader_epoch(ctx: RequestContext, req: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpochResponse:
+    rm = ctx.server.replica_manager
+    R = OffsetForLeaderEpochResponse
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            out = R.EpochEndOffset(partition=p.partition, leader_epoch=-1, end_offset=-1)
+            try:
+                check_leader_epoch(p.current_leader_epoch)
+                lg = rm.get_log(t.topic, p.partition)
+                if p.leader_epoch <= LEADER_EPOCH:
+                    # Every batch was written under the one epoch, so its end is the log end.
+                    out.leader_epoch = LEADER_EPOCH
+                    out.end_offset = lg.log_end_offset
+                out.error_code = 0
+            except Exception as e:  # noqa: BLE001
+                out.error_code = error_of(e)
+            parts.append(out)
+        topics.append(R.OffsetForLeaderTopicResult(topic=t.topic, partitions=parts))
+    return R(throttle_time_ms=0, topics=topics)
+
+
+HANDLERS = [
+    ApiHandler(1, 4, 17, handle_fetch),
+    ApiHandler(2, 0, 8, handle_list_offsets),
+    ApiHandler(23, 0, 4, handle_offset_for_leader_epoch),
+]

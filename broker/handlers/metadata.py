@@ -1,0 +1,127 @@
+"""Metadata (key 3) and DescribeCluster (key 60)."""
+
+from __future__ import annotations
+
+from broker.admin_manager import INTERNAL_TOPICS, validate_topic_name
+from broker.apis import ApiHandler, RequestContext
+from broker.replica_manager import LEADER_EPOCH
+from coordinator.metadata_store import TopicRecord
+from protocol.errors import ErrorCode, KafkaError
+from protocol.messages import (
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    MetadataRequest,
+    MetadataResponse,
+)
+
+# No ACLs: every operation is allowed. Bit sets of Kafka's AclOperation codes.
+TOPIC_OPERATIONS = sum(1 << op for op in (3, 4, 5, 6, 7, 8, 10, 11))
+CLUSTER_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
+NOT_REQUESTED = -(2**31)
+
+
+def topic_metadata(rec: TopicRecord, include_ops: bool) -> MetadataResponse.MetadataResponseTopic:
+    parts = [
+        MetadataResponse.MetadataResponsePartition(
+            error_code=0,
+            partition_index=i,
+            leader_id=leader,
+            leader_epoch=LEADER_EPOCH,
+            replica_nodes=[leader],
+            isr_nodes=[leader],
+            offline_replicas=[],
+        )
+        for i, leader in enumerate(rec.leaders)
+    ]
+    return MetadataResponse.MetadataResponseTopic(
+        error_code=0,
+        name=rec.name,
+        topic_id=rec.topic_id,
+        is_internal=rec.name in INTERNAL_TOPICS,
+        partitions=parts,
+        topic_authorized_operations=TOPIC_OPERATIONS if include_ops else NOT_REQUESTED,
+    )
+
+
+def _error_topic(name: str | None, code: ErrorCode, topic_id: bytes = bytes(16)) -> MetadataResponse.MetadataResponseTopic:
+    return MetadataResponse.MetadataResponseTopic(error_code=code, name=name, topic_id=topic_id, partitions=[])
+
+
+def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataResponse:
+    server = ctx.server
+    store = server.metadata
+    v = ctx.api_version
+    include_ops = bool(req.include_topic_authorized_operations)
+    topics: list[MetadataResponse.MetadataResponseTopic] = []
+    if req.topics is None or (v == 0 and not req.topics):
+        topics = [topic_metadata(rec, include_ops) for rec in list(store.topics.values())]
+    else:
+        auto = req.allow_auto_topic_creation if v >= 4 else True
+        by_id = {rec.topic_id: rec for rec in list(store.topics.values())} if v >= 10 else {}
+        for t in req.topics:
+            if t.name is None:
+                rec = by_id.get(t.topic_id)
+                if rec is None:
+                    topics.append(_error_topic(None, ErrorCode.UNKNOWN_TOPIC_ID, t.topic_id))
+                else:
+                    topics.append(topic_metadata(rec, include_ops))
+                continue
+            rec = store.topics.get(t.name)
+            if rec is None:
+                rec, code = _maybe_create(ctx, t.name, auto)
+                if rec is None:
+                    topics.append(_error_topic(t.name, code))
+                    continue
+            topics.append(topic_metadata(rec, include_ops))
+    brokers = [
+        MetadataResponse.MetadataResponseBroker(node_id=b, host=h, port=p, rack=r) for b, h, p, r in server.brokers()
+    ]
+    return MetadataResponse(
+        throttle_time_ms=0,
+        brokers=brokers,
+        cluster_id=store.cluster_id,
+        controller_id=server.controller_id(),
+        topics=topics,
+        cluster_authorized_operations=CLUSTER_OPERATIONS if req.include_cluster_authorized_operations else NOT_REQUESTED,
+    )
+
+
+def _maybe_create(ctx: RequestContext, name: str, allowed: bool) -> tuple[TopicRecord | None, ErrorCode]:
+    if validate_topic_name(name) is not None:
+        return None, ErrorCode.INVALID_TOPIC_EXCEPTION
+    if not (allowed and ctx.server.config["auto.create.topics.enable"]) or name in INTERNAL_TOPICS:
+        return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    try:
+        return ctx.server.admin.auto_create(name), ErrorCode.NONE
+    except KafkaError as e:
+        return None, e.code
+
+
+def handle_describe_cluster(ctx: RequestContext, req: DescribeClusterRequest) -> DescribeClusterResponse:
+    server = ctx.server
+    if ctx.api_version >= 1 and req.endpoint_type != 1:
+        return DescribeClusterResponse(
+            error_code=ErrorCode.UNSUPPORTED_ENDPOINT_TYPE,
+            error_message="kbroker serves only broker endpoints (endpoint type 1)",
+            endpoint_type=req.endpoint_type,
+            cluster_id=server.metadata.cluster_id,
+        )
+    brokers = [
+        DescribeClusterResponse.DescribeClusterBroker(broker_id=b, host=h, port=p, rack=r)
+        for b, h, p, r in server.brokers()
+    ]
+    return DescribeClusterResponse(
+        error_code=0,
+        error_message=None,
+        endpoint_type=1,
+        cluster_id=server.metadata.cluster_id,
+        controller_id=server.controller_id(),
+        brokers=brokers,
+        cluster_authorized_operations=CLUSTER_OPERATIONS if req.include_cluster_authorized_operations else NOT_REQUESTED,
+    )
+
+
+HANDLERS = [
+    ApiHandler(3, 0, 12, handle_metadata),
+    ApiHandler(60, 0, 1, handle_describe_cluster),
+]

@@ -1,0 +1,176 @@
+"""CreateTopics (19), DeleteTopics (20), CreatePartitions (37), DeleteRecords (21)."""
+
+from __future__ import annotations
+
+import logging
+
+from broker.apis import ApiHandler, RequestContext
+from broker.replica_manager import error_of
+from broker.topic_config import SOURCE_DEFAULT, SOURCE_TOPIC, describe_topic
+from protocol.errors import ErrorCode, KafkaError
+from protocol.messages import (
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeleteRecordsRequest,
+    DeleteRecordsResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+)
+
+log = logging.getLogger("kbroker.admin")
+
+
+def _not_controller(ctx: RequestContext) -> bool:
+    return ctx.server.controller_id() != ctx.server.broker_id
+
+
+def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> CreateTopicsResponse:
+    admin = ctx.server.admin
+    R = CreateTopicsResponse
+    results = []
+    seen: dict[str, int] = {}
+    for t in req.topics:
+        seen[t.name] = seen.get(t.name, 0) + 1
+    for t in req.topics:
+        res = R.CreatableTopicResult(name=t.name, error_code=0, error_message=None)
+        results.append(res)
+        try:
+            if _not_controller(ctx):
+                raise KafkaError(ErrorCode.NOT_CONTROLLER)
+            if seen[t.name] > 1:
+                raise KafkaError(ErrorCode.INVALID_REQUEST, f"Create topics request from client contains a duplicate topic: {t.name}")
+            configs = {c.name: c.value for c in t.configs}
+            leaders = None
+            num_partitions, replication_factor = t.num_partitions, t.replication_factor
+            if t.assignments:
+                if num_partitions != -1 or replication_factor != -1:
+                    raise KafkaError(
+                        ErrorCode.INVALID_REQUEST,
+                        "Both numPartitions or replicationFactor and replicasAssignments were set. "
+                        "Both cannot be used at the same time.",
+                    )
+                leaders = _leaders_from_assignment(ctx, t.assignments)
+                num_partitions, replication_factor = len(leaders), 1
+            n, rf, _ = admin.check_new_topic(t.name, num_partitions, replication_factor, configs)
+            if not req.validate_only:
+                rec = admin.create_topic(t.name, n, rf, configs, leaders)
+                res.topic_id = rec.topic_id
+            res.num_partitions = n
+            res.replication_factor = rf
+            if ctx.api_version >= 5:
+                res.configs = [
+                    R.CreatableTopicConfigs(
+                        name=d.name, value=d.value, read_only=False,
+                        config_source=d.source if d.source in (SOURCE_TOPIC,) else SOURCE_DEFAULT,
+                        is_sensitive=False,
+                    )
+                    for d in describe_topic(ctx.server.config, {k: str(v) for k, v in configs.items()},
+                                            ctx.server.metadata.broker_configs)
+                ]
+        except KafkaError as e:
+            res.error_code = e.code
+            res.error_message = e.message or None
+            res.configs = None
+        except Exception as e:  # noqa: BLE001
+            log.exception("CreateTopics %s failed", t.name)
+            res.error_code = error_of(e)
+            res.error_message = str(e)
+            res.configs = None
+    return R(throttle_time_ms=0, topics=results)
+
+
+def _leaders_from_assignment(ctx: RequestContext, assignments: list[CreateTopicsRequest.CreatableReplicaAssignment]) -> list[int]:
+    live = set(ctx.server.metadata.live_brokers())
+    by_partition = {a.partition_index: a.broker_ids for a in assignments}
+    if sorted(by_partition) != list(range(len(by_partition))):
+        raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, "Partitions should be a consecutive 0-based integer sequence")
+    leaders = []
+    for p in range(len(by_partition)):
+        replicas = by_partition[p]
+        if len(replicas) != 1:
+            raise KafkaError(ErrorCode.INVALID_REPLICATION_FACTOR, "kbroker keeps one replica per partition")
+        if replicas[0] not in live:
+            raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"Unknown broker id {replicas[0]}")
+        leaders.append(replicas[0])
+    return leaders
+
+
+def handle_delete_topics(ctx: RequestContext, req: DeleteTopicsRequest) -> DeleteTopicsResponse:
+    R = DeleteTopicsResponse
+    if ctx.api_version >= 6:
+        wanted = [(t.name, t.topic_id) for t in req.topics]
+    else:
+        wanted = [(n, bytes(16)) for n in req.topic_names]
+    ids = {rec.topic_id: rec.name for rec in list(ctx.server.metadata.topics.values())}
+    results = []
+    for name, topic_id in wanted:
+        res = R.DeletableTopicResult(name=name, topic_id=topic_id, error_code=0)
+        results.append(res)
+        try:
+            if _not_controller(ctx):
+                raise KafkaError(ErrorCode.NOT_CONTROLLER)
+            if name is None:
+                name = ids.get(topic_id)
+                if name is None:
+                    raise KafkaError(ErrorCode.UNKNOWN_TOPIC_ID)
+                res.name = name
+            else:
+                rec = ctx.server.metadata.topics.get(name)
+                if rec is not None:
+                    res.topic_id = rec.topic_id
+            ctx.server.admin.delete_topic(name)
+        except KafkaError as e:
+            res.error_code = e.code
+            res.error_message = e.message or None
+    return R(throttle_time_ms=0, responses=results)
+
+
+def handle_create_partitions(ctx: RequestContext, req: CreatePartitionsRequest) -> CreatePartitionsResponse:
+    R = CreatePartitionsResponse
+    results = []
+    for t in req.topics:
+        res = R.CreatePartitionsTopicResult(name=t.name, error_code=0, error_message=None)
+        results.append(res)
+        try:
+            if _not_controller(ctx):
+                raise KafkaError(ErrorCode.NOT_CONTROLLER)
+            assignments = None if t.assignments is None else [a.broker_ids for a in t.assignments]
+            ctx.server.admin.create_partitions(t.name, t.count, assignments, req.validate_only)
+        except KafkaError as e:
+            res.error_code = e.code
+            res.error_message = e.message or None
+    return R(throttle_time_ms=0, results=results)
+
+
+def handle_delete_records(ctx: RequestContext, req: DeleteRecordsRequest) -> DeleteRecordsResponse:
+    R = DeleteRecordsResponse
+    rm = ctx.server.replica_manager
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            res = R.DeleteRecordsPartitionResult(partition_index=p.partition_index, low_watermark=-1, error_code=0)
+            try:
+                lg = rm.get_log(t.name, p.partition_index)
+                offset = p.offset
+                if offset == -1:
+                    offset = lg.high_watermark
+                if offset < 0 or offset > lg.high_watermark:
+                    raise KafkaError(ErrorCode.OFFSET_OUT_OF_RANGE)
+                res.low_watermark = lg.delete_records_before(offset)
+                log.info("DeleteRecords moved the log start of %s-%d to %d", t.name, p.partition_index, res.low_watermark)
+            except Exception as e:  # noqa: BLE001
+                res.error_code = error_of(e)
+            parts.append(res)
+        topics.append(R.DeleteRecordsTopicResult(name=t.name, partitions=parts))
+    return R(throttle_time_ms=0, topics=topics)
+
+
+HANDLERS = [
+    ApiHandler(19, 0, 7, handle_create_topics),
+    ApiHandler(20, 0, 6, handle_delete_topics),
+    ApiHandler(21, 0, 2, handle_delete_records),
+    ApiHandler(37, 0, 3, handle_create_partitions),
+]

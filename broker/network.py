@@ -1,0 +1,437 @@
+"""SocketServer: one acceptor and N processors, in the shape of Kafka's NIO network layer.
+
+The acceptor runs on the main event loop and hands each accepted socket to a Processor, a
+thread with its own uvloop event loop. A processor owns the connections it was handed: it
+frames requests, runs the request handlers (KafkaApis) and writes responses, one
+`transport.write` per response, or `os.sendfile` for large fetch data. Responses on one
+connection go out in request order: while a request is in flight (a long-poll fetch, a produce
+waiting for fsync) later requests on that connection wait in a queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import errno
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+import uvloop
+
+from broker.config import KafkaConfig, Listener
+
+if TYPE_CHECKING:
+    from broker.apis import KafkaApis
+
+log = logging.getLogger("kbroker.network")
+
+_SIZE = struct.Struct(">i")
+# Fetch data up to this size is copied into the response frame: one write beats a write plus a sendfile.
+INLINE_FILE_BYTES = 64 * 1024
+# Stop reading a connection while this many of its requests wait behind one in flight.
+MAX_QUEUED_PER_CONNECTION = 64
+
+
+class CloseConnection(Exception):
+    """The request cannot be answered: close this connection (and nothing else)."""
+
+
+class Response:
+    __slots__ = ("frame", "ext")
+
+    def __init__(self, frame: bytearray, ext: list[tuple[int, Any]] | None = None) -> None:
+        self.frame = frame
+        self.ext = ext
+
+
+class KafkaConnection(asyncio.BufferedProtocol):
+    def __init__(self, processor: Processor, conn_id: str) -> None:
+        self.processor = processor
+        self.apis = processor.apis
+        self.conn_id = conn_id
+        self.loop = processor.loop
+        self.max_request = processor.config["socket.request.max.bytes"]
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self.client_software: tuple[str, str] = ("", "")
+        self._buf = bytearray(65536)
+        self._start = 0
+        self._end = 0
+        self._busy = False
+        self._pending: collections.deque[bytes] = collections.deque()
+        self._reading = True
+        self._drained: asyncio.Future[None] | None = None
+        self._closed = False
+        self.last_active = time.monotonic()
+
+    # ------------------------------------------------------------ asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        # high=0: pause_writing fires whenever the kernel did not take a whole write, and
+        # resume_writing once the buffer is empty, which is when sendfile may take over.
+        transport.set_write_buffer_limits(high=0, low=0)  # type: ignore[attr-defined]
+        self.processor.connections[self.conn_id] = self
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self.processor.connections.pop(self.conn_id, None)
+        self.processor.server_ref.connection_closed(self.peer.rsplit(":", 1)[0])
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_exception(ConnectionResetError("connection closed"))
+
+    def pause_writing(self) -> None:
+        if self._drained is None or self._drained.done():
+            self._drained = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._end == len(self._buf):
+            self._make_room()
+        return memoryview(self._buf)[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._end += nbytes
+        self.last_active = time.monotonic()
+        buf = self._buf
+        while self._end - self._start >= 4:
+            (size,) = _SIZE.unpack_from(buf, self._start)
+            if size < 8 or size > self.max_request:
+                log.warning(
+                    "Closing connection %s: request size %d outside [8, socket.request.max.bytes=%d]",
+                    self.peer, size, self.max_request,
+                )
+                self.close(abort=True)
+                return
+            frame_end = self._start + 4 + size
+            if frame_end > self._end:
+                if frame_end - self._start > len(buf):
+                    self._make_room(frame_end - self._start)
+                return
+            frame = bytes(buf[self._start + 4 : frame_end])
+            self._start = frame_end
+            if self._busy:
+                self._pending.append(frame)
+                if len(self._pending) >= MAX_QUEUED_PER_CONNECTION and self._reading:
+                    self._reading = False
+                    self.transport.pause_reading()  # type: ignore[union-attr]
+            else:
+                self._process(frame)
+            if self._closed:
+                return
+        if self._start == self._end:
+            self._start = self._end = 0
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    # ------------------------------------------------------------ requests
+
+    def _make_room(self, need: int = 0) -> None:
+        live = self._end - self._start
+        size = max(len(self._buf), need + 4096 if need else 0)
+        if live + 4096 > size:
+            size *= 2
+        new = bytearray(size)
+        new[:live] = self._buf[self._start : self._end]
+        self._buf = new
+        self._start, self._end = 0, live
+
+    def _process(self, frame: bytes) -> None:
+        try:
+            result = self.apis.handle(self, frame)
+        except CloseConnection as e:
+            log.warning("Closing connection %s: %s", self.peer, e)
+            self.close(abort=True)
+            return
+        except Exception:
+            log.exception("Closing connection %s after an unexpected error handling a request", self.peer)
+            self.close(abort=True)
+            return
+        if result is None:
+            return
+        if isinstance(result, Response):
+            if not self._send(result):
+                self._busy = True
+                self.loop.create_task(self._finish(None, result))
+            return
+        self._busy = True
+        self.loop.create_task(self._finish(result, None))
+
+    async def _finish(self, pending: Awaitable[Response | None] | None, response: Response | None) -> None:
+        try:
+            if pending is not None:
+                response = await pending
+            if response is not None and not self._send(response):
+                await self._send_file_response(response)
+        except CloseConnection as e:
+            log.warning("Closing connection %s: %s", self.peer, e)
+            self.close(abort=True)
+            return
+        except (ConnectionError, OSError) as e:
+            if not self._closed:
+                log.info("Connection %s failed while sending: %s", self.peer, e)
+                self.close(abort=True)
+            return
+        except Exception:
+            log.exception("Closing connection %s after an unexpected error completing a request", self.peer)
+            self.close(abort=True)
+            return
+        self._busy = False
+        while self._pending and not self._busy and not self._closed:
+            self._process(self._pending.popleft())
+        if not self._reading and not self._closed and len(self._pending) < MAX_QUEUED_PER_CONNECTION // 2:
+            self._reading = True
+            self.transport.resume_reading()  # type: ignore[union-attr]
+
+    # ------------------------------------------------------------ responses
+
+    def _send(self, response: Response) -> bool:
+        """Write the response now if it needs no sendfile; False means the async path must send it."""
+        if self._closed:
+            return True
+        ext = response.ext
+        if not ext:
+            self.transport.write(response.frame)  # type: ignore[union-attr]
+            return True
+        if sum(region.size for _, region in ext) > INLINE_FILE_BYTES:
+            return False
+        frame = response.frame
+        parts: list[bytes | bytearray | memoryview] = []
+        prev = 0
+        for offset, region in ext:
+            parts.append(memoryview(frame)[prev:offset])
+            parts.append(region.read_bytes())
+            prev = offset
+        parts.append(memoryview(frame)[prev:])
+        self.transport.write(b"".join(parts))  # type: ignore[union-attr]
+        return True
+
+    async def _send_file_response(self, response: Response) -> None:
+        frame = memoryview(response.frame)
+        prev = 0
+        transport = self.transport
+        assert transport is not None
+        sock_fd = transport.get_extra_info("socket").fileno()
+        for offset, region in response.ext or ():
+            if offset > prev:
+                transport.write(frame[prev:offset])
+            prev = offset
+            await self._wait_drained()
+            await self._sendfile(sock_fd, region)
+        if prev < len(frame):
+            transport.write(frame[prev:])
+
+    async def _wait_drained(self) -> None:
+        while self.transport is not None and self.transport.get_write_buffer_size() > 0:  # type: ignore[attr-defined]
+            if self._drained is None or self._drained.done():
+                self._drained = self.loop.create_future()
+            await self._drained
+        if self._closed:
+            raise ConnectionResetError("connection closed")
+
+    async def _sendfile(self, sock_fd: int, region: Any) -> None:
+        position, remaining = region.position, region.size
+        waiter_fd = -1
+        try:
+            while remaining > 0:
+                if self._closed:
+                    raise ConnectionResetError("connection closed")
+                try:
+                    sent = os.sendfile(sock_fd, region.fd, position, remaining)
+                except BlockingIOError:
+                    sent = -1
+                except OSError as e:
+                    if e.errno == errno.EAGAIN:
+                        sent = -1
+                    else:
+                        raise
+                if sent == 0:
+                    # The file is shorter than the region (truncated underneath): the client will
+                    # see a short partial batch, which the protocol allows; pad to keep framing.
+                    self.transport.write(bytes(remaining))  # type: ignore[union-attr]
+                    return
+                if sent > 0:
+                    position += sent
+                    remaining -= sent
+                    continue
+                # uvloop will not poll an fd its transport owns: wait on a duplicate of it.
+                if waiter_fd < 0:
+                    waiter_fd = os.dup(sock_fd)
+                fut: asyncio.Future[None] = self.loop.create_future()
+                self.loop.add_writer(waiter_fd, _set_once, fut)
+                try:
+                    await fut
+                finally:
+                    self.loop.remove_writer(waiter_fd)
+        finally:
+            if waiter_fd >= 0:
+                os.close(waiter_fd)
+
+    def close(self, abort: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.transport is not None:
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()
+
+
+def _set_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Processor(threading.Thread):
+    def __init__(self, index: int, config: KafkaConfig, apis: KafkaApis, server_ref: SocketServer) -> None:
+        super().__init__(name=f"kafka-network-processor-{index}", daemon=True)
+        self.index = index
+        self.config = config
+        self.apis = apis
+        self.server_ref = server_ref
+        self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        self.connections: dict[str, KafkaConnection] = {}
+        self._next_id = 0
+        self._started = threading.Event()
+
+    def run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._started.set)
+        idle_ms = self.config["connections.max.idle.ms"]
+        if idle_ms >= 0:
+            self.loop.call_later(min(idle_ms / 1000, 10.0), self._close_idle, idle_ms / 1000)
+        self.loop.run_forever()
+
+    def wait_started(self) -> None:
+        self._started.wait()
+
+    def accept(self, sock: socket.socket) -> None:
+        self.loop.call_soon_threadsafe(self._adopt, sock)
+
+    def _adopt(self, sock: socket.socket) -> None:
+        self._next_id += 1
+        conn_id = f"{self.index}-{self._next_id}"
+        self.loop.create_task(self._connect(sock, conn_id))
+
+    async def _connect(self, sock: socket.socket, conn_id: str) -> None:
+        try:
+            await self.loop.connect_accepted_socket(lambda: KafkaConnection(self, conn_id), sock)
+        except OSError as e:
+            log.info("Could not set up accepted connection: %s", e)
+            sock.close()
+
+    def _close_idle(self, idle_s: float) -> None:
+        now = time.monotonic()
+        for conn in list(self.connections.values()):
+            if not conn._busy and now - conn.last_active > idle_s:
+                log.info("Closing idle connection %s (connections.max.idle.ms)", conn.peer)
+                conn.close()
+        self.loop.call_later(min(idle_s, 10.0), self._close_idle, idle_s)
+
+    def stop(self) -> None:
+        def _stop() -> None:
+            for conn in list(self.connections.values()):
+                conn.close()
+            self.loop.call_later(0.05, self.loop.stop)
+
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(_stop)
+        self.join(timeout=5)
+
+
+class SocketServer:
+    """Acceptor on the caller's loop, round-robin hand-off to the processors."""
+
+    def __init__(self, config: KafkaConfig, apis: KafkaApis) -> None:
+        self.config = config
+        self.apis = apis
+        self.processors = [Processor(i, config, apis, self) for i in range(config["num.network.threads"])]
+        self._sockets: list[socket.socket] = []
+        self._rr = 0
+        self._per_ip: collections.Counter[str] = collections.Counter()
+        self._count = 0
+        self._lock = threading.Lock()
+        self.bound: dict[str, tuple[str, int]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start_processors(self) -> None:
+        for p in self.processors:
+            p.start()
+        for p in self.processors:
+            p.wait_started()
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        for listener in self.config.listeners:
+            self._bind_one(loop, listener)
+
+    def _bind_one(self, loop: asyncio.AbstractEventLoop, listener: Listener) -> None:
+        host = listener.host or "0.0.0.0"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, listener.port))
+        except OSError as e:
+            sock.close()
+            raise OSError(e.errno, f"cannot bind listener {listener.name} to {host}:{listener.port}: {e.strerror}") from None
+        sock.listen(self.config["socket.listen.backlog.size"])
+        sock.setblocking(False)
+        self._sockets.append(sock)
+        self.bound[listener.name] = sock.getsockname()[:2]
+        loop.add_reader(sock.fileno(), self._on_accept, sock)
+        log.info("Listening on %s://%s:%d", listener.name, *sock.getsockname()[:2])
+
+    def _on_accept(self, lsock: socket.socket) -> None:
+        for _ in range(64):
+            try:
+                sock, addr = lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                log.warning("accept failed: %s", e)
+                return
+            ip = addr[0]
+            with self._lock:
+                if self._count >= self.config["max.connections"] or self._per_ip[ip] >= self.config["max.connections.per.ip"]:
+                    log.warning("Refusing connection from %s: max.connections / max.connections.per.ip reached", ip)
+                    sock.close()
+                    continue
+                self._count += 1
+                self._per_ip[ip] += 1
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
+            proc = self.processors[self._rr % len(self.processors)]
+            self._rr += 1
+            proc.accept(sock)
+
+    def connection_closed(self, ip: str) -> None:
+        with self._lock:
+            self._count -= 1
+            self._per_ip[ip] -= 1
+            if self._per_ip[ip] <= 0:
+                del self._per_ip[ip]
+
+    def stop_accepting(self) -> None:
+        for sock in self._sockets:
+            if self._loop is not None:
+                self._loop.remove_reader(sock.fileno())
+            sock.close()
+        self._sockets.clear()
+
+    def stop_processors(self) -> None:
+        for p in self.processors:
+            p.stop()

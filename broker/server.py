@@ -1,0 +1,114 @@
+"""KafkaServer: wires the metadata store, log manager, request handlers and socket server together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from broker.admin_manager import AdminManager
+from broker.apis import KafkaApis
+from broker.config import KafkaConfig
+from broker.handlers import all_handlers
+from broker.network import SocketServer
+from broker.replica_manager import ReplicaManager
+from coordinator.metadata_store import LocalMetadataStore
+from storage.config import LogConfig
+from storage.manager import LogManager
+
+log = logging.getLogger("kbroker.server")
+
+
+class KafkaServer:
+    def __init__(self, config: KafkaConfig) -> None:
+        self.config = config
+        self.broker_id = config.broker_id
+        self.metadata = LocalMetadataStore(config.log_dirs[0], self.broker_id)
+        self.io_pool = ThreadPoolExecutor(config["num.io.threads"], thread_name_prefix="kafka-io")
+        self.log_manager: LogManager
+        self.admin = AdminManager(self)
+        self.replica_manager = ReplicaManager(self, self.io_pool)
+        self.apis = KafkaApis(self, all_handlers())
+        self.socket_server = SocketServer(config, self.apis)
+        self._stopped = asyncio.Event()
+
+    def advertised_endpoint(self) -> tuple[str, int]:
+        """host:port clients should use: the first advertised listener, with the bound port if 0."""
+        adv = self.config.advertised_listeners[0]
+        host, port = adv.host, adv.port
+        bound = self.socket_server.bound.get(adv.name)
+        if bound is not None:
+            if port == 0:
+                port = bound[1]
+            if not host or host in ("0.0.0.0", "::"):
+                host = bound[0] if bound[0] not in ("0.0.0.0", "::") else "localhost"
+        return host, port
+
+    async def startup(self) -> None:
+        t0 = time.monotonic()
+        loop = asyncio.get_running_loop()
+        self.metadata.start()
+        base = self.admin.base_log_config()
+        c = self.config
+        self.log_manager = LogManager(
+            c.log_dirs,
+            base,
+            retention_check_interval_ms=c["log.retention.check.interval.ms"],
+            flush_check_interval_ms=c["log.flush.scheduler.interval.ms"],
+            flush_offset_checkpoint_interval_ms=c["log.flush.offset.checkpoint.interval.ms"],
+            cleaner_enabled=c["log.cleaner.enable"],
+            cleaner_backoff_ms=c["log.cleaner.backoff.ms"],
+            topic_config=self._topic_log_config,
+        )
+        await loop.run_in_executor(None, self.log_manager.startup)
+        self._apply_topic_configs()
+        self.log_manager.start_background()
+        self.socket_server.start_processors()
+        self.socket_server.bind(loop)
+        host, port = self.advertised_endpoint()
+        log.info(
+            "kbroker %d started in %.2f s: cluster %s, %d topics, advertised %s:%d",
+            self.broker_id, time.monotonic() - t0, self.metadata.cluster_id, len(self.metadata.topics), host, port,
+        )
+
+    def _topic_log_config(self, topic: str) -> LogConfig | None:
+        rec = self.metadata.topics.get(topic)
+        return None if rec is None else self.admin.log_config_for(rec)
+
+    def _apply_topic_configs(self) -> None:
+        for rec in self.metadata.topics.values():
+            self.log_manager.update_topic_config(rec.name, self.admin.log_config_for(rec))
+
+    async def shutdown(self) -> None:
+        log.info("Shutting down broker %d", self.broker_id)
+        self.socket_server.stop_accepting()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.socket_server.stop_processors)
+        self.replica_manager.purgatory.notify_all()
+        self.io_pool.shutdown(wait=True)
+        await loop.run_in_executor(None, self.log_manager.shutdown)
+        self.metadata.stop()
+        log.info("Broker %d shut down cleanly", self.broker_id)
+
+    def request_stop(self) -> None:
+        self._stopped.set()
+
+    async def run_until_stopped(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        await self.startup()
+        await self._stopped.wait()
+        await self.shutdown()
+
+    def brokers(self) -> list[tuple[int, str, int, str | None]]:
+        """Live brokers as (id, host, port, rack) for Metadata and DescribeCluster."""
+        host, port = self.advertised_endpoint()
+        return [(self.broker_id, host, port, None)]
+
+    def controller_id(self) -> int:
+        # The Java admin client sends CreateTopics/DeleteTopics only to the controller it is told about,
+        # so always name a live broker: in a single-node cluster, this one.
+        return self.broker_id

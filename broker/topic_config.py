@@ -1,0 +1,134 @@
+"""Topic-level configs: which keys exist, their broker-level synonyms, validation, effective values."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from broker.config import KafkaConfig, render_value
+from storage.config import LogConfig
+
+# topic key -> broker key that supplies its default (Kafka's LogConfig synonyms)
+TOPIC_TO_BROKER: dict[str, str] = {
+    "segment.bytes": "log.segment.bytes",
+    "segment.ms": "log.roll.ms",
+    "segment.index.bytes": "log.index.size.max.bytes",
+    "index.interval.bytes": "log.index.interval.bytes",
+    "retention.ms": "log.retention.ms",
+    "retention.bytes": "log.retention.bytes",
+    "cleanup.policy": "log.cleanup.policy",
+    "max.message.bytes": "message.max.bytes",
+    "message.timestamp.type": "log.message.timestamp.type",
+    "flush.messages": "log.flush.interval.messages",
+    "flush.ms": "log.flush.interval.ms",
+    "delete.retention.ms": "log.cleaner.delete.retention.ms",
+    "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
+    "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
+    "file.delete.delay.ms": "log.segment.delete.delay.ms",
+    "min.insync.replicas": "min.insync.replicas",
+    "compression.type": "compression.type",
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
+}
+
+# Kafka's ConfigEntry.ConfigType ids for DescribeConfigs v3+.
+CONFIG_TYPES: dict[str, int] = {
+    "boolean": 1, "string": 2, "int": 3, "short": 4, "long": 5, "double": 6, "list": 7, "class": 8, "password": 9,
+}
+_TOPIC_TYPES = {
+    "segment.bytes": "int", "segment.ms": "long", "segment.index.bytes": "int", "index.interval.bytes": "int",
+    "retention.ms": "long", "retention.bytes": "long", "cleanup.policy": "list", "max.message.bytes": "int",
+    "message.timestamp.type": "string", "flush.messages": "long", "flush.ms": "long",
+    "delete.retention.ms": "long", "min.compaction.lag.ms": "long", "min.cleanable.dirty.ratio": "double",
+    "file.delete.delay.ms": "long", "min.insync.replicas": "int", "compression.type": "string",
+    "unclean.leader.election.enable": "boolean",
+}
+
+
+def config_type_of(key: str) -> int:
+    return CONFIG_TYPES[_TOPIC_TYPES.get(key, "string")]
+
+
+class InvalidConfig(ValueError):
+    pass
+
+
+def default_log_config(cfg: KafkaConfig, dynamic: Mapping[str, str] | None = None) -> LogConfig:
+    """The LogConfig every topic starts from: broker settings (plus dynamic broker overrides)."""
+    topic_view = {t: render_value(_broker_value(cfg, b, dynamic)) for t, b in TOPIC_TO_BROKER.items()}
+    return LogConfig.from_topic_configs(LogConfig(), {k: v for k, v in topic_view.items() if v is not None})
+
+
+def _broker_value(cfg: KafkaConfig, key: str, dynamic: Mapping[str, str] | None) -> Any:
+    if dynamic and key in dynamic:
+        return dynamic[key]
+    return cfg[key]
+
+
+def validate_topic_configs(configs: Mapping[str, str | None], base: LogConfig) -> LogConfig:
+    """Check topic overrides like Kafka's LogConfig.validate; raises InvalidConfig naming the key."""
+    for key, value in configs.items():
+        if key not in TOPIC_TO_BROKER:
+            raise InvalidConfig(f"Unknown topic config name: {key}")
+        if value is None:
+            raise InvalidConfig(f"Null value not supported for topic config {key}")
+    if "min.insync.replicas" in configs:
+        try:
+            if int(str(configs["min.insync.replicas"])) < 1:
+                raise ValueError
+        except ValueError:
+            raise InvalidConfig(
+                f"Invalid value {configs['min.insync.replicas']} for configuration min.insync.replicas"
+            ) from None
+    if "compression.type" in configs and configs["compression.type"] != "producer":
+        # Recompressing on the broker would mean per-record work on the produce path.
+        raise InvalidConfig("compression.type: only 'producer' is supported (batches are stored as produced)")
+    if "unclean.leader.election.enable" in configs and str(configs["unclean.leader.election.enable"]).lower() not in (
+        "true", "false"
+    ):
+        raise InvalidConfig("Invalid value for configuration unclean.leader.election.enable: expected true or false")
+    try:
+        return LogConfig.from_topic_configs(base, {k: str(v) for k, v in configs.items()})
+    except ValueError as e:
+        raise InvalidConfig(str(e)) from None
+
+
+@dataclass
+class DescribedConfig:
+    name: str
+    value: str | None
+    source: int  # Kafka ConfigSource: 1 topic, 2 dynamic broker, 4 static broker, 5 default
+    read_only: bool = False
+    sensitive: bool = False
+    synonyms: list[tuple[str, str | None, int]] | None = None
+
+
+SOURCE_TOPIC = 1
+SOURCE_DYNAMIC_BROKER = 2
+SOURCE_DYNAMIC_DEFAULT_BROKER = 3
+SOURCE_STATIC_BROKER = 4
+SOURCE_DEFAULT = 5
+
+
+def describe_topic(cfg: KafkaConfig, overrides: Mapping[str, str], dynamic: Mapping[str, str]) -> list[DescribedConfig]:
+    out = []
+    for key, bkey in sorted(TOPIC_TO_BROKER.items()):
+        synonyms: list[tuple[str, str | None, int]] = []
+        if key in overrides:
+            synonyms.append((key, overrides[key], SOURCE_TOPIC))
+        if bkey in dynamic:
+            synonyms.append((bkey, dynamic[bkey], SOURCE_DYNAMIC_DEFAULT_BROKER))
+        if bkey in cfg.originals:
+            synonyms.append((bkey, render_value(cfg[bkey]), SOURCE_STATIC_BROKER))
+        synonyms.append((bkey, render_value(_default_of(bkey, cfg)), SOURCE_DEFAULT))
+        value, source = synonyms[0][1], synonyms[0][2]
+        out.append(DescribedConfig(key, value, source, synonyms=synonyms))
+    return out
+
+
+def _default_of(bkey: str, cfg: KafkaConfig) -> Any:
+    from broker.config import KEYS
+
+    default = KEYS[bkey].default
+    # Derived defaults (log.retention.ms from hours, log.roll.ms from hours) show the derived value.
+    return cfg[bkey] if default is None else default
