@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Lets test modules `import storage_helpers` without making tests/storage a package
+# (which would shadow the real `storage` package).
+sys.path.insert(0, str(Path(__file__).parent))
+
+from storage.config import LogConfig  # noqa: E402
+from storage.log import Log  # noqa: E402
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Path:
+    return tmp_path / "topic-0"
+
+
+@pytest.fixture
+def make_log(log_dir: Path) -> Iterator:
+    opened: list[Log] = []
+
+    def make(config: LogConfig | None = None, **kw: object) -> Log:
+        cfg = config or LogConfig()
+        if kw:
+            cfg = cfg.replace(**kw)
+        log = Log.open(log_dir, "topic", 0, cfg, clean_shutdown=True)
+        opened.append(log)
+        return log
+
+    yield make
+    for log in opened:
+        log.close()
