@@ -1040,7 +1040,7 @@ class BrokerHeartbeatRequest:
         FieldSpec('current_metadata_offset', 'int64', (0, 32767), None, None, None, 0, INHERIT),
         FieldSpec('want_fence', 'bool', (0, 32767), None, None, None, False, INHERIT),
         FieldSpec('want_shut_down', 'bool', (0, 32767), None, None, None, False, INHERIT),
-        FieldSpec('offline_log_dirs', '[]uuid', (1, 32767), None, '0', (1, 32767), [], INHERIT),
+        FieldSpec('offline_log_dirs', '[]uuid', (1, 32767), None, 0, (1, 32767), [], INHERIT),
     )
 
 

@@ -164,7 +164,7 @@ def emit_struct(out: list[str], name: str, fields: list[dict], owner: str, inden
             nullable = True
         out.append(f"{indent}    {attr}: {py_type(f, owner, nullable)} = {dexpr}")
         ver = parse_versions(f["versions"])
-        tag = f.get("tag")
+        tag = None if f.get("tag") is None else int(f["tag"])
         tv = parse_versions(f.get("taggedVersions")) if tag is not None else None
         flex_override = parse_versions(f["flexibleVersions"]) if "flexibleVersions" in f else "inherit"
         specs.append(
