@@ -1,0 +1,148 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from storage_helpers import NOW, kv_batch, read_all
+
+from protocol.records import build_batch, decode_records, iter_batch_headers, validate_batches
+from storage.cleaner import LogCleaner, clean_log
+from storage.config import LogConfig
+from storage.log import Log
+
+DAY = 86_400_000
+
+
+def _compacted(make_log, **kw) -> Log:
+    return make_log(cleanup_policy="compact", segment_bytes=400, file_delete_delay_ms=0,
+                    min_cleanable_dirty_ratio=0.0, **kw)
+
+
+def _latest(log: Log) -> dict[bytes, tuple[int, bytes | None]]:
+    out: dict[bytes, tuple[int, bytes | None]] = {}
+    for r in read_all(log):
+        assert r.key is not None
+        out[r.key] = (r.offset, r.value)
+    return out
+
+
+def test_keeps_last_record_per_key_and_offsets(make_log) -> None:
+    log = _compacted(make_log)
+    expected: dict[bytes, tuple[int, bytes | None]] = {}
+    for i in range(60):
+        key = b"k%d" % (i % 5)
+        info = log.append_as_leader(kv_batch([(key, b"value-%d" % i)]), NOW)
+        expected[key] = (info.first_offset, b"value-%d" % i)
+    before = read_all(log)
+    active_base = log.active_segment.base_offset
+    stats = clean_log(log, NOW)
+    assert stats is not None and stats.records_removed > 0
+    after = read_all(log)
+    # everything in the active segment is untouched; before it, only the latest per key
+    cleaned = [r for r in after if r.offset < active_base]
+    latest_below = {r.key: r.offset for r in before if r.offset < active_base}
+    assert sorted(r.offset for r in cleaned) == sorted(latest_below.values())
+    assert [r.offset for r in after if r.offset >= active_base] == [r.offset for r in before if r.offset >= active_base]
+    assert _latest(log) == expected
+    assert log.log_end_offset == 60 and log.cleaner_checkpoint == active_base
+    # offsets never change and every batch on disk is still valid
+    data = b"".join(log.read(s.base_offset, 1 << 20).records.read_bytes() for s in log.segments if s.size)
+    validate_batches(data, from_client=False)
+    for r in after:
+        assert r.value == dict((x.offset, x.value) for x in before)[r.offset]
+    # appends continue at the right offset
+    assert log.append_as_leader(kv_batch([(b"k1", b"new")]), NOW).first_offset == 60
+
+
+def test_batch_keeps_base_and_last_offset_and_producer_metadata(make_log) -> None:
+    log = _compacted(make_log)
+    # batch of 4 records where all but the first get superseded later
+    log.append_as_leader(build_batch([(b"a", b"1", [], NOW), (b"b", b"1", [], NOW), (b"c", b"1", [], NOW),
+                                      (b"d", b"1", [], NOW)], producer_id=42, producer_epoch=3, base_sequence=7),
+                         NOW)
+    log.append_as_leader(build_batch([(b"x", b"1", [], NOW), (b"y", b"1", [], NOW)], producer_id=43,
+                                     producer_epoch=1, base_sequence=0, compression=2), NOW)
+    log.append_as_leader(kv_batch([(b"b", b"2"), (b"c", b"2"), (b"d", b"2"), (b"x", b"2"), (b"y", b"2")]), NOW)
+    log.roll()
+    log.append_as_leader(kv_batch([(b"z", b"0")]), NOW)
+    clean_log(log, NOW)
+    data = log.read(0, 1 << 20).records.read_bytes()
+    headers = [h for _, h in iter_batch_headers(data)]
+    first, second = headers[0], headers[1]
+    assert (first.base_offset, first.last_offset, first.records_count) == (0, 3, 1)
+    assert (first.producer_id, first.producer_epoch, first.base_sequence) == (42, 3, 7)
+    assert [r.key for r in decode_records(data, 0)] == [b"a"]
+    # fully superseded batch with a producer id survives as an empty batch
+    assert (second.base_offset, second.last_offset, second.records_count) == (4, 5, 0)
+    assert (second.producer_id, second.producer_epoch, second.base_sequence, second.compression) == (43, 1, 0, 2)
+    assert log.read(1, 1000).records.read_bytes()[:8] == data[:8]  # offset 1 -> batch holding it
+
+
+def test_tombstones_removed_after_delete_retention(make_log) -> None:
+    log = _compacted(make_log, delete_retention_ms=DAY)
+    log.append_as_leader(kv_batch([(b"a", b"1"), (b"b", b"1")]), NOW)
+    log.append_as_leader(kv_batch([(b"a", None)]), NOW)
+    log.roll()
+    log.append_as_leader(kv_batch([(b"c", b"1")]), NOW)
+    clean_log(log, NOW)
+    assert _latest(log)[b"a"] == (2, None)  # tombstone kept for delete.retention.ms
+    assert log.tombstone_horizon_ms == NOW + DAY
+    assert clean_log(log, NOW + DAY - 1) is None  # nothing dirty, horizon not reached
+    stats = clean_log(log, NOW + DAY)
+    assert stats is not None and stats.tombstones_removed == 1
+    assert b"a" not in _latest(log) and _latest(log)[b"b"] == (1, b"1")
+    assert log.log_end_offset == 4
+
+
+def test_min_compaction_lag_and_dirty_ratio(make_log) -> None:
+    log = make_log(cleanup_policy="compact", segment_bytes=400, file_delete_delay_ms=0,
+                   min_compaction_lag_ms=DAY, min_cleanable_dirty_ratio=0.5)
+    for i in range(30):
+        log.append_as_leader(kv_batch([(b"k", b"%d" % i)], ts=NOW), NOW)
+    # records are younger than the lag: nothing is cleanable
+    assert clean_log(log, NOW + 1000) is None
+    assert len(read_all(log)) == 30
+    stats = clean_log(log, NOW + DAY + 1)
+    assert stats is not None and len(read_all(log)) < 30
+    # right after a clean the dirty ratio is 0: below 0.5, nothing to do
+    assert clean_log(log, NOW + DAY + 2) is None
+
+
+def test_readers_of_replaced_segments_keep_their_bytes(make_log) -> None:
+    log = make_log(cleanup_policy="compact", segment_bytes=400, file_delete_delay_ms=60_000,
+                   min_cleanable_dirty_ratio=0.0)
+    for i in range(30):
+        log.append_as_leader(kv_batch([(b"k", b"%d" % i)]), NOW)
+    in_flight = log.read(0, 1 << 20).records
+    before = in_flight.read_bytes()
+    clean_log(log, NOW)
+    assert in_flight.read_bytes() == before
+    assert list(log.dir.glob("*.deleted"))
+    assert not list(log.dir.glob("*.cleaned")) and not list(log.dir.glob("*.swap"))
+
+
+def test_cleaned_log_survives_restart_and_cleaner_thread(tmp_path: Path) -> None:
+    cfg = LogConfig(cleanup_policy="compact", segment_bytes=400, file_delete_delay_ms=0,
+                    min_cleanable_dirty_ratio=0.0)
+    log = Log.open(tmp_path / "t-0", "t", 0, cfg, clean_shutdown=True)
+    for i in range(40):
+        log.append_as_leader(kv_batch([(b"k%d" % (i % 3), b"%d" % i)]), NOW)
+    cleaner = LogCleaner(lambda: [log], backoff_ms=10)
+    cleaner.start()
+    try:
+        import time
+
+        deadline = time.time() + 5
+        while log.cleaner_checkpoint == 0 and time.time() < deadline:
+            time.sleep(0.01)
+    finally:
+        cleaner.shutdown()
+    assert log.cleaner_checkpoint == log.active_segment.base_offset
+    expected = _latest(log)
+    leo = log.log_end_offset
+    log.flush()
+    log.close()
+    log = Log.open(tmp_path / "t-0", "t", 0, cfg, clean_shutdown=False, recovery_point=0)
+    try:
+        assert log.log_end_offset == leo and _latest(log) == expected
+    finally:
+        log.close()
