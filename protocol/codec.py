@@ -299,8 +299,11 @@ def _compile_encoder(cls: type, version: int) -> Encoder:
             lines.append("    _tags = []")
             for f in tagged:
                 dkey = f"_tdef_{f.attr}"
-                env[dkey] = [] if isinstance(f.default, list) else f.default
-                cond = f"o.{f.attr} != {dkey}" if f.default is not NEW_STRUCT else "True"
+                if f.default is NEW_STRUCT:
+                    env[dkey] = _struct_class(cls, f.type)()
+                else:
+                    env[dkey] = [] if isinstance(f.default, list) else f.default
+                cond = f"o.{f.attr} != {dkey}"
                 lines.append(f"    if {cond}:")
                 lines.append("        _o, out = out, bytearray()")
                 lines += _encode_value_src(f, cls, version, True, f"o.{f.attr}", env, "        ")
