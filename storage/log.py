@@ -148,6 +148,8 @@ class Log:
                 if seg.base_offset in rebuild:
                     recover_segment(seg, seg.base_offset)
         leo = segments[-1].read_next_offset()
+        # Resolve the active segment's lazy max timestamp now, before appends and reads race on it.
+        _ = segments[-1].max_timestamp_and_offset
         log_start_offset = max(log_start_offset, segments[0].base_offset)
         log = cls(dir, topic, partition, config, segments, log_start_offset=log_start_offset,
                   log_end_offset=leo, recovery_point=min(recovery_point, leo))
@@ -191,6 +193,11 @@ class Log:
     @property
     def unflushed_messages(self) -> int:
         return self._appended_messages - self._flushed_messages
+
+    @property
+    def flush_needed(self) -> bool:
+        """flush.messages reached: the broker should flush() before acknowledging."""
+        return self.unflushed_messages >= self.config.flush_messages
 
     @property
     def last_flush_ms(self) -> int:
