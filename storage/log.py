@@ -476,6 +476,8 @@ class Log:
     def flush(self, up_to_offset: int | None = None) -> None:
         """fsync everything up to up_to_offset (default: LEO now). Group commit: concurrent
         callers whose offsets an in-progress fsync covers wait for it instead of issuing their own."""
+        if self._closed:
+            return
         target = self._leo if up_to_offset is None else min(up_to_offset, self._leo)
         with self._flush_cond:
             while True:
@@ -596,6 +598,7 @@ class Log:
             # Persist the active segment's max timestamp so the next start needs no scan.
             try:
                 active.on_become_inactive()
+                active.time_index.flush()
             except OSError:
                 pass
             for seg in self._segments:
