@@ -1,17 +1,12 @@
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# Lets test modules `import storage_helpers` without making tests/storage a package
-# (which would shadow the real `storage` package).
-sys.path.insert(0, str(Path(__file__).parent))
-
-from storage.config import LogConfig  # noqa: E402
-from storage.log import Log  # noqa: E402
+from storage.config import LogConfig
+from storage.log import Log
 
 
 @pytest.fixture

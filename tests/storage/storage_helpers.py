@@ -1,4 +1,4 @@
-"""Shared helpers for the storage tests (importable because conftest puts this dir on sys.path)."""
+"""Shared helpers for the storage tests ."""
 
 from __future__ import annotations
 

@@ -2,12 +2,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from storage_helpers import NOW, kv_batch, read_all
-
 from protocol.records import build_batch, decode_records, iter_batch_headers, validate_batches
 from storage.cleaner import LogCleaner, clean_log
 from storage.config import LogConfig
 from storage.log import Log
+from tests.storage.storage_helpers import NOW, kv_batch, read_all
 
 DAY = 86_400_000
 

@@ -5,7 +5,6 @@ import os
 from pathlib import Path
 
 import pytest
-from storage_helpers import NOW, batch, kv_batch, read_all
 
 from protocol.records import (
     TIMESTAMP_LOG_APPEND_TIME,
@@ -19,6 +18,7 @@ from protocol.records import (
 )
 from storage.errors import KafkaStorageError, OffsetOutOfRangeError, RecordTooLargeError
 from storage.log import Log
+from tests.storage.storage_helpers import NOW, batch, kv_batch, read_all
 
 
 def test_offsets_contiguous_and_stored_as_received(make_log) -> None:

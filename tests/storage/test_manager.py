@@ -4,11 +4,11 @@ import time
 from pathlib import Path
 
 import pytest
-from storage_helpers import NOW, batch, kv_batch, read_all
 
 from storage.checkpoints import OffsetCheckpointFile
 from storage.config import TOPIC_CONFIG_KEYS, LogConfig
 from storage.manager import LogManager
+from tests.storage.storage_helpers import NOW, batch, kv_batch, read_all
 
 
 def _manager(tmp_path: Path, n_dirs: int = 2, **kw) -> LogManager:

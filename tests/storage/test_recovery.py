@@ -5,11 +5,10 @@ import os
 import time
 from pathlib import Path
 
-from storage_helpers import NOW, batch, read_all
-
 from storage.config import LogConfig
 from storage.log import Log
 from storage.segment import LogSegment
+from tests.storage.storage_helpers import NOW, batch, read_all
 
 CFG = LogConfig(segment_bytes=2000, index_interval_bytes=150)
 

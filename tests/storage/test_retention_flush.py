@@ -5,10 +5,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from storage_helpers import NOW, batch, read_all
 
 from storage.config import LogConfig
 from storage.log import Log
+from tests.storage.storage_helpers import NOW, batch, read_all
 
 DAY = 86_400_000
 
