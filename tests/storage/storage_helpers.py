@@ -1,4 +1,4 @@
-"""Shared helpers for the storage tests ."""
+"""Shared helpers for the storage tests."""
 
 from __future__ import annotations
 
