@@ -66,7 +66,7 @@ class ReplicaManager:
                     f"The size of the current ISR 1 is insufficient to satisfy the min.isr requirement of {min_isr}",
                 )
         try:
-            info = lg.append_as_leader(records, int(time.time() * 1000))
+            info = lg.append_as_leader(records, int(time.time() * 1000), leader_epoch=LEADER_EPOCH)
         except KafkaStorageError:
             log.error("Append to %s-%d failed with a storage error", topic, partition, exc_info=True)
             raise
