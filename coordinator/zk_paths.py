@@ -1,0 +1,187 @@
+"""Kafka's ZooKeeper layout (ZK-mode brokers, Kafka 2.8-3.x) and the JSON documents stored in it.
+
+Only the parts kbroker reads or writes. Documents are byte-compatible with what a Kafka ZK-mode broker
+writes, so `zookeeper-shell` and Kafka tooling see a familiar tree.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import Any
+
+CLUSTER_ID = "/cluster/id"
+CONTROLLER = "/controller"
+CONTROLLER_EPOCH = "/controller_epoch"
+BROKER_IDS = "/brokers/ids"
+BROKER_TOPICS = "/brokers/topics"
+CONFIG_TOPICS = "/config/topics"
+CONFIG_BROKERS = "/config/brokers"
+CONFIG_CHANGES = "/config/changes"
+DELETE_TOPICS = "/admin/delete_topics"
+LATEST_PRODUCER_ID_BLOCK = "/latest_producer_id_block"
+DEFAULT_BROKER_ENTITY = "<default>"
+
+# Persistent paths a Kafka broker creates on first start (KafkaZkClient.createTopLevelPaths).
+PERSISTENT_PATHS = (
+    "/consumers",
+    BROKER_IDS,
+    BROKER_TOPICS,
+    CONFIG_CHANGES,
+    DELETE_TOPICS,
+    "/brokers/seqid",
+    "/isr_change_notification",
+    LATEST_PRODUCER_ID_BLOCK,
+    "/log_dir_event_notification",
+    CONFIG_TOPICS,
+    "/config/clients",
+    "/config/users",
+    CONFIG_BROKERS,
+    "/config/ips",
+)
+
+
+def broker_path(broker_id: int) -> str:
+    return f"{BROKER_IDS}/{broker_id}"
+
+
+def topic_path(topic: str) -> str:
+    return f"{BROKER_TOPICS}/{topic}"
+
+
+def partitions_path(topic: str) -> str:
+    return f"{BROKER_TOPICS}/{topic}/partitions"
+
+
+def partition_path(topic: str, partition: int) -> str:
+    return f"{BROKER_TOPICS}/{topic}/partitions/{partition}"
+
+
+def partition_state_path(topic: str, partition: int) -> str:
+    return f"{BROKER_TOPICS}/{topic}/partitions/{partition}/state"
+
+
+def topic_config_path(topic: str) -> str:
+    return f"{CONFIG_TOPICS}/{topic}"
+
+
+def broker_config_path(entity: str = DEFAULT_BROKER_ENTITY) -> str:
+    return f"{CONFIG_BROKERS}/{entity}"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def dumps(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def loads(data: bytes | None) -> dict[str, Any]:
+    if not data:
+        return {}
+    doc = json.loads(data.decode())
+    return doc if isinstance(doc, dict) else {}
+
+
+# ------------------------------------------------------------------ ids
+
+
+def uuid_to_string(raw: bytes) -> str:
+    """Kafka's Uuid.toString(): URL-safe base64 of the 16 bytes, no padding (22 characters)."""
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def uuid_from_string(s: str) -> bytes:
+    raw = base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+    if len(raw) != 16:
+        raise ValueError(f"not a Kafka Uuid: {s!r}")
+    return raw
+
+
+# ------------------------------------------------------------------ documents
+
+
+def cluster_id_doc(cluster_id: str) -> bytes:
+    return dumps({"version": "1", "id": cluster_id})
+
+
+def broker_registration_doc(host: str, port: int, rack: str | None = None) -> bytes:
+    doc: dict[str, Any] = {
+        "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"},
+        "endpoints": [f"PLAINTEXT://{host}:{port}"],
+        "jmx_port": -1,
+        "host": host,
+        "timestamp": str(now_ms()),
+        "port": port,
+        "version": 5,
+    }
+    if rack is not None:
+        doc["rack"] = rack
+    return dumps(doc)
+
+
+def parse_broker_registration(data: bytes | None) -> tuple[str, int, str | None]:
+    """(host, port, rack) of a /brokers/ids/<id> document: the first endpoint, else host/port."""
+    doc = loads(data)
+    for ep in doc.get("endpoints") or []:
+        # LISTENER://host:port, host may be a bracketed IPv6 literal
+        _, _, hostport = str(ep).partition("://")
+        host, _, port = hostport.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if port.isdigit():
+            return host, int(port), doc.get("rack")
+    return str(doc.get("host", "")), int(doc.get("port", -1)), doc.get("rack")
+
+
+def controller_doc(broker_id: int) -> bytes:
+    return dumps({"version": 1, "brokerid": broker_id, "timestamp": str(now_ms())})
+
+
+def parse_controller(data: bytes | None) -> int | None:
+    try:
+        bid = loads(data).get("brokerid")
+    except ValueError:
+        return None
+    return None if bid is None else int(bid)
+
+
+def topic_assignment_doc(topic_id: bytes, leaders: list[int]) -> bytes:
+    return dumps(
+        {
+            "version": 3,
+            "partitions": {str(p): [leader] for p, leader in enumerate(leaders)},
+            "topic_id": uuid_to_string(topic_id),
+            "adding_replicas": {},
+            "removing_replicas": {},
+        }
+    )
+
+
+def parse_topic_assignment(data: bytes | None) -> tuple[bytes | None, list[int]]:
+    """(topic id or None if the znode has none, leaders by partition: the first replica of each)."""
+    doc = loads(data)
+    parts = doc.get("partitions") or {}
+    leaders = [int(parts[k][0]) for k in sorted(parts, key=int)]
+    tid = doc.get("topic_id")
+    return (uuid_from_string(tid) if tid else None), leaders
+
+
+def partition_state_doc(leader: int, controller_epoch: int = 1) -> bytes:
+    return dumps(
+        {"controller_epoch": controller_epoch, "leader": leader, "version": 1, "leader_epoch": 0, "isr": [leader]}
+    )
+
+
+def config_doc(configs: dict[str, str]) -> bytes:
+    return dumps({"version": 1, "config": dict(configs)})
+
+
+def parse_config(data: bytes | None) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (loads(data).get("config") or {}).items()}
+
+
+def config_change_doc(entity_path: str) -> bytes:
+    return dumps({"version": 2, "entity_path": entity_path})

@@ -1,0 +1,596 @@
+"""ZkMetadataStore: cluster metadata kept in ZooKeeper with Kafka's ZK-mode layout (see zk_paths).
+
+Used when `zookeeper.connect` is set. Several kbroker processes sharing one ZooKeeper form a cluster:
+each registers an ephemeral /brokers/ids/<id>, one of them holds the ephemeral /controller, and topics
+(partition -> leader, topic id, configs) live under /brokers/topics and /config/topics, mirrored into
+memory by kazoo watches.
+
+Threading: request handlers read `topics`, `broker_configs` and the broker map on processor threads
+without locks; every change replaces the dict (copy-on-write). Syncing ZooKeeper -> memory and local
+writes (write ZooKeeper, then memory) both run under `_sync_lock`, so a stale read can never be
+applied after a newer one. Callbacks into the server (`on_topic_removed`, `on_topic_changed`,
+`on_broker_configs_changed`) run outside that lock, on kazoo's threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    BadVersionError,
+    NodeExistsError,
+    NoNodeError,
+    RolledBackError,
+    ZookeeperError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+from kazoo.retry import KazooRetry
+
+from coordinator import zk_paths as zp
+from coordinator.metadata_store import TopicRecord, new_cluster_id, new_topic_id
+from protocol.errors import ErrorCode, KafkaError
+
+if TYPE_CHECKING:
+    from broker.config import KafkaConfig
+
+log = logging.getLogger("kbroker.zookeeper")
+
+
+class ZkStartupError(OSError):
+    """Startup cannot go on (ZooKeeper unreachable, broker.id taken).
+
+    An OSError so that broker.cli reports it as a fatal startup error and exits with status 1.
+    """
+
+
+class ZkMetadataStore:
+    def __init__(self, config: KafkaConfig) -> None:
+        self.config = config
+        self.broker_id = config.broker_id
+        self.connect_string = str(config["zookeeper.connect"])
+        self.session_timeout_s = config["zookeeper.session.timeout.ms"] / 1000.0
+        conn_ms = config["zookeeper.connection.timeout.ms"]
+        self.connection_timeout_s = (conn_ms if conn_ms is not None else config["zookeeper.session.timeout.ms"]) / 1000.0
+        self.client: KazooClient | None = None
+
+        self.cluster_id = ""
+        self.topics: dict[str, TopicRecord] = {}
+        self.broker_configs: dict[str, str] = {}
+        self._brokers: dict[int, tuple[str, int, str | None]] = {}
+        self._controller: int | None = None
+
+        # Server hooks; only called once register_broker() has run (the log manager exists by then).
+        self.on_topic_removed: Callable[[TopicRecord], None] | None = None
+        self.on_topic_changed: Callable[[TopicRecord], None] | None = None
+        self.on_broker_configs_changed: Callable[[], None] | None = None
+
+        self._sync_lock = threading.RLock()
+        self._topic_watch_tokens: dict[str, object] = {}
+        self._endpoint: tuple[str, int, str | None] | None = None
+        self._registered = False
+        self._notify = False
+        self._stopping = False
+        self._session_lost = False
+        self._was_connected = True
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.client = self._connect()
+        client = self.client
+        for path in zp.PERSISTENT_PATHS:
+            client.ensure_path(path)
+        self.cluster_id = self._get_or_create_cluster_id()
+        self._check_broker_id_free()
+        client.add_listener(self._on_state)
+        DataWatch(client, zp.broker_config_path(), self._on_broker_config_data)
+        ChildrenWatch(client, zp.BROKER_IDS, self._on_broker_ids)
+        ChildrenWatch(client, zp.BROKER_TOPICS, self._on_topic_children)
+        DataWatch(client, zp.CONTROLLER, self._on_controller_data)
+        log.info(
+            "Connected to ZooKeeper at %s: cluster id %s, %d topics, live brokers %s, controller %s",
+            self.connect_string, self.cluster_id, len(self.topics), sorted(self._brokers), self._controller,
+        )
+
+    def _connect(self) -> KazooClient:
+        deadline = time.monotonic() + self.connection_timeout_s
+        attempt = 0
+        while True:
+            attempt += 1
+            client = KazooClient(
+                hosts=self.connect_string,
+                timeout=self.session_timeout_s,
+                connection_retry=KazooRetry(max_tries=-1, delay=0.2, max_delay=1.0),
+                command_retry=KazooRetry(max_tries=3, delay=0.2, max_delay=1.0),
+                logger=logging.getLogger("kbroker.kazoo"),
+            )
+            remaining = deadline - time.monotonic()
+            try:
+                client.start(timeout=max(0.1, min(1.0, remaining)))
+                return client
+            except KazooTimeoutError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ZkStartupError(
+                        f"Timed out waiting for connection to ZooKeeper at {self.connect_string} after "
+                        f"{self.connection_timeout_s:.1f} s (zookeeper.connection.timeout.ms); is ZooKeeper running?"
+                    ) from None
+                log.warning(
+                    "ZooKeeper at %s is not reachable (attempt %d); retrying for another %.1f s",
+                    self.connect_string, attempt, remaining,
+                )
+
+    def stop(self) -> None:
+        self._stopping = True
+        client = self.client
+        if client is None:
+            return
+        try:
+            # Closing the session removes our ephemerals (/brokers/ids/<id>, /controller) at once.
+            client.stop()
+            client.close()
+        except Exception:  # noqa: BLE001
+            log.warning("Error while closing the ZooKeeper session", exc_info=True)
+        log.info("Closed the ZooKeeper session of broker %d", self.broker_id)
+
+    def _on_state(self, state: str) -> None:
+        # Called on kazoo's connection thread: log and hand any ZooKeeper work to another thread.
+        if self._stopping:
+            return
+        if state == KazooState.SUSPENDED:
+            self._was_connected = False
+            log.warning("Lost the connection to ZooKeeper; serving the metadata already known")
+        elif state == KazooState.LOST:
+            self._was_connected = False
+            self._session_lost = True
+            log.warning("ZooKeeper session expired; broker %d will register again on reconnect", self.broker_id)
+        elif state == KazooState.CONNECTED and not self._was_connected:
+            self._was_connected = True
+            log.info("Reconnected to ZooKeeper")
+            assert self.client is not None
+            self.client.handler.spawn(self._after_reconnect)
+
+    def _after_reconnect(self) -> None:
+        try:
+            if self._registered:
+                self._register()
+                self._elect()
+            self._resync_all()
+            self._session_lost = False
+        except Exception:  # noqa: BLE001
+            log.error("Restoring the ZooKeeper registration of broker %d failed", self.broker_id, exc_info=True)
+
+    # ------------------------------------------------------------ cluster id
+
+    def _get_or_create_cluster_id(self) -> str:
+        assert self.client is not None
+        try:
+            self.client.create(zp.CLUSTER_ID, zp.cluster_id_doc(new_cluster_id()), makepath=True)
+        except NodeExistsError:
+            pass
+        data, _ = self.client.get(zp.CLUSTER_ID)
+        cid = zp.loads(data).get("id")
+        if not cid:
+            raise ZkStartupError(f"{zp.CLUSTER_ID} in ZooKeeper holds no cluster id: {data!r}")
+        return str(cid)
+
+    # ------------------------------------------------------------ brokers
+
+    def _configured_endpoint(self) -> tuple[str, int]:
+        adv = self.config.advertised_listeners[0]
+        return adv.host, adv.port
+
+    def _check_broker_id_free(self) -> None:
+        """Fail fast, before binding, when a live broker already uses our broker.id.
+
+        A registration with our own endpoint is most likely our previous process, killed before its
+        session timed out: wait for the session timeout, then it is gone (or someone else really has it).
+        """
+        assert self.client is not None
+        path = zp.broker_path(self.broker_id)
+        deadline = time.monotonic() + self.session_timeout_s + 2.0
+        waited = False
+        while True:
+            try:
+                data, stat = self.client.get(path)
+            except NoNodeError:
+                return
+            host, port, _ = zp.parse_broker_registration(data)
+            same_endpoint = (host, port) == self._configured_endpoint()
+            if not same_endpoint or time.monotonic() >= deadline:
+                raise ZkStartupError(self._duplicate_message(host, port, stat.ephemeralOwner))
+            if not waited:
+                log.warning(
+                    "broker.id %d is still registered at %s:%d by ZooKeeper session 0x%x (a previous run of this "
+                    "broker?); waiting up to %.1f s for that session to expire",
+                    self.broker_id, host, port, stat.ephemeralOwner, self.session_timeout_s,
+                )
+                waited = True
+            time.sleep(0.25)
+
+    def _duplicate_message(self, host: str, port: int, owner: int) -> str:
+        return (
+            f"broker.id {self.broker_id} is already registered in ZooKeeper at {zp.broker_path(self.broker_id)} "
+            f"by another broker ({host}:{port}, session 0x{owner:x}); each broker needs a unique broker.id"
+        )
+
+    def register_broker(self, host: str, port: int, rack: str | None = None) -> None:
+        """Create the ephemeral /brokers/ids/<id> (after the listener is bound) and join the controller election."""
+        self._endpoint = (host, port, rack)
+        self._register()
+        self._registered = True
+        self._notify = True
+        self._elect()
+        log.info("Registered broker %d at %s:%d in ZooKeeper; controller is %s", self.broker_id, host, port,
+                 self._controller)
+
+    def _register(self) -> None:
+        assert self.client is not None and self._endpoint is not None
+        host, port, rack = self._endpoint
+        path = zp.broker_path(self.broker_id)
+        doc = zp.broker_registration_doc(host, port, rack)
+        try:
+            self.client.create(path, doc, ephemeral=True)
+            return
+        except NodeExistsError:
+            pass
+        data, stat = self.client.get(path)
+        if stat.ephemeralOwner == self.client.client_id[0]:
+            self.client.set(path, doc)  # ours already (a retried create after a connection loss)
+            return
+        h, p, _ = zp.parse_broker_registration(data)
+        raise ZkStartupError(self._duplicate_message(h, p, stat.ephemeralOwner))
+
+    def _on_broker_ids(self, children: list[str]) -> None:
+        assert self.client is not None
+        brokers: dict[int, tuple[str, int, str | None]] = {}
+        for child in children:
+            try:
+                data, _ = self.client.get(f"{zp.BROKER_IDS}/{child}")
+                brokers[int(child)] = zp.parse_broker_registration(data)
+            except NoNodeError:
+                continue
+            except (ValueError, KeyError):
+                log.warning("Ignoring unreadable broker registration %s/%s", zp.BROKER_IDS, child)
+            except ZookeeperError:
+                log.warning("Reading broker registration %s failed", child, exc_info=True)
+        if set(brokers) != set(self._brokers):
+            log.info("Live brokers are now %s", sorted(brokers))
+        self._brokers = brokers
+
+    def live_brokers(self) -> list[int]:
+        # This broker serves whatever ZooKeeper currently says (e.g. while its session is being restored).
+        return sorted(set(self._brokers) | {self.broker_id})
+
+    def broker_endpoints(self) -> list[tuple[int, str, int, str | None]]:
+        return [(b, h, p, r) for b, (h, p, r) in sorted(self._brokers.items())]
+
+    # ------------------------------------------------------------ controller
+
+    def _on_controller_data(self, data: bytes | None, stat: Any) -> None:
+        if self._stopping:
+            return
+        cid = zp.parse_controller(data)
+        if cid != self._controller:
+            log.info("Controller is now %s", "unknown (election pending)" if cid is None else f"broker {cid}")
+        self._controller = cid
+        if cid is None and self._registered:
+            self._elect()
+
+    def _elect(self) -> None:
+        assert self.client is not None
+        try:
+            self.client.create(zp.CONTROLLER, zp.controller_doc(self.broker_id), ephemeral=True)
+        except NodeExistsError:
+            try:
+                data, _ = self.client.get(zp.CONTROLLER)
+                self._controller = zp.parse_controller(data)
+            except NoNodeError:
+                pass  # gone again: the data watch fires and we try once more
+            return
+        except ZookeeperError:
+            log.warning("Controller election failed", exc_info=True)
+            return
+        self._controller = self.broker_id
+        self._bump_controller_epoch()
+        log.info("Broker %d is now the controller", self.broker_id)
+
+    def _bump_controller_epoch(self) -> None:
+        assert self.client is not None
+        for _ in range(5):
+            try:
+                data, stat = self.client.get(zp.CONTROLLER_EPOCH)
+                self.client.set(zp.CONTROLLER_EPOCH, str(int(data or b"0") + 1).encode(), version=stat.version)
+                return
+            except NoNodeError:
+                try:
+                    self.client.create(zp.CONTROLLER_EPOCH, b"1")
+                    return
+                except NodeExistsError:
+                    continue
+            except (BadVersionError, ValueError):
+                continue
+
+    def controller_id(self) -> int:
+        """The controller per /controller if it is live, else the lowest live broker id (always a live broker)."""
+        live = self.live_brokers()
+        c = self._controller
+        return c if c is not None and c in live else live[0]
+
+    # ------------------------------------------------------------ topics: ZooKeeper -> memory
+
+    def _on_topic_children(self, children: list[str]) -> None:
+        if self._stopping:
+            return False  # type: ignore[return-value]
+        names = set(children)
+        with self._sync_lock:
+            added = names - set(self._topic_watch_tokens)
+            removed = set(self._topic_watch_tokens) - names
+            for name in removed:
+                self._topic_watch_tokens.pop(name, None)
+            for name in added:
+                self._topic_watch_tokens[name] = object()
+            gone = {n for n in self.topics if n not in names}
+        for name in sorted(removed | gone):
+            self._resync_topic(name)
+        for name in sorted(added):
+            self._resync_topic(name)
+            self._watch_topic(name, token=self._topic_watch_tokens.get(name))
+        return None
+
+    def _watch_topic(self, name: str, token: object | None) -> None:
+        if token is None:
+            return
+        assert self.client is not None
+        for path in (zp.topic_path(name), zp.topic_config_path(name)):
+            DataWatch(self.client, path, self._topic_watcher(name, token))
+
+    def _topic_watcher(self, name: str, token: object) -> Callable[[bytes | None, Any], bool | None]:
+        first = True
+
+        def changed(data: bytes | None, stat: Any) -> bool | None:
+            nonlocal first
+            if self._stopping or self._topic_watch_tokens.get(name) is not token:
+                return False  # topic deleted (or recreated, with a new watch): stop this one
+            if first:
+                first = False  # the initial call: _on_topic_children has just read the topic
+                return None
+            self._resync_topic(name)
+            return None
+
+        return changed
+
+    def _read_topic(self, name: str) -> TopicRecord | None:
+        assert self.client is not None
+        try:
+            data, stat = self.client.get(zp.topic_path(name))
+        except NoNodeError:
+            return None
+        try:
+            cdata, _ = self.client.get(zp.topic_config_path(name))
+        except NoNodeError:
+            cdata = None
+        topic_id, leaders = zp.parse_topic_assignment(data)
+        if topic_id is None:
+            # Written by a tool that assigns no id (pre-2.8 layout): give it one, as Kafka's controller does.
+            topic_id = new_topic_id()
+            doc = zp.topic_assignment_doc(topic_id, leaders)
+            try:
+                self.client.set(zp.topic_path(name), doc, version=stat.version)
+            except (BadVersionError, NoNodeError):
+                return self._read_topic(name)
+        return TopicRecord(name, topic_id, leaders, zp.parse_config(cdata))
+
+    def _resync_topic(self, name: str) -> None:
+        events: list[tuple[str, TopicRecord]] = []
+        try:
+            with self._sync_lock:
+                new = self._read_topic(name)
+                old = self.topics.get(name)
+                if new is None:
+                    if old is not None:
+                        self._replace_topics(remove=name)
+                        events.append(("removed", old))
+                elif new != old:
+                    if old is not None and old.topic_id != new.topic_id:
+                        events.append(("removed", old))
+                    self._replace_topics(put=new)
+                    events.append(("changed", new))
+        except ZookeeperError:
+            log.warning("Reading topic %s from ZooKeeper failed; will retry on the next change", name, exc_info=True)
+            return
+        except (ValueError, KeyError, IndexError, TypeError):
+            log.error("Topic %s has an unreadable znode in ZooKeeper; ignoring it", name, exc_info=True)
+            return
+        for kind, rec in events:
+            if kind == "removed":
+                log.info("Topic %s was deleted (seen in ZooKeeper)", rec.name)
+            self._fire(kind, rec)
+
+    def _resync_all(self) -> None:
+        assert self.client is not None
+        names = set(self.client.get_children(zp.BROKER_TOPICS))
+        self._on_topic_children(sorted(names))
+        for name in sorted(names):
+            self._resync_topic(name)
+        self._on_broker_ids(self.client.get_children(zp.BROKER_IDS))
+        try:
+            data, _ = self.client.get(zp.CONTROLLER)
+            self._controller = zp.parse_controller(data)
+        except NoNodeError:
+            self._controller = None
+            if self._registered:
+                self._elect()
+
+    def _replace_topics(self, put: TopicRecord | None = None, remove: str | None = None) -> None:
+        topics = dict(self.topics)
+        if put is not None:
+            topics[put.name] = put
+        if remove is not None:
+            topics.pop(remove, None)
+        self.topics = topics
+
+    def _fire(self, kind: str, rec: TopicRecord) -> None:
+        if not self._notify:
+            return
+        cb = self.on_topic_removed if kind == "removed" else self.on_topic_changed
+        if cb is None:
+            return
+        try:
+            cb(rec)
+        except Exception:  # noqa: BLE001
+            log.error("Handling the %s topic %s failed", kind, rec.name, exc_info=True)
+
+    def _on_broker_config_data(self, data: bytes | None, stat: Any) -> None:
+        if self._stopping:
+            return
+        try:
+            configs = zp.parse_config(data)
+        except ValueError:
+            log.error("Unreadable %s in ZooKeeper: %r", zp.broker_config_path(), data)
+            return
+        if configs == self.broker_configs:
+            return
+        self.broker_configs = configs
+        if self._notify and self.on_broker_configs_changed is not None:
+            try:
+                self.on_broker_configs_changed()
+            except Exception:  # noqa: BLE001
+                log.error("Applying dynamic broker configs failed", exc_info=True)
+
+    # ------------------------------------------------------------ writes: memory follows ZooKeeper
+
+    def _zk(self) -> KazooClient:
+        client = self.client
+        if client is None or not client.connected:
+            # Retriable for clients: they refresh metadata and try again.
+            raise KafkaError(ErrorCode.NOT_CONTROLLER, "ZooKeeper is not reachable from this broker right now")
+        return client
+
+    @staticmethod
+    def _check_results(results: list[Any]) -> None:
+        for r in results:
+            if isinstance(r, Exception) and not isinstance(r, RolledBackError):
+                raise r
+
+    def _notify_config_change(self, entity_path: str) -> None:
+        """Kafka's /config/changes/config_change_<seq>, which Kafka brokers watch for config updates."""
+        try:
+            self._zk().create(
+                f"{zp.CONFIG_CHANGES}/config_change_", zp.config_change_doc(entity_path), sequence=True
+            )
+        except ZookeeperError:
+            log.warning("Could not write a config change notification for %s", entity_path, exc_info=True)
+
+    def create_topic(self, record: TopicRecord) -> None:
+        with self._sync_lock:
+            client = self._zk()
+            name = record.name
+            if client.exists(zp.topic_path(name)):
+                raise FileExistsError(name)
+            tx = client.transaction()
+            cfg = zp.topic_config_path(name)
+            if client.exists(cfg):
+                tx.set_data(cfg, zp.config_doc(record.configs))
+            else:
+                tx.create(cfg, zp.config_doc(record.configs))
+            tx.create(zp.topic_path(name), zp.topic_assignment_doc(record.topic_id, record.leaders))
+            tx.create(zp.partitions_path(name), b"")
+            for p, leader in enumerate(record.leaders):
+                tx.create(zp.partition_path(name, p), b"")
+                tx.create(zp.partition_state_path(name, p), zp.partition_state_doc(leader))
+            try:
+                self._check_results(tx.commit())
+            except NodeExistsError:
+                raise FileExistsError(name) from None
+            rec = TopicRecord(name, record.topic_id, list(record.leaders), dict(record.configs))
+            self._replace_topics(put=rec)
+
+    def _descendants(self, path: str) -> list[str]:
+        """path and everything under it, deepest first (the order a transaction must delete them in)."""
+        assert self.client is not None
+        out: list[str] = []
+        try:
+            for child in self.client.get_children(path):
+                out += self._descendants(f"{path}/{child}")
+        except NoNodeError:
+            return out
+        out.append(path)
+        return out
+
+    def delete_topic(self, name: str) -> TopicRecord:
+        with self._sync_lock:
+            client = self._zk()
+            rec = self.topics.get(name)
+            if rec is None:
+                raise KeyError(name)
+            for _ in range(5):
+                paths = self._descendants(zp.topic_path(name))
+                if not paths:
+                    break
+                tx = client.transaction()
+                for path in paths:
+                    tx.delete(path)
+                if client.exists(zp.topic_config_path(name)):
+                    tx.delete(zp.topic_config_path(name))
+                try:
+                    self._check_results(tx.commit())
+                    break
+                except (NoNodeError, ZookeeperError) as e:
+                    # The tree changed under us (a concurrent delete or new partitions): look again.
+                    log.info("Deleting topic %s raced with another change (%s); retrying", name, type(e).__name__)
+            self._replace_topics(remove=name)
+            return rec
+
+    def set_topic_configs(self, name: str, configs: dict[str, str]) -> None:
+        with self._sync_lock:
+            client = self._zk()
+            rec = self.topics[name]
+            path = zp.topic_config_path(name)
+            doc = zp.config_doc(configs)
+            try:
+                client.set(path, doc)
+            except NoNodeError:
+                client.create(path, doc, makepath=True)
+            self._notify_config_change(f"topics/{name}")
+            self._replace_topics(put=TopicRecord(name, rec.topic_id, list(rec.leaders), dict(configs)))
+
+    def add_partitions(self, name: str, leaders: list[int]) -> None:
+        with self._sync_lock:
+            client = self._zk()
+            path = zp.topic_path(name)
+            while True:
+                data, stat = client.get(path)
+                topic_id, current = zp.parse_topic_assignment(data)
+                assert topic_id is not None
+                tx = client.transaction()
+                tx.set_data(path, zp.topic_assignment_doc(topic_id, current + leaders), version=stat.version)
+                for i, leader in enumerate(leaders):
+                    p = len(current) + i
+                    tx.create(zp.partition_path(name, p), b"")
+                    tx.create(zp.partition_state_path(name, p), zp.partition_state_doc(leader))
+                try:
+                    self._check_results(tx.commit())
+                    break
+                except BadVersionError:
+                    continue
+            rec = self.topics[name]
+            self._replace_topics(put=TopicRecord(name, topic_id, current + leaders, dict(rec.configs)))
+
+    def set_broker_configs(self, configs: dict[str, str]) -> None:
+        with self._sync_lock:
+            client = self._zk()
+            path = zp.broker_config_path()
+            doc = zp.config_doc(configs)
+            try:
+                client.set(path, doc)
+            except NoNodeError:
+                client.create(path, doc, makepath=True)
+            self._notify_config_change(f"brokers/{zp.DEFAULT_BROKER_ENTITY}")
+            self.broker_configs = dict(configs)
