@@ -92,6 +92,19 @@ class LocalMetadataStore:
     def live_brokers(self) -> list[int]:
         return [self.broker_id]
 
+    # Cluster membership, shared with coordinator.zk_store.ZkMetadataStore: a single node is its own
+    # controller and knows no other broker's endpoint.
+
+    def register_broker(self, host: str, port: int, rack: str | None = None) -> None:
+        """Called once the listener is bound; nothing to announce without ZooKeeper."""
+
+    def broker_endpoints(self) -> list[tuple[int, str, int, str | None]]:
+        """Other brokers as (id, host, port, rack); the server adds its own endpoint."""
+        return []
+
+    def controller_id(self) -> int:
+        return self.broker_id
+
     def _persist(self) -> None:
         data = {
             "version": 1,
