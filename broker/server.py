@@ -14,7 +14,8 @@ from broker.config import KafkaConfig
 from broker.handlers import all_handlers
 from broker.network import SocketServer
 from broker.replica_manager import ReplicaManager
-from coordinator.metadata_store import LocalMetadataStore
+from coordinator.metadata_store import LocalMetadataStore, TopicRecord
+from coordinator.zk_store import ZkMetadataStore
 from storage.config import LogConfig
 from storage.manager import LogManager
 
@@ -25,7 +26,14 @@ class KafkaServer:
     def __init__(self, config: KafkaConfig) -> None:
         self.config = config
         self.broker_id = config.broker_id
-        self.metadata = LocalMetadataStore(config.log_dirs[0], self.broker_id)
+        self.metadata: LocalMetadataStore | ZkMetadataStore
+        if config["zookeeper.connect"]:
+            self.metadata = ZkMetadataStore(config)
+            self.metadata.on_topic_removed = self._on_topic_removed
+            self.metadata.on_topic_changed = self._on_topic_changed
+            self.metadata.on_broker_configs_changed = self._apply_topic_configs
+        else:
+            self.metadata = LocalMetadataStore(config.log_dirs[0], self.broker_id)
         self.io_pool = ThreadPoolExecutor(config["num.io.threads"], thread_name_prefix="kafka-io")
         self.log_manager: LogManager
         self.admin = AdminManager(self)
@@ -68,6 +76,7 @@ class KafkaServer:
         self.socket_server.start_processors()
         self.socket_server.bind(loop)
         host, port = self.advertised_endpoint()
+        await loop.run_in_executor(None, self.metadata.register_broker, host, port)
         log.info(
             "kbroker %d started in %.2f s: cluster %s, %d topics, advertised %s:%d",
             self.broker_id, time.monotonic() - t0, self.metadata.cluster_id, len(self.metadata.topics), host, port,
@@ -78,8 +87,18 @@ class KafkaServer:
         return None if rec is None else self.admin.log_config_for(rec)
 
     def _apply_topic_configs(self) -> None:
-        for rec in self.metadata.topics.values():
+        for rec in list(self.metadata.topics.values()):
             self.log_manager.update_topic_config(rec.name, self.admin.log_config_for(rec))
+
+    # Changes other brokers made through ZooKeeper (called on kazoo's threads).
+
+    def _on_topic_removed(self, rec: TopicRecord) -> None:
+        for p in range(rec.num_partitions):
+            self.log_manager.delete_log(rec.name, p)
+            self.replica_manager.purgatory.notify((rec.name, p))
+
+    def _on_topic_changed(self, rec: TopicRecord) -> None:
+        self.log_manager.update_topic_config(rec.name, self.admin.log_config_for(rec))
 
     async def shutdown(self) -> None:
         log.info("Shutting down broker %d", self.broker_id)
@@ -106,9 +125,11 @@ class KafkaServer:
     def brokers(self) -> list[tuple[int, str, int, str | None]]:
         """Live brokers as (id, host, port, rack) for Metadata and DescribeCluster."""
         host, port = self.advertised_endpoint()
-        return [(self.broker_id, host, port, None)]
+        endpoints = {b: (h, p, r) for b, h, p, r in self.metadata.broker_endpoints()}
+        endpoints[self.broker_id] = (host, port, None)
+        return [(b, *endpoints[b]) for b in sorted(endpoints)]
 
     def controller_id(self) -> int:
         # The Java admin client sends CreateTopics/DeleteTopics only to the controller it is told about,
         # so always name a live broker: in a single-node cluster, this one.
-        return self.broker_id
+        return self.metadata.controller_id()
