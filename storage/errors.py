@@ -6,11 +6,14 @@ from protocol.records import CorruptRecordError, InvalidRecordError
 
 __all__ = [
     "CorruptRecordError",
+    "InvalidProducerEpochError",
     "InvalidRecordError",
     "KafkaStorageError",
     "OffsetOutOfRangeError",
+    "OutOfOrderSequenceError",
     "RecordTooLargeError",
     "StorageError",
+    "UnknownProducerIdError",
 ]
 
 
@@ -28,3 +31,15 @@ class OffsetOutOfRangeError(StorageError):
 
 class KafkaStorageError(StorageError):
     error_code = 56  # KAFKA_STORAGE_ERROR
+
+
+class OutOfOrderSequenceError(StorageError):
+    error_code = 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+class InvalidProducerEpochError(StorageError):
+    error_code = 47  # INVALID_PRODUCER_EPOCH
+
+
+class UnknownProducerIdError(StorageError):
+    error_code = 59  # UNKNOWN_PRODUCER_ID

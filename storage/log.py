@@ -15,7 +15,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from protocol.records import (
     ATTR_TIMESTAMP_TYPE,
     BatchesSummary,
     InvalidRecordError,
+    RecordBatchHeader,
     decode_records,
     set_base_offset,
     set_log_append_time,
@@ -31,6 +32,12 @@ from protocol.records import (
 )
 from storage.config import LogConfig
 from storage.errors import KafkaStorageError, OffsetOutOfRangeError, RecordTooLargeError
+from storage.producer_state import (
+    BatchMetadata,
+    ProducerAppendInfo,
+    ProducerStateManager,
+    validate_client_batch,
+)
 from storage.recovery import recover_segment
 from storage.segment import (
     CLEANED_SUFFIX,
@@ -83,9 +90,10 @@ class FetchDataInfo:
         return self.records.size if self.records is not None else 0
 
 
-# Hook for idempotent/transactional producer checks (PID -> recent batches). Called under the
-# log lock with final offsets assigned, before anything is written. Raise to reject the
-# request; return a LogAppendInfo to answer a duplicate without appending; None to proceed.
+# Extra hook for producer checks beyond the built-in idempotence validation (ProducerStateManager),
+# e.g. transactions. Called under the log lock with final offsets assigned, after the built-in
+# checks and before anything is written. Raise to reject the request; return a LogAppendInfo to
+# answer without appending; None to proceed.
 ProducerStateValidator = Callable[["Log", BatchesSummary, int], "LogAppendInfo | None"]
 
 
@@ -98,10 +106,11 @@ class _PendingDelete:
 class Log:
     def __init__(self, dir: Path, topic: str, partition: int, config: LogConfig, segments: Sequence[LogSegment],
                  *, log_start_offset: int, log_end_offset: int, recovery_point: int) -> None:
-        self.dir = dir
         self.topic = topic
         self.partition = partition
         self.config = config
+        self.producer_state = ProducerStateManager(dir, f"{topic}-{partition}")
+        self._dir = dir
         self._lock = threading.RLock()
         self._segments: tuple[LogSegment, ...] = tuple(segments)
         self._log_start_offset = log_start_offset
@@ -156,9 +165,67 @@ class Log:
         if leo < log_start_offset:
             # DeleteRecords moved the start past everything we still have.
             log.truncate_fully_and_start_at(log_start_offset)
+        log._load_producer_state(reload_from_clean_shutdown=clean_shutdown)
         if not clean_shutdown:
             log.flush()
         return log
+
+    def _load_producer_state(self, *, reload_from_clean_shutdown: bool) -> None:
+        """Latest snapshot at or below LEO plus the batch headers after it (Kafka's loadProducerState)."""
+        with self._lock:
+            psm = self.producer_state
+            leo = self._leo
+            try:
+                latest = psm.load_latest_snapshot(leo)
+            except OSError as e:
+                raise KafkaStorageError(f"error loading producer state of {self.name}: {e}") from e
+            if latest is None and reload_from_clean_shutdown:
+                # A log written before producer snapshots existed (Kafka's upgrade path): a clean stop
+                # always leaves a snapshot, so there is nothing to scan for.
+                psm.update_map_end_offset(leo)
+                if leo > self._segments[0].base_offset:
+                    self._take_producer_snapshot()
+                return
+            self._rebuild_producer_state_from(psm.map_end_offset if latest is not None else 0, leo)
+
+    def _rebuild_producer_state_from(self, start: int, end: int) -> None:
+        psm = self.producer_state
+        started = time.monotonic()
+        n = psm.load_batches(self._batch_headers(start, end))
+        psm.on_log_start_offset_incremented(self._log_start_offset)
+        psm.update_map_end_offset(end)
+        if n:
+            logger.info("Loaded producer state of %s from offset %d to %d: %d batches, %d producers in %.3f s",
+                        self.name, start, end, n, len(psm), time.monotonic() - started)
+
+    def _batch_headers(self, start: int, end: int) -> Iterator[RecordBatchHeader]:
+        """Headers of the batches holding offsets in [start, end), from the segment files."""
+        segments = self._segments
+        for i, seg in enumerate(segments):
+            seg_end = segments[i + 1].base_offset if i + 1 < len(segments) else end
+            if seg_end <= start or seg.size == 0:
+                continue
+            if seg.base_offset >= end:
+                return
+            position = 0
+            if start > seg.base_offset:
+                loc = seg.translate_offset(start)
+                if loc is None:
+                    continue
+                position = loc.position
+            for loc in seg.iter_batches(position):
+                h = loc.header
+                if h.base_offset >= end:
+                    return
+                if h.next_offset > start:
+                    yield h
+
+    def _take_producer_snapshot(self, *, sync: bool = False) -> None:
+        try:
+            self.producer_state.take_snapshot(sync=sync)
+        except OSError as e:
+            logger.warning("Failed to write producer state snapshot of %s at offset %d: %s", self.name,
+                           self.producer_state.map_end_offset, e)
 
     @staticmethod
     def _new_segment(dir: Path, base_offset: int, config: LogConfig) -> LogSegment:
@@ -173,6 +240,16 @@ class Log:
     @property
     def name(self) -> str:
         return f"{self.topic}-{self.partition}"
+
+    @property
+    def dir(self) -> Path:
+        return self._dir
+
+    @dir.setter
+    def dir(self, value: Path) -> None:
+        # LogManager renames the directory of a deleted log; snapshots follow it.
+        self._dir = value
+        self.producer_state.dir = value
 
     @property
     def log_start_offset(self) -> int:
@@ -253,6 +330,13 @@ class Log:
                     h.attributes |= ATTR_TIMESTAMP_TYPE
                 offset = h.next_offset
             last_offset = offset - 1
+            updates, duplicate_batch = self._analyze_producer_state(summary, from_client)
+            if duplicate_batch is not None:
+                # Kafka answers a retried batch with the offsets it was written at, and appends nothing.
+                return LogAppendInfo(
+                    duplicate_batch.first_offset, duplicate_batch.last_offset, duplicate_batch.max_timestamp,
+                    duplicate_batch.last_offset, duplicate_batch.max_timestamp if log_append_time >= 0 else -1,
+                    self._log_start_offset, 0, 0)
             if self.validate_producer_state is not None:
                 duplicate = self.validate_producer_state(self, summary, first_offset)
                 if duplicate is not None:
@@ -267,6 +351,10 @@ class Log:
             self._leo = offset
             self._hw = offset  # single replica: committed as soon as it is in the log
             self._appended_messages += summary.num_records
+            psm = self.producer_state
+            for info in updates:
+                psm.update(info)
+            psm.update_map_end_offset(offset)
         if log_append_time >= 0:
             max_ts, offset_of_max = now_ms, first_offset
         elif summary.max_timestamp_batch >= 0:
@@ -276,6 +364,34 @@ class Log:
             max_ts, offset_of_max = -1, first_offset
         return LogAppendInfo(first_offset, last_offset, max_ts, offset_of_max, log_append_time,
                              self._log_start_offset, summary.num_records, summary.valid_bytes)
+
+    def _analyze_producer_state(self, summary: BatchesSummary,
+                                from_client: bool) -> tuple[list[ProducerAppendInfo], BatchMetadata | None]:
+        """Validate the batches of producers (Kafka's analyzeAndValidateProducerState); stage their updates.
+
+        Returns the staged updates, or the metadata of the original batch when a client batch is a
+        retry of one of the producer's last 5 (then the request is answered with its offsets).
+        """
+        psm = self.producer_state
+        updates: dict[int, ProducerAppendInfo] = {}
+        for _, h in summary.batches:
+            pid = h.producer_id
+            if pid < 0:
+                continue
+            if from_client:
+                validate_client_batch(h)
+                entry = psm.last_entry(pid)
+                if entry is not None:
+                    duplicate = entry.find_duplicate_batch(h)
+                    if duplicate is not None:
+                        logger.debug("Duplicate batch of producer %d (seq %d..%d) in %s: original at offset %d",
+                                     pid, h.base_sequence, h.last_sequence, self.name, duplicate.first_offset)
+                        return [], duplicate
+            info = updates.get(pid)
+            if info is None:
+                info = updates[pid] = psm.prepare_update(pid, validate=from_client)
+            info.append(h)
+        return list(updates.values()), None
 
     def _check_keys(self, records: bytes | bytearray | memoryview, summary: BatchesSummary) -> None:
         # Compacted topics need a key on every record (Kafka rejects with INVALID_RECORD).
@@ -317,6 +433,8 @@ class Log:
             active.on_become_inactive()
             self._segments = (*self._segments, new)
             self._dir_dirty = True
+            self.producer_state.update_map_end_offset(self._leo)
+            self._take_producer_snapshot()
             logger.debug("Rolled %s: new segment at offset %d", self.name, new.base_offset)
             return new
 
@@ -404,6 +522,7 @@ class Log:
                 self._log_start_offset = offset
                 logger.info("Incremented log start offset of %s to %d (DeleteRecords)", self.name, offset)
                 self._delete_segments(self._start_offset_breached(), "log start offset breach")
+                self.producer_state.on_log_start_offset_incremented(self._log_start_offset)
             return self._log_start_offset
 
     def _start_offset_breached(self) -> list[LogSegment]:
@@ -445,6 +564,7 @@ class Log:
         self._segments = remaining
         if remaining[0].base_offset > self._log_start_offset:
             self._log_start_offset = remaining[0].base_offset
+            self.producer_state.on_log_start_offset_incremented(self._log_start_offset)
         due = _now_ms() + self.config.file_delete_delay_ms
         for seg in doomed:
             logger.info("Deleting segment %d of %s (%s), log start offset now %d",
@@ -536,6 +656,10 @@ class Log:
             self._recovery_point = offset
             self._flushed_messages = self._appended_messages
             self.cleaner_checkpoint = offset
+            try:
+                self.producer_state.truncate_fully_and_start_at(offset)
+            except OSError as e:
+                raise KafkaStorageError(f"error deleting producer snapshots of {self.name}: {e}") from e
             now = _now_ms()
             for seg in old:
                 if seg is not new:
@@ -569,6 +693,29 @@ class Log:
             self._leo = keep[-1].read_next_offset()
             self._hw = min(self._hw, self._leo)
             self._recovery_point = min(self._recovery_point, self._leo)
+            # Kafka's truncateAndReload: drop newer snapshots, replay from the latest one left.
+            psm = self.producer_state
+            try:
+                latest = psm.load_latest_snapshot(self._leo)
+            except OSError as e:
+                raise KafkaStorageError(f"error reloading producer state of {self.name}: {e}") from e
+            self._rebuild_producer_state_from(psm.map_end_offset if latest is not None else 0, self._leo)
+
+    # -- producer state ------------------------------------------------------------------------
+
+    def remove_expired_producers(self, now_ms: int, expiration_ms: int) -> list[int]:
+        """Forget producers whose last batch is older than producer.id.expiration.ms; returns their ids."""
+        with self._lock:
+            expired = self.producer_state.remove_expired_producers(now_ms, expiration_ms)
+        if expired:
+            logger.info("Expired %d producer ids of %s", len(expired), self.name)
+        return expired
+
+    def take_producer_snapshot(self) -> None:
+        """Snapshot the producer state at LEO now (tests, tools)."""
+        with self._lock:
+            self.producer_state.update_map_end_offset(self._leo)
+            self._take_producer_snapshot(sync=True)
 
     # -- cleaner support -----------------------------------------------------------------------
 
@@ -601,6 +748,14 @@ class Log:
                 active.time_index.flush()
             except OSError:
                 pass
+            # The producer map as of LEO, so a clean restart replays nothing.
+            if self._dir.exists():
+                self.producer_state.update_map_end_offset(self._leo)
+                self._take_producer_snapshot(sync=True)
+                try:
+                    _fsync_dir(self._dir)
+                except OSError:
+                    pass
             for seg in self._segments:
                 seg.close()
         self.delete_pending_files(force=True)

@@ -49,14 +49,22 @@ class LogManager:
     def __init__(self, log_dirs: list[str], default_config: LogConfig, *, retention_check_interval_ms: int = 300000,
                  flush_check_interval_ms: int = 2**63 - 1, flush_offset_checkpoint_interval_ms: int = 60000,
                  cleaner_enabled: bool = True, cleaner_backoff_ms: int = 15000,
-                 topic_config: Callable[[str], LogConfig | None] | None = None) -> None:
-        """topic_config(topic) supplies a topic's config at startup (None -> default_config)."""
+                 topic_config: Callable[[str], LogConfig | None] | None = None,
+                 producer_id_expiration_ms: int = 86400000,
+                 producer_id_expiration_check_interval_ms: int = 600000) -> None:
+        """topic_config(topic) supplies a topic's config at startup (None -> default_config).
+
+        producer_id_expiration_ms is Kafka's producer.id.expiration.ms: idempotent producer state
+        whose last batch is older is dropped by a check every producer_id_expiration_check_interval_ms.
+        """
         self.log_dirs = [Path(d) for d in log_dirs]
         self.default_config = default_config
         self.retention_check_interval_ms = retention_check_interval_ms
         self.flush_check_interval_ms = flush_check_interval_ms
         self.flush_offset_checkpoint_interval_ms = flush_offset_checkpoint_interval_ms
         self.cleaner_enabled = cleaner_enabled
+        self.producer_id_expiration_ms = producer_id_expiration_ms
+        self.producer_id_expiration_check_interval_ms = producer_id_expiration_check_interval_ms
         self._topic_config = topic_config
         self._lock = threading.RLock()
         self._logs: dict[TopicPartition, Log] = {}
@@ -199,6 +207,19 @@ class LogManager:
                 except Exception:
                     logger.exception("Flush failed for %s", log.name)
 
+    def remove_expired_producers(self, now_ms: int | None = None) -> int:
+        """producer.id.expiration.ms pass over every log; returns producer ids removed."""
+        now_ms = _now_ms() if now_ms is None else now_ms
+        removed = 0
+        for log in self.logs():
+            if log.closed:
+                continue
+            try:
+                removed += len(log.remove_expired_producers(now_ms, self.producer_id_expiration_ms))
+            except Exception:
+                logger.exception("Producer id expiration failed for %s", log.name)
+        return removed
+
     def checkpoint(self) -> bool:
         """Write recovery-point, log-start-offset and cleaner-offset checkpoints in every log dir."""
         ok = True
@@ -248,6 +269,7 @@ class LogManager:
             ("flush", self.flush_check_interval_ms, self.flush_dirty_logs),
             ("checkpoint", self.flush_offset_checkpoint_interval_ms, self.checkpoint),
             ("delete", _DELETE_POLL_MS, self.delete_pending_files),
+            ("producer-expiration", self.producer_id_expiration_check_interval_ms, self.remove_expired_producers),
         ]
         next_run = {name: now + min(interval, 2**62) for name, interval, _ in tasks}
         while not self._stop.is_set():
