@@ -14,8 +14,11 @@ from broker.config import KafkaConfig
 from broker.handlers import all_handlers
 from broker.network import SocketServer
 from broker.replica_manager import ReplicaManager
+from coordinator.group_coordinator import OFFSETS_TOPIC, GroupConfig, GroupCoordinator
 from coordinator.metadata_store import LocalMetadataStore, TopicRecord
+from coordinator.producer_ids import LocalBlockSource, ProducerIdManager
 from coordinator.zk_store import ZkMetadataStore
+from protocol.errors import ErrorCode, KafkaError
 from storage.config import LogConfig
 from storage.manager import LogManager
 
@@ -38,8 +41,19 @@ class KafkaServer:
         self.log_manager: LogManager
         self.admin = AdminManager(self)
         self.replica_manager = ReplicaManager(self, self.io_pool)
+        self.producer_ids = ProducerIdManager(LocalBlockSource(config.log_dirs[0], self.broker_id))
         self.apis = KafkaApis(self, all_handlers())
         self.socket_server = SocketServer(config, self.apis)
+        self.group_coordinator = GroupCoordinator(self, GroupConfig(
+            num_partitions=config["offsets.topic.num.partitions"],
+            initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
+            min_session_timeout_ms=config["group.min.session.timeout.ms"],
+            max_session_timeout_ms=config["group.max.session.timeout.ms"],
+            max_size=config["group.max.size"],
+            offsets_retention_ms=config["offsets.retention.minutes"] * 60000,
+            offsets_retention_check_ms=config["offsets.retention.check.interval.ms"],
+            offset_metadata_max_bytes=config["offset.metadata.max.bytes"],
+        ))
         self._stopped = asyncio.Event()
 
     def advertised_endpoint(self) -> tuple[str, int]:
@@ -69,10 +83,18 @@ class KafkaServer:
             cleaner_enabled=c["log.cleaner.enable"],
             cleaner_backoff_ms=c["log.cleaner.backoff.ms"],
             topic_config=self._topic_log_config,
+            producer_id_expiration_ms=c["producer.id.expiration.ms"],
         )
         await loop.run_in_executor(None, self.log_manager.startup)
         self._apply_topic_configs()
         self.log_manager.start_background()
+        offsets = self.metadata.topics.get(OFFSETS_TOPIC)
+        self.group_coordinator.config.num_partitions = (
+            offsets.num_partitions if offsets else self.config["offsets.topic.num.partitions"]
+        )
+        self.group_coordinator.start(
+            [p for p in range(offsets.num_partitions) if offsets.leaders[p] == self.broker_id] if offsets else []
+        )
         self.socket_server.start_processors()
         self.socket_server.bind(loop)
         host, port = self.advertised_endpoint()
@@ -106,6 +128,7 @@ class KafkaServer:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.socket_server.stop_processors)
         self.replica_manager.purgatory.notify_all()
+        self.group_coordinator.stop()
         self.io_pool.shutdown(wait=True)
         await loop.run_in_executor(None, self.log_manager.shutdown)
         self.metadata.stop()
@@ -133,3 +156,39 @@ class KafkaServer:
         # The Java admin client sends CreateTopics/DeleteTopics only to the controller it is told about,
         # so always name a live broker: in a single-node cluster, this one.
         return self.metadata.controller_id()
+
+    # ------------------------------------------------------------ group coordinator host
+
+    def ensure_offsets_topic(self) -> TopicRecord:
+        """__consumer_offsets, created on first use like Kafka (compacted, offsets.topic.* settings)."""
+        rec = self.metadata.topics.get(OFFSETS_TOPIC)
+        if rec is not None:
+            return rec
+        c = self.config
+        try:
+            return self.admin.create_topic(
+                OFFSETS_TOPIC, c["offsets.topic.num.partitions"], 1,
+                {"cleanup.policy": "compact", "segment.bytes": str(c["offsets.topic.segment.bytes"]),
+                 "compression.type": "producer"},
+            )
+        except KafkaError as e:
+            if e.code == ErrorCode.TOPIC_ALREADY_EXISTS:
+                return self.metadata.topics[OFFSETS_TOPIC]
+            raise
+
+    def offsets_log(self, partition: int):  # type: ignore[no-untyped-def]
+        self.ensure_offsets_topic()
+        return self.replica_manager.get_log(OFFSETS_TOPIC, partition)
+
+    def leads_offsets_partition(self, partition: int) -> bool:
+        rec = self.metadata.topics.get(OFFSETS_TOPIC)
+        if rec is None:
+            return True  # created on demand, by this broker
+        return 0 <= partition < rec.num_partitions and rec.leaders[partition] == self.broker_id
+
+    def topic_partition_exists(self, topic: str, partition: int) -> bool:
+        rec = self.metadata.topics.get(topic)
+        return rec is not None and 0 <= partition < rec.num_partitions
+
+    async def flush_log(self, lg, offset: int) -> None:  # type: ignore[no-untyped-def]
+        await asyncio.wrap_future(self.io_pool.submit(lg.flush, offset + 1))

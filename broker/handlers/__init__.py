@@ -6,9 +6,9 @@ from broker.apis import ApiHandler
 
 
 def all_handlers() -> list[ApiHandler]:
-    from broker.handlers import api_versions, configs, fetch, metadata, produce, topics
+    from broker.handlers import api_versions, configs, fetch, groups, metadata, produce, producer, topics
 
     out: list[ApiHandler] = []
-    for module in (api_versions, metadata, produce, fetch, topics, configs):
+    for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups):
         out.extend(module.HANDLERS)
     return out

@@ -1,0 +1,283 @@
+"""Consumer group APIs: FindCoordinator (10), JoinGroup (11), Heartbeat (12), LeaveGroup (13), SyncGroup (14),
+DescribeGroups (15), ListGroups (16), DeleteGroups (42), OffsetCommit (8), OffsetFetch (9), OffsetDelete (47).
+
+The handlers translate wire structures; the group state machine is coordinator.GroupCoordinator.
+"""
+
+from __future__ import annotations
+
+import time
+
+from broker.apis import ApiHandler, RequestContext
+from coordinator.group_coordinator import partition_for
+from coordinator.group_metadata import GroupState, OffsetAndMetadata
+from protocol.errors import ErrorCode, KafkaError
+from protocol.messages import (
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    SyncGroupRequest,
+    SyncGroupResponse,
+)
+
+GROUP_KEY, TRANSACTION_KEY = 0, 1
+# No ACLs: every group operation is allowed (READ 3, DELETE 6, DESCRIBE 8).
+GROUP_OPERATIONS = sum(1 << op for op in (3, 6, 8))
+
+
+def _client_host(ctx: RequestContext) -> str:
+    return "/" + ctx.conn.peer.rsplit(":", 1)[0]
+
+
+# ---------------------------------------------------------------- FindCoordinator
+
+
+def _find_one(ctx: RequestContext, key: str, key_type: int) -> tuple[ErrorCode, str | None, int, str, int]:
+    server = ctx.server
+    if key_type not in (GROUP_KEY, TRANSACTION_KEY):
+        return ErrorCode.INVALID_REQUEST, f"unknown key type {key_type}", -1, "", -1
+    if key_type == GROUP_KEY and not key:
+        return ErrorCode.INVALID_GROUP_ID, None, -1, "", -1
+    try:
+        rec = server.ensure_offsets_topic()
+    except KafkaError as e:
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE, e.message or None, -1, "", -1
+    leader = rec.leaders[partition_for(key, rec.num_partitions)]
+    for broker_id, host, port, _ in server.brokers():
+        if broker_id == leader:
+            return ErrorCode.NONE, None, broker_id, host, port
+    return ErrorCode.COORDINATOR_NOT_AVAILABLE, None, -1, "", -1
+
+
+def handle_find_coordinator(ctx: RequestContext, req: FindCoordinatorRequest) -> FindCoordinatorResponse:
+    if ctx.api_version < 4:
+        err, msg, node, host, port = _find_one(ctx, req.key, req.key_type)
+        return FindCoordinatorResponse(error_code=err, error_message=msg, node_id=node, host=host, port=port)
+    coordinators = []
+    for key in req.coordinator_keys:
+        err, msg, node, host, port = _find_one(ctx, key, req.key_type)
+        coordinators.append(FindCoordinatorResponse.Coordinator(
+            key=key, node_id=node, host=host, port=port, error_code=err, error_message=msg))
+    return FindCoordinatorResponse(coordinators=coordinators)
+
+
+# ---------------------------------------------------------------- membership
+
+
+async def handle_join_group(ctx: RequestContext, req: JoinGroupRequest) -> JoinGroupResponse:
+    gc = ctx.server.group_coordinator
+    r = await gc.call(
+        gc.join_group, req.group_id, req.member_id, req.group_instance_id, ctx.api_version >= 4, ctx.client_id,
+        _client_host(ctx), req.rebalance_timeout_ms if ctx.api_version >= 1 else req.session_timeout_ms,
+        req.session_timeout_ms, req.protocol_type, [(p.name, bytes(p.metadata)) for p in req.protocols],
+    )
+    return JoinGroupResponse(
+        error_code=r.error,
+        generation_id=r.generation_id,
+        protocol_type=r.protocol_type,
+        protocol_name=r.protocol_name if ctx.api_version >= 7 else (r.protocol_name or ""),
+        leader=r.leader_id,
+        skip_assignment=r.skip_assignment,
+        member_id=r.member_id,
+        members=[JoinGroupResponse.JoinGroupResponseMember(member_id=m, group_instance_id=i, metadata=meta)
+                 for m, i, meta in r.members],
+    )
+
+
+async def handle_sync_group(ctx: RequestContext, req: SyncGroupRequest) -> SyncGroupResponse:
+    gc = ctx.server.group_coordinator
+    assignments = {a.member_id: bytes(a.assignment) for a in req.assignments}
+    err, assignment, ptype, pname = await gc.call(
+        gc.sync_group, req.group_id, req.generation_id, req.member_id, req.group_instance_id,
+        req.protocol_type, req.protocol_name, assignments,
+    )
+    return SyncGroupResponse(error_code=err, protocol_type=ptype, protocol_name=pname, assignment=assignment)
+
+
+async def handle_heartbeat(ctx: RequestContext, req: HeartbeatRequest) -> HeartbeatResponse:
+    gc = ctx.server.group_coordinator
+    err = await gc.call(gc.heartbeat, req.group_id, req.generation_id, req.member_id, req.group_instance_id)
+    return HeartbeatResponse(error_code=err)
+
+
+async def handle_leave_group(ctx: RequestContext, req: LeaveGroupRequest) -> LeaveGroupResponse:
+    gc = ctx.server.group_coordinator
+    if ctx.api_version < 3:
+        leaving = [(req.member_id, None)]
+    else:
+        leaving = [(m.member_id, m.group_instance_id) for m in req.members]
+    err, results = await gc.call(gc.leave_group, req.group_id, leaving)
+    if ctx.api_version < 3:
+        return LeaveGroupResponse(error_code=err if err else (results[0] if results else ErrorCode.NONE))
+    return LeaveGroupResponse(
+        error_code=err,
+        members=[LeaveGroupResponse.MemberResponse(member_id=m, group_instance_id=i, error_code=e)
+                 for (m, i), e in zip(leaving, results, strict=False)],
+    )
+
+
+# ---------------------------------------------------------------- offsets
+
+
+async def handle_offset_commit(ctx: RequestContext, req: OffsetCommitRequest) -> OffsetCommitResponse:
+    gc = ctx.server.group_coordinator
+    now = int(time.time() * 1000)
+    offsets: dict[tuple[str, int], OffsetAndMetadata] = {}
+    for t in req.topics:
+        for p in t.partitions:
+            ts = p.commit_timestamp if ctx.api_version == 1 and p.commit_timestamp >= 0 else now
+            offsets[(t.name, p.partition_index)] = OffsetAndMetadata(
+                p.committed_offset, p.committed_leader_epoch, p.committed_metadata or "", ts)
+    generation = req.generation_id_or_member_epoch if ctx.api_version >= 1 else -1
+    results = await gc.call(gc.commit_offsets, req.group_id, generation, req.member_id, req.group_instance_id, offsets)
+    R = OffsetCommitResponse
+    return R(topics=[
+        R.OffsetCommitResponseTopic(name=t.name, partitions=[
+            R.OffsetCommitResponsePartition(partition_index=p.partition_index,
+                                            error_code=results[(t.name, p.partition_index)])
+            for p in t.partitions])
+        for t in req.topics
+    ])
+
+
+async def _fetch_group(ctx: RequestContext, group_id: str, topics: list[tuple[str, list[int]]] | None
+                       ) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, int, int, str, ErrorCode]]]]]:
+    gc = ctx.server.group_coordinator
+    wanted = None if topics is None else [(t, p) for t, ps in topics for p in ps]
+    err, found = await gc.call(gc.fetch_offsets, group_id, wanted)
+    if err:
+        return err, []
+    by_topic: dict[str, list[tuple[int, int, int, str, ErrorCode]]] = {}
+    order = [(t, p) for t, ps in topics for p in ps] if topics is not None else sorted(found)
+    for t, p in order:
+        o = found.get((t, p))
+        if o is None:
+            by_topic.setdefault(t, []).append((p, -1, -1, "", ErrorCode.NONE))
+        else:
+            by_topic.setdefault(t, []).append((p, o.offset, o.leader_epoch, o.metadata, ErrorCode.NONE))
+    return ErrorCode.NONE, list(by_topic.items())
+
+
+async def handle_offset_fetch(ctx: RequestContext, req: OffsetFetchRequest) -> OffsetFetchResponse:
+    R = OffsetFetchResponse
+    if ctx.api_version < 8:
+        topics = None if req.topics is None else [(t.name, list(t.partition_indexes)) for t in req.topics]
+        err, result = await _fetch_group(ctx, req.group_id, topics)
+        if err and ctx.api_version < 2:
+            # v0-1 have no top-level error: report it on every requested partition.
+            result = [(t, [(p, -1, -1, "", err) for p in ps]) for t, ps in (topics or [])]
+        return R(error_code=err, topics=[
+            R.OffsetFetchResponseTopic(name=t, partitions=[
+                R.OffsetFetchResponsePartition(partition_index=p, committed_offset=o, committed_leader_epoch=e,
+                                               metadata=m, error_code=pe) for p, o, e, m, pe in parts])
+            for t, parts in result])
+    groups = []
+    for g in req.groups:
+        topics = None if g.topics is None else [(t.name, list(t.partition_indexes)) for t in g.topics]
+        err, result = await _fetch_group(ctx, g.group_id, topics)
+        groups.append(R.OffsetFetchResponseGroup(group_id=g.group_id, error_code=err, topics=[
+            R.OffsetFetchResponseTopics(name=t, partitions=[
+                R.OffsetFetchResponsePartitions(partition_index=p, committed_offset=o, committed_leader_epoch=e,
+                                                metadata=m, error_code=pe) for p, o, e, m, pe in parts])
+            for t, parts in result]))
+    return R(groups=groups)
+
+
+async def handle_offset_delete(ctx: RequestContext, req: OffsetDeleteRequest) -> OffsetDeleteResponse:
+    gc = ctx.server.group_coordinator
+    tps = [(t.name, p.partition_index) for t in req.topics for p in t.partitions]
+    err, results = await gc.call(gc.delete_offsets, req.group_id, tps)
+    R = OffsetDeleteResponse
+    if err:
+        return R(error_code=err)
+    return R(error_code=0, topics=[
+        R.OffsetDeleteResponseTopic(name=t.name, partitions=[
+            R.OffsetDeleteResponsePartition(partition_index=p.partition_index,
+                                            error_code=results[(t.name, p.partition_index)])
+            for p in t.partitions])
+        for t in req.topics])
+
+
+# ---------------------------------------------------------------- admin
+
+
+async def handle_describe_groups(ctx: RequestContext, req: DescribeGroupsRequest) -> DescribeGroupsResponse:
+    gc = ctx.server.group_coordinator
+    R = DescribeGroupsResponse
+    out = []
+    for gid in req.groups:
+        err, g = await gc.call(gc.describe_group, gid)
+        ops = GROUP_OPERATIONS if req.include_authorized_operations else -(2**31)
+        if err or g is None:
+            out.append(R.DescribedGroup(error_code=err, group_id=gid, group_state=GroupState.DEAD.value,
+                                        protocol_type="", protocol_data="", members=[], authorized_operations=ops))
+            continue
+        stable = g.state is GroupState.STABLE
+        members = [
+            R.DescribedGroupMember(
+                member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
+                client_host=m.client_host,
+                member_metadata=m.metadata_for(g.protocol_name) if stable and g.protocol_name else b"",
+                member_assignment=m.assignment if stable else b"",
+            )
+            for m in g.members.values()
+        ]
+        out.append(R.DescribedGroup(
+            error_code=0, group_id=gid, group_state=g.state.value, protocol_type=g.protocol_type or "",
+            protocol_data=(g.protocol_name or "") if stable or g.state is GroupState.COMPLETING_REBALANCE else "",
+            members=members, authorized_operations=ops))
+    return R(groups=out)
+
+
+async def handle_list_groups(ctx: RequestContext, req: ListGroupsRequest) -> ListGroupsResponse:
+    gc = ctx.server.group_coordinator
+    err, groups = await gc.call(gc.list_groups)
+    states = {s.lower() for s in req.states_filter} if ctx.api_version >= 4 else set()
+    types = {t.lower() for t in req.types_filter} if ctx.api_version >= 5 else set()
+    R = ListGroupsResponse
+    listed = [
+        R.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type or "", group_state=g.state.value,
+                      group_type="classic")
+        for g in groups
+        if (not states or g.state.value.lower() in states) and (not types or "classic" in types)
+    ]
+    return R(error_code=err, groups=listed)
+
+
+async def handle_delete_groups(ctx: RequestContext, req: DeleteGroupsRequest) -> DeleteGroupsResponse:
+    gc = ctx.server.group_coordinator
+    results = await gc.call(gc.delete_groups, list(req.groups_names))
+    R = DeleteGroupsResponse
+    return R(results=[R.DeletableGroupResult(group_id=g, error_code=results[g]) for g in req.groups_names])
+
+
+HANDLERS = [
+    ApiHandler(8, 0, 9, handle_offset_commit),
+    ApiHandler(9, 0, 9, handle_offset_fetch),
+    ApiHandler(10, 0, 6, handle_find_coordinator),
+    ApiHandler(11, 0, 9, handle_join_group),
+    ApiHandler(12, 0, 4, handle_heartbeat),
+    ApiHandler(13, 0, 5, handle_leave_group),
+    ApiHandler(14, 0, 5, handle_sync_group),
+    ApiHandler(15, 0, 5, handle_describe_groups),
+    ApiHandler(16, 0, 5, handle_list_groups),
+    ApiHandler(42, 0, 2, handle_delete_groups),
+    ApiHandler(47, 0, 0, handle_offset_delete),
+]

@@ -1,0 +1,758 @@
+"""GroupCoordinator: the classic consumer group protocol, as Kafka's GroupCoordinator.
+
+All group state lives on one event loop thread (the coordinator loop); handlers on the network
+processors call in with `call()`, which hops to that loop and back, so the state machine needs
+no locks. Committed offsets and group metadata are appended to the compacted __consumer_offsets
+topic (Kafka's record schemas) and reloaded from it at startup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import uvloop
+
+from coordinator import group_records as records
+from coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata, OffsetAndMetadata
+from protocol.errors import ErrorCode
+from protocol.records import build_batch, decode_records, iter_batch_headers
+
+log = logging.getLogger("kbroker.group")
+
+OFFSETS_TOPIC = "__consumer_offsets"
+T = TypeVar("T")
+
+
+def java_string_hash(s: str) -> int:
+    h = 0
+    data = s.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + (data[i] << 8 | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def partition_for(group_id: str, partitions: int) -> int:
+    """Kafka's Utils.abs(groupId.hashCode) % offsets.topic.num.partitions."""
+    h = java_string_hash(group_id)
+    return (0 if h == -(2**31) else abs(h)) % partitions
+
+
+class CoordinatorHost(Protocol):
+    """What the coordinator needs from the broker it runs in."""
+
+    def offsets_log(self, partition: int) -> Any: ...  # storage Log of __consumer_offsets-partition (we lead it)
+
+    def leads_offsets_partition(self, partition: int) -> bool: ...
+
+    def topic_partition_exists(self, topic: str, partition: int) -> bool: ...
+
+    def flush_log(self, lg: Any, offset: int) -> Awaitable[None]: ...
+
+
+@dataclass
+class GroupConfig:
+    num_partitions: int = 50
+    initial_rebalance_delay_ms: int = 3000
+    min_session_timeout_ms: int = 6000
+    max_session_timeout_ms: int = 1800000
+    max_size: int = 2**31 - 1
+    offsets_retention_ms: int = 7 * 24 * 3600 * 1000
+    offsets_retention_check_ms: int = 600000
+    offset_metadata_max_bytes: int = 4096
+
+
+@dataclass
+class JoinResult:
+    error: ErrorCode
+    member_id: str = ""
+    generation_id: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader_id: str = ""
+    members: list[tuple[str, str | None, bytes]] = field(default_factory=list)
+    skip_assignment: bool = False
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class GroupCoordinator:
+    def __init__(self, host: CoordinatorHost, config: GroupConfig) -> None:
+        self.host = host
+        self.config = config
+        self.groups: dict[str, GroupMetadata] = {}
+        self.loading: set[int] = set()
+        self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="group-coordinator", daemon=True)
+        self._started = threading.Event()
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._started.set)
+        self.loop.run_forever()
+
+    def start(self, partitions: list[int]) -> None:
+        """Start the loop and load the given __consumer_offsets partitions in the background."""
+        self._thread.start()
+        self._started.wait()
+        self.loading = set(partitions)
+        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._load_all(partitions)))
+        self.loop.call_soon_threadsafe(self._schedule_sweeps)
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+
+    def call(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> Awaitable[T]:
+        """Run a coordinator coroutine on the coordinator loop; awaitable from any other loop."""
+        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fn(*args), self.loop))
+
+    def _schedule_sweeps(self) -> None:
+        self.loop.call_later(0.25, self._expire_heartbeats)
+        self.loop.call_later(self.config.offsets_retention_check_ms / 1000, self._expire_offsets_tick)
+
+    # ------------------------------------------------------------ loading
+
+    async def _load_all(self, partitions: list[int]) -> None:
+        for p in partitions:
+            t0 = time.monotonic()
+            try:
+                recs = await self.loop.run_in_executor(None, self._read_partition, p)
+            except Exception:
+                log.exception("Loading %s-%d failed", OFFSETS_TOPIC, p)
+                recs = []
+            for r in recs:
+                self._apply_loaded(r)
+            self.loading.discard(p)
+            if recs:
+                log.info("Loaded %d records of %s-%d in %.3f s", len(recs), OFFSETS_TOPIC, p, time.monotonic() - t0)
+
+    def _read_partition(self, p: int) -> list[records.OffsetRecord | records.GroupRecord]:
+        lg = self.host.offsets_log(p)
+        out: list[records.OffsetRecord | records.GroupRecord] = []
+        offset = lg.log_start_offset
+        end = lg.log_end_offset
+        while offset < end:
+            info = lg.read(offset, 4 * 1024 * 1024, max_offset=end)
+            if info.records is None or info.records.size == 0:
+                break
+            data = info.records.read_bytes()
+            last = offset
+            for pos, header in iter_batch_headers(data):
+                if header.is_control:
+                    last = header.next_offset
+                    continue
+                for rec in decode_records(data, pos):
+                    if rec.offset < offset or rec.key is None:
+                        continue
+                    parsed = records.parse_record(rec.key, rec.value)
+                    if parsed is not None:
+                        out.append(parsed)
+                last = header.next_offset
+            if last <= offset:
+                break
+            offset = last
+        return out
+
+    def _apply_loaded(self, r: records.OffsetRecord | records.GroupRecord) -> None:
+        if isinstance(r, records.OffsetRecord):
+            if r.value is None:
+                g = self.groups.get(r.group)
+                if g is not None:
+                    g.offsets.pop((r.topic, r.partition), None)
+            else:
+                self._group(r.group, create=True).offsets[(r.topic, r.partition)] = r.value  # type: ignore[union-attr]
+            return
+        if r.value is None:
+            self.groups.pop(r.group, None)
+            return
+        v = r.value
+        g = self._group(r.group, create=True)
+        assert g is not None
+        g.protocol_type = v.protocol_type or None
+        g.generation_id = v.generation
+        g.protocol_name = v.protocol
+        g.leader_id = v.leader
+        g.state_timestamp_ms = v.current_state_timestamp
+        g.members = {}
+        g.static_members = {}
+        now = time.monotonic()
+        for m in v.members:
+            member = MemberMetadata(
+                m.member_id, m.group_instance_id, m.client_id, m.client_host, m.rebalance_timeout,
+                m.session_timeout, v.protocol_type, [(v.protocol or "", m.subscription)], m.assignment,
+            )
+            member.heartbeat_deadline = now + m.session_timeout / 1000
+            g.members[m.member_id] = member
+            if m.group_instance_id is not None:
+                g.static_members[m.group_instance_id] = m.member_id
+        g.state = GroupState.STABLE if g.members else GroupState.EMPTY
+
+    # ------------------------------------------------------------ helpers
+
+    def _group(self, group_id: str, create: bool = False) -> GroupMetadata | None:
+        g = self.groups.get(group_id)
+        if g is None and create:
+            g = self.groups[group_id] = GroupMetadata(group_id, state_timestamp_ms=_now_ms())
+        return g
+
+    def coordinator_error(self, group_id: str) -> ErrorCode | None:
+        p = partition_for(group_id, self.config.num_partitions)
+        if not self.host.leads_offsets_partition(p):
+            return ErrorCode.NOT_COORDINATOR
+        if p in self.loading:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        return None
+
+    async def _append(self, group_id: str, entries: list[tuple[bytes, bytes | None]]) -> None:
+        """Append records for a group to its __consumer_offsets partition and wait until durable per policy."""
+        p = partition_for(group_id, self.config.num_partitions)
+        lg = self.host.offsets_log(p)
+        now = _now_ms()
+        batch = build_batch([(k, v, [], now) for k, v in entries])
+        info = lg.append_as_leader(batch, now, leader_epoch=0)
+        if lg.unflushed_messages >= lg.config.flush_messages:
+            await self.host.flush_log(lg, info.last_offset)
+
+    async def _store_group(self, g: GroupMetadata) -> None:
+        await self._append(g.group_id, [(records.group_key(g.group_id), records.group_value(g))])
+
+    # ------------------------------------------------------------ join
+
+    async def join_group(self, group_id: str, member_id: str, instance_id: str | None, require_known_member: bool,
+                         client_id: str, client_host: str, rebalance_timeout_ms: int, session_timeout_ms: int,
+                         protocol_type: str, protocols: list[tuple[str, bytes]]) -> JoinResult:
+        if not group_id:
+            return JoinResult(ErrorCode.INVALID_GROUP_ID, member_id)
+        err = self.coordinator_error(group_id)
+        if err is not None:
+            return JoinResult(err, member_id)
+        c = self.config
+        if not c.min_session_timeout_ms <= session_timeout_ms <= c.max_session_timeout_ms:
+            return JoinResult(ErrorCode.INVALID_SESSION_TIMEOUT, member_id)
+        if rebalance_timeout_ms < 0:
+            rebalance_timeout_ms = session_timeout_ms
+        g = self.groups.get(group_id)
+        if g is None:
+            if member_id:
+                return JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
+            g = self._group(group_id, create=True)
+            assert g is not None
+        if g.state is GroupState.DEAD:
+            return JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id)
+        if not g.supports_protocols(protocol_type, [n for n, _ in protocols]):
+            return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
+        args = (instance_id, client_id, client_host, rebalance_timeout_ms, session_timeout_ms, protocol_type, protocols)
+        if not member_id:
+            return await self._unknown_member_join(g, require_known_member, *args)
+        return await self._known_member_join(g, member_id, *args)
+
+    async def _unknown_member_join(self, g: GroupMetadata, require_known_member: bool, instance_id: str | None,
+                                   client_id: str, client_host: str, rebalance_timeout_ms: int,
+                                   session_timeout_ms: int, protocol_type: str,
+                                   protocols: list[tuple[str, bytes]]) -> JoinResult:
+        new_id = f"{client_id}-{uuid.uuid4()}"
+        if instance_id is not None:
+            old_id = g.static_members.get(instance_id)
+            if old_id is not None:
+                return await self._static_member_rejoin(g, instance_id, old_id, new_id, protocols)
+        elif require_known_member:
+            g.pending_members.add(new_id)
+            self.loop.call_later(session_timeout_ms / 1000, self._expire_pending, g.group_id, new_id)
+            return JoinResult(ErrorCode.MEMBER_ID_REQUIRED, new_id)
+        if len(g.members) >= self.config.max_size:
+            return JoinResult(ErrorCode.GROUP_MAX_SIZE_REACHED, new_id)
+        member = MemberMetadata(new_id, instance_id, client_id, client_host, rebalance_timeout_ms,
+                                session_timeout_ms, protocol_type, protocols)
+        return await self._add_member_and_rebalance(g, member)
+
+    async def _static_member_rejoin(self, g: GroupMetadata, instance_id: str, old_id: str, new_id: str,
+                                    protocols: list[tuple[str, bytes]]) -> JoinResult:
+        member = g.replace_static_member(instance_id, old_id, new_id)
+        log.info("Static member %s of group %s rejoined as %s", instance_id, g.group_id, new_id)
+        if g.state is GroupState.STABLE and member.matches(protocols):
+            # Same subscription: hand back the current generation, no rebalance (KIP-345).
+            member.heartbeat_deadline = time.monotonic() + member.session_timeout_ms / 1000
+            await self._store_group(g)
+            return JoinResult(
+                ErrorCode.NONE, new_id, g.generation_id, g.protocol_type, g.protocol_name, g.leader_id or "",
+                self._member_list(g) if g.leader_id == new_id else [],
+                skip_assignment=g.leader_id == new_id,
+            )
+        member.protocols = protocols
+        return await self._update_member_and_rebalance(g, member)
+
+    async def _known_member_join(self, g: GroupMetadata, member_id: str, instance_id: str | None,
+                                 client_id: str, client_host: str, rebalance_timeout_ms: int,
+                                 session_timeout_ms: int, protocol_type: str,
+                                 protocols: list[tuple[str, bytes]]) -> JoinResult:
+        if member_id in g.pending_members:
+            g.pending_members.discard(member_id)
+            if len(g.members) >= self.config.max_size:
+                return JoinResult(ErrorCode.GROUP_MAX_SIZE_REACHED, member_id)
+            member = MemberMetadata(member_id, instance_id, client_id, client_host, rebalance_timeout_ms,
+                                    session_timeout_ms, protocol_type, protocols)
+            return await self._add_member_and_rebalance(g, member)
+        fenced = self._fenced(g, member_id, instance_id)
+        if fenced is not None:
+            return JoinResult(fenced, member_id)
+        member = g.members[member_id]
+        member.rebalance_timeout_ms = rebalance_timeout_ms
+        member.session_timeout_ms = session_timeout_ms
+        if g.state is GroupState.PREPARING_REBALANCE:
+            member.protocols = protocols
+            return await self._update_member_and_rebalance(g, member)
+        if g.state is GroupState.COMPLETING_REBALANCE:
+            if member.matches(protocols):
+                return self._current_generation(g, member_id)
+            member.protocols = protocols
+            return await self._update_member_and_rebalance(g, member)
+        if g.state is GroupState.STABLE:
+            if g.leader_id == member_id or not member.matches(protocols):
+                member.protocols = protocols
+                return await self._update_member_and_rebalance(g, member)
+            return self._current_generation(g, member_id)
+        return JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
+
+    def _fenced(self, g: GroupMetadata, member_id: str, instance_id: str | None) -> ErrorCode | None:
+        if instance_id is not None:
+            current = g.static_members.get(instance_id)
+            if current is not None and current != member_id:
+                return ErrorCode.FENCED_INSTANCE_ID
+        if member_id not in g.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        return None
+
+    def _member_list(self, g: GroupMetadata) -> list[tuple[str, str | None, bytes]]:
+        assert g.protocol_name is not None
+        return [(m.member_id, m.group_instance_id, m.metadata_for(g.protocol_name)) for m in g.members.values()]
+
+    def _current_generation(self, g: GroupMetadata, member_id: str) -> JoinResult:
+        return JoinResult(
+            ErrorCode.NONE, member_id, g.generation_id, g.protocol_type, g.protocol_name, g.leader_id or "",
+            self._member_list(g) if g.leader_id == member_id else [],
+        )
+
+    async def _add_member_and_rebalance(self, g: GroupMetadata, member: MemberMetadata) -> JoinResult:
+        member.is_new = True
+        member.join_future = self.loop.create_future()
+        g.add_member(member)
+        g.new_member_added = True
+        log.info("Member %s joins group %s (%s)", member.member_id, g.group_id, g.state.value)
+        self._maybe_prepare_rebalance(g, f"adding member {member.member_id}")
+        return await self._await_join(g, member)
+
+    async def _update_member_and_rebalance(self, g: GroupMetadata, member: MemberMetadata) -> JoinResult:
+        member.join_future = self.loop.create_future()
+        self._maybe_prepare_rebalance(g, f"updating member {member.member_id}")
+        return await self._await_join(g, member)
+
+    async def _await_join(self, g: GroupMetadata, member: MemberMetadata) -> JoinResult:
+        assert member.join_future is not None
+        fut = member.join_future
+        if g.state is GroupState.PREPARING_REBALANCE:
+            self._maybe_complete_join(g)
+        result = await fut
+        if result == "FENCED":
+            return JoinResult(ErrorCode.FENCED_INSTANCE_ID, member.member_id)
+        return result  # type: ignore[no-any-return]
+
+    def _maybe_prepare_rebalance(self, g: GroupMetadata, reason: str) -> None:
+        if g.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE, GroupState.EMPTY):
+            self._prepare_rebalance(g, reason)
+
+    def _prepare_rebalance(self, g: GroupMetadata, reason: str) -> None:
+        if g.state is GroupState.COMPLETING_REBALANCE:
+            for m in g.members.values():
+                if m.sync_future is not None and not m.sync_future.done():
+                    m.sync_future.set_result((ErrorCode.REBALANCE_IN_PROGRESS, b""))
+                m.sync_future = None
+        initial = g.state is GroupState.EMPTY
+        g.in_initial_delay = False
+        g.transition(GroupState.PREPARING_REBALANCE, _now_ms())
+        log.info("Preparing to rebalance group %s in state PreparingRebalance with old generation %d (%s)",
+                 g.group_id, g.generation_id, reason)
+        if g.rebalance_timer is not None:
+            g.rebalance_timer.cancel()
+        timeout = g.max_rebalance_timeout_ms() / 1000
+        if initial and self.config.initial_rebalance_delay_ms > 0:
+            delay = min(self.config.initial_rebalance_delay_ms / 1000, timeout)
+            g.new_member_added = False
+            g.in_initial_delay = True
+            g.rebalance_timer = self.loop.call_later(delay, self._initial_delay_expired, g, timeout - delay)
+        else:
+            g.rebalance_timer = self.loop.call_later(timeout, self._complete_join, g)
+
+    def _initial_delay_expired(self, g: GroupMetadata, remaining: float) -> None:
+        """Kafka's InitialDelayedJoin: keep waiting while new members keep arriving, up to the rebalance timeout."""
+        g.rebalance_timer = None
+        if g.state is not GroupState.PREPARING_REBALANCE or not g.in_initial_delay:
+            return
+        if g.new_member_added and remaining > 0:
+            g.new_member_added = False
+            delay = min(self.config.initial_rebalance_delay_ms / 1000, remaining)
+            g.rebalance_timer = self.loop.call_later(delay, self._initial_delay_expired, g, remaining - delay)
+            return
+        g.in_initial_delay = False
+        if g.all_members_joined() or remaining <= 0:
+            self._complete_join(g)
+        else:
+            g.rebalance_timer = self.loop.call_later(remaining, self._complete_join, g)
+
+    def _maybe_complete_join(self, g: GroupMetadata) -> None:
+        if g.state is not GroupState.PREPARING_REBALANCE or not g.all_members_joined():
+            return
+        if g.in_initial_delay:
+            return  # the initial delay decides
+        self._complete_join(g)
+
+    def _complete_join(self, g: GroupMetadata) -> None:
+        if g.state is not GroupState.PREPARING_REBALANCE:
+            return
+        if g.rebalance_timer is not None:
+            g.rebalance_timer.cancel()
+            g.rebalance_timer = None
+        g.in_initial_delay = False
+        for m in g.not_yet_rejoined():
+            if m.group_instance_id is None:
+                log.info("Removing member %s of group %s: it did not rejoin in time", m.member_id, g.group_id)
+                g.remove_member(m.member_id)
+        g.pending_members.clear()
+        g.generation_id += 1
+        now = _now_ms()
+        if not g.members:
+            g.protocol_name = None
+            g.protocol_type = None
+            g.leader_id = None
+            g.transition(GroupState.EMPTY, now)
+            log.info("Group %s with generation %d is now empty", g.group_id, g.generation_id)
+            self.loop.create_task(self._store_quietly(g))
+            return
+        g.protocol_name = g.select_protocol()
+        if g.leader_id not in g.members or g.members[g.leader_id].join_future is None:
+            joined = [m for m in g.members.values() if m.join_future is not None]
+            g.leader_id = (joined[0] if joined else next(iter(g.members.values()))).member_id
+        g.transition(GroupState.COMPLETING_REBALANCE, now)
+        log.info("Stabilized group %s generation %d (protocol %s) with %d members",
+                 g.group_id, g.generation_id, g.protocol_name, len(g.members))
+        deadline = time.monotonic()
+        for m in g.members.values():
+            fut, m.join_future = m.join_future, None
+            m.is_new = False
+            m.heartbeat_deadline = deadline + m.session_timeout_ms / 1000
+            if fut is not None and not fut.done():
+                fut.set_result(self._current_generation(g, m.member_id))
+
+    async def _store_quietly(self, g: GroupMetadata) -> None:
+        try:
+            await self._store_group(g)
+        except Exception:
+            log.exception("Could not store metadata of group %s", g.group_id)
+
+    def _expire_pending(self, group_id: str, member_id: str) -> None:
+        g = self.groups.get(group_id)
+        if g is not None and member_id in g.pending_members:
+            g.pending_members.discard(member_id)
+            self._maybe_complete_join(g)
+
+    # ------------------------------------------------------------ sync
+
+    async def sync_group(self, group_id: str, generation_id: int, member_id: str, instance_id: str | None,
+                         protocol_type: str | None, protocol_name: str | None,
+                         assignments: dict[str, bytes]) -> tuple[ErrorCode, bytes, str | None, str | None]:
+        err = self.coordinator_error(group_id)
+        if err is not None:
+            return err, b"", None, None
+        g = self.groups.get(group_id)
+        if g is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID, b"", None, None
+        fenced = self._fenced(g, member_id, instance_id)
+        if fenced is not None:
+            return fenced, b"", None, None
+        if generation_id != g.generation_id:
+            return ErrorCode.ILLEGAL_GENERATION, b"", None, None
+        if (protocol_type is not None and protocol_type != g.protocol_type) or (
+            protocol_name is not None and protocol_name != g.protocol_name
+        ):
+            return ErrorCode.INCONSISTENT_GROUP_PROTOCOL, b"", None, None
+        member = g.members[member_id]
+        member.heartbeat_deadline = time.monotonic() + member.session_timeout_ms / 1000
+        if g.state is GroupState.PREPARING_REBALANCE:
+            return ErrorCode.REBALANCE_IN_PROGRESS, b"", None, None
+        if g.state is GroupState.STABLE:
+            return ErrorCode.NONE, member.assignment, g.protocol_type, g.protocol_name
+        if g.state is not GroupState.COMPLETING_REBALANCE:
+            return ErrorCode.UNKNOWN_MEMBER_ID, b"", None, None
+        fut: asyncio.Future[Any] = self.loop.create_future()
+        member.sync_future = fut
+        if member_id == g.leader_id:
+            gen = g.generation_id
+            for m in g.members.values():
+                m.assignment = assignments.get(m.member_id, b"")
+            try:
+                await self._store_group(g)
+                error = ErrorCode.NONE
+            except Exception:
+                log.exception("Could not store the assignment of group %s", g.group_id)
+                error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            if g.state is GroupState.COMPLETING_REBALANCE and g.generation_id == gen:
+                if error is ErrorCode.NONE:
+                    g.transition(GroupState.STABLE, _now_ms())
+                    log.info("Assignment received from leader %s for group %s for generation %d",
+                             member_id, g.group_id, gen)
+                for m in g.members.values():
+                    if m.sync_future is not None and not m.sync_future.done():
+                        m.sync_future.set_result((error, m.assignment if error is ErrorCode.NONE else b""))
+                    m.sync_future = None
+                if error is not ErrorCode.NONE:
+                    self._prepare_rebalance(g, "failed to store the assignment")
+        result = await fut
+        if result == "FENCED":
+            return ErrorCode.FENCED_INSTANCE_ID, b"", None, None
+        code, assignment = result
+        return code, assignment, g.protocol_type, g.protocol_name
+
+    # ------------------------------------------------------------ heartbeat / leave
+
+    async def heartbeat(self, group_id: str, generation_id: int, member_id: str, instance_id: str | None) -> ErrorCode:
+        err = self.coordinator_error(group_id)
+        if err is not None:
+            return err
+        g = self.groups.get(group_id)
+        if g is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        fenced = self._fenced(g, member_id, instance_id)
+        if fenced is not None:
+            return fenced
+        if g.state in (GroupState.EMPTY, GroupState.DEAD):
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if generation_id != g.generation_id:
+            return ErrorCode.ILLEGAL_GENERATION
+        member = g.members[member_id]
+        member.heartbeat_deadline = time.monotonic() + member.session_timeout_ms / 1000
+        if g.state is GroupState.PREPARING_REBALANCE:
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return ErrorCode.NONE
+
+    async def leave_group(self, group_id: str, leaving: list[tuple[str, str | None]]) -> tuple[ErrorCode, list[ErrorCode]]:
+        err = self.coordinator_error(group_id)
+        if err is not None:
+            return err, []
+        g = self.groups.get(group_id)
+        if g is None:
+            return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID for _ in leaving]
+        results = []
+        removed = False
+        for member_id, instance_id in leaving:
+            if instance_id is not None:
+                current = g.static_members.get(instance_id)
+                if current is None:
+                    results.append(ErrorCode.UNKNOWN_MEMBER_ID)
+                    continue
+                if member_id and member_id != current:
+                    results.append(ErrorCode.FENCED_INSTANCE_ID)
+                    continue
+                member_id = current
+            if member_id in g.pending_members:
+                g.pending_members.discard(member_id)
+                results.append(ErrorCode.NONE)
+                removed = True
+                continue
+            member = g.remove_member(member_id)
+            if member is None:
+                results.append(ErrorCode.UNKNOWN_MEMBER_ID)
+                continue
+            log.info("Member %s has left group %s", member_id, g.group_id)
+            self._cancel_member_futures(member)
+            results.append(ErrorCode.NONE)
+            removed = True
+        if removed:
+            self._after_member_removed(g, "member left")
+        return ErrorCode.NONE, results
+
+    def _cancel_member_futures(self, member: MemberMetadata) -> None:
+        for fut in (member.join_future, member.sync_future):
+            if fut is not None and not fut.done():
+                fut.set_result(JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member.member_id)
+                               if fut is member.join_future else (ErrorCode.UNKNOWN_MEMBER_ID, b""))
+
+    def _after_member_removed(self, g: GroupMetadata, reason: str) -> None:
+        if g.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            self._prepare_rebalance(g, reason)
+        elif g.state is GroupState.PREPARING_REBALANCE:
+            self._maybe_complete_join(g)
+
+    def _expire_heartbeats(self) -> None:
+        now = time.monotonic()
+        try:
+            for g in list(self.groups.values()):
+                if g.state in (GroupState.EMPTY, GroupState.DEAD):
+                    continue
+                expired = [
+                    m for m in g.members.values()
+                    if m.join_future is None and m.sync_future is None and m.heartbeat_deadline < now
+                ]
+                for m in expired:
+                    log.info("Member %s in group %s has failed (session timeout %d ms), removing it",
+                             m.member_id, g.group_id, m.session_timeout_ms)
+                    g.remove_member(m.member_id)
+                if expired:
+                    self._after_member_removed(g, "session timeout")
+        finally:
+            self.loop.call_later(0.25, self._expire_heartbeats)
+
+    # ------------------------------------------------------------ offsets
+
+    async def commit_offsets(self, group_id: str, generation_id: int, member_id: str, instance_id: str | None,
+                             offsets: dict[tuple[str, int], OffsetAndMetadata]) -> dict[tuple[str, int], ErrorCode]:
+        def all_(code: ErrorCode) -> dict[tuple[str, int], ErrorCode]:
+            return {tp: code for tp in offsets}
+
+        if not group_id:
+            return all_(ErrorCode.INVALID_GROUP_ID)
+        err = self.coordinator_error(group_id)
+        if err is not None:
+            return all_(err)
+        g = self.groups.get(group_id)
+        if g is None:
+            if generation_id >= 0:
+                return all_(ErrorCode.ILLEGAL_GENERATION)
+            g = self._group(group_id, create=True)
+            assert g is not None
+        elif generation_id >= 0 or g.state is not GroupState.EMPTY:
+            if instance_id is not None and g.static_members.get(instance_id, member_id) != member_id:
+                return all_(ErrorCode.FENCED_INSTANCE_ID)
+            if g.state is GroupState.COMPLETING_REBALANCE:
+                return all_(ErrorCode.REBALANCE_IN_PROGRESS)
+            if member_id not in g.members:
+                return all_(ErrorCode.UNKNOWN_MEMBER_ID)
+            if generation_id != g.generation_id:
+                return all_(ErrorCode.ILLEGAL_GENERATION)
+            m = g.members[member_id]
+            m.heartbeat_deadline = time.monotonic() + m.session_timeout_ms / 1000
+        results: dict[tuple[str, int], ErrorCode] = {}
+        entries: list[tuple[bytes, bytes | None]] = []
+        accepted: dict[tuple[str, int], OffsetAndMetadata] = {}
+        for (topic, partition), o in offsets.items():
+            if len(o.metadata.encode()) > self.config.offset_metadata_max_bytes:
+                results[(topic, partition)] = ErrorCode.OFFSET_METADATA_TOO_LARGE
+            elif not self.host.topic_partition_exists(topic, partition):
+                results[(topic, partition)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                accepted[(topic, partition)] = o
+                entries.append((records.offset_key(group_id, topic, partition), records.offset_value(o)))
+        if entries:
+            try:
+                await self._append(group_id, entries)
+            except Exception as e:
+                log.error("Offset commit for group %s failed: %s", group_id, e)
+                code = ErrorCode(getattr(e, "error_code", ErrorCode.COORDINATOR_NOT_AVAILABLE))
+                return {**results, **{tp: code for tp in accepted}}
+            g.offsets.update(accepted)
+        results.update({tp: ErrorCode.NONE for tp in accepted})
+        return results
+
+    async def fetch_offsets(self, group_id: str, partitions: list[tuple[str, int]] | None
+                            ) -> tuple[ErrorCode, dict[tuple[str, int], OffsetAndMetadata | None]]:
+        err = self.coordinator_error(group_id)
+        if err is not None:
+            return err, {}
+        g = self.groups.get(group_id)
+        offsets = g.offsets if g is not None else {}
+        if partitions is None:
+            return ErrorCode.NONE, dict(offsets)
+        return ErrorCode.NONE, {tp: offsets.get(tp) for tp in partitions}
+
+    def _expire_offsets_tick(self) -> None:
+        self.loop.create_task(self._expire_offsets())
+        self.loop.call_later(self.config.offsets_retention_check_ms / 1000, self._expire_offsets_tick)
+
+    async def _expire_offsets(self) -> None:
+        """offsets.retention.minutes: an empty group's offsets expire that long after it became empty."""
+        now = _now_ms()
+        for g in list(self.groups.values()):
+            if g.state is not GroupState.EMPTY or not g.offsets:
+                continue
+            if now - max(g.state_timestamp_ms, max(o.commit_timestamp for o in g.offsets.values())) < (
+                self.config.offsets_retention_ms
+            ):
+                continue
+            await self._delete_group_data(g, list(g.offsets))
+            log.info("Removed %d expired offsets of empty group %s", len(g.offsets), g.group_id)
+
+    async def _delete_group_data(self, g: GroupMetadata, tps: list[tuple[str, int]], group_too: bool = True) -> None:
+        entries: list[tuple[bytes, bytes | None]] = [(records.offset_key(g.group_id, t, p), None) for t, p in tps]
+        if group_too and g.state is GroupState.EMPTY:
+            entries.append((records.group_key(g.group_id), None))
+        await self._append(g.group_id, entries)
+        for tp in tps:
+            g.offsets.pop(tp, None)
+        if group_too and g.state is GroupState.EMPTY and not g.offsets:
+            g.transition(GroupState.DEAD, _now_ms())
+            self.groups.pop(g.group_id, None)
+
+    # ------------------------------------------------------------ admin
+
+    async def describe_group(self, group_id: str) -> tuple[ErrorCode, GroupMetadata | None]:
+        err = self.coordinator_error(group_id)
+        if err is not None:
+            return err, None
+        return ErrorCode.NONE, self.groups.get(group_id)
+
+    async def list_groups(self) -> tuple[ErrorCode, list[GroupMetadata]]:
+        if self.loading:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
+        return ErrorCode.NONE, [g for g in self.groups.values() if g.state is not GroupState.DEAD]
+
+    async def delete_groups(self, group_ids: list[str]) -> dict[str, ErrorCode]:
+        out: dict[str, ErrorCode] = {}
+        for gid in group_ids:
+            err = self.coordinator_error(gid)
+            g = self.groups.get(gid)
+            if err is not None:
+                out[gid] = err
+            elif g is None:
+                out[gid] = ErrorCode.GROUP_ID_NOT_FOUND
+            elif g.state is not GroupState.EMPTY:
+                out[gid] = ErrorCode.NON_EMPTY_GROUP
+            else:
+                await self._delete_group_data(g, list(g.offsets))
+                self.groups.pop(gid, None)
+                log.info("Deleted group %s", gid)
+                out[gid] = ErrorCode.NONE
+        return out
+
+    async def delete_offsets(self, group_id: str, tps: list[tuple[str, int]]
+                             ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
+        err = self.coordinator_error(group_id)
+        if err is not None:
+            return err, {}
+        g = self.groups.get(group_id)
+        if g is None:
+            return ErrorCode.GROUP_ID_NOT_FOUND, {}
+        if g.state is not GroupState.EMPTY and g.protocol_type != "consumer":
+            return ErrorCode.NON_EMPTY_GROUP, {}
+        subscribed = g.subscribed_topics() if g.state is not GroupState.EMPTY else set()
+        results: dict[tuple[str, int], ErrorCode] = {}
+        doomed = []
+        for tp in tps:
+            if subscribed is None or tp[0] in subscribed:
+                results[tp] = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
+            else:
+                results[tp] = ErrorCode.NONE
+                if tp in g.offsets:
+                    doomed.append(tp)
+        if doomed:
+            await self._delete_group_data(g, doomed, group_too=False)
+        return ErrorCode.NONE, results
