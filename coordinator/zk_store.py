@@ -34,6 +34,7 @@ from kazoo.retry import KazooRetry
 
 from coordinator import zk_paths as zp
 from coordinator.metadata_store import TopicRecord, new_cluster_id, new_topic_id
+from coordinator.zk_producer_ids import ZkProducerIdBlockAllocator
 from protocol.errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:
@@ -157,6 +158,8 @@ class ZkMetadataStore:
             self.client.handler.spawn(self._after_reconnect)
 
     def _after_reconnect(self) -> None:
+        if self._stopping:
+            return
         try:
             if self._registered:
                 self._register()
@@ -164,7 +167,8 @@ class ZkMetadataStore:
             self._resync_all()
             self._session_lost = False
         except Exception:  # noqa: BLE001
-            log.error("Restoring the ZooKeeper registration of broker %d failed", self.broker_id, exc_info=True)
+            if not self._stopping:
+                log.error("Restoring the ZooKeeper registration of broker %d failed", self.broker_id, exc_info=True)
 
     # ------------------------------------------------------------ cluster id
 
@@ -248,6 +252,8 @@ class ZkMetadataStore:
         raise ZkStartupError(self._duplicate_message(h, p, stat.ephemeralOwner))
 
     def _on_broker_ids(self, children: list[str]) -> None:
+        if self._stopping:
+            return
         assert self.client is not None
         brokers: dict[int, tuple[str, int, str | None]] = {}
         for child in children:
@@ -260,6 +266,9 @@ class ZkMetadataStore:
                 log.warning("Ignoring unreadable broker registration %s/%s", zp.BROKER_IDS, child)
             except ZookeeperError:
                 log.warning("Reading broker registration %s failed", child, exc_info=True)
+                return  # keep the last known brokers; the watch fires again once reconnected
+        if self._stopping:
+            return
         if set(brokers) != set(self._brokers):
             log.info("Live brokers are now %s", sorted(brokers))
         self._brokers = brokers
@@ -403,7 +412,8 @@ class ZkMetadataStore:
                     self._replace_topics(put=new)
                     events.append(("changed", new))
         except ZookeeperError:
-            log.warning("Reading topic %s from ZooKeeper failed; will retry on the next change", name, exc_info=True)
+            if not self._stopping:
+                log.warning("Reading topic %s from ZooKeeper failed; will retry on reconnect", name, exc_info=True)
             return
         except (ValueError, KeyError, IndexError, TypeError):
             log.error("Topic %s has an unreadable znode in ZooKeeper; ignoring it", name, exc_info=True)
@@ -463,6 +473,14 @@ class ZkMetadataStore:
                 self.on_broker_configs_changed()
             except Exception:  # noqa: BLE001
                 log.error("Applying dynamic broker configs failed", exc_info=True)
+
+    def producer_id_block_source(self) -> ZkProducerIdBlockAllocator:
+        """Producer id blocks from /latest_producer_id_block (usable once start() has connected)."""
+
+        def client() -> KazooClient:
+            return self._zk()
+
+        return ZkProducerIdBlockAllocator(client, self.broker_id)
 
     # ------------------------------------------------------------ writes: memory follows ZooKeeper
 
