@@ -26,22 +26,6 @@ SESSION_MS = 4000
 PARTITIONS = 6
 
 
-@pytest.fixture(scope="module")
-def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
-    zk = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper")).start()
-    yield zk
-    zk.stop()
-
-
-@pytest.fixture(scope="module")
-def zk_client(zookeeper: ZooKeeperServer) -> Iterator[KazooClient]:
-    c = KazooClient(zookeeper.connect, timeout=10)
-    c.start(10)
-    yield c
-    c.stop()
-    c.close()
-
-
 def zk_overrides(zk: ZooKeeperServer, broker_id: int, **extra: str) -> dict[str, str]:
     return {
         "zookeeper.connect": zk.connect,
@@ -335,6 +319,45 @@ def test_restart_right_after_kill_waits_for_its_stale_registration(cluster: Clus
     assert sum(map(len, got.values())) == PARTITIONS * 5
 
 
+def test_session_expiry_re_registers(cluster: Cluster) -> None:
+    """Broker 1 frozen past its session timeout: ZooKeeper expires it; thawed, it registers again."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    assert cluster.b1.proc is not None
+    os.kill(cluster.b1.proc.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: brokers_and_controller(cluster.b2)[0] == {2}, "broker 1's session expired",
+                 timeout=SESSION_MS / 1000 + 10)
+        assert brokers_and_controller(cluster.b2) == ({2}, 2)
+    finally:
+        os.kill(cluster.b1.proc.pid, signal.SIGCONT)
+    wait_for(lambda: brokers_and_controller(cluster.b2) == ({1, 2}, 2), "broker 1 registered again")
+    log = cluster.b1.read_log()
+    assert "session expired" in log, log[-3000:]
+    # it still serves its partitions
+    got = consume_all(cluster.b2, "zk-shared", PARTITIONS, PARTITIONS * 5)
+    assert sum(map(len, got.values())) == PARTITIONS * 5
+
+
+def test_zookeeper_outage_keeps_serving(cluster: Cluster) -> None:
+    zk = cluster.zk
+    zk.stop()
+    try:
+        # Both brokers keep serving what they know: metadata and produce/consume of their partitions
+        time.sleep(1.0)
+        assert brokers_and_controller(cluster.b1)[0] == {1, 2}
+        produce_to_every_partition(cluster.b1, "zk-shared", PARTITIONS, 1)
+        got = consume_all(cluster.b2, "zk-shared", PARTITIONS, PARTITIONS * 6)
+        assert sum(map(len, got.values())) == PARTITIONS * 6
+    finally:
+        zk.start()
+    wait_for(lambda: brokers_and_controller(cluster.b1)[0] == {1, 2} and brokers_and_controller(cluster.b2)[0] == {1, 2},
+             "both brokers registered after the outage", timeout=SESSION_MS / 1000 + 15)
+    for b in (cluster.b1, cluster.b2):
+        assert "Lost the connection to ZooKeeper" in b.read_log()
+
+
 def test_clean_restart_of_both_keeps_topics_and_data(cluster: Cluster) -> None:
     cluster.b1.stop()
     cluster.b2.stop()
@@ -343,5 +366,5 @@ def test_clean_restart_of_both_keeps_topics_and_data(cluster: Cluster) -> None:
     # broker 2 starts first after the clean stop, so it is the controller
     wait_for(lambda: brokers_and_controller(cluster.b1) == ({1, 2}, 2), "both brokers back")
     wait_for_topic(cluster.b1, "zk-shared")
-    got = consume_all(cluster.b1, "zk-shared", PARTITIONS, PARTITIONS * 5)
-    assert {p: len(v) for p, v in got.items()} == {p: 5 for p in range(PARTITIONS)}
+    got = consume_all(cluster.b1, "zk-shared", PARTITIONS, PARTITIONS * 6)
+    assert {p: len(v) for p, v in got.items()} == {p: 6 for p in range(PARTITIONS)}
