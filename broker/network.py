@@ -279,6 +279,15 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if waiter_fd >= 0:
                 os.close(waiter_fd)
 
+    def stop_reading(self) -> None:
+        if self._reading and not self._closed and self.transport is not None:
+            self._reading = False
+            self.transport.pause_reading()
+        self._pending.clear()
+
+    def in_flight(self) -> bool:
+        return self._busy and not self._closed
+
     def close(self, abort: bool = False) -> None:
         if self._closed:
             return
@@ -341,15 +350,23 @@ class Processor(threading.Thread):
                 conn.close()
         self.loop.call_later(min(idle_s, 10.0), self._close_idle, idle_s)
 
-    def stop(self) -> None:
-        def _stop() -> None:
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop reading new requests, let in-flight ones finish (up to grace_s), then close everything."""
+
+        async def _drain_and_stop() -> None:
+            for conn in list(self.connections.values()):
+                conn.stop_reading()
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and any(c.in_flight() for c in self.connections.values()):
+                await asyncio.sleep(0.01)
             for conn in list(self.connections.values()):
                 conn.close()
-            self.loop.call_later(0.05, self.loop.stop)
+            await asyncio.sleep(0.05)
+            self.loop.stop()
 
         if self.loop.is_running():
-            self.loop.call_soon_threadsafe(_stop)
-        self.join(timeout=5)
+            self.loop.call_soon_threadsafe(lambda: self.loop.create_task(_drain_and_stop()))
+        self.join(timeout=grace_s + 5)
 
 
 class SocketServer:
