@@ -114,6 +114,7 @@ class ZkMetadataStore:
             remaining = deadline - time.monotonic()
             try:
                 client.start(timeout=max(0.1, min(1.0, remaining)))
+                self._ensure_chroot(client)
                 return client
             except KazooTimeoutError:
                 remaining = deadline - time.monotonic()
@@ -126,6 +127,18 @@ class ZkMetadataStore:
                     "ZooKeeper at %s is not reachable (attempt %d); retrying for another %.1f s",
                     self.connect_string, attempt, remaining,
                 )
+
+    @staticmethod
+    def _ensure_chroot(client: KazooClient) -> None:
+        """zookeeper.connect=host:port/chroot: create the chroot if missing, as Kafka does."""
+        chroot = client.chroot
+        if not chroot:
+            return
+        client.chroot = ""
+        try:
+            client.ensure_path(chroot)
+        finally:
+            client.chroot = chroot
 
     def stop(self) -> None:
         self._stopping = True

@@ -285,6 +285,18 @@ def test_zookeeper_down_at_startup_fails_within_timeout(tmp_path: Path) -> None:
     assert f"Timed out waiting for connection to ZooKeeper at 127.0.0.1:{port}" in log, log[-2000:]
 
 
+def test_chroot_is_created_and_is_a_separate_cluster(cluster: Cluster, zk_client: KazooClient, tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "chroot", zk_overrides(cluster.zk, 1, **{"zookeeper.connect": cluster.zk.connect + "/kb/c2"}))
+    b.start()
+    try:
+        assert brokers_and_controller(b) == ({1}, 1)
+        assert zk_client.get_children("/kb/c2/brokers/ids") == ["1"]
+        own = zp.loads(zk_client.get("/kb/c2" + zp.CLUSTER_ID)[0])["id"]
+        assert describe_cluster(b)["cluster_id"] == own != describe_cluster(cluster.b2)["cluster_id"]
+    finally:
+        b.stop()
+
+
 def test_killed_controller_leaves_and_controller_moves(cluster: Cluster, zk_client: KazooClient) -> None:
     assert brokers_and_controller(cluster.b2) == ({1, 2}, 1)
     cluster.b1.kill()  # kill -9: its session lingers until the session timeout
