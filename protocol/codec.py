@@ -198,6 +198,8 @@ def _compile_decoder(cls: type, version: int) -> Decoder:
             kw = "if" if k == 0 else "elif"
             lines.append(f"        {kw} _tag == {f.tag}:")
             lines += _decode_value_src(f, cls, version, True, True, f"v_{f.attr}", env, "            ")
+            lines.append("            if pos != _end:")
+            lines.append("                raise DecodeError('tagged field size does not match its value')")
         lines.append("        pos = _end")
     lines.append(f"    return _cls({', '.join(values)}), pos")
     src = "\n".join(lines)
@@ -386,10 +388,7 @@ def decode_request_header(buf: Any) -> tuple[RequestHeader, int]:
     if len(buf) < 8:
         raise DecodeError("request shorter than a request header")
     api_key, api_version = p.I16.unpack_from(buf, 0)[0], p.I16.unpack_from(buf, 2)[0]
-    if api_key in REQUESTS and is_flexible(api_key, api_version):
-        hv = 2
-    else:
-        hv = 1
+    hv = request_header_version(api_key, api_version) if api_key in REQUESTS else 1
     return decode(RequestHeader, hv, buf, 0)  # type: ignore[return-value]
 
 
