@@ -114,7 +114,11 @@ class AdminManager:
                 leaders or self.assign_leaders(num_partitions),
                 {k: str(v) for k, v in (configs or {}).items()},
             )
-            self.metadata.create_topic(rec)
+            try:
+                self.metadata.create_topic(rec)
+            except FileExistsError:
+                # Another broker sharing ZooKeeper created it first.
+                raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.") from None
             for p in range(num_partitions):
                 if rec.leaders[p] == self.server.broker_id:
                     self.ensure_log(name, p)
