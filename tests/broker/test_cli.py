@@ -1,0 +1,107 @@
+"""The `python -m broker` command line: config validation at startup, SIGTERM shutdown, restart with data."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from tests.broker_process import ROOT, BrokerProcess, free_port
+from tests.clients import Msg, aio_consume, ck_produce, kp_consume
+
+T = 15
+
+
+def run_broker(tmp_path, *overrides: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+    args = [sys.executable, "-m", "broker", str(ROOT / "configs" / "server.properties"),
+            "--override", f"log.dirs={tmp_path / 'logs'}",
+            "--override", f"listeners=PLAINTEXT://127.0.0.1:{free_port()}"]
+    for o in overrides:
+        args += ["--override", o]
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("num.partitions=abc", "num.partitions"),
+    ("num.partitions=0", "num.partitions"),
+    ("no.such.key=1", "no.such.key"),
+    ("listeners=garbage", "listeners"),
+    ("auto.create.topics.enable=maybe", "auto.create.topics.enable"),
+    ("log.segment.bytes=10", "log.segment.bytes"),
+])
+def test_bad_config_stops_startup(tmp_path, override, key):
+    r = run_broker(tmp_path, override)
+    assert r.returncode != 0
+    assert key in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_bad_config_file(tmp_path):
+    bad = tmp_path / "bad.properties"
+    bad.write_text("broker.id=zero\nlog.dirs=/tmp/x\n")
+    r = subprocess.run([sys.executable, "-m", "broker", str(bad)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=20)
+    assert r.returncode != 0 and "broker.id" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "broker", str(tmp_path / "missing.properties")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode != 0 and "missing.properties" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_port_in_use(tmp_path):
+    first = BrokerProcess(tmp_path / "a").start()
+    try:
+        args = [sys.executable, "-m", "broker", str(ROOT / "configs" / "server.properties"),
+                "--override", f"log.dirs={tmp_path / 'b'}",
+                "--override", f"listeners=PLAINTEXT://127.0.0.1:{first.port}"]
+        r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=20)
+        assert r.returncode == 1, r.stderr[-2000:]
+        assert str(first.port) in r.stderr or "in use" in r.stderr, r.stderr[-2000:]
+        assert first.alive()
+    finally:
+        assert first.stop() == 0
+
+
+def test_sigterm_clean_shutdown_and_restart_keeps_data(tmp_path):
+    b = BrokerProcess(tmp_path / "broker").start()
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic("keep", 2, 1, config={"retention.ms": "86400000"})])["keep"].result(T)
+        msgs = [Msg(f"k{i}".encode(), f"v{i}".encode(), (("h", b"1"),), 1_700_000_000_000 + i, i % 2)
+                for i in range(1000)]
+        delivered = ck_produce(b.bootstrap, "keep", msgs, **{"compression.type": "lz4"})
+        cluster_id = admin.describe_cluster().result(T).cluster_id
+        del admin
+
+        assert b.stop() == 0
+        assert "shut down cleanly" in b.read_log()
+
+        b.start()
+        got = kp_consume(b.bootstrap, "keep", [0, 1], 1000)
+        assert sorted(got) == sorted(delivered)
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        assert admin.describe_cluster().result(T).cluster_id == cluster_id
+        entries = next(iter(admin.describe_configs([ConfigResource("topic", "keep")]).values())).result(T)
+        assert entries["retention.ms"].value == "86400000"
+        # Appends continue after the recovered end.
+        more = ck_produce(b.bootstrap, "keep", [Msg(b"k", b"after", partition=0)])
+        assert more[0].offset == 500
+    finally:
+        assert b.stop() == 0
+
+
+def test_kill_9_and_restart_keeps_acked_data(tmp_path):
+    b = BrokerProcess(tmp_path / "broker").start()
+    try:
+        msgs = [Msg(f"k{i}".encode(), f"v{i}".encode() * 10, partition=0) for i in range(3000)]
+        delivered = ck_produce(b.bootstrap, "crash", msgs, acks=-1)  # auto-created
+        b.kill()
+        b.start()
+        got = aio_consume(b.bootstrap, "crash", [0], len(msgs))
+        assert sorted(got) == sorted(delivered)
+        more = ck_produce(b.bootstrap, "crash", [Msg(b"k", b"after", partition=0)])
+        assert more[0].offset == 3000
+    finally:
+        assert b.stop() == 0
