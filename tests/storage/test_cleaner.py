@@ -56,7 +56,7 @@ def test_batch_keeps_base_and_last_offset_and_producer_metadata(make_log) -> Non
     log = _compacted(make_log)
     # batch of 4 records where all but the first get superseded later
     log.append_as_leader(build_batch([(b"a", b"1", [], NOW), (b"b", b"1", [], NOW), (b"c", b"1", [], NOW),
-                                      (b"d", b"1", [], NOW)], producer_id=42, producer_epoch=3, base_sequence=7),
+                                      (b"d", b"1", [], NOW)], producer_id=42, producer_epoch=3, base_sequence=0),
                          NOW)
     log.append_as_leader(build_batch([(b"x", b"1", [], NOW), (b"y", b"1", [], NOW)], producer_id=43,
                                      producer_epoch=1, base_sequence=0, compression=2), NOW)
@@ -68,7 +68,7 @@ def test_batch_keeps_base_and_last_offset_and_producer_metadata(make_log) -> Non
     headers = [h for _, h in iter_batch_headers(data)]
     first, second = headers[0], headers[1]
     assert (first.base_offset, first.last_offset, first.records_count) == (0, 3, 1)
-    assert (first.producer_id, first.producer_epoch, first.base_sequence) == (42, 3, 7)
+    assert (first.producer_id, first.producer_epoch, first.base_sequence) == (42, 3, 0)
     assert [r.key for r in decode_records(data, 0)] == [b"a"]
     # fully superseded batch with a producer id survives as an empty batch
     assert (second.base_offset, second.last_offset, second.records_count) == (4, 5, 0)
