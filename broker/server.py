@@ -41,7 +41,11 @@ class KafkaServer:
         self.log_manager: LogManager
         self.admin = AdminManager(self)
         self.replica_manager = ReplicaManager(self, self.io_pool)
-        self.producer_ids = ProducerIdManager(LocalBlockSource(config.log_dirs[0], self.broker_id))
+        self.producer_ids = ProducerIdManager(
+            self.metadata.producer_id_block_source()
+            if isinstance(self.metadata, ZkMetadataStore)
+            else LocalBlockSource(config.log_dirs[0], self.broker_id)
+        )
         self.apis = KafkaApis(self, all_handlers())
         self.socket_server = SocketServer(config, self.apis)
         self.group_coordinator = GroupCoordinator(self, GroupConfig(

@@ -355,11 +355,6 @@ def test_request_header_unknown_api_key_uses_v1() -> None:
     assert pos == 12
 
 
-@pytest.mark.xfail(
-    reason="codec bug: decode_request_header uses header v1 for ControlledShutdown v0 "
-    "while request_header_version() (and Kafka) say header v0",
-    strict=False,
-)
 def test_controlled_shutdown_v0_header_round_trip() -> None:
     header = RequestHeader(7, 0, 9, "")
     body = codec.REQUESTS[7](broker_id=3)
