@@ -10,11 +10,12 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from storage.atomic_file import write_atomically
 
 log = logging.getLogger("kbroker.metadata")
 
@@ -112,17 +113,7 @@ class LocalMetadataStore:
             "topics": {n: t.to_json() for n, t in sorted(self.topics.items())},
             "broker_configs": self.broker_configs,
         }
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomically(self.path, json.dumps(data, indent=1).encode())
 
     def create_topic(self, record: TopicRecord) -> None:
         with self._lock:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Protocol
+
+from storage.atomic_file import write_atomically
 
 log = logging.getLogger("kbroker.producer_ids")
 
@@ -60,17 +61,7 @@ class LocalBlockSource:
     def next_block(self) -> tuple[int, int]:
         latest = self.path.read_bytes() if self.path.exists() else None
         start, end = next_block_after(latest, self.broker_id)
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(block_json(self.broker_id, start, end))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomically(self.path, block_json(self.broker_id, start, end))
         return start, end
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
+
+from storage.atomic_file import write_atomically
 
 logger = logging.getLogger("kbroker.storage")
 
@@ -24,19 +25,7 @@ class OffsetCheckpointFile:
         """Atomically replace the file (tmp + fsync + rename + dir fsync): a crash leaves old or new."""
         lines = [str(_VERSION), str(len(offsets))]
         lines += [f"{topic} {partition} {offset}" for (topic, partition), offset in sorted(offsets.items())]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, ("\n".join(lines) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomically(self.path, ("\n".join(lines) + "\n").encode())
 
     def read(self) -> dict[tuple[str, int], int]:
         """Missing file -> {}. A malformed file is logged and ignored (recovery then scans everything)."""

@@ -30,6 +30,7 @@ from protocol.records import (
     set_partition_leader_epoch,
     validate_batches,
 )
+from storage.atomic_file import fsync_dir
 from storage.config import LogConfig
 from storage.errors import KafkaStorageError, OffsetOutOfRangeError, RecordTooLargeError
 from storage.producer_state import (
@@ -629,7 +630,7 @@ class Log:
                         if e.errno != errno.EBADF:
                             raise
                 if dir_dirty:
-                    _fsync_dir(self.dir)
+                    fsync_dir(self.dir)
             except OSError as e:
                 with self._lock:
                     self._dir_dirty = self._dir_dirty or dir_dirty
@@ -753,7 +754,7 @@ class Log:
                 self.producer_state.update_map_end_offset(self._leo)
                 self._take_producer_snapshot(sync=True)
                 try:
-                    _fsync_dir(self._dir)
+                    fsync_dir(self._dir)
                 except OSError:
                     pass
             for seg in self._segments:
@@ -774,14 +775,6 @@ class Log:
 
 
 # -- loading helpers ---------------------------------------------------------------------------
-
-
-def _fsync_dir(dir: Path) -> None:
-    fd = os.open(dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _segment_bases(dir: Path) -> list[int]:
