@@ -43,6 +43,15 @@ def _describe_broker(ctx: RequestContext) -> list[DescribedConfig]:
     return out
 
 
+def _describe_broker_defaults(ctx: RequestContext) -> list[DescribedConfig]:
+    dynamic = ctx.server.metadata.broker_configs
+    return [
+        DescribedConfig(name, value, SOURCE_DYNAMIC_DEFAULT_BROKER, read_only=False,
+                        synonyms=[(name, value, SOURCE_DYNAMIC_DEFAULT_BROKER)])
+        for name, value in sorted(dynamic.items())
+    ]
+
+
 def _check_broker_resource(ctx: RequestContext, name: str, allow_default: bool) -> None:
     if name == "" and allow_default:
         return
@@ -65,6 +74,10 @@ def handle_describe_configs(ctx: RequestContext, req: DescribeConfigsRequest) ->
                 if rec is None:
                     raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {res.resource_name} does not exist")
                 entries = describe_topic(ctx.server.config, rec.configs, ctx.server.metadata.broker_configs)
+            elif res.resource_type == BROKER and res.resource_name == "":
+                # Kafka's ConfigHelper: the empty name is the cluster-wide default resource, which lists only
+                # the dynamic default configs (kafka-configs --describe --entity-type brokers --entity-default).
+                entries = _describe_broker_defaults(ctx)
             elif res.resource_type == BROKER:
                 _check_broker_resource(ctx, res.resource_name, allow_default=False)
                 entries = _describe_broker(ctx)

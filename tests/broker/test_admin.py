@@ -593,3 +593,35 @@ def test_no_auto_create_when_not_allowed(broker, ck_admin, topic_name):
         assert md.topics[0].error_code == KErr.InvalidTopicError.errno
     topics = ck_topics(ck_admin)
     assert topic_name not in topics and "bad name!" not in topics
+
+
+def test_broker_default_resource(broker, ck_admin):
+    """The empty broker name is the cluster-wide default: alterable, and describing it lists the dynamic defaults.
+
+    (librdkafka refuses an empty resource name, so this goes through kafka-python's protocol classes.)
+    """
+    from kafka.protocol.admin.configs import DescribeConfigsRequest, IncrementalAlterConfigsRequest
+
+    key = "log.cleaner.delete.retention.ms"
+
+    def alter(raw: KpRaw, op: int, value: str | None) -> None:
+        resp = raw.send(IncrementalAlterConfigsRequest(
+            resources=[(KType.BROKER, "", [(key, op, value)])], validate_only=False))
+        assert [r.error_code for r in resp.responses] == [0]
+
+    def describe_default(raw: KpRaw) -> list[tuple[str, str, int]]:
+        resp = raw.send(DescribeConfigsRequest(resources=[(KType.BROKER, "", None)], include_synonyms=False))
+        [r] = resp.results
+        assert r.error_code == 0
+        return [(c.name, c.value, c.config_source) for c in r.configs]
+
+    with KpRaw(broker.bootstrap) as raw:
+        alter(raw, AlterConfigOp.SET, "3600000")
+        try:
+            assert describe_default(raw) == [(key, "3600000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)]
+            # The per-broker view shows the dynamic default as the effective value.
+            assert _ck_describe(ck_admin, "broker", "0")[key].value == "3600000"
+        finally:
+            alter(raw, AlterConfigOp.DELETE, None)
+        assert describe_default(raw) == []
+    assert _ck_describe(ck_admin, "broker", "0")[key].value == "86400000"
