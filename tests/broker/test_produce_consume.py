@@ -186,3 +186,32 @@ def test_produce_to_unknown_partition(broker, topic_name):
     assert e.value.errors[0].code() in (CKError._UNKNOWN_PARTITION, CKError._MSG_TIMED_OUT)
     assert time.monotonic() - start < 10
     assert broker.alive()
+
+
+def test_log_append_time(broker, topic_name):
+    """message.timestamp.type=LogAppendTime: the broker stamps records; producers and consumers see its time."""
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KTP
+
+    create_topic(broker.bootstrap, topic_name, 1, **{"message.timestamp.type": "LogAppendTime"})
+    before = int(time.time() * 1000)
+    msgs = [Msg(f"k{i}".encode(), f"v{i}".encode(), timestamp=TS0 + i, partition=0) for i in range(50)]
+    delivered = kp_produce(broker.bootstrap, topic_name, msgs, compression_type="gzip")
+    after = int(time.time() * 1000)
+    assert all(before - 5 <= r.timestamp <= after + 5 for r in delivered), "ProduceResponse log_append_time_ms"
+    got = ck_consume(broker.bootstrap, topic_name, [0], 50)
+    assert [r.value for r in got] == [m.value for m in msgs]
+    assert all(before - 5 <= r.timestamp <= after + 5 for r in got)
+    c = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, auto_offset_reset="earliest")
+    try:
+        tp = KTP(topic_name, 0)
+        c.assign([tp])
+        recs: list = []
+        deadline = time.monotonic() + 15
+        while len(recs) < 50 and time.monotonic() < deadline:
+            recs += c.poll(timeout_ms=300).get(tp, [])
+        assert len(recs) == 50
+        assert {r.timestamp_type for r in recs} == {1}  # LogAppendTime
+        assert [r.timestamp for r in recs] == [r.timestamp for r in got]
+    finally:
+        c.close()
