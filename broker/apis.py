@@ -106,7 +106,9 @@ class KafkaApis:
         if cls is None:
             raise CloseConnection(f"unknown api key {api_key} (version {version}) from client {header.client_id!r}")
         lo, hi = cls.VALID_VERSIONS  # type: ignore[attr-defined]
-        if not lo <= version <= hi or not any(f.attr == "error_code" for f in cls.FIELDS):  # type: ignore[attr-defined]
+        has_error_field = any(f.attr == "error_code" and f.in_versions(version) for f in cls.FIELDS)  # type: ignore[attr-defined]
+        if not lo <= version <= hi or not has_error_field:
+            # A response without an error code at this version could only look like success: close instead.
             raise CloseConnection(
                 f"unsupported version {version} of {cls.__name__} from client {header.client_id!r}"
             )
