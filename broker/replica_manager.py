@@ -67,8 +67,9 @@ class ReplicaManager:
                 )
         try:
             info = lg.append_as_leader(records, int(time.time() * 1000), leader_epoch=LEADER_EPOCH)
-        except KafkaStorageError:
-            log.error("Append to %s-%d failed with a storage error", topic, partition, exc_info=True)
+        except KafkaStorageError as e:
+            log.error("Append to %s-%d at offset %d failed (KAFKA_STORAGE_ERROR): %s",
+                      topic, partition, lg.log_end_offset, e)
             raise
         self.purgatory.notify((topic, partition))
         return lg, info
