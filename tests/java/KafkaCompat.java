@@ -13,6 +13,7 @@ import java.util.Map;
 import java.util.Properties;
 import java.util.Set;
 import java.util.TreeMap;
+import java.util.TreeSet;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Future;
 import java.util.stream.Collectors;
@@ -31,6 +32,7 @@ import org.apache.kafka.clients.admin.OffsetSpec;
 import org.apache.kafka.clients.admin.RecordsToDelete;
 import org.apache.kafka.clients.admin.TopicDescription;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.clients.consumer.ConsumerRebalanceListener;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.ConsumerRecords;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
@@ -53,7 +55,7 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 /**
  * Drives the official Java Kafka client against a broker: {@code KafkaCompat <bootstrap> <scenario> [key=value...]}.
  *
- * <p>Scenarios: admin, produce, consume, group; {@code produce,consume} runs both in one JVM.
+ * <p>Scenarios: admin, produce, consume, group, rebalance; {@code produce,consume} runs both in one JVM.
  *
  * <p>Prints machine-checkable lines: {@code OK <what> ...} for each passed check, {@code INFO <json>} for facts
  * the caller may cross-check, and finally {@code DONE <scenario>}. Any failed check or client exception prints
@@ -100,6 +102,7 @@ public final class KafkaCompat {
                     case "produce": k.produce(); break;
                     case "consume": k.consume(); break;
                     case "group": k.group(); break;
+                    case "rebalance": k.rebalance(); break;
                     default: throw new Check("unknown scenario " + s);
                 }
             }
@@ -670,5 +673,136 @@ public final class KafkaCompat {
             }
             ok("second consumer resumed after the committed offsets and read the remaining %d", second);
         }
+    }
+
+    // ------------------------------------------------------------------ scenario: rebalance
+
+    /** One member of a group, polled by its own thread; publishes what it read and its assignment. */
+    final class Member implements Runnable {
+        final String name;
+        final Map<String, String> conf;
+        final String topic;
+        final String tag;
+        final boolean[] seen;
+        final int[] total;
+        volatile Set<Integer> assignment = Set.of();
+        volatile boolean stop;
+        volatile Throwable error;
+        volatile int read;
+        volatile int rebalances;
+
+        Member(String name, Map<String, String> conf, String topic, String tag, boolean[] seen, int[] total) {
+            this.name = name;
+            this.conf = conf;
+            this.topic = topic;
+            this.tag = tag;
+            this.seen = seen;
+            this.total = total;
+        }
+
+        @Override
+        public void run() {
+            try (KafkaConsumer<byte[], byte[]> c = consumer(conf)) {
+                c.subscribe(List.of(topic), new ConsumerRebalanceListener() {
+                    @Override
+                    public void onPartitionsRevoked(Collection<TopicPartition> parts) {
+                        // Everything returned by poll() has been processed: commit it before giving partitions up.
+                        if (!parts.isEmpty()) c.commitSync();
+                    }
+
+                    @Override
+                    public void onPartitionsAssigned(Collection<TopicPartition> parts) {
+                        rebalances++;
+                    }
+                });
+                while (!stop) {
+                    for (ConsumerRecord<byte[], byte[]> r : c.poll(POLL)) {
+                        int i = verify(tag, r);
+                        synchronized (seen) {
+                            check(!seen[i], "%s: record %d (%s-%d@%d) read twice in the group", name, i, r.topic(),
+                                    r.partition(), r.offset());
+                            seen[i] = true;
+                            total[0]++;
+                        }
+                        read++;
+                    }
+                    assignment = c.assignment().stream().map(TopicPartition::partition).collect(Collectors.toSet());
+                }
+                c.commitSync();
+            } catch (Throwable t) {
+                error = t;
+            }
+        }
+    }
+
+    void rebalance() throws Exception {
+        String topic = arg("topic");
+        String tag = tag();
+        String group = arg("group");
+        int n = count();
+        Map<String, String> conf = Map.of(ConsumerConfig.GROUP_ID_CONFIG, group,
+                ConsumerConfig.MAX_POLL_RECORDS_CONFIG, "50",
+                ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG, "10000",
+                ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG, "500");
+        boolean[] seen = new boolean[n];
+        int[] total = {0};
+        Member m1 = new Member("consumer-1", conf, topic, tag, seen, total);
+        Member m2 = new Member("consumer-2", conf, topic, tag, seen, total);
+        Thread t1 = new Thread(m1, "member-1");
+        Thread t2 = new Thread(m2, "member-2");
+        t1.start();
+        t2.start();
+        int partitions;
+        try (Admin admin = newAdmin()) {
+            partitions = get(admin.describeTopics(List.of(topic)).allTopicNames()).get(topic).partitions().size();
+        }
+        Set<Integer> all = new HashSet<>();
+        for (int p = 0; p < partitions; p++) all.add(p);
+        long deadline = System.currentTimeMillis() + DEADLINE_MS;
+        try {
+            // Both members share the partitions, disjointly, and together read every record exactly once.
+            while (true) {
+                check(m1.error == null && m2.error == null, "member failed: %s",
+                        m1.error != null ? m1.error : m2.error);
+                Set<Integer> a1 = m1.assignment, a2 = m2.assignment;
+                Set<Integer> union = new HashSet<>(a1);
+                union.addAll(a2);
+                int got;
+                synchronized (seen) {
+                    got = total[0];
+                }
+                if (!a1.isEmpty() && !a2.isEmpty() && union.equals(all) && a1.size() + a2.size() == partitions
+                        && got == n) {
+                    ok("two members share %d partitions %s / %s and read %d records once (%d + %d)", partitions,
+                            new TreeSet<>(a1), new TreeSet<>(a2), n, m1.read, m2.read);
+                    break;
+                }
+                check(System.currentTimeMillis() < deadline,
+                        "timed out: assignments %s / %s, %d of %d records read", a1, a2, got, n);
+                Thread.sleep(50);
+            }
+            // The second member leaves: the first one takes every partition over.
+            m2.stop = true;
+            t2.join(DEADLINE_MS);
+            check(!t2.isAlive() && m2.error == null, "second member did not close cleanly: %s", m2.error);
+            while (!m1.assignment.equals(all)) {
+                check(m1.error == null, "first member failed: %s", m1.error);
+                check(System.currentTimeMillis() < deadline, "after the second member left: first member has %s",
+                        m1.assignment);
+                Thread.sleep(50);
+            }
+            Thread.sleep(300);
+            synchronized (seen) {
+                check(total[0] == n, "%d records read after the rebalance, want %d", total[0], n);
+            }
+            ok("after the second member left the first holds all %d partitions (%d rebalances); no record re-read",
+                    partitions, m1.rebalances);
+        } finally {
+            m1.stop = true;
+            m2.stop = true;
+            t1.join(DEADLINE_MS);
+            t2.join(DEADLINE_MS);
+        }
+        check(m1.error == null, "first member failed: %s", m1.error);
     }
 }

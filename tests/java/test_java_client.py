@@ -288,3 +288,11 @@ def test_consumer_group_resumes_after_commit(java_classpath: str, broker: Any, p
     finally:
         c.close()
     assert {tp.partition: tp.offset for tp in committed} == ends
+
+
+def test_consumer_group_rebalance(java_classpath: str, broker: Any, python_topic: str) -> None:
+    """Two members of one group share the partitions (commit on revoke: nothing read twice); one leaves, the
+    other takes over every partition."""
+    run = run_java(java_classpath, broker, "rebalance", topic=python_topic, group="java-rebalance", count=COUNT)
+    assert any(line.startswith("two members share 3 partitions") for line in run.ok), run.stdout
+    assert any(line.startswith("after the second member left the first holds all 3 partitions") for line in run.ok)
