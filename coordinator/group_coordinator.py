@@ -232,7 +232,10 @@ class GroupCoordinator:
 
     async def join_group(self, group_id: str, member_id: str, instance_id: str | None, require_known_member: bool,
                          client_id: str, client_host: str, rebalance_timeout_ms: int, session_timeout_ms: int,
-                         protocol_type: str, protocols: list[tuple[str, bytes]]) -> JoinResult:
+                         protocol_type: str, protocols: list[tuple[str, bytes]],
+                         supports_skip_assignment: bool = True) -> JoinResult:
+        """supports_skip_assignment: the request is JoinGroup v9+ (KIP-814), so a rejoining static leader can be
+        told it leads while skipping the assignment."""
         if not group_id:
             return JoinResult(ErrorCode.INVALID_GROUP_ID, member_id)
         err = self.coordinator_error(group_id)
@@ -255,18 +258,22 @@ class GroupCoordinator:
             return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
         args = (instance_id, client_id, client_host, rebalance_timeout_ms, session_timeout_ms, protocol_type, protocols)
         if not member_id:
-            return await self._unknown_member_join(g, require_known_member, *args)
+            return await self._unknown_member_join(g, require_known_member, *args,
+                                                   supports_skip_assignment=supports_skip_assignment)
         return await self._known_member_join(g, member_id, *args)
 
     async def _unknown_member_join(self, g: GroupMetadata, require_known_member: bool, instance_id: str | None,
                                    client_id: str, client_host: str, rebalance_timeout_ms: int,
                                    session_timeout_ms: int, protocol_type: str,
-                                   protocols: list[tuple[str, bytes]]) -> JoinResult:
+                                   protocols: list[tuple[str, bytes]], supports_skip_assignment: bool = True
+                                   ) -> JoinResult:
         new_id = f"{client_id}-{uuid.uuid4()}"
         if instance_id is not None:
             old_id = g.static_members.get(instance_id)
             if old_id is not None:
-                return await self._static_member_rejoin(g, instance_id, old_id, new_id, protocols)
+                return await self._static_member_rejoin(g, instance_id, old_id, new_id, protocols,
+                                                        rebalance_timeout_ms, session_timeout_ms,
+                                                        supports_skip_assignment)
         elif require_known_member:
             g.pending_members.add(new_id)
             self.loop.call_later(session_timeout_ms / 1000, self._expire_pending, g.group_id, new_id)
@@ -278,19 +285,31 @@ class GroupCoordinator:
         return await self._add_member_and_rebalance(g, member)
 
     async def _static_member_rejoin(self, g: GroupMetadata, instance_id: str, old_id: str, new_id: str,
-                                    protocols: list[tuple[str, bytes]]) -> JoinResult:
+                                    protocols: list[tuple[str, bytes]], rebalance_timeout_ms: int,
+                                    session_timeout_ms: int, supports_skip_assignment: bool) -> JoinResult:
+        """Kafka's updateStaticMemberAndRebalance: a known group.instance.id joins with a fresh member id."""
+        current_leader = g.leader_id
         member = g.replace_static_member(instance_id, old_id, new_id)
         log.info("Static member %s of group %s rejoined as %s", instance_id, g.group_id, new_id)
-        if g.state is GroupState.STABLE and member.matches(protocols):
-            # Same subscription: hand back the current generation, no rebalance (KIP-345).
-            member.heartbeat_deadline = time.monotonic() + member.session_timeout_ms / 1000
-            await self._store_group(g)
-            return JoinResult(
-                ErrorCode.NONE, new_id, g.generation_id, g.protocol_type, g.protocol_name, g.leader_id or "",
-                self._member_list(g) if g.leader_id == new_id else [],
-                skip_assignment=g.leader_id == new_id,
-            )
         member.protocols = protocols
+        member.rebalance_timeout_ms = rebalance_timeout_ms
+        member.session_timeout_ms = session_timeout_ms
+        member.heartbeat_deadline = time.monotonic() + member.session_timeout_ms / 1000
+        if g.state is GroupState.STABLE and g.protocol_name == g.select_protocol():
+            # The selected protocol does not change: hand back the current generation, no rebalance (KIP-345).
+            # The subscription bytes may differ (owned partitions, generation in cooperative metadata): Kafka does
+            # not compare them either.
+            await self._store_group(g)
+            if supports_skip_assignment:
+                is_leader = g.leader_id == new_id
+                return JoinResult(
+                    ErrorCode.NONE, new_id, g.generation_id, g.protocol_type, g.protocol_name, g.leader_id or "",
+                    self._member_list(g) if is_leader else [], skip_assignment=is_leader,
+                )
+            # Before JoinGroup v9 the old leader id is returned, so a rejoining leader does not run a trivial
+            # assignment that a Stable group would ignore anyway.
+            return JoinResult(ErrorCode.NONE, new_id, g.generation_id, g.protocol_type, g.protocol_name,
+                              current_leader or "")
         return await self._update_member_and_rebalance(g, member)
 
     async def _known_member_join(self, g: GroupMetadata, member_id: str, instance_id: str | None,

@@ -87,6 +87,7 @@ async def handle_join_group(ctx: RequestContext, req: JoinGroupRequest) -> JoinG
         gc.join_group, req.group_id, req.member_id, req.group_instance_id, ctx.api_version >= 4, ctx.client_id,
         _client_host(ctx), req.rebalance_timeout_ms if ctx.api_version >= 1 else req.session_timeout_ms,
         req.session_timeout_ms, req.protocol_type, [(p.name, bytes(p.metadata)) for p in req.protocols],
+        ctx.api_version >= 9,
     )
     return JoinGroupResponse(
         error_code=r.error,

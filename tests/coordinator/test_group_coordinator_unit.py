@@ -355,10 +355,37 @@ def test_static_member_rejoin_keeps_generation_and_fences_old_id(h: Harness) -> 
     assert {m for m, _, _ in lead3.members} == {lead3.member_id, b2.member_id}
     assert h.state(gid) is GroupState.STABLE
 
+    # before JoinGroup v9 a rejoining leader is told the old leader id and gets no member list
+    lead4 = h.run(h.gc.join_group, gid, "", "i-lead", True, "c", "/127.0.0.1", SESSION, SESSION, "consumer",
+                  [("range", subscription("orders"))], False)
+    assert lead4.error == ErrorCode.NONE and lead4.generation_id == gen
+    assert lead4.leader_id == lead3.member_id != lead4.member_id and lead4.members == [] and not lead4.skip_assignment
+    assert h.on_loop(lambda: h.gc.groups[gid].leader_id) == lead4.member_id
+    assert h.sync(gid, gen, lead4.member_id, "i-lead")[:2] == (ErrorCode.NONE, b"L")
+
+    # new subscription bytes (as cooperative assignors send: owned partitions, generation) but the same
+    # selected protocol: still no rebalance, and the new metadata is kept
+    b3 = h.join(gid, instance_id="i-b", protocols=[("range", subscription("orders", "payments"))])
+    assert b3.error == ErrorCode.NONE and b3.generation_id == gen and h.state(gid) is GroupState.STABLE
+    assert h.on_loop(lambda: h.gc.groups[gid].members[b3.member_id].protocols) == [
+        ("range", subscription("orders", "payments"))]
+
     # LeaveGroup by instance id removes the static member
     err, results = h.run(h.gc.leave_group, gid, [("", "i-b")])
     assert results == [ErrorCode.NONE]
     assert h.state(gid) is GroupState.PREPARING_REBALANCE
+
+
+def test_static_member_rejoin_changing_selected_protocol_rebalances(h: Harness) -> None:
+    gid = "static-proto"
+    protos = [("range", b"r"), ("roundrobin", b"rr")]
+    a = h.stable_single(gid, instance_id="i-a", protocols=protos)
+    assert a.protocol_name == "range"
+    # the only member now prefers roundrobin: the selected protocol changes, so the group rebalances
+    fa = h.join_async(gid, instance_id="i-a", protocols=[("roundrobin", b"rr"), ("range", b"r")])
+    a2 = fa.result(TIMEOUT)
+    assert a2.error == ErrorCode.NONE and a2.generation_id == a.generation_id + 1
+    assert a2.protocol_name == "roundrobin" and a2.leader_id == a2.member_id
 
 
 def test_static_member_survives_session_timeout_only_until_it_expires(h: Harness) -> None:

@@ -676,44 +676,53 @@ def test_cooperative_sticky_moves_only_what_must_move(broker, topic_name, member
 # ---------------------------------------------------------------- 6. static membership
 
 
-def test_static_member_restart_keeps_assignment_without_rebalance(broker, topic_name, members):
+@pytest.mark.parametrize("restarted", ["follower", "leader"])
+@pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
+def test_static_member_restart_keeps_assignment_without_rebalance(broker, topic_name, members, strategy, restarted):
+    """A static member (group.instance.id) closes without LeaveGroup and restarts with the same instance id
+    within its session timeout: it gets its old partitions back, the other member sees no rebalance callback
+    (so the generation it holds stays current: its later commits succeed), DescribeGroups shows the same
+    assignment with only the restarted member's id changed. `leader` restarts the member that joined first."""
     parts = 4
     create_topic(broker.bootstrap, topic_name, parts)
     group = f"g-{topic_name}"
-    s1 = members(broker.bootstrap, group, topic_name, group_instance_id="inst-1",
-                 partition_assignment_strategy="range", session_timeout_ms=10000)
-    wait_until(lambda: s1.snapshot() == set(range(parts)), timeout=20, what="s1 owns all")
-    s2 = members(broker.bootstrap, group, topic_name, group_instance_id="inst-2", close=True,
-                 partition_assignment_strategy="range", session_timeout_ms=10000)
-    wait_until(lambda: settled([s1, s2], parts, [2, 2]), timeout=30, what="2/2")
+    conf = {"partition_assignment_strategy": strategy, "session_timeout_ms": 10000}
+    first = members(broker.bootstrap, group, topic_name, manual_commit=True, group_instance_id="inst-1", **conf)
+    wait_until(lambda: first.snapshot() == set(range(parts)), timeout=20, what="the leader owns all")
+    second = members(broker.bootstrap, group, topic_name, manual_commit=True, group_instance_id="inst-2", **conf)
+    wait_until(lambda: settled([first, second], parts, [2, 2]), timeout=30, what="2/2")
     time.sleep(0.5)
     desc = describe(broker.bootstrap, group)
     assert desc.state == ConsumerGroupState.STABLE
     ids_before = {mm.group_instance_id: mm.member_id for mm in desc.members}
     assert set(ids_before) == {"inst-1", "inst-2"}
-    owned_1, owned_2 = s1.snapshot(), s2.snapshot()
-    n1 = s1.n_events()
+    gone, stays = (first, second) if restarted == "leader" else (second, first)
+    gone_inst = "inst-1" if restarted == "leader" else "inst-2"
+    owned_gone, owned_stays = gone.snapshot(), stays.snapshot()
+    n_stays = stays.n_events()
 
-    s2.stop()  # librdkafka static members close without LeaveGroup
+    gone.stop()  # librdkafka static members close without LeaveGroup
     desc = describe(broker.bootstrap, group)
     assert desc.state == ConsumerGroupState.STABLE and len(desc.members) == 2  # still a member
-    s2b = members(broker.bootstrap, group, topic_name, group_instance_id="inst-2",
-                  partition_assignment_strategy="range", session_timeout_ms=10000)
-    wait_until(lambda: s2b.snapshot(), timeout=10, what="restarted static member assigned")
-    assert s2b.snapshot() == owned_2
-    time.sleep(2.0)  # four heartbeat intervals: a rebalance would have reached s1 by now
-    assert s1.n_events() == n1, s1.events[n1:]
-    assert s1.snapshot() == owned_1
+    back = members(broker.bootstrap, group, topic_name, manual_commit=True, group_instance_id=gone_inst, **conf)
+    wait_until(lambda: back.snapshot(), timeout=10, what="restarted static member assigned")
+    assert back.snapshot() == owned_gone
+    time.sleep(2.0)  # four heartbeat intervals: a rebalance would have reached the other member by now
+    assert stays.n_events() == n_stays, stays.events[n_stays:]
+    assert stays.snapshot() == owned_stays and back.snapshot() == owned_gone
+    assert not [ev for ev in back.events if ev[0] != "assign"], back.events
     desc = describe(broker.bootstrap, group)
     assert desc.state == ConsumerGroupState.STABLE
     ids_after = {mm.group_instance_id: mm.member_id for mm in desc.members}
-    assert ids_after["inst-1"] == ids_before["inst-1"] and ids_after["inst-2"] != ids_before["inst-2"]
+    stays_inst = "inst-2" if restarted == "leader" else "inst-1"
+    assert ids_after[stays_inst] == ids_before[stays_inst] and ids_after[gone_inst] != ids_before[gone_inst]
     assert {mm.group_instance_id: {tp.partition for tp in mm.assignment.topic_partitions}
-            for mm in desc.members} == {"inst-1": owned_1, "inst-2": owned_2}
+            for mm in desc.members} == {gone_inst: owned_gone, stays_inst: owned_stays}
 
-    # both keep consuming in the unchanged generation
+    # both keep consuming and committing in the unchanged generation
     recs = produce_values(broker.bootstrap, topic_name, 40, parts)
-    wait_until(lambda: len(s1.consumed) + len(s2b.consumed) >= 40, timeout=20, what="consumed")
-    assert {p for p, _ in s1.consumed} == owned_1 and {p for p, _ in s2b.consumed} == owned_2
-    assert set(s1.consumed) | set(s2b.consumed) == recs
-    assert s1.n_events() == n1
+    wait_until(lambda: len(stays.committed) + len(back.committed) >= 40, timeout=20, what="consumed")
+    assert {p for p, _ in stays.consumed} == owned_stays and {p for p, _ in back.consumed} == owned_gone
+    assert set(stays.committed) | set(back.committed) == recs
+    assert not stays.commit_failures and not back.commit_failures, (stays.commit_failures, back.commit_failures)
+    assert stays.n_events() == n_stays
