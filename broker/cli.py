@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import sys
 
 import uvloop
@@ -22,6 +23,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def _raise_open_files_limit() -> None:
+    """Every connection and segment file is a descriptor: use the hard limit, as Kafka's service files do."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -38,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"kbroker: invalid configuration: {e}", file=sys.stderr)
         return 2
+    _raise_open_files_limit()
     from broker.server import KafkaServer
 
     server = KafkaServer(config)

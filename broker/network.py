@@ -36,6 +36,9 @@ _SIZE = struct.Struct(">i")
 INLINE_FILE_BYTES = 64 * 1024
 # Stop reading a connection while this many of its requests wait behind one in flight.
 MAX_QUEUED_PER_CONNECTION = 64
+# A client that does not read its responses: past this many unsent bytes the connection stops taking
+# requests until the backlog drains; if it does not drain within request.timeout.ms it is closed.
+MAX_UNSENT_BYTES = 16 * 1024 * 1024
 
 
 class CloseConnection(Exception):
@@ -69,6 +72,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._drained: asyncio.Future[None] | None = None
         self._closed = False
         self.last_active = time.monotonic()
+        # Since when a partial frame has waited for its remaining bytes, and since when responses have
+        # waited for the client to read them: the processor's sweep closes slow-loris and slow readers.
+        self.partial_since: float | None = None
+        self.blocked_since: float | None = None
 
     # ------------------------------------------------------------ asyncio callbacks
 
@@ -118,6 +125,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if frame_end > self._end:
                 if frame_end - self._start > len(buf):
                     self._make_room(frame_end - self._start)
+                if self.partial_since is None:
+                    self.partial_since = self.last_active
                 return
             frame = bytes(buf[self._start + 4 : frame_end])
             self._start = frame_end
@@ -132,6 +141,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 return
         if self._start == self._end:
             self._start = self._end = 0
+            self.partial_since = None
+        elif self.partial_since is None:
+            self.partial_since = self.last_active
 
     def eof_received(self) -> bool | None:
         return None
@@ -162,9 +174,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if result is None:
             return
         if isinstance(result, Response):
-            if not self._send(result):
+            sent = self._send(result)
+            if not sent or self._backlogged():
                 self._busy = True
-                self.loop.create_task(self._finish(None, result))
+                self.loop.create_task(self._finish(None, None if sent else result))
             return
         self._busy = True
         self.loop.create_task(self._finish(result, None))
@@ -175,6 +188,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 response = await pending
             if response is not None and not self._send(response):
                 await self._send_file_response(response)
+            if self._backlogged():
+                await self._wait_drained()
         except CloseConnection as e:
             log.warning("Closing connection %s: %s", self.peer, e)
             self.close(abort=True)
@@ -196,6 +211,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.transport.resume_reading()  # type: ignore[union-attr]
 
     # ------------------------------------------------------------ responses
+
+    def _backlogged(self) -> bool:
+        t = self.transport
+        return t is not None and not self._closed and t.get_write_buffer_size() > MAX_UNSENT_BYTES  # type: ignore[attr-defined]
 
     def _send(self, response: Response) -> bool:
         """Write the response now if it needs no sendfile; False means the async path must send it."""
@@ -237,7 +256,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
         while self.transport is not None and self.transport.get_write_buffer_size() > 0:  # type: ignore[attr-defined]
             if self._drained is None or self._drained.done():
                 self._drained = self.loop.create_future()
+            if self.blocked_since is None:
+                self.blocked_since = time.monotonic()
             await self._drained
+        self.blocked_since = None
         if self._closed:
             raise ConnectionResetError("connection closed")
 
@@ -271,10 +293,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     waiter_fd = os.dup(sock_fd)
                 fut: asyncio.Future[None] = self.loop.create_future()
                 self.loop.add_writer(waiter_fd, _set_once, fut)
+                if self.blocked_since is None:
+                    self.blocked_since = time.monotonic()
                 try:
                     await fut
                 finally:
                     self.loop.remove_writer(waiter_fd)
+                self.blocked_since = None
         finally:
             if waiter_fd >= 0:
                 os.close(waiter_fd)
@@ -320,8 +345,8 @@ class Processor(threading.Thread):
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(self._started.set)
         idle_ms = self.config["connections.max.idle.ms"]
-        if idle_ms >= 0:
-            self.loop.call_later(min(idle_ms / 1000, 10.0), self._close_idle, idle_ms / 1000)
+        self.loop.call_later(1.0, self._sweep, idle_ms / 1000 if idle_ms >= 0 else -1.0,
+                             self.config["request.timeout.ms"] / 1000)
         self.loop.run_forever()
 
     def wait_started(self) -> None:
@@ -342,13 +367,23 @@ class Processor(threading.Thread):
             log.info("Could not set up accepted connection: %s", e)
             sock.close()
 
-    def _close_idle(self, idle_s: float) -> None:
+    def _sweep(self, idle_s: float, request_timeout_s: float) -> None:
+        """Once a second: close idle connections, slow-loris senders and clients that never read."""
         now = time.monotonic()
         for conn in list(self.connections.values()):
-            if not conn._busy and now - conn.last_active > idle_s:
+            if idle_s >= 0 and not conn._busy and conn.partial_since is None and now - conn.last_active > idle_s:
                 log.info("Closing idle connection %s (connections.max.idle.ms)", conn.peer)
                 conn.close()
-        self.loop.call_later(min(idle_s, 10.0), self._close_idle, idle_s)
+            elif conn.partial_since is not None and now - conn.partial_since > request_timeout_s:
+                log.warning("Closing connection %s: a request stayed incomplete for %.0f s (request.timeout.ms)",
+                            conn.peer, now - conn.partial_since)
+                conn.close(abort=True)
+            elif conn.blocked_since is not None and now - conn.blocked_since > request_timeout_s:
+                log.warning("Closing connection %s: it did not read %d bytes of responses for %.0f s",
+                            conn.peer, conn.transport.get_write_buffer_size() if conn.transport else 0,  # type: ignore[attr-defined]
+                            now - conn.blocked_since)
+                conn.close(abort=True)
+        self.loop.call_later(1.0, self._sweep, idle_s, request_timeout_s)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop reading new requests, let in-flight ones finish (up to grace_s), then close everything."""
