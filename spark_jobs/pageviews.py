@@ -183,6 +183,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[JobConfig, argparse.N
     p.add_argument(
         "--packages", default=None, help="spark.jars.packages, e.g. the Kafka connector's coordinates"
     )
+    p.add_argument(
+        "--shuffle-partitions",
+        type=int,
+        default=None,
+        help="spark.sql.shuffle.partitions for a new checkpoint (state partitions; Spark's default is 200)",
+    )
     a = p.parse_args(argv)
     if a.trigger != "available-now":
         try:
@@ -219,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         b = b.master("local[*]")
     if a.packages:
         b = b.config("spark.jars.packages", a.packages)
+    if a.shuffle_partitions:
+        b = b.config("spark.sql.shuffle.partitions", str(a.shuffle_partitions))
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     try:
