@@ -542,6 +542,9 @@ def test_restart_resume_describe_list_delete(own_broker, topic_name, members):
     # offsets and metadata survived, as both admin clients see them
     offs = committed_offsets(b.bootstrap, group, topic_name, parts)
     assert {p: (tp.offset, tp.metadata) for p, tp in offs.items()} == {0: (60, "meta-0"), 1: (60, "meta-1")}
+    epochs = {p: seen[p][59].leader_epoch() for p in range(parts)}
+    assert all(e is not None and e >= 0 for e in epochs.values()), epochs
+    assert {p: tp.leader_epoch for p, tp in offs.items()} == epochs
     # (confluent's AdminClient.list_consumer_group_offsets sometimes decodes bytes past the end of a non-ASCII
     # metadata string -- a client-side read of an unterminated buffer -- so read that one as a consumer does.)
     probe = Consumer(group_conf(b.bootstrap, meta_group))
