@@ -333,9 +333,11 @@ def read_range(opts: KafkaOptions, rng: KafkaRange) -> Iterator[tuple]:
             return
         consumer.assign([TopicPartition(rng.topic, rng.partition, start)])
         deadline = time.monotonic() + opts.poll_timeout_s
+        next_offset = start
         done = False
         while not done:
-            msgs = consumer.consume(num_messages=500, timeout=0.5)
+            # Ask for exactly what is left of the range, so the call returns as soon as it has arrived.
+            msgs = consumer.consume(num_messages=max(1, min(500, end - next_offset)), timeout=0.5)
             if not msgs:
                 # Gaps (compaction, transaction markers, aborted records) can end the range without a record at
                 # end - 1: the fetch position tells whether the range is exhausted.
@@ -386,6 +388,7 @@ def read_range(opts: KafkaOptions, rng: KafkaRange) -> Iterator[tuple]:
                 if opts.include_headers:
                     row += ([(k, v) for k, v in (m.headers() or [])],)
                 yield row
+                next_offset = off + 1
                 deadline = time.monotonic() + opts.poll_timeout_s
                 if off >= end - 1:
                     done = True
