@@ -167,6 +167,8 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("request.timeout.ms", _int, 30000, at_least(0)),
         ConfigKey("replica.lag.time.max.ms", _long, 30000, at_least(0)),
         ConfigKey("num.replica.fetchers", _int, 1, at_least(1)),
+        ConfigKey("quota.window.num", _int, 11, at_least(1)),
+        ConfigKey("quota.window.size.seconds", _int, 1, at_least(1)),
         ConfigKey("group.coordinator.rebalance.protocols", _list, ["classic"], one_of("classic")),
     ]
 }

@@ -76,6 +76,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         # waited for the client to read them: the processor's sweep closes slow-loris and slow readers.
         self.partial_since: float | None = None
         self.blocked_since: float | None = None
+        # Quota throttling: after the current response, read no request for this long (KIP-219).
+        self._mute_ms = 0
 
     # ------------------------------------------------------------ asyncio callbacks
 
@@ -175,7 +177,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             return
         if isinstance(result, Response):
             sent = self._send(result)
-            if not sent or self._backlogged():
+            if not sent or self._backlogged() or self._mute_ms:
                 self._busy = True
                 self.loop.create_task(self._finish(None, None if sent else result))
             return
@@ -190,6 +192,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 await self._send_file_response(response)
             if self._backlogged():
                 await self._wait_drained()
+            if self._mute_ms:
+                mute, self._mute_ms = self._mute_ms, 0
+                await asyncio.sleep(mute / 1000)
         except CloseConnection as e:
             log.warning("Closing connection %s: %s", self.peer, e)
             self.close(abort=True)
@@ -303,6 +308,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
         finally:
             if waiter_fd >= 0:
                 os.close(waiter_fd)
+
+    def mute_for(self, ms: int) -> None:
+        """Throttle a client over its quota: its next request waits ms after this response."""
+        self._mute_ms = max(self._mute_ms, ms)
 
     def stop_reading(self) -> None:
         if self._reading and not self._closed and self.transport is not None:

@@ -13,6 +13,7 @@ from broker.apis import KafkaApis
 from broker.config import KafkaConfig
 from broker.handlers import all_handlers
 from broker.network import SocketServer
+from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotaManager
 from broker.replica_manager import ReplicaManager
 from coordinator.group_coordinator import OFFSETS_TOPIC, GroupConfig, GroupCoordinator
 from coordinator.metadata_store import LocalMetadataStore, TopicRecord
@@ -45,6 +46,14 @@ class KafkaServer:
             self.metadata.producer_id_block_source()
             if isinstance(self.metadata, ZkMetadataStore)
             else LocalBlockSource(config.log_dirs[0], self.broker_id)
+        )
+        self.produce_quota = ClientQuotaManager(
+            PRODUCER_BYTE_RATE, lambda: self.metadata.client_quotas,
+            config["quota.window.num"], config["quota.window.size.seconds"],
+        )
+        self.fetch_quota = ClientQuotaManager(
+            CONSUMER_BYTE_RATE, lambda: self.metadata.client_quotas,
+            config["quota.window.num"], config["quota.window.size.seconds"],
         )
         self.apis = KafkaApis(self, all_handlers())
         self.socket_server = SocketServer(config, self.apis)

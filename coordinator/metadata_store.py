@@ -19,6 +19,9 @@ from storage.atomic_file import write_atomically
 
 log = logging.getLogger("kbroker.metadata")
 
+# Kafka's name for the default client-id entity in /config/clients.
+DEFAULT_ENTITY = "<default>"
+
 
 def new_cluster_id() -> str:
     """22 characters of URL-safe base64, like Kafka's Uuid.randomUuid().toString()."""
@@ -74,6 +77,8 @@ class LocalMetadataStore:
         self.topics: dict[str, TopicRecord] = {}
         self.cluster_id = ""
         self.broker_configs: dict[str, str] = {}
+        # client id (None: the default entity) -> quota key -> value
+        self.client_quotas: dict[str | None, dict[str, float]] = {}
 
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,6 +87,10 @@ class LocalMetadataStore:
             self.cluster_id = data["cluster_id"]
             self.topics = {n: TopicRecord.from_json(n, t) for n, t in data.get("topics", {}).items()}
             self.broker_configs = dict(data.get("broker_configs", {}))
+            self.client_quotas = {
+                (None if k == DEFAULT_ENTITY else k): {q: float(v) for q, v in vals.items()}
+                for k, vals in data.get("client_quotas", {}).items()
+            }
         else:
             self.cluster_id = new_cluster_id()
             self._persist()
@@ -112,6 +121,7 @@ class LocalMetadataStore:
             "cluster_id": self.cluster_id,
             "topics": {n: t.to_json() for n, t in sorted(self.topics.items())},
             "broker_configs": self.broker_configs,
+            "client_quotas": {(DEFAULT_ENTITY if k is None else k): v for k, v in self.client_quotas.items()},
         }
         write_atomically(self.path, json.dumps(data, indent=1).encode())
 
@@ -141,4 +151,14 @@ class LocalMetadataStore:
     def set_broker_configs(self, configs: dict[str, str]) -> None:
         with self._lock:
             self.broker_configs = dict(configs)
+            self._persist()
+
+    def set_client_quotas(self, entity: str | None, values: dict[str, float]) -> None:
+        with self._lock:
+            quotas = dict(self.client_quotas)
+            if values:
+                quotas[entity] = dict(values)
+            else:
+                quotas.pop(entity, None)
+            self.client_quotas = quotas
             self._persist()

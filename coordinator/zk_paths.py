@@ -19,6 +19,7 @@ BROKER_TOPICS = "/brokers/topics"
 CONFIG_TOPICS = "/config/topics"
 CONFIG_BROKERS = "/config/brokers"
 CONFIG_CHANGES = "/config/changes"
+CONFIG_CLIENTS = "/config/clients"
 DELETE_TOPICS = "/admin/delete_topics"
 LATEST_PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 DEFAULT_BROKER_ENTITY = "<default>"
@@ -35,11 +36,15 @@ PERSISTENT_PATHS = (
     LATEST_PRODUCER_ID_BLOCK,
     "/log_dir_event_notification",
     CONFIG_TOPICS,
-    "/config/clients",
+    CONFIG_CLIENTS,
     "/config/users",
     CONFIG_BROKERS,
     "/config/ips",
 )
+
+
+def client_config_path(entity: str | None) -> str:
+    return f"{CONFIG_CLIENTS}/{DEFAULT_BROKER_ENTITY if entity is None else entity}"
 
 
 def broker_path(broker_id: int) -> str:

@@ -63,6 +63,9 @@ class ZkMetadataStore:
         self.cluster_id = ""
         self.topics: dict[str, TopicRecord] = {}
         self.broker_configs: dict[str, str] = {}
+        # client id (None: the default entity) -> quota key -> value, mirrored from /config/clients
+        self.client_quotas: dict[str | None, dict[str, float]] = {}
+        self._client_watches: set[str] = set()
         self._brokers: dict[int, tuple[str, int, str | None]] = {}
         self._controller: int | None = None
 
@@ -93,6 +96,7 @@ class ZkMetadataStore:
         DataWatch(client, zp.broker_config_path(), self._on_broker_config_data)
         ChildrenWatch(client, zp.BROKER_IDS, self._on_broker_ids)
         ChildrenWatch(client, zp.BROKER_TOPICS, self._on_topic_children)
+        ChildrenWatch(client, zp.CONFIG_CLIENTS, self._on_client_children)
         DataWatch(client, zp.CONTROLLER, self._on_controller_data)
         log.info(
             "Connected to ZooKeeper at %s: cluster id %s, %d topics, live brokers %s, controller %s",
@@ -486,6 +490,63 @@ class ZkMetadataStore:
                 self.on_broker_configs_changed()
             except Exception:  # noqa: BLE001
                 log.error("Applying dynamic broker configs failed", exc_info=True)
+
+    # ------------------------------------------------------------ client quotas
+
+    @staticmethod
+    def _entity_of(child: str) -> str | None:
+        return None if child == zp.DEFAULT_BROKER_ENTITY else child
+
+    def _on_client_children(self, children: list[str]) -> None:
+        if self._stopping or self.client is None:
+            return
+        for child in children:
+            if child not in self._client_watches:
+                self._client_watches.add(child)
+                DataWatch(self.client, f"{zp.CONFIG_CLIENTS}/{child}", self._client_watcher(child))
+        gone = {self._entity_of(c) for c in self._client_watches - set(children)}
+        if gone & set(self.client_quotas):
+            self.client_quotas = {k: v for k, v in self.client_quotas.items() if k not in gone}
+
+    def _client_watcher(self, child: str) -> Callable[[bytes | None, Any], bool | None]:
+        def changed(data: bytes | None, stat: Any) -> bool | None:
+            entity = self._entity_of(child)
+            quotas = dict(self.client_quotas)
+            if data is None:
+                self._client_watches.discard(child)
+                quotas.pop(entity, None)
+                self.client_quotas = quotas
+                return False
+            try:
+                values = {k: float(v) for k, v in zp.parse_config(data).items()}
+            except ValueError:
+                log.error("Unreadable client quota config %s/%s: %r", zp.CONFIG_CLIENTS, child, data)
+                return None
+            if values:
+                quotas[entity] = values
+            else:
+                quotas.pop(entity, None)
+            self.client_quotas = quotas
+            return None
+
+        return changed
+
+    def set_client_quotas(self, entity: str | None, values: dict[str, float]) -> None:
+        with self._sync_lock:
+            client = self._zk()
+            path = zp.client_config_path(entity)
+            doc = zp.config_doc({k: repr(v) for k, v in values.items()})
+            try:
+                client.set(path, doc)
+            except NoNodeError:
+                client.create(path, doc, makepath=True)
+            self._notify_config_change(path.removeprefix("/config/"))
+            quotas = dict(self.client_quotas)
+            if values:
+                quotas[entity] = dict(values)
+            else:
+                quotas.pop(entity, None)
+            self.client_quotas = quotas
 
     def producer_id_block_source(self) -> ZkProducerIdBlockAllocator:
         """Producer id blocks from /latest_producer_id_block (usable once start() has connected)."""

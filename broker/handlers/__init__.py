@@ -6,9 +6,19 @@ from broker.apis import ApiHandler
 
 
 def all_handlers() -> list[ApiHandler]:
-    from broker.handlers import api_versions, configs, fetch, groups, metadata, produce, producer, topics
+    from broker.handlers import (
+        api_versions,
+        configs,
+        fetch,
+        groups,
+        metadata,
+        produce,
+        producer,
+        quotas,
+        topics,
+    )
 
     out: list[ApiHandler] = []
-    for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups):
+    for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, quotas):
         out.extend(module.HANDLERS)
     return out

@@ -115,8 +115,19 @@ def handle_fetch(ctx: RequestContext, req: FetchRequest) -> Any:
     plan = _FetchPlan(ctx, req)
     response, nbytes, has_error = plan.read()
     if nbytes >= req.min_bytes or req.max_wait_ms <= 0 or has_error or not plan.keys():
-        return response
+        return _apply_quota(ctx, response, nbytes)
     return _long_poll(ctx, plan, req.max_wait_ms / 1000.0, req.min_bytes)
+
+
+def _apply_quota(ctx: RequestContext, response: FetchResponse, nbytes: int) -> FetchResponse:
+    """consumer_byte_rate: a client over its quota gets an empty response with throttle_time_ms (as Kafka)."""
+    quota = ctx.server.fetch_quota
+    throttle = quota.record_and_get_throttle_ms(ctx.client_id, nbytes)
+    if throttle <= 0:
+        return response
+    quota.unrecord(ctx.client_id, nbytes)
+    ctx.conn.mute_for(throttle)
+    return FetchResponse(throttle_time_ms=throttle, error_code=0, session_id=0, responses=[])
 
 
 async def _long_poll(ctx: RequestContext, plan: _FetchPlan, max_wait: float, min_bytes: int) -> FetchResponse:
@@ -130,7 +141,7 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, max_wait: float, min
             response, nbytes, has_error = plan.read()
             left = deadline - time.monotonic()
             if nbytes >= min_bytes or has_error or left <= 0:
-                return response
+                return _apply_quota(ctx, response, nbytes)
             try:
                 await asyncio.wait_for(asyncio.shield(waiter.future), left)
             except TimeoutError:

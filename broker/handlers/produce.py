@@ -59,7 +59,13 @@ def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
                 )
             )
         topics.append(ProduceResponse.TopicProduceResponse(name=t.name, partition_responses=parts))
-    response = ProduceResponse(responses=topics, throttle_time_ms=0)
+    throttle = ctx.server.produce_quota.record_and_get_throttle_ms(
+        ctx.client_id, sum(len(p.records) for t in req.topic_data for p in t.partition_data if p.records is not None)
+    )
+    if throttle:
+        # producer_byte_rate: the data is appended; the client is told to back off and its connection waits.
+        ctx.conn.mute_for(throttle)
+    response = ProduceResponse(responses=topics, throttle_time_ms=throttle)
     if acks == 0:
         if to_flush:
             rm.flush_in_background(to_flush)
