@@ -46,6 +46,10 @@ import org.apache.kafka.common.Node;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.TopicPartitionInfo;
 import org.apache.kafka.common.config.ConfigResource;
+import org.apache.kafka.common.quota.ClientQuotaAlteration;
+import org.apache.kafka.common.quota.ClientQuotaEntity;
+import org.apache.kafka.common.quota.ClientQuotaFilter;
+import org.apache.kafka.common.quota.ClientQuotaFilterComponent;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.header.internals.RecordHeader;
 import org.apache.kafka.common.record.TimestampType;
@@ -103,6 +107,7 @@ public final class KafkaCompat {
                     case "consume": k.consume(); break;
                     case "group": k.group(); break;
                     case "rebalance": k.rebalance(); break;
+                    case "quotas": k.quotas(); break;
                     default: throw new Check("unknown scenario " + s);
                 }
             }
@@ -116,6 +121,42 @@ public final class KafkaCompat {
         System.out.flush();
         // Kafka's client threads are daemons, but be explicit: never hang the caller.
         System.exit(0);
+    }
+
+    /** AlterClientQuotas and DescribeClientQuotas through the Java Admin client. */
+    void quotas() throws Exception {
+        String clientId = args.getOrDefault("client", "java-quota-client");
+        Properties p = new Properties();
+        p.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        try (Admin admin = Admin.create(p)) {
+            ClientQuotaEntity entity = new ClientQuotaEntity(Collections.singletonMap(ClientQuotaEntity.CLIENT_ID, clientId));
+            admin.alterClientQuotas(Collections.singletonList(new ClientQuotaAlteration(entity, Arrays.asList(
+                    new ClientQuotaAlteration.Op("producer_byte_rate", 65536.0),
+                    new ClientQuotaAlteration.Op("consumer_byte_rate", 131072.0))))).all().get();
+            ok("alterClientQuotas %s", clientId);
+            Map<ClientQuotaEntity, Map<String, Double>> got = admin.describeClientQuotas(ClientQuotaFilter.containsOnly(
+                    Collections.singletonList(ClientQuotaFilterComponent.ofEntity(ClientQuotaEntity.CLIENT_ID, clientId))))
+                    .entities().get();
+            Map<String, Double> values = got.get(entity);
+            check(values != null && values.get("producer_byte_rate") == 65536.0
+                    && values.get("consumer_byte_rate") == 131072.0, "describeClientQuotas returned %s", got);
+            ok("describeClientQuotas %s", values);
+            try {
+                admin.alterClientQuotas(Collections.singletonList(new ClientQuotaAlteration(entity,
+                        Collections.singletonList(new ClientQuotaAlteration.Op("producer_byte_rate", -5.0))))).all().get();
+                throw new Check("a negative quota was accepted");
+            } catch (ExecutionException e) {
+                check(e.getCause() instanceof org.apache.kafka.common.errors.InvalidRequestException,
+                        "negative quota gave %s", e.getCause());
+                ok("alterClientQuotas negative refused");
+            }
+            admin.alterClientQuotas(Collections.singletonList(new ClientQuotaAlteration(entity, Arrays.asList(
+                    new ClientQuotaAlteration.Op("producer_byte_rate", null),
+                    new ClientQuotaAlteration.Op("consumer_byte_rate", null))))).all().get();
+            got = admin.describeClientQuotas(ClientQuotaFilter.all()).entities().get();
+            check(!got.containsKey(entity), "removed quotas still described: %s", got);
+            ok("alterClientQuotas remove");
+        }
     }
 
     // ------------------------------------------------------------------ helpers

@@ -296,3 +296,11 @@ def test_consumer_group_rebalance(java_classpath: str, broker: Any, python_topic
     run = run_java(java_classpath, broker, "rebalance", topic=python_topic, group="java-rebalance", count=COUNT)
     assert any(line.startswith("two members share 3 partitions") for line in run.ok), run.stdout
     assert any(line.startswith("after the second member left the first holds all 3 partitions") for line in run.ok)
+
+
+def test_client_quotas(java_classpath: str, broker: Any) -> None:
+    """The Java Admin client sets, reads and removes client quotas."""
+    run = run_java(java_classpath, broker, "quotas", client="java-quota-client")
+    for e in ["alterClientQuotas java-quota-client", "describeClientQuotas", "alterClientQuotas negative refused",
+              "alterClientQuotas remove"]:
+        assert any(line.startswith(e) for line in run.ok), (e, run.stdout)
