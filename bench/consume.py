@@ -1,0 +1,67 @@
+"""Workload 2: consume N x 100-byte messages (8 topics x 4 partitions, from offset 0, assign without a group) with
+confluent-kafka (fetch.queue.backoff.ms=10), aiokafka and kafka-python."""
+
+from __future__ import annotations
+
+from bench import clients
+from bench.harness import (Ctx, KBroker, Peer, PySpy, Row, all_of, cpu_le, kb_ge, payloads, ratio_ge,
+                           watermark_total)
+
+NTOPICS = 8
+
+
+def run(ctx: Ctx) -> list[Row]:
+    n = ctx.n(1_000_000, 100_000)
+    topics = [f"c_{k}" for k in range(NTOPICS)]
+    tps = clients.partitions_of(topics)
+    values = payloads(100)
+    rows = {
+        "confluent-kafka": Row("consume 100 B, confluent-kafka", "msg/s",
+                               target=">= 1M msg/s and >= peer; CPU <= 0.1 us/msg",
+                               check=all_of(kb_ge(1e6), ratio_ge(1.0), cpu_le(0.1))),
+        "aiokafka": Row("consume 100 B, aiokafka", "msg/s", target=">= peer; CPU <= 0.1 us/msg",
+                        check=all_of(ratio_ge(1.0), cpu_le(0.1))),
+        "kafka-python": Row("consume 100 B, kafka-python", "msg/s", target=">= peer; CPU <= 0.1 us/msg",
+                            check=all_of(ratio_ge(1.0), cpu_le(0.1))),
+    }
+    # kafka-python reads ~100k msg/s whatever the broker: a smaller count keeps the run short.
+    counts = {"confluent-kafka": n, "aiokafka": n, "kafka-python": max(1, n // 4)}
+    kb, peer = KBroker(ctx.base), Peer()
+    try:
+        kb.start()
+        peer.start()
+        for t in (kb, peer):
+            t.create_topics(topics)
+            clients.produce(t.bootstrap, tps, n, values, {}, timeout=120)
+            acked = watermark_total(t.bootstrap, topics)
+            if acked != n:
+                raise RuntimeError(f"{t.name}: loaded {acked} of {n} messages")
+        for rep in range(ctx.reps):
+            for cname, fn in clients.CONSUMERS.items():
+                if ctx.out_of_time(f"consume {cname} rep {rep + 1}"):
+                    continue
+                row, want = rows[cname], counts[cname]
+                for t in (kb, peer):
+                    c0 = t.cpu()
+                    secs, got, _ = fn(t.bootstrap, tps, want, 120)
+                    cpu = t.cpu() - c0
+                    if got < want:
+                        row.note += f" {t.name} rep{rep + 1}: read {got} of {want};"
+                    rate = got / secs if got >= want else float("nan")
+                    (row.kb if t is kb else row.peer).append(rate)
+                    (row.kb_cpu_us if t is kb else row.peer_cpu_us).append(cpu * 1e6 / max(got, 1))
+                    ctx.log(f"  consume {cname} rep {rep + 1} {t.name}: {rate:,.0f} msg/s, "
+                            f"broker CPU {cpu * 1e6 / max(got, 1):.3f} us/msg")
+        hwm = kb.hwm_mb()
+        for r in rows.values():
+            r.kb_rss_mb.append(hwm)
+        if ctx.profile and not ctx.out_of_time("consume profile"):
+            out = ctx.base / "pyspy-consume.raw"
+            with PySpy(kb.pid, out):
+                for _ in range(3):
+                    clients.consume_confluent(kb.bootstrap, tps, n, 120)
+            ctx.profiles["consume (confluent-kafka, 100 B)"] = str(out)
+    finally:
+        kb.stop()
+        peer.stop()
+    return list(rows.values())

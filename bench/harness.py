@@ -1,0 +1,508 @@
+"""Broker processes (kbroker and the librdkafka mock peer), /proc measurements, cleanup, result rows."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+PEER_DIR = Path(os.environ.get("KBROKER_BENCH_PEERS", "/work/shared/bench-peers"))
+PEER_SCRIPT = PEER_DIR / "librdkafka_mock_broker.py"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# ---------------------------------------------------------------------------------------------------- cleanup
+
+_children: list[subprocess.Popen[Any]] = []
+_dirs: list[Path] = []
+_lock = threading.Lock()
+
+
+def _pdeathsig() -> None:
+    """In the child: die with SIGKILL when the benchmark process dies (even if it is itself SIGKILLed)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def spawn(args: list[str], **kw: Any) -> subprocess.Popen[Any]:
+    proc = subprocess.Popen(args, preexec_fn=_pdeathsig, **kw)
+    with _lock:
+        _children.append(proc)
+    return proc
+
+
+def reap(proc: subprocess.Popen[Any], sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:
+    if proc.poll() is None:
+        try:
+            proc.send_signal(sig)
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        except ProcessLookupError:
+            pass
+    with _lock:
+        if proc in _children:
+            _children.remove(proc)
+
+
+def cleanup_all() -> None:
+    """Kill every process this benchmark started and remove its data directories."""
+    with _lock:
+        procs = list(_children)
+    for p in procs:
+        try:
+            reap(p, signal.SIGKILL, 5)
+        except Exception:  # noqa: BLE001
+            pass
+    for d in reversed(list(_dirs)):
+        shutil.rmtree(d, ignore_errors=True)
+        _dirs.remove(d)
+
+
+def cleanup_children() -> None:
+    """Between workloads: kill leftover processes and remove broker data directories (not the base dir)."""
+    with _lock:
+        procs = list(_children)
+    for p in procs:
+        try:
+            reap(p, signal.SIGKILL, 5)
+        except Exception:  # noqa: BLE001
+            pass
+    for d in list(_dirs[1:]):
+        shutil.rmtree(d, ignore_errors=True)
+        _dirs.remove(d)
+
+
+def install_signal_handlers() -> None:
+    def on_term(signum: int, _frame: Any) -> None:
+        cleanup_all()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
+
+
+def workdir(base: Path, name: str) -> Path:
+    base.mkdir(parents=True, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=base))
+    _dirs.append(d)
+    return d
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---------------------------------------------------------------------------------------------------- /proc
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process (all threads), seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def mem_mb(pid: int, key: str = "VmHWM") -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def machine_info() -> dict[str, str]:
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem_kb = int(f.readline().split()[1])
+    return {
+        "nproc": str(os.cpu_count()),
+        "cpu": cpu,
+        "ram": f"{mem_kb / 1024 / 1024:.1f} GiB",
+        "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "python": sys.version.split()[0],
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- targets
+
+
+class Target:
+    """A broker under test. `name` is 'kbroker' or 'peer'."""
+
+    name = "?"
+    proc: subprocess.Popen[Any] | None = None
+    bootstrap = ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def hwm_mb(self) -> float:
+        return mem_mb(self.pid, "VmHWM")
+
+    def rss_mb(self) -> float:
+        return mem_mb(self.pid, "VmRSS")
+
+    def create_topics(self, names: list[str], partitions: int = 4, configs: dict[str, str] | None = None) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            reap(self.proc, signal.SIGKILL)
+            self.proc = None
+
+    def __enter__(self) -> Target:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class KBroker(Target):
+    name = "kbroker"
+
+    def __init__(self, base: Path, overrides: dict[str, str] | None = None) -> None:
+        self.data_dir = workdir(base, "kbroker")
+        self.port = free_port()
+        self.overrides = {
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "log.dirs": str(self.data_dir / "logs"),
+            "group.initial.rebalance.delay.ms": "0",
+            **(overrides or {}),
+        }
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.log_path = self.data_dir / "broker.log"
+
+    def start(self, timeout: float = 120.0) -> float:
+        """Start and wait until the port accepts connections; returns the seconds that took."""
+        args = [sys.executable, "-m", "broker", str(ROOT / "configs" / "server.properties")]
+        for k, v in self.overrides.items():
+            args += ["--override", f"{k}={v}"]
+        logf = open(self.log_path, "ab")
+        t0 = time.monotonic()
+        self.proc = spawn(args, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT)
+        logf.close()
+        deadline = t0 + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kbroker exited with {self.proc.returncode}:\n{self.read_log()[-3000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return time.monotonic() - t0
+            except OSError:
+                time.sleep(0.005)
+        self.stop()
+        raise RuntimeError(f"kbroker did not listen within {timeout}s:\n{self.read_log()[-3000:]}")
+
+    def read_log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop_clean(self, timeout: float = 120.0) -> float:
+        """SIGTERM and wait for exit (clean shutdown); returns seconds."""
+        assert self.proc is not None
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        finally:
+            reap(self.proc)
+            self.proc = None
+        return time.monotonic() - t0
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        reap(self.proc, signal.SIGKILL)
+        self.proc = None
+
+    def create_topics(self, names: list[str], partitions: int = 4, configs: dict[str, str] | None = None) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})
+        for i in range(0, len(names), 500):
+            chunk = names[i : i + 500]
+            fs = admin.create_topics(
+                [NewTopic(n, partitions, 1, config=dict(configs or {})) for n in chunk], request_timeout=60
+            )
+            for f in fs.values():
+                f.result(60)
+        wait_metadata(self.bootstrap, names, partitions)
+
+
+class Peer(Target):
+    """librdkafka's mock cluster in its own process (in-memory, ~5 MiB kept per partition)."""
+
+    name = "peer"
+
+    def __init__(self, prefix: str = "warm", ntopics: int = 1) -> None:
+        self.prefix, self.ntopics = prefix, ntopics
+
+    def start(self, timeout: float = 60.0) -> float:
+        t0 = time.monotonic()
+        self.proc = spawn(
+            [sys.executable, str(PEER_SCRIPT), self.prefix, str(self.ntopics)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(timeout)
+        if not line or not line[0].startswith("READY"):
+            self.stop()
+            raise RuntimeError(f"peer did not become ready: {line!r}")
+        self.bootstrap = line[0].split()[1]
+        return time.monotonic() - t0
+
+    def create_topics(self, names: list[str], partitions: int = 4, configs: dict[str, str] | None = None) -> None:
+        # The mock auto-creates topics (4 partitions) on a Metadata request; it cannot CreateTopics.
+        if partitions != 4:
+            raise ValueError("the mock peer only creates 4-partition topics")
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})
+        for n in names:
+            admin.list_topics(n, timeout=10)
+        wait_metadata(self.bootstrap, names, partitions)
+
+
+def wait_metadata(bootstrap: str, names: list[str], partitions: int, timeout: float = 60.0) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3, "allow.auto.create.topics": False})
+    deadline = time.monotonic() + timeout
+    want = set(names)
+    while True:
+        md = admin.list_topics(timeout=10)
+        ok = {t for t in want if t in md.topics and len(md.topics[t].partitions) == partitions
+              and md.topics[t].error is None}
+        if ok == want:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topics missing after {timeout}s: {sorted(want - ok)[:5]}")
+        time.sleep(0.1)
+
+
+def watermark_total(bootstrap: str, topics: list[str], partitions: int = 4) -> int:
+    """Sum of high watermarks: the number of messages the broker acknowledged (fresh topics start at 0)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-wm", "log_level": 3})
+    try:
+        total = 0
+        for t in topics:
+            for p in range(partitions):
+                lo, hi = c.get_watermark_offsets(TopicPartition(t, p), timeout=10)
+                total += hi
+        return total
+    finally:
+        c.close()
+
+
+# ---------------------------------------------------------------------------------------------------- results
+
+
+def fmt(x: float | None, digits: int = 3) -> str:
+    if x is None or x != x:
+        return "-"
+    ax = abs(x)
+    if ax >= 1e6:
+        return f"{x / 1e6:.{max(digits - 1, 1)}f}M"
+    if ax >= 1e4:
+        return f"{x / 1e3:.0f}k"
+    if ax >= 1000:
+        return f"{x:.0f}"
+    if ax >= 100:
+        return f"{x:.0f}"
+    if ax >= 10:
+        return f"{x:.1f}"
+    if ax >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3f}"
+
+
+def med(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else None
+
+
+def spread(xs: list[float]) -> str:
+    xs = [x for x in xs if x == x]
+    if not xs:
+        return "-"
+    m = fmt(statistics.median(xs))
+    if len(xs) == 1:
+        return m
+    return f"{m} ({fmt(min(xs))}-{fmt(max(xs))})"
+
+
+@dataclass
+class Row:
+    workload: str
+    metric: str  # unit of kb/peer, e.g. "msg/s", "MB/s", "ms"
+    kb: list[float] = field(default_factory=list)
+    peer: list[float] = field(default_factory=list)
+    kb_cpu_us: list[float] = field(default_factory=list)  # kbroker CPU microseconds per message
+    peer_cpu_us: list[float] = field(default_factory=list)
+    kb_rss_mb: list[float] = field(default_factory=list)  # kbroker peak RSS (VmHWM) during the workload
+    target: str = ""
+    check: Callable[[Row], bool | None] | None = None
+    note: str = ""
+    higher_is_better: bool = True
+
+    def ratio(self) -> float | None:
+        a, b = med(self.kb), med(self.peer)
+        if a is None or b is None or b == 0:
+            return None
+        return a / b
+
+    def verdict(self) -> str:
+        if self.check is None:
+            return ""
+        try:
+            ok = self.check(self)
+        except Exception:  # noqa: BLE001
+            ok = None
+        return {True: "PASS", False: "FAIL", None: "?"}[ok]
+
+
+def cpu_le(limit: float) -> Callable[[Row], bool | None]:
+    def chk(r: Row) -> bool | None:
+        m = med(r.kb_cpu_us)
+        return None if m is None else m <= limit
+
+    return chk
+
+
+def all_of(*checks: Callable[[Row], bool | None]) -> Callable[[Row], bool | None]:
+    def chk(r: Row) -> bool | None:
+        res = [c(r) for c in checks]
+        if any(x is False for x in res):
+            return False
+        if any(x is None for x in res):
+            return None
+        return True
+
+    return chk
+
+
+def ratio_ge(x: float) -> Callable[[Row], bool | None]:
+    def chk(r: Row) -> bool | None:
+        q = r.ratio()
+        return None if q is None else q >= x
+
+    return chk
+
+
+def kb_ge(x: float) -> Callable[[Row], bool | None]:
+    def chk(r: Row) -> bool | None:
+        m = med(r.kb)
+        return None if m is None else m >= x
+
+    return chk
+
+
+def kb_le(x: float) -> Callable[[Row], bool | None]:
+    def chk(r: Row) -> bool | None:
+        m = med(r.kb)
+        return None if m is None else m <= x
+
+    return chk
+
+
+@dataclass
+class Ctx:
+    """Settings shared by all workloads."""
+
+    base: Path
+    reps: int
+    quick: bool
+    scale: float  # multiplies message counts
+    profile: bool
+    profiles: dict[str, str] = field(default_factory=dict)  # name -> raw py-spy output path
+    deadline: float = float("inf")  # monotonic time after which workloads skip what remains
+    log: Callable[[str], None] = print
+    skipped: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def n(self, full: int, quick: int) -> int:
+        return max(1, int((quick if self.quick else full) * self.scale))
+
+    def out_of_time(self, what: str) -> bool:
+        if time.monotonic() > self.deadline:
+            self.skipped.append(what)
+            self.log(f"  [time budget exhausted: skipping {what}]")
+            return True
+        return False
+
+
+def payloads(size: int, count: int = 256, seed: int = 7) -> list[bytes]:
+    """Message values that compress roughly like text/JSON (about 2-3x with lz4), not all-zero or random."""
+    rnd = random.Random(seed)
+    words = [bytes(rnd.choice(b"abcdefghijklmnopqrstuvwxyz") for _ in range(rnd.randint(2, 9))) for _ in range(500)]
+    out = []
+    for _ in range(count):
+        buf = bytearray()
+        while len(buf) < size:
+            buf += b'{"k":"' + rnd.choice(words) + b'","v":' + str(rnd.randint(0, 99999)).encode() + b"},"
+        out.append(bytes(buf[:size]))
+    return out
+
+
+class PySpy:
+    """`py-spy record --gil -f raw` attached to a pid for the duration of a `with` block.
+
+    --gil: only the thread holding the GIL is sampled. kbroker's threads run uvloop, whose epoll wait py-spy
+    cannot tell from work (it shows as self time of Processor.run), so GIL samples are the honest measure of
+    where the broker's Python time goes."""
+
+    def __init__(self, pid: int, out: Path, rate: int = 1000) -> None:
+        self.pid, self.out, self.rate = pid, out, rate
+        self.proc: subprocess.Popen[Any] | None = None
+
+    def __enter__(self) -> PySpy:
+        exe = shutil.which("py-spy")
+        if exe is None:
+            return self
+        self.proc = spawn(
+            [exe, "record", "--gil", "-f", "raw", "-r", str(self.rate), "-o", str(self.out), "--pid", str(self.pid)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.5)  # let it attach
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc is not None:
+            reap(self.proc, signal.SIGINT, 30)  # SIGINT: py-spy writes its output and exits

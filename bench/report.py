@@ -1,0 +1,136 @@
+"""Markdown output: machine, command, the results table, py-spy hot spots."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from bench.harness import ROOT, Row, fmt, machine_info, med, spread
+
+KEEP_MARKER = "<!-- Everything below this line is hand-written and kept when bench rewrites this file. -->"
+
+
+def table(rows: list[Row]) -> str:
+    out = [
+        "| workload | unit | kbroker median (min-max) | peer median (min-max) | kbroker/peer | "
+        "kbroker CPU us/msg | peer CPU us/msg | kbroker peak RSS MB | target | verdict |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        ratio = r.ratio()
+        rss = med(r.kb_rss_mb)
+        note = f" <br>*{r.note.strip()}*" if r.note.strip() else ""
+        out.append(
+            f"| {r.workload}{note} | {r.metric} | {spread(r.kb)} | {spread(r.peer) if r.peer else 'n/a'} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}'} | {spread(r.kb_cpu_us) if r.kb_cpu_us else '-'} | "
+            f"{spread(r.peer_cpu_us) if r.peer_cpu_us else '-'} | {fmt(rss) if rss is not None else '-'} | "
+            f"{r.target} | {r.verdict()} |"
+        )
+    return "\n".join(out)
+
+
+def _short(frame: str) -> str:
+    """'handle (/work/main/broker/network.py:123)' -> 'broker/network.py:handle'."""
+    m = re.match(r"(.*) \((.*?)(?::\d+)?\)$", frame)
+    if not m:
+        return frame
+    func, path = m.group(1), m.group(2)
+    root = str(ROOT) + "/"
+    if path.startswith(root):
+        path = path[len(root):]
+    else:
+        path = re.sub(r".*/(site-packages|lib/python3\.\d+)/", r"<\1>/", path)
+    return f"{path}:{func}"
+
+
+def hotspots(raw_path: str, top: int = 15) -> str:
+    """Self (leaf) and inclusive sample shares per file:function from py-spy's raw (collapsed stack) output."""
+    selfc: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    total = 0
+    try:
+        lines = Path(raw_path).read_text().splitlines()
+    except OSError:
+        return "(no py-spy output)"
+    for line in lines:
+        stack, _, cnt = line.rpartition(" ")
+        if not stack or not cnt.isdigit():
+            continue
+        c = int(cnt)
+        frames = [_short(f) for f in stack.split(";") if f and not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        total += c
+        selfc[frames[-1]] += c
+        for f in set(frames):
+            incl[f] += c
+    if not total:
+        return "(no samples)"
+    ours = ("broker/", "storage/", "protocol/", "coordinator/")
+    out = [f"{total} samples (GIL holder only: where Python time goes).", "",
+           "| self % | function (leaf frame) | | inclusive % | kbroker function (incl. callees) |",
+           "| --- | --- | --- | --- | --- |"]
+    s_items = selfc.most_common(top)
+    i_items = [(f, c) for f, c in incl.most_common() if f.startswith(ours)][:top]
+    for k in range(max(len(s_items), len(i_items))):
+        a = s_items[k] if k < len(s_items) else ("", 0)
+        b = i_items[k] if k < len(i_items) else ("", 0)
+        out.append(f"| {100 * a[1] / total:.1f} | `{a[0]}` | | {100 * b[1] / total:.1f} | `{b[0]}` |"
+                   if a[0] and b[0] else
+                   f"| {100 * a[1] / total:.1f} | `{a[0]}` | | | |" if a[0] else
+                   f"| | | | {100 * b[1] / total:.1f} | `{b[0]}` |")
+    return "\n".join(out)
+
+
+def git_rev() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+def render(rows: list[Row], command: str, started: float, elapsed: float, info: dict[str, str],
+           load_end: str, profiles: dict[str, str], skipped: list[str], quick: bool, reps: int) -> str:
+    date = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started))
+    parts = [
+        "# kbroker benchmark results" + (" (--quick smoke run)" if quick else ""),
+        "",
+        f"- date: {date}; kbroker commit {git_rev()}; wall time {elapsed:.0f} s",
+        f"- command: `{command}`",
+        f"- machine: {info['nproc']} CPUs ({info['cpu']}), {info['ram']} RAM, Python {info['python']}; "
+        f"load average at start {info['load']}, at end {load_end}",
+        "- peer: librdkafka's mock cluster (in-memory C, one I/O thread; /work/shared/bench-peers), "
+        "same topics (4 partitions each) and the same client settings",
+        f"- each figure: median of {reps} repetition(s) (min-max), kbroker and peer alternating (A/B/A/B); "
+        "CPU = broker process utime+stime delta per message (/proc/PID/stat, 10 ms ticks); "
+        "peak RSS = VmHWM of the kbroker process at the end of the workload",
+        "- clients run on the same machine and compete with the broker for the 2 cores: throughput figures are "
+        "client-bound where the peer is too",
+        "",
+        table(rows),
+        "",
+    ]
+    if skipped:
+        parts += ["Skipped (time budget): " + "; ".join(skipped), ""]
+    if profiles:
+        parts += ["## py-spy hot spots (kbroker, `py-spy record --gil` at 1000 Hz during untimed extra runs)", ""]
+        for name, path in profiles.items():
+            parts += [f"### {name}", "", hotspots(path), ""]
+    return "\n".join(parts)
+
+
+def write(path: Path, text: str) -> None:
+    keep = ""
+    if path.exists():
+        old = path.read_text()
+        if KEEP_MARKER in old:
+            keep = old[old.index(KEEP_MARKER):]
+    if not keep:
+        keep = KEEP_MARKER + "\n"
+    path.write_text(text.rstrip() + "\n\n" + keep)
+    os.chmod(path, 0o644)
