@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -229,8 +231,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         b = b.config("spark.sql.shuffle.partitions", str(a.shuffle_partitions))
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    stop_requested: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping the query when no micro-batch is running", signum)
+        stop_requested.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
     try:
-        run(spark, cfg)
+        query = start_query(spark, cfg)
+        while not query.awaitTermination(0.5):
+            if stop_requested:
+                # Let a running micro-batch finish (up to 60 s) so it is committed, not redone after a restart.
+                deadline = time.monotonic() + 60
+                while query.status.get("isTriggerActive") and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                query.stop()
+                break
+        if query.exception() is not None:
+            log.error("streaming query failed: %s", query.exception())
+            return 1
     finally:
         spark.stop()
     return 0
