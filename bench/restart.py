@@ -1,0 +1,186 @@
+"""Workload 6 (kbroker only; the peer has no disk): fill a large log, then
+- fetch latency at random offsets of the large log vs a small log in the same broker (raw Fetch v4 requests,
+  one partition, max_wait 0: index lookup + read + send);
+- restart time after a clean shutdown (SIGTERM) and after kill -9 (with unflushed appends): until the port
+  listens and until the first fetch of the large log is served;
+- fetch latency again after recovery."""
+
+from __future__ import annotations
+
+import random
+import socket
+import struct
+import time
+
+from bench import clients
+from bench.harness import Ctx, KBroker, Row, kb_le, payloads
+
+BIG, SMALL = "biglog", "smalllog"
+PARTITIONS = 4
+MSG = 10_000
+
+
+class RawFetcher:
+    """Fetch v4 over a plain socket: no client library in the measured path."""
+
+    def __init__(self, bootstrap: str) -> None:
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.corr = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _recv(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise ConnectionError("closed")
+            buf += chunk
+        return bytes(buf)
+
+    def fetch(self, topic: str, partition: int, offset: int, max_bytes: int = 1 << 20) -> tuple[int, int, int]:
+        """Returns (error_code, high_watermark, records bytes)."""
+        self.corr += 1
+        t = topic.encode()
+        body = struct.pack(">hhih", 1, 4, self.corr, 5) + b"bench"
+        body += struct.pack(">iiiib", -1, 0, 0, max_bytes, 0)
+        body += struct.pack(">ih", 1, len(t)) + t + struct.pack(">iiqi", 1, partition, offset, max_bytes)
+        self.sock.sendall(struct.pack(">i", len(body)) + body)
+        size = struct.unpack(">i", self._recv(4))[0]
+        resp = self._recv(size)
+        pos = 4 + 4 + 4  # correlation id, throttle, topic count
+        tlen = struct.unpack_from(">h", resp, pos)[0]
+        pos += 2 + tlen + 4
+        _, err, hw, _lso, naborted = struct.unpack_from(">ihqqi", resp, pos)
+        pos += 4 + 2 + 8 + 8 + 4 + max(naborted, 0) * 16
+        rec = struct.unpack_from(">i", resp, pos)[0]
+        return err, hw, rec
+
+
+def high_watermarks(bootstrap: str, topic: str) -> list[int]:
+    f = RawFetcher(bootstrap)
+    try:
+        return [f.fetch(topic, p, 0, 1)[1] for p in range(PARTITIONS)]
+    finally:
+        f.close()
+
+
+def fetch_latencies(bootstrap: str, topic: str, hws: list[int], count: int, seed: int = 1) -> list[float]:
+    rnd = random.Random(seed)
+    f = RawFetcher(bootstrap)
+    out = []
+    try:
+        for _ in range(count):
+            p = rnd.randrange(PARTITIONS)
+            off = rnd.randrange(max(hws[p], 1))
+            t0 = time.perf_counter()
+            err, _, nbytes = f.fetch(topic, p, off, 64 * 1024)
+            out.append((time.perf_counter() - t0) * 1000)
+            if err or nbytes <= 0:
+                raise RuntimeError(f"fetch {topic}-{p}@{off}: error {err}, {nbytes} bytes")
+    finally:
+        f.close()
+    return out
+
+
+def until_first_fetch(bootstrap: str, t_start: float, timeout: float = 300) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            f = RawFetcher(bootstrap)
+            try:
+                err, _, nbytes = f.fetch(BIG, 0, 0, 64 * 1024)
+            finally:
+                f.close()
+            if err == 0 and nbytes > 0:
+                return time.monotonic() - t_start
+        except OSError:
+            pass
+        time.sleep(0.005)
+    raise RuntimeError("no fetch served after restart")
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def run(ctx: Ctx) -> list[Row]:
+    gb = ctx.extra["restart_gb"]
+    n_big = max(PARTITIONS, int(gb * 1e9 / MSG))
+    n_small = max(PARTITIONS, int(min(gb * 1e9 / 40, 50e6) / MSG))
+    label = f"{gb:g} GB"
+    fill = Row(f"fill the {label} log (10 KB messages, acks=all)", "MB/s", target="")
+    lat_small = Row(f"fetch latency p50, {n_small * MSG / 1e6:.0f} MB log (random offsets, 64 KB)", "ms",
+                    target="reference", higher_is_better=False)
+    lat_big = Row(f"fetch latency p50, {label} log", "ms", target="~ the small log's (independent of size)",
+                  higher_is_better=False)
+    lat_big99 = Row(f"fetch latency p99, {label} log (small log in note)", "ms", target="", higher_is_better=False)
+    clean_l = Row(f"clean restart, {label}: start -> listening", "s", target="< 1 s (for 10 GB)",
+                  check=kb_le(1.0), higher_is_better=False)
+    clean_f = Row(f"clean restart, {label}: start -> first fetch served", "s", target="< 1 s (for 10 GB)",
+                  check=kb_le(1.0), higher_is_better=False)
+    shut = Row(f"clean shutdown (SIGTERM -> exit), {label}", "s", target="", higher_is_better=False)
+    kill_l = Row(f"restart after kill -9, {label}: start -> listening", "s", target="", higher_is_better=False)
+    kill_f = Row(f"restart after kill -9, {label}: start -> first fetch served", "s", target="",
+                 higher_is_better=False)
+    lat_after = Row(f"fetch latency p50, {label} log, after kill -9 recovery", "ms",
+                    target="~ before", higher_is_better=False)
+    rows = [fill, lat_small, lat_big, lat_big99, shut, clean_l, clean_f, kill_l, kill_f, lat_after]
+    kb = KBroker(ctx.base)
+    try:
+        kb.start()
+        kb.create_topics([BIG, SMALL], PARTITIONS)
+        values = payloads(MSG, count=32)
+        conf = {"batch.size": 256 * 1024}
+        c0 = kb.cpu()
+        secs, left = clients.produce(kb.bootstrap, clients.partitions_of([BIG]), n_big, values, conf, timeout=600)
+        fill.kb.append(n_big * MSG / 1e6 / secs)
+        fill.kb_cpu_us.append((kb.cpu() - c0) * 1e6 / n_big)
+        if left:
+            fill.note = f"{left} undelivered"
+        ctx.log(f"  filled {n_big * MSG / 1e9:.2f} GB in {secs:.1f} s")
+        clients.produce(kb.bootstrap, clients.partitions_of([SMALL]), n_small, values, conf, timeout=120)
+        hw_big, hw_small = high_watermarks(kb.bootstrap, BIG), high_watermarks(kb.bootstrap, SMALL)
+        count = 100 if ctx.quick else 300
+        for rep in range(ctx.reps):
+            ls = fetch_latencies(kb.bootstrap, SMALL, hw_small, count, rep)
+            lb = fetch_latencies(kb.bootstrap, BIG, hw_big, count, rep)
+            lat_small.kb.append(pct(ls, 0.5))
+            lat_big.kb.append(pct(lb, 0.5))
+            lat_big99.kb.append(pct(lb, 0.99))
+            lat_big99.note = f"small log p99 {pct(ls, 0.99):.2f} ms"
+        ctx.log(f"  fetch p50 small {lat_small.kb} big {lat_big.kb} ms")
+        for rep in range(ctx.reps):
+            if ctx.out_of_time(f"restart rep {rep + 1}"):
+                break
+            shut.kb.append(kb.stop_clean())
+            t0 = time.monotonic()
+            clean_l.kb.append(kb.start(timeout=600))
+            clean_f.kb.append(until_first_fetch(kb.bootstrap, t0))
+            # appends that were never flushed, then kill -9
+            clients.produce(kb.bootstrap, clients.partitions_of([BIG]), 400, values, conf, timeout=60)
+            kb.kill9()
+            t0 = time.monotonic()
+            kill_l.kb.append(kb.start(timeout=600))
+            kill_f.kb.append(until_first_fetch(kb.bootstrap, t0))
+            ctx.log(f"  restart rep {rep + 1}: shutdown {shut.kb[-1]:.2f} s, clean {clean_l.kb[-1]:.2f}/"
+                    f"{clean_f.kb[-1]:.2f} s, kill -9 {kill_l.kb[-1]:.2f}/{kill_f.kb[-1]:.2f} s")
+            hw = high_watermarks(kb.bootstrap, BIG)
+            if sum(hw) < sum(hw_big):
+                kill_f.note += f" rep{rep + 1}: high watermark went back from {sum(hw_big)} to {sum(hw)};"
+            hw_big = hw
+            lat_after.kb.append(pct(fetch_latencies(kb.bootstrap, BIG, hw_big, count, 100 + rep), 0.5))
+        for r in rows:
+            r.kb_rss_mb.append(kb.hwm_mb())
+        ratio = (lat_big.kb and lat_small.kb) and (sorted(lat_big.kb)[len(lat_big.kb) // 2]
+                                                    / sorted(lat_small.kb)[len(lat_small.kb) // 2])
+        if ratio:
+            lat_big.note = f"{ratio:.2f}x the small log's p50"
+            lat_big.check = lambda r, q=ratio: q <= 1.5
+    finally:
+        kb.stop()
+    return rows
