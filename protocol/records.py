@@ -34,6 +34,8 @@ __all__ = [
     "COMPRESSION_SNAPPY",
     "COMPRESSION_ZSTD",
     "CORRUPT_MESSAGE",
+    "DECOMPRESSION_RATIO_LIMIT",
+    "DEFAULT_MAX_DECOMPRESSED",
     "INVALID_RECORD",
     "LOG_OVERHEAD",
     "NO_PRODUCER_EPOCH",
@@ -53,6 +55,7 @@ __all__ = [
     "decode_records",
     "decompress",
     "iter_batch_headers",
+    "max_decompressed_size",
     "parse_batch_header",
     "read_varint",
     "read_uvarint",
@@ -112,9 +115,18 @@ _U32 = struct.Struct(">I")
 _I16 = struct.Struct(">h")
 
 _INT32_MAX = 2**31 - 1
-# Default decompression bound for decode_records: large enough for any sane batch, small
-# enough that a crafted bomb cannot exhaust memory.
-DEFAULT_MAX_DECOMPRESSED = 256 * 1024 * 1024
+# Decompression bound for one batch. A bomb is a batch of a few KB that inflates to hundreds of MB
+# (zstd packs 200 MB of zeros into 6 KB, well under max.message.bytes), and inflating costs about
+# three times the bound in memory (chunks, joined payload, record values), so the bound is a ratio
+# over the largest batch a log accepts: DECOMPRESSION_RATIO_LIMIT x max.message.bytes, and never
+# below DEFAULT_MAX_DECOMPRESSED (which is that ratio over Kafka's default message.max.bytes).
+DECOMPRESSION_RATIO_LIMIT = 64
+DEFAULT_MAX_DECOMPRESSED = 64 * 1024 * 1024
+
+
+def max_decompressed_size(max_message_bytes: int) -> int:
+    """Bound on one batch's decompressed size in a log whose max.message.bytes is max_message_bytes."""
+    return max(DEFAULT_MAX_DECOMPRESSED, DECOMPRESSION_RATIO_LIMIT * max_message_bytes)
 
 
 class CorruptRecordError(ValueError):

@@ -26,11 +26,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from protocol.records import (
+    DEFAULT_MAX_DECOMPRESSED,
     TIMESTAMP_LOG_APPEND_TIME,
     Record,
     RecordBatchHeader,
     build_batch,
     decode_records,
+    max_decompressed_size,
     parse_batch_header,
 )
 from storage.log import Log
@@ -113,10 +115,12 @@ def clean_log(log: Log, now_ms: int | None = None, *, force: bool = False) -> Cl
     if not force and not horizon_due and (rng.dirty_bytes == 0 or rng.dirty_ratio < cfg.min_cleanable_dirty_ratio):
         return None
     stats = CleanerStats(end_offset=rng.end_offset)
-    offset_map = _build_offset_map(rng.segments, rng.first_dirty, rng.end_offset, stats)
+    # Decompression bomb guard: the produce path bounds batches by the same ratio over max.message.bytes.
+    max_size = max_decompressed_size(cfg.max_message_bytes)
+    offset_map = _build_offset_map(rng.segments, rng.first_dirty, rng.end_offset, stats, max_size)
     next_horizon: int | None = None
     for seg in rng.segments:
-        new, horizon = _clean_segment(log, seg, offset_map, now_ms, stats)
+        new, horizon = _clean_segment(log, seg, offset_map, now_ms, stats, max_size)
         if horizon is not None:
             next_horizon = horizon if next_horizon is None else min(next_horizon, horizon)
         stats.segments_cleaned += 1
@@ -136,7 +140,7 @@ def clean_log(log: Log, now_ms: int | None = None, *, force: bool = False) -> Cl
 
 
 def _build_offset_map(segments: list[LogSegment], first_dirty: int, end_offset: int,
-                      stats: CleanerStats) -> dict[bytes, int]:
+                      stats: CleanerStats, max_size: int) -> dict[bytes, int]:
     offset_map: dict[bytes, int] = {}
     for seg in segments:
         for loc in seg.iter_batches():
@@ -145,14 +149,14 @@ def _build_offset_map(segments: list[LogSegment], first_dirty: int, end_offset: 
                 continue
             if h.base_offset >= end_offset:
                 break
-            for rec in decode_records(seg.read_batch_bytes(loc)):
+            for rec in decode_records(seg.read_batch_bytes(loc), max_size=max_size):
                 if rec.key is not None and first_dirty <= rec.offset < end_offset:
                     offset_map[rec.key] = rec.offset
     return offset_map
 
 
 def _clean_segment(log: Log, seg: LogSegment, offset_map: dict[bytes, int], now_ms: int,
-                   stats: CleanerStats) -> tuple[LogSegment | None, int | None]:
+                   stats: CleanerStats, max_size: int) -> tuple[LogSegment | None, int | None]:
     """Copy seg's retained batches into a .cleaned segment; (None, horizon) if nothing would change."""
     cfg = log.config
     for suffix in (".log", ".index", ".timeindex"):
@@ -166,7 +170,7 @@ def _clean_segment(log: Log, seg: LogSegment, offset_map: dict[bytes, int], now_
             raw = seg.read_batch_bytes(loc)
             h = loc.header
             stats.bytes_read += len(raw)
-            out, horizon = _filter_batch(h, raw, offset_map, now_ms, cfg.delete_retention_ms, stats)
+            out, horizon = _filter_batch(h, raw, offset_map, now_ms, cfg.delete_retention_ms, stats, max_size)
             if horizon is not None:
                 min_horizon = horizon if min_horizon is None else min(min_horizon, horizon)
             if out is not raw:
@@ -189,11 +193,12 @@ def _clean_segment(log: Log, seg: LogSegment, offset_map: dict[bytes, int], now_
 
 
 def _filter_batch(h: RecordBatchHeader, raw: bytes, offset_map: dict[bytes, int], now_ms: int,
-                  delete_retention_ms: int, stats: CleanerStats) -> tuple[bytes | None, int | None]:
+                  delete_retention_ms: int, stats: CleanerStats,
+                  max_size: int = DEFAULT_MAX_DECOMPRESSED) -> tuple[bytes | None, int | None]:
     """Returns (batch bytes to keep — `raw` itself when unchanged — or None, tombstone horizon)."""
     if h.is_control or h.records_count == 0:
         return raw, None
-    records = decode_records(raw)
+    records = decode_records(raw, max_size=max_size)
     stats.records_read += len(records)
     horizon = h.delete_horizon_ms if h.has_delete_horizon else None
     retained: list[Record] = []
