@@ -39,6 +39,7 @@ MAX_QUEUED_PER_CONNECTION = 64
 # A client that does not read its responses: past this many unsent bytes the connection stops taking
 # requests until the backlog drains; if it does not drain within request.timeout.ms it is closed.
 MAX_UNSENT_BYTES = 16 * 1024 * 1024
+INITIAL_BUFFER = 65536
 
 
 class CloseConnection(Exception):
@@ -53,6 +54,52 @@ class Response:
         self.ext = ext
 
 
+class RequestMemoryPool:
+    """queued.max.request.bytes: request bytes held by all connections (receive buffers past their
+    initial size plus requests queued behind one in flight). Over the limit, connections that would add
+    more stop reading until others release memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+        self._waiters: set[KafkaConnection] = set()
+        self._last_log = -1e9
+
+    @property
+    def enabled(self) -> bool:
+        return self.limit > 0
+
+    def add(self, delta: int) -> bool:
+        """Account delta bytes; True when the pool is now over its limit."""
+        wake: set[KafkaConnection] = set()
+        with self._lock:
+            was_over = self.used > self.limit
+            self.used += delta
+            over = self.used > self.limit
+            if not over and self._waiters:
+                wake, self._waiters = self._waiters, set()
+            now = time.monotonic()
+            if over and not was_over and now - self._last_log > 60:
+                self._last_log = now
+                log.info("queued.max.request.bytes=%d reached (%d bytes held): reads wait for memory",
+                         self.limit, self.used)
+        for conn in wake:
+            conn.loop.call_soon_threadsafe(conn._resume, "memory")
+        return over
+
+    def wait(self, conn: KafkaConnection) -> None:
+        with self._lock:
+            if self.used > self.limit:
+                self._waiters.add(conn)
+                return
+        conn.loop.call_soon_threadsafe(conn._resume, "memory")
+
+    def forget(self, conn: KafkaConnection) -> None:
+        with self._lock:
+            self._waiters.discard(conn)
+
+
 class KafkaConnection(asyncio.BufferedProtocol):
     def __init__(self, processor: Processor, conn_id: str) -> None:
         self.processor = processor
@@ -63,12 +110,15 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.peer = ""
         self.client_software: tuple[str, str] = ("", "")
-        self._buf = bytearray(65536)
+        self._buf = bytearray(INITIAL_BUFFER)
         self._start = 0
         self._end = 0
         self._busy = False
         self._pending: collections.deque[bytes] = collections.deque()
-        self._reading = True
+        self._paused: set[str] = set()
+        self._pool = processor.server_ref.memory_pool
+        self._held = 0  # bytes accounted in the pool
+        self._pending_bytes = 0
         self._drained: asyncio.Future[None] | None = None
         self._closed = False
         self.last_active = time.monotonic()
@@ -92,6 +142,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if self._pool.enabled:
+            self._pool.forget(self)
+            self._pool.add(-self._held)
+            self._held = 0
         self.processor.connections.pop(self.conn_id, None)
         self.processor.server_ref.connection_closed(self.peer.rsplit(":", 1)[0])
         if self._drained is not None and not self._drained.done():
@@ -127,16 +181,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if frame_end > self._end:
                 if frame_end - self._start > len(buf):
                     self._make_room(frame_end - self._start)
-                if self.partial_since is None:
-                    self.partial_since = self.last_active
-                return
+                break
             frame = bytes(buf[self._start + 4 : frame_end])
             self._start = frame_end
             if self._busy:
                 self._pending.append(frame)
-                if len(self._pending) >= MAX_QUEUED_PER_CONNECTION and self._reading:
-                    self._reading = False
-                    self.transport.pause_reading()  # type: ignore[union-attr]
+                self._pending_bytes += len(frame)
+                if len(self._pending) >= MAX_QUEUED_PER_CONNECTION:
+                    self._pause("queue")
             else:
                 self._process(frame)
             if self._closed:
@@ -144,8 +196,34 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self._start == self._end:
             self._start = self._end = 0
             self.partial_since = None
+            if len(self._buf) > INITIAL_BUFFER:
+                self._buf = bytearray(INITIAL_BUFFER)  # give a large request's buffer back
         elif self.partial_since is None:
             self.partial_since = self.last_active
+        if self._pool.enabled:
+            self._account()
+
+    def _account(self) -> None:
+        held = len(self._buf) - INITIAL_BUFFER + self._pending_bytes
+        delta, self._held = held - self._held, held
+        over = self._pool.add(delta) if delta else self._pool.used > self._pool.limit
+        # Like Kafka's MemoryPool, a request whose buffer is already allocated is read to its end;
+        # only the start of the next request waits for memory.
+        if over and self._start == self._end and not self._closed and "memory" not in self._paused:
+            self._pause("memory")
+            self._pool.wait(self)
+
+    def _pause(self, reason: str) -> None:
+        if not self._paused and self.transport is not None and not self._closed:
+            self.transport.pause_reading()
+        self._paused.add(reason)
+
+    def _resume(self, reason: str) -> None:
+        if reason not in self._paused:
+            return
+        self._paused.discard(reason)
+        if not self._paused and self.transport is not None and not self._closed:
+            self.transport.resume_reading()
 
     def eof_received(self) -> bool | None:
         return None
@@ -210,10 +288,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
             return
         self._busy = False
         while self._pending and not self._busy and not self._closed:
-            self._process(self._pending.popleft())
-        if not self._reading and not self._closed and len(self._pending) < MAX_QUEUED_PER_CONNECTION // 2:
-            self._reading = True
-            self.transport.resume_reading()  # type: ignore[union-attr]
+            frame = self._pending.popleft()
+            self._pending_bytes -= len(frame)
+            self._process(frame)
+        if self._pool.enabled and not self._closed:
+            self._account()
+        if "queue" in self._paused and len(self._pending) < MAX_QUEUED_PER_CONNECTION // 2:
+            self._resume("queue")
 
     # ------------------------------------------------------------ responses
 
@@ -314,10 +395,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._mute_ms = max(self._mute_ms, ms)
 
     def stop_reading(self) -> None:
-        if self._reading and not self._closed and self.transport is not None:
-            self._reading = False
-            self.transport.pause_reading()
+        self._pause("shutdown")
         self._pending.clear()
+        self._pending_bytes = 0
 
     def in_flight(self) -> bool:
         return self._busy and not self._closed
@@ -419,6 +499,7 @@ class SocketServer:
     def __init__(self, config: KafkaConfig, apis: KafkaApis) -> None:
         self.config = config
         self.apis = apis
+        self.memory_pool = RequestMemoryPool(config["queued.max.request.bytes"])
         self.processors = [Processor(i, config, apis, self) for i in range(config["num.network.threads"])]
         self._sockets: list[socket.socket] = []
         self._rr = 0

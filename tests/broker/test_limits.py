@@ -160,3 +160,40 @@ def test_client_that_never_reads_is_cut_off_while_others_keep_their_latency(stri
     assert closed, "the non-reading client was never cut off"
     assert time.monotonic() - t0 < 20
     assert strict_broker.alive()
+
+
+def test_queued_max_request_bytes_bounds_memory_without_deadlock(tmp_path: Path) -> None:
+    """Many producers pipelining large requests through a 2 MB request memory pool all complete."""
+    import threading
+
+    b = BrokerProcess(tmp_path, {"queued.max.request.bytes": str(2 * 1024 * 1024), "num.network.threads": "2"})
+    b.start()
+    try:
+        errors: list[str] = []
+
+        def produce(i: int) -> None:
+            p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 20, "batch.size": 900_000,
+                          "max.in.flight.requests.per.connection": 5})
+            for _ in range(60):
+                p.produce("pool-topic", value=b"m" * 100_000)
+                p.poll(0)
+            left = p.flush(60)
+            if left:
+                errors.append(f"producer {i}: {left} messages unacknowledged")
+
+        threads = [threading.Thread(target=produce, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        assert not errors, errors
+        status = Path(f"/proc/{b.proc.pid}/status").read_text()  # type: ignore[union-attr]
+        rss_kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")))
+        assert rss_kb < 400 * 1024, f"peak RSS {rss_kb} kB"
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "pool", "enable.auto.commit": False})
+        lo, hi = c.get_watermark_offsets(TopicPartition("pool-topic", 0), timeout=10)
+        c.close()
+        assert hi - lo == 8 * 60
+        assert "queued.max.request.bytes" in b.read_log(), "the pool limit was never reached"
+    finally:
+        b.stop()
