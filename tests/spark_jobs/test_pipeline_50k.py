@@ -76,7 +76,9 @@ def data_batches(query: Any, topic: str) -> list[tuple[dict, dict, int]]:
         if not p["numInputRows"]:
             continue
         (src,) = p["sources"]
-        start, end = (from_json_offsets(json.loads(src[k]) if src[k] else {}) for k in ("startOffset", "endOffset"))
+        start, end = (
+            from_json_offsets(json.loads(src[k]) if src[k] else {}) for k in ("startOffset", "endOffset")
+        )
         assert {t for t, _ in end} == {topic}
         out.append((start, end, p["numInputRows"]))
     return out
@@ -164,4 +166,3 @@ def test_pipeline_50k_events_and_restart_from_checkpoint(spark, broker, admin, t
 def _ends(placed: dict[tuple[int, int], str]) -> list[int]:
     """The next offset of each partition after the records in placed."""
     return [max(o for (p, o) in placed if p == part) + 1 for part in range(PARTITIONS)]
-
