@@ -75,12 +75,22 @@ def one_of(*choices: str) -> Callable[[Any], str | None]:
 def _listeners_check(v: Any) -> str | None:
     for entry in v or []:
         try:
-            parsed = parse_listener(entry)
+            parse_listener(entry)
         except ValueError as e:
             return str(e)
-        if parsed.security_protocol != "PLAINTEXT":
-            return f"listener {entry!r}: only PLAINTEXT is supported"
     return None
+
+
+def _protocol_map(v: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in v.split(","):
+        if not item.strip():
+            continue
+        name, sep, proto = item.partition(":")
+        if not sep or not name.strip() or not proto.strip():
+            raise ValueError(f"{item!r} is not NAME:PROTOCOL")
+        out[name.strip().upper()] = proto.strip().upper()
+    return out
 
 
 KEYS: dict[str, ConfigKey] = {
@@ -89,7 +99,8 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("broker.id", _int, 0, at_least(0)),
         ConfigKey("listeners", _list, ["PLAINTEXT://:9092"], _listeners_check),
         ConfigKey("advertised.listeners", _list, None, _listeners_check),
-        ConfigKey("listener.security.protocol.map", _str, "PLAINTEXT:PLAINTEXT"),
+        ConfigKey("listener.security.protocol.map", _protocol_map,
+                  {"PLAINTEXT": "PLAINTEXT", "SSL": "SSL", "SASL_PLAINTEXT": "SASL_PLAINTEXT", "SASL_SSL": "SASL_SSL"}),
         ConfigKey("inter.broker.listener.name", _str, None),
         ConfigKey("security.inter.broker.protocol", _str, "PLAINTEXT", one_of("PLAINTEXT")),
         ConfigKey("log.dirs", _list, None),
@@ -190,7 +201,7 @@ def parse_listener(entry: str) -> Listener:
     if not 0 <= port <= 65535:
         raise ValueError(f"listener {entry!r}: port out of range")
     urlsplit(f"x://{m.group(2)}:{port}")  # rejects malformed IPv6 literals
-    return Listener(name.upper(), name.upper(), host, port)
+    return Listener(name.upper(), "PLAINTEXT", host, port)
 
 
 def read_properties(text: str) -> dict[str, str]:
@@ -258,6 +269,15 @@ class KafkaConfig:
         names = [x.name for x in listeners]
         if len(set(names)) != len(names):
             raise ConfigError("listeners: each listener needs a distinct name")
+        protocols = v["listener.security.protocol.map"]
+        for listener in listeners:
+            proto = protocols.get(listener.name)
+            if proto is None:
+                raise ConfigError(
+                    f"listener.security.protocol.map: no security protocol for listener {listener.name}"
+                )
+            if proto != "PLAINTEXT":
+                raise ConfigError(f"listeners: {listener.name} uses {proto}; only PLAINTEXT is supported")
         if v["advertised.listeners"] is None:
             v["advertised.listeners"] = v["listeners"]
         for adv in v["advertised.listeners"]:
@@ -311,4 +331,6 @@ def render_value(value: Any) -> str | None:
         return "true" if value else "false"
     if isinstance(value, list):
         return ",".join(str(x) for x in value)
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{v}" for k, v in value.items())
     return str(value)

@@ -101,8 +101,9 @@ class RequestMemoryPool:
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
-    def __init__(self, processor: Processor, conn_id: str) -> None:
+    def __init__(self, processor: Processor, conn_id: str, listener_name: str = "PLAINTEXT") -> None:
         self.processor = processor
+        self.listener_name = listener_name
         self.apis = processor.apis
         self.conn_id = conn_id
         self.loop = processor.loop
@@ -441,17 +442,17 @@ class Processor(threading.Thread):
     def wait_started(self) -> None:
         self._started.wait()
 
-    def accept(self, sock: socket.socket) -> None:
-        self.loop.call_soon_threadsafe(self._adopt, sock)
+    def accept(self, sock: socket.socket, listener_name: str) -> None:
+        self.loop.call_soon_threadsafe(self._adopt, sock, listener_name)
 
-    def _adopt(self, sock: socket.socket) -> None:
+    def _adopt(self, sock: socket.socket, listener_name: str) -> None:
         self._next_id += 1
         conn_id = f"{self.index}-{self._next_id}"
-        self.loop.create_task(self._connect(sock, conn_id))
+        self.loop.create_task(self._connect(sock, conn_id, listener_name))
 
-    async def _connect(self, sock: socket.socket, conn_id: str) -> None:
+    async def _connect(self, sock: socket.socket, conn_id: str, listener_name: str) -> None:
         try:
-            await self.loop.connect_accepted_socket(lambda: KafkaConnection(self, conn_id), sock)
+            await self.loop.connect_accepted_socket(lambda: KafkaConnection(self, conn_id, listener_name), sock)
         except OSError as e:
             log.info("Could not set up accepted connection: %s", e)
             sock.close()
@@ -534,10 +535,10 @@ class SocketServer:
         sock.setblocking(False)
         self._sockets.append(sock)
         self.bound[listener.name] = sock.getsockname()[:2]
-        loop.add_reader(sock.fileno(), self._on_accept, sock)
+        loop.add_reader(sock.fileno(), self._on_accept, sock, listener.name)
         log.info("Listening on %s://%s:%d", listener.name, *sock.getsockname()[:2])
 
-    def _on_accept(self, lsock: socket.socket) -> None:
+    def _on_accept(self, lsock: socket.socket, listener_name: str) -> None:
         for _ in range(64):
             try:
                 sock, addr = lsock.accept()
@@ -558,7 +559,7 @@ class SocketServer:
             sock.setblocking(False)
             proc = self.processors[self._rr % len(self.processors)]
             self._rr += 1
-            proc.accept(sock)
+            proc.accept(sock, listener_name)
 
     def connection_closed(self, ip: str) -> None:
         with self._lock:

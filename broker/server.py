@@ -69,17 +69,25 @@ class KafkaServer:
         ))
         self._stopped = asyncio.Event()
 
-    def advertised_endpoint(self) -> tuple[str, int]:
-        """host:port clients should use: the first advertised listener, with the bound port if 0."""
-        adv = self.config.advertised_listeners[0]
-        host, port = adv.host, adv.port
-        bound = self.socket_server.bound.get(adv.name)
-        if bound is not None:
-            if port == 0:
-                port = bound[1]
-            if not host or host in ("0.0.0.0", "::"):
-                host = bound[0] if bound[0] not in ("0.0.0.0", "::") else "localhost"
-        return host, port
+    def advertised_endpoints(self) -> dict[str, tuple[str, int]]:
+        """Listener name -> the host:port clients are told, with the bound port when configured as 0."""
+        out: dict[str, tuple[str, int]] = {}
+        for adv in self.config.advertised_listeners:
+            host, port = adv.host, adv.port
+            bound = self.socket_server.bound.get(adv.name)
+            if bound is not None:
+                if port == 0:
+                    port = bound[1]
+                if not host or host in ("0.0.0.0", "::"):
+                    host = bound[0] if bound[0] not in ("0.0.0.0", "::") else "localhost"
+            out[adv.name] = (host, port)
+        return out
+
+    def advertised_endpoint(self, listener: str | None = None) -> tuple[str, int]:
+        endpoints = self.advertised_endpoints()
+        if listener is not None and listener in endpoints:
+            return endpoints[listener]
+        return next(iter(endpoints.values()))
 
     async def startup(self) -> None:
         t0 = time.monotonic()
@@ -111,7 +119,7 @@ class KafkaServer:
         self.socket_server.start_processors()
         self.socket_server.bind(loop)
         host, port = self.advertised_endpoint()
-        await loop.run_in_executor(None, self.metadata.register_broker, host, port)
+        await loop.run_in_executor(None, self.metadata.register_broker, self.advertised_endpoints())
         log.info(
             "kbroker %d started in %.2f s: cluster %s, %d topics, advertised %s:%d",
             self.broker_id, time.monotonic() - t0, self.metadata.cluster_id, len(self.metadata.topics), host, port,
@@ -158,10 +166,12 @@ class KafkaServer:
         await self._stopped.wait()
         await self.shutdown()
 
-    def brokers(self) -> list[tuple[int, str, int, str | None]]:
-        """Live brokers as (id, host, port, rack) for Metadata and DescribeCluster."""
-        host, port = self.advertised_endpoint()
-        endpoints = {b: (h, p, r) for b, h, p, r in self.metadata.broker_endpoints()}
+    def brokers(self, listener: str | None = None) -> list[tuple[int, str, int, str | None]]:
+        """Live brokers as (id, host, port, rack) on the listener a request came in on, as Kafka answers
+        Metadata with the endpoints of the request's own listener."""
+        name = listener or self.config.advertised_listeners[0].name
+        endpoints = {b: (h, p, r) for b, h, p, r in self.metadata.broker_endpoints(name)}
+        host, port = self.advertised_endpoint(name)
         endpoints[self.broker_id] = (host, port, None)
         return [(b, *endpoints[b]) for b in sorted(endpoints)]
 

@@ -105,10 +105,10 @@ class LocalMetadataStore:
     # Cluster membership, shared with coordinator.zk_store.ZkMetadataStore: a single node is its own
     # controller and knows no other broker's endpoint.
 
-    def register_broker(self, host: str, port: int, rack: str | None = None) -> None:
+    def register_broker(self, endpoints: dict[str, tuple[str, int]], rack: str | None = None) -> None:
         """Called once the listener is bound; nothing to announce without ZooKeeper."""
 
-    def broker_endpoints(self) -> list[tuple[int, str, int, str | None]]:
+    def broker_endpoints(self, listener: str) -> list[tuple[int, str, int, str | None]]:
         """Other brokers as (id, host, port, rack); the server adds its own endpoint."""
         return []
 

@@ -112,10 +112,12 @@ def cluster_id_doc(cluster_id: str) -> bytes:
     return dumps({"version": "1", "id": cluster_id})
 
 
-def broker_registration_doc(host: str, port: int, rack: str | None = None) -> bytes:
+def broker_registration_doc(endpoints: dict[str, tuple[str, int]], rack: str | None = None) -> bytes:
+    """Kafka's /brokers/ids/<id> JSON (version 5): one NAME://host:port endpoint per advertised listener."""
+    host, port = endpoints.get("PLAINTEXT", next(iter(endpoints.values())))
     doc: dict[str, Any] = {
-        "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"},
-        "endpoints": [f"PLAINTEXT://{host}:{port}"],
+        "listener_security_protocol_map": {name: "PLAINTEXT" for name in endpoints},
+        "endpoints": [f"{name}://{_host_literal(h)}:{p}" for name, (h, p) in endpoints.items()],
         "jmx_port": -1,
         "host": host,
         "timestamp": str(now_ms()),
@@ -127,18 +129,32 @@ def broker_registration_doc(host: str, port: int, rack: str | None = None) -> by
     return dumps(doc)
 
 
-def parse_broker_registration(data: bytes | None) -> tuple[str, int, str | None]:
-    """(host, port, rack) of a /brokers/ids/<id> document: the first endpoint, else host/port."""
+def _host_literal(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def parse_broker_endpoints(data: bytes | None) -> tuple[dict[str, tuple[str, int]], str | None]:
+    """Listener name -> (host, port) of a /brokers/ids/<id> document, and the rack."""
     doc = loads(data)
+    out: dict[str, tuple[str, int]] = {}
     for ep in doc.get("endpoints") or []:
         # LISTENER://host:port, host may be a bracketed IPv6 literal
-        _, _, hostport = str(ep).partition("://")
+        name, _, hostport = str(ep).partition("://")
         host, _, port = hostport.rpartition(":")
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]
         if port.isdigit():
-            return host, int(port), doc.get("rack")
-    return str(doc.get("host", "")), int(doc.get("port", -1)), doc.get("rack")
+            out[name.upper()] = (host, int(port))
+    if not out and doc.get("host"):
+        out["PLAINTEXT"] = (str(doc["host"]), int(doc.get("port", -1)))
+    return out, doc.get("rack")
+
+
+def parse_broker_registration(data: bytes | None) -> tuple[str, int, str | None]:
+    """(host, port, rack) of a /brokers/ids/<id> document: its first endpoint."""
+    endpoints, rack = parse_broker_endpoints(data)
+    host, port = next(iter(endpoints.values()), ("", -1))
+    return host, port, rack
 
 
 def controller_doc(broker_id: int) -> bytes:

@@ -66,7 +66,7 @@ class ZkMetadataStore:
         # client id (None: the default entity) -> quota key -> value, mirrored from /config/clients
         self.client_quotas: dict[str | None, dict[str, float]] = {}
         self._client_watches: set[str] = set()
-        self._brokers: dict[int, tuple[str, int, str | None]] = {}
+        self._brokers: dict[int, tuple[dict[str, tuple[str, int]], str | None]] = {}
         self._controller: int | None = None
 
         # Server hooks; only called once register_broker() has run (the log manager exists by then).
@@ -76,7 +76,8 @@ class ZkMetadataStore:
 
         self._sync_lock = threading.RLock()
         self._topic_watch_tokens: dict[str, object] = {}
-        self._endpoint: tuple[str, int, str | None] | None = None
+        self._endpoints: dict[str, tuple[str, int]] | None = None
+        self._rack: str | None = None
         self._registered = False
         self._notify = False
         self._stopping = False
@@ -241,21 +242,21 @@ class ZkMetadataStore:
             f"by another broker ({host}:{port}, session 0x{owner:x}); each broker needs a unique broker.id"
         )
 
-    def register_broker(self, host: str, port: int, rack: str | None = None) -> None:
+    def register_broker(self, endpoints: dict[str, tuple[str, int]], rack: str | None = None) -> None:
         """Create the ephemeral /brokers/ids/<id> (after the listener is bound) and join the controller election."""
-        self._endpoint = (host, port, rack)
+        self._endpoints = dict(endpoints)
+        self._rack = rack
         self._register()
         self._registered = True
         self._notify = True
         self._elect()
-        log.info("Registered broker %d at %s:%d in ZooKeeper; controller is %s", self.broker_id, host, port,
-                 self._controller)
+        log.info("Registered broker %d at %s in ZooKeeper; controller is %s", self.broker_id,
+                 ", ".join(f"{n}://{h}:{p}" for n, (h, p) in endpoints.items()), self._controller)
 
     def _register(self) -> None:
-        assert self.client is not None and self._endpoint is not None
-        host, port, rack = self._endpoint
+        assert self.client is not None and self._endpoints is not None
         path = zp.broker_path(self.broker_id)
-        doc = zp.broker_registration_doc(host, port, rack)
+        doc = zp.broker_registration_doc(self._endpoints, self._rack)
         try:
             self.client.create(path, doc, ephemeral=True)
             return
@@ -272,11 +273,11 @@ class ZkMetadataStore:
         if self._stopping:
             return
         assert self.client is not None
-        brokers: dict[int, tuple[str, int, str | None]] = {}
+        brokers: dict[int, tuple[dict[str, tuple[str, int]], str | None]] = {}
         for child in children:
             try:
                 data, _ = self.client.get(f"{zp.BROKER_IDS}/{child}")
-                brokers[int(child)] = zp.parse_broker_registration(data)
+                brokers[int(child)] = zp.parse_broker_endpoints(data)
             except NoNodeError:
                 continue
             except (ValueError, KeyError):
@@ -294,8 +295,11 @@ class ZkMetadataStore:
         # This broker serves whatever ZooKeeper currently says (e.g. while its session is being restored).
         return sorted(set(self._brokers) | {self.broker_id})
 
-    def broker_endpoints(self) -> list[tuple[int, str, int, str | None]]:
-        return [(b, h, p, r) for b, (h, p, r) in sorted(self._brokers.items())]
+    def broker_endpoints(self, listener: str) -> list[tuple[int, str, int, str | None]]:
+        """(id, host, port, rack) of the live brokers that have the listener (Kafka omits the others)."""
+        return [
+            (b, *eps[listener], rack) for b, (eps, rack) in sorted(self._brokers.items()) if listener in eps
+        ]
 
     # ------------------------------------------------------------ controller
 

@@ -60,7 +60,7 @@ def _find_one(ctx: RequestContext, key: str, key_type: int) -> tuple[ErrorCode, 
     except KafkaError as e:
         return ErrorCode.COORDINATOR_NOT_AVAILABLE, e.message or None, -1, "", -1
     leader = rec.leaders[partition_for(key, rec.num_partitions)]
-    for broker_id, host, port, _ in server.brokers():
+    for broker_id, host, port, _ in server.brokers(ctx.conn.listener_name):
         if broker_id == leader:
             return ErrorCode.NONE, None, broker_id, host, port
     return ErrorCode.COORDINATOR_NOT_AVAILABLE, None, -1, "", -1

@@ -74,7 +74,7 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
                     continue
             topics.append(topic_metadata(rec, include_ops))
     brokers = [
-        MetadataResponse.MetadataResponseBroker(node_id=b, host=h, port=p, rack=r) for b, h, p, r in server.brokers()
+        MetadataResponse.MetadataResponseBroker(node_id=b, host=h, port=p, rack=r) for b, h, p, r in server.brokers(ctx.conn.listener_name)
     ]
     return MetadataResponse(
         throttle_time_ms=0,
@@ -108,7 +108,7 @@ def handle_describe_cluster(ctx: RequestContext, req: DescribeClusterRequest) ->
         )
     brokers = [
         DescribeClusterResponse.DescribeClusterBroker(broker_id=b, host=h, port=p, rack=r)
-        for b, h, p, r in server.brokers()
+        for b, h, p, r in server.brokers(ctx.conn.listener_name)
     ]
     return DescribeClusterResponse(
         error_code=0,
