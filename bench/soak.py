@@ -44,7 +44,7 @@ RETRIABLE_NAMES = (
     "CommitFailedError", "IllegalGeneration", "ILLEGAL_GENERATION", "UNKNOWN_MEMBER_ID", "UnknownMemberId",
     "_DESTROY", "_NO_OFFSET", "TOPIC_ALREADY_EXISTS", "_PARTITION_EOF", "Timed out", "timed out",
     "TimeoutError", "CancelledError", "StaleMetadata", "NotCoordinator", "CoordinatorNotAvailable",
-    "RebalanceInProgress", "UnknownTopicOrPartition", "TopicAlreadyExists", "KafkaError", "Disconnected",
+    "RebalanceInProgress", "UnknownTopicOrPartition", "TopicAlreadyExists", "GroupLoadInProgress", "Disconnected",
     "Connection refused",
 )
 
