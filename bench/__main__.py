@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="repetitions per measurement (default 3, quick 1)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts (default 1)")
     ap.add_argument("--restart-gb", type=float, default=None,
-                    help="size of the log for the restart workload in GB (default 2, quick 0.2)")
+                    help="size of the log for the restart workload in GB (default 10, quick 0.2)")
     ap.add_argument("--latency-seconds", type=float, default=None,
                     help="duration of each end-to-end latency run (default 5, quick 2)")
     ap.add_argument("--budget", type=float, default=540,
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = harness.Ctx(base=base, reps=reps, quick=args.quick, scale=args.scale, profile=args.profile,
                       deadline=t0 + args.budget,
                       log=lambda s: print(s, flush=True))
-    ctx.extra["restart_gb"] = args.restart_gb if args.restart_gb is not None else (0.2 if args.quick else 2.0)
+    ctx.extra["restart_gb"] = args.restart_gb if args.restart_gb is not None else (0.2 if args.quick else 10.0)
     ctx.extra["latency_seconds"] = args.latency_seconds or (2.0 if args.quick else 5.0)
     info = harness.machine_info()
     command = "python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
@@ -71,9 +71,12 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             except Exception as e:  # noqa: BLE001 - one broken workload must not lose the others' results
                 traceback.print_exc()
-                rows.append(harness.Row(w, "-", note=f"workload failed: {type(e).__name__}: {e}"))
+                logs = harness.save_logs(Path(tempfile.gettempdir()) / f"kbroker-bench-failed-{w}-{int(time.time())}")
+                rows.append(harness.Row(w, "-", note=f"workload failed: {type(e).__name__}: {e} "
+                                                     f"(kbroker logs kept in {logs[0].rsplit('/', 1)[0] if logs else '-'})"))
                 rc = 1
             finally:
+                harness.KBroker.instances.clear()
                 harness.cleanup_children()
             print(f"   ({time.monotonic() - ws:.0f} s)", flush=True)
     except KeyboardInterrupt:

@@ -45,7 +45,8 @@ def produce(bootstrap: str, tps: list[tuple[str, int]], n: int, values: list[byt
         del p
 
 
-def consume_confluent(bootstrap: str, tps: list[tuple[str, int]], n: int, timeout: float) -> tuple[float, int, int]:
+def consume_confluent(bootstrap: str, tps: list[tuple[str, int]], n: int, timeout: float,
+                      offsets: dict[tuple[str, int], int] | None = None) -> tuple[float, int, int]:
     """Read n messages from offset 0 of the partitions; returns (seconds from assign to the n-th message, messages,
     bytes). The client is connected (metadata fetched) before the clock starts."""
     from confluent_kafka import Consumer, TopicPartition
@@ -56,7 +57,7 @@ def consume_confluent(bootstrap: str, tps: list[tuple[str, int]], n: int, timeou
     try:
         c.list_topics(tps[0][0], timeout=10)  # connected and metadata known before the clock starts
         t0 = time.perf_counter()
-        c.assign([TopicPartition(t, p, 0) for t, p in tps])
+        c.assign([TopicPartition(t, p, (offsets or {}).get((t, p), 0)) for t, p in tps])
         got = nbytes = 0
         deadline = time.monotonic() + timeout
         while got < n and time.monotonic() < deadline:

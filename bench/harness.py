@@ -192,7 +192,10 @@ class Target:
 class KBroker(Target):
     name = "kbroker"
 
+    instances: list[KBroker] = []
+
     def __init__(self, base: Path, overrides: dict[str, str] | None = None) -> None:
+        KBroker.instances.append(self)
         self.data_dir = workdir(base, "kbroker")
         self.port = free_port()
         self.overrides = {
@@ -258,7 +261,11 @@ class KBroker(Target):
                 [NewTopic(n, partitions, 1, config=dict(configs or {})) for n in chunk], request_timeout=60
             )
             for f in fs.values():
-                f.result(60)
+                try:
+                    f.result(60)
+                except Exception as e:  # noqa: BLE001 - a lost answer: the metadata check below decides
+                    if "TOPIC_ALREADY_EXISTS" not in str(e):
+                        print(f"  [kbroker create_topics: {type(e).__name__}: {e}; checking metadata]", flush=True)
         wait_metadata(self.bootstrap, names, partitions)
 
 
@@ -315,20 +322,34 @@ def wait_metadata(bootstrap: str, names: list[str], partitions: int, timeout: fl
         time.sleep(0.1)
 
 
-def watermark_total(bootstrap: str, topics: list[str], partitions: int = 4) -> int:
-    """Sum of high watermarks: the number of messages the broker acknowledged (fresh topics start at 0)."""
+def watermarks(bootstrap: str, topics: list[str], partitions: int = 4) -> dict[tuple[str, int], int]:
+    """High watermark of every partition."""
     from confluent_kafka import Consumer, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-wm", "log_level": 3})
     try:
-        total = 0
-        for t in topics:
-            for p in range(partitions):
-                lo, hi = c.get_watermark_offsets(TopicPartition(t, p), timeout=10)
-                total += hi
-        return total
+        return {(t, p): c.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
+                for t in topics for p in range(partitions)}
     finally:
         c.close()
+
+
+def watermark_total(bootstrap: str, topics: list[str], partitions: int = 4) -> int:
+    """Sum of high watermarks: the number of messages the broker acknowledged (fresh topics start at 0)."""
+    return sum(watermarks(bootstrap, topics, partitions).values())
+
+
+def save_logs(dest: Path) -> list[str]:
+    """Copy the logs of every kbroker started so far (for a failed workload); returns the paths."""
+    out = []
+    dest.mkdir(parents=True, exist_ok=True)
+    for i, kb in enumerate(KBroker.instances):
+        if kb.log_path.exists():
+            target = dest / f"kbroker-{i}.log"
+            shutil.copyfile(kb.log_path, target)
+            out.append(str(target))
+    KBroker.instances.clear()
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- results
