@@ -4,7 +4,7 @@ confluent-kafka (fetch.queue.backoff.ms=10), aiokafka and kafka-python."""
 from __future__ import annotations
 
 from bench import clients
-from bench.harness import (Ctx, KBroker, Peer, PySpy, Row, all_of, cpu_le, kb_ge, payloads, ratio_ge,
+from bench.harness import (Ctx, KBroker, Peer, profile, Row, all_of, cpu_le, kb_ge, payloads, ratio_ge,
                            watermark_total)
 
 NTOPICS = 8
@@ -56,11 +56,8 @@ def run(ctx: Ctx) -> list[Row]:
         for r in rows.values():
             r.kb_rss_mb.append(hwm)
         if ctx.profile and not ctx.out_of_time("consume profile"):
-            out = ctx.base / "pyspy-consume.raw"
-            with PySpy(kb.pid, out):
-                for _ in range(3):
-                    clients.consume_confluent(kb.bootstrap, tps, n, 120)
-            ctx.profiles["consume (confluent-kafka, 100 B)"] = str(out)
+            profile(ctx, kb.pid, "consume (confluent-kafka, 100 B)", "consume",
+                    lambda: clients.consume_confluent(kb.bootstrap, tps, n, 120))
     finally:
         kb.stop()
         peer.stop()

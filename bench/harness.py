@@ -472,7 +472,7 @@ class Ctx:
     quick: bool
     scale: float  # multiplies message counts
     profile: bool
-    profiles: dict[str, str] = field(default_factory=dict)  # name -> raw py-spy output path
+    profiles: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (py-spy raw, perf data)
     deadline: float = float("inf")  # monotonic time after which workloads skip what remains
     log: Callable[[str], None] = print
     skipped: list[str] = field(default_factory=list)
@@ -527,3 +527,36 @@ class PySpy:
     def __exit__(self, *exc: Any) -> None:
         if self.proc is not None:
             reap(self.proc, signal.SIGINT, 30)  # SIGINT: py-spy writes its output and exits
+
+
+class Perf:
+    """`perf record -F 999 -g` of a pid (native + kernel: what py-spy cannot see), if perf is installed."""
+
+    def __init__(self, pid: int, out: Path) -> None:
+        self.pid, self.out = pid, out
+        self.proc: subprocess.Popen[Any] | None = None
+
+    def __enter__(self) -> Perf:
+        exe = shutil.which("perf")
+        if exe is not None:
+            self.proc = spawn([exe, "record", "-F", "999", "-g", "-o", str(self.out), "-p", str(self.pid)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc is not None:
+            reap(self.proc, signal.SIGINT, 60)
+
+
+def profile(ctx: Ctx, pid: int, name: str, slug: str, fn: Callable[[], Any], passes: int = 2) -> None:
+    """Run fn `passes` times under perf, then `passes` times under py-spy (not both at once: py-spy's blocking
+    sampler stops the process, which perf would record as scheduler time). ctx.profiles[name] = (py-spy, perf)."""
+    spy, perf = ctx.base / f"pyspy-{slug}.raw", ctx.base / f"perf-{slug}.data"
+    with Perf(pid, perf):
+        for _ in range(passes):
+            fn()
+    with PySpy(pid, spy):
+        for _ in range(passes):
+            fn()
+    ctx.profiles[name] = (str(spy), str(perf))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 from bench import clients
-from bench.harness import Ctx, KBroker, Peer, PySpy, Row, all_of, cpu_le, payloads, ratio_ge, watermark_total
+from bench.harness import Ctx, KBroker, Peer, profile, Row, all_of, cpu_le, payloads, ratio_ge, watermark_total
 
 NTOPICS = 8
 
@@ -43,12 +43,8 @@ def run_config(ctx: Ctx, idem: bool, codec: str, n: int, tag: str) -> Row:
         if ctx.profile and not idem and codec == "none" and not ctx.out_of_time("produce profile"):
             topics = [f"{tag}prof_{k}" for k in range(NTOPICS)]
             kb.create_topics(topics)
-            out = ctx.base / "pyspy-produce.raw"
-            with PySpy(kb.pid, out):
-                # several passes so the sample covers a few seconds of steady state
-                for k in range(3):
-                    clients.produce(kb.bootstrap, clients.partitions_of(topics), n, values, conf, timeout=120)
-            ctx.profiles["produce (100 B, none, idempotence off)"] = str(out)
+            profile(ctx, kb.pid, "produce (100 B, none, idempotence off)", "produce",
+                    lambda: clients.produce(kb.bootstrap, clients.partitions_of(topics), n, values, conf, timeout=120))
     finally:
         kb.stop()
         peer.stop()

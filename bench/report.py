@@ -86,6 +86,34 @@ def hotspots(raw_path: str, top: int = 15) -> str:
     return "\n".join(out)
 
 
+def perf_summary(data: str, top: int = 20) -> str:
+    """Share of CPU samples by shared object and by symbol (self), from `perf report`."""
+    if not Path(data).exists():
+        return "(no perf data)"
+
+    def rep(sort: str) -> list[tuple[str, str]]:
+        try:
+            out = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children", "-g", "none",
+                                  "--sort", sort], capture_output=True, text=True, timeout=120).stdout
+        except Exception:  # noqa: BLE001
+            return []
+        rows = []
+        for line in out.splitlines():
+            m = re.match(r"\s*([\d.]+)%\s+(.*)$", line)
+            if m:
+                rows.append((m.group(1), " ".join(m.group(2).split())))
+        return rows
+
+    dsos = rep("dso")
+    syms = rep("dso,sym")[:top]
+    if not dsos:
+        return "(perf report produced nothing)"
+    out = ["By shared object: " + ", ".join(f"{d} {p}%" for p, d in dsos[:8]), "",
+           "| self % | shared object, symbol |", "| --- | --- |"]
+    out += [f"| {p} | `{s}` |" for p, s in syms]
+    return "\n".join(out)
+
+
 def git_rev() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -95,7 +123,7 @@ def git_rev() -> str:
 
 
 def render(rows: list[Row], command: str, started: float, elapsed: float, info: dict[str, str],
-           load_end: str, profiles: dict[str, str], skipped: list[str], quick: bool, reps: int) -> str:
+           load_end: str, profiles: dict[str, tuple[str, str]], skipped: list[str], quick: bool, reps: int) -> str:
     date = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started))
     parts = [
         "# kbroker benchmark results" + (" (--quick smoke run)" if quick else ""),
@@ -118,9 +146,13 @@ def render(rows: list[Row], command: str, started: float, elapsed: float, info: 
     if skipped:
         parts += ["Skipped (time budget): " + "; ".join(skipped), ""]
     if profiles:
-        parts += ["## py-spy hot spots (kbroker, `py-spy record --gil` at 1000 Hz during untimed extra runs)", ""]
-        for name, path in profiles.items():
-            parts += [f"### {name}", "", hotspots(path), ""]
+        parts += ["## Profiles of kbroker (untimed extra runs, after the measured repetitions)", "",
+                  "py-spy `record --gil` at 1000 Hz samples only the thread holding the GIL (uvloop's epoll wait "
+                  "is not told apart from work otherwise; py-spy's blocking sampler also undercounts), "
+                  "perf `record -F 999 -g` shows native and kernel time (Python 3.11 frames appear as "
+                  "_PyEval_EvalFrameDefault).", ""]
+        for name, (spy, perf) in profiles.items():
+            parts += [f"### {name}", "", "py-spy:", "", hotspots(spy), "", "perf:", "", perf_summary(perf), ""]
     return "\n".join(parts)
 
 
