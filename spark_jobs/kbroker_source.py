@@ -7,8 +7,14 @@ Trigger.AvailableNow need >= 4.2), using confluent-kafka (librdkafka) inside the
 Source options (as the connector's): ``kafka.bootstrap.servers``; exactly one of ``subscribe`` (comma list),
 ``subscribePattern`` (regex, whole-name match) or ``assign`` (JSON ``{"topic": [0, 1]}``); ``startingOffsets`` and,
 for batch queries, ``endingOffsets`` (``earliest``, ``latest`` or JSON ``{"topic": {"0": 23, "1": -2}}`` with -2 =
-earliest and -1 = latest); ``maxOffsetsPerTrigger``; ``failOnDataLoss`` (default true); ``includeHeaders``;
-``kafkaConsumer.pollTimeoutMs``; any other ``kafka.*`` option is handed to librdkafka without the prefix.
+earliest and -1 = latest); ``startingTimestamp`` / ``startingOffsetsByTimestamp`` (ListOffsets by timestamp, taking
+precedence over ``startingOffsets``) with ``startingOffsetsByTimestampStrategy`` (``error`` or ``latest``), and for
+batch queries ``endingTimestamp`` / ``endingOffsetsByTimestamp``; ``maxOffsetsPerTrigger``; ``minPartitions`` and
+``maxRecordsPerPartition`` (split ranges as the connector does); ``failOnDataLoss`` (default true);
+``includeHeaders``; ``kafkaConsumer.pollTimeoutMs``; ``fetchOffset.numRetries`` / ``fetchOffset.retryIntervalMs``;
+``groupIdPrefix``; any other ``kafka.*`` option is handed to librdkafka without the prefix (``kafka.group.id``
+included). ``minOffsetsPerTrigger`` and ``maxTriggerDelay`` are rejected, as are the Kafka settings the connector
+refuses (``kafka.auto.offset.reset``, ``kafka.enable.auto.commit``, deserializers, interceptors).
 
 Rows: key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int
 and, with includeHeaders, headers array<struct<key string, value binary>>.
@@ -18,7 +24,8 @@ input partition (Spark task) reads one topic-partition range [start, end) by ass
 checkpoint a record is read by exactly one committed micro-batch.
 
 Sink (batch and streaming): columns ``value`` (required, string or binary), ``key``, ``topic`` (unless the
-``topic`` option is set, which wins), ``partition`` and ``headers``; at-least-once like the connector's sink.
+``topic`` option is set, which wins), ``partition`` and ``headers``, type-checked as the connector does;
+``kafka.key.serializer`` / ``kafka.value.serializer`` are refused; at-least-once like the connector's sink.
 """
 
 from __future__ import annotations
@@ -86,6 +93,53 @@ class DataLossError(RuntimeError):
 
 # ---------------------------------------------------------------- options
 
+# Options Spark's Kafka connector documents that this source does not implement: rejected, never ignored.
+UNSUPPORTED_SOURCE_OPTIONS = {
+    "minOffsetsPerTrigger": "a minimum batch size (with maxTriggerDelay) needs a composite read limit",
+    "maxTriggerDelay": "it only applies with minOffsetsPerTrigger, which is not supported either",
+}
+# Kafka client settings the connector rejects (KafkaSourceProvider), with its reasons.
+SOURCE_REJECTED_KAFKA_PARAMS = {
+    "auto.offset.reset": "set the source option 'startingOffsets' to 'earliest' or 'latest' instead",
+    "key.deserializer": "keys are read as byte arrays; deserialize them with DataFrame operations",
+    "value.deserializer": "values are read as byte arrays; deserialize them with DataFrame operations",
+    "enable.auto.commit": "offsets are kept in the checkpoint, never committed to Kafka",
+    "interceptor.classes": "interceptors that change records are not supported",
+}
+SINK_REJECTED_KAFKA_PARAMS = {
+    "key.serializer": "keys are written as bytes (a string column is UTF-8 encoded)",
+    "value.serializer": "values are written as bytes (a string column is UTF-8 encoded)",
+}
+
+
+def _reject(opts: dict[str, str], unsupported: dict[str, str]) -> None:
+    for name, why in unsupported.items():
+        if name.lower() in opts:
+            raise ValueError(f"option '{name}' is not supported by the kbroker source: {why}")
+
+
+def _reject_kafka_params(client_conf: dict[str, str], rejected: dict[str, str]) -> None:
+    for name, why in rejected.items():
+        if name in client_conf:
+            raise ValueError(f"Kafka option 'kafka.{name}' is not supported: {why}")
+
+
+def _int_or_none(opts: dict[str, str], name: str) -> int | None:
+    v = opts.get(name.lower())
+    if v is None or not v.strip():
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"option '{name}' must be an integer, not {v!r}") from None
+
+
+def _positive(opts: dict[str, str], name: str) -> int | None:
+    n = _int_or_none(opts, name)
+    if n is not None and n <= 0:
+        raise ValueError(f"{name} must be positive")
+    return n
+
 
 def _bool(v: Any, default: bool) -> bool:
     if v is None:
@@ -111,6 +165,18 @@ class KafkaOptions:
     fail_on_data_loss: bool
     include_headers: bool
     poll_timeout_s: float
+    # startingTimestamp (one timestamp for every partition) or startingOffsetsByTimestamp (JSON), in that order of
+    # precedence over startingOffsets; endingTimestamp / endingOffsetsByTimestamp likewise for batch queries.
+    starting_timestamp: int | None = None
+    starting_by_timestamp: str | None = None
+    by_timestamp_strategy: str = "error"  # startingOffsetsByTimestampStrategy: error | latest
+    ending_timestamp: int | None = None
+    ending_by_timestamp: str | None = None
+    min_partitions: int | None = None
+    max_records_per_partition: int | None = None
+    group_id_prefix: str = "spark-kafka-source"
+    fetch_retries: int = 3  # fetchOffset.numRetries
+    fetch_retry_interval_s: float = 0.01  # fetchOffset.retryIntervalMs
 
     @classmethod
     def parse(cls, options: Any, *, streaming: bool) -> KafkaOptions:
@@ -119,6 +185,8 @@ class KafkaOptions:
         if not bootstrap:
             raise ValueError("option 'kafka.bootstrap.servers' must be specified")
         client_conf = {k[len("kafka.") :]: v for k, v in opts.items() if k.startswith("kafka.")}
+        _reject(opts, UNSUPPORTED_SOURCE_OPTIONS)
+        _reject_kafka_params(client_conf, SOURCE_REJECTED_KAFKA_PARAMS)
         given = [k for k in ("subscribe", "subscribepattern", "assign") if opts.get(k)]
         if len(given) != 1:
             raise ValueError(
@@ -140,8 +208,9 @@ class KafkaOptions:
             assign = tuple(sorted((str(t), int(p)) for t, ps in spec.items() for p in ps))
         starting = opts.get("startingoffsets", "latest" if streaming else "earliest").strip()
         ending = opts.get("endingoffsets", "latest").strip()
-        if streaming and "endingoffsets" in opts:
-            raise ValueError("option 'endingOffsets' is for batch queries only")
+        for name in ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp"):
+            if streaming and name.lower() in opts:
+                raise ValueError(f"option '{name}' is for batch queries only")
         if not streaming and starting.lower() == "latest":
             raise ValueError("startingOffsets 'latest' is not valid for batch queries")
         if ending.lower() == "earliest":
@@ -153,10 +222,18 @@ class KafkaOptions:
                     int(o) == EARLIEST for ps in parsed.values() for o in ps.values()
                 ):
                     raise ValueError("endingOffsets may not use -2 (earliest)")
-        mopt = opts.get("maxoffsetspertrigger")
-        max_offsets = int(mopt) if mopt else None
-        if max_offsets is not None and max_offsets <= 0:
-            raise ValueError("maxOffsetsPerTrigger must be positive")
+        max_offsets = _positive(opts, "maxOffsetsPerTrigger")
+        strategy = opts.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+        if strategy not in ("error", "latest"):
+            raise ValueError(
+                f"startingOffsetsByTimestampStrategy must be 'error' or 'latest', not {strategy!r}"
+            )
+        for name in ("startingOffsetsByTimestamp", "endingOffsetsByTimestamp"):
+            if name.lower() in opts:
+                parse_offsets_json(opts[name.lower()])  # fail early on malformed JSON
+        retries = int(opts.get("fetchoffset.numretries", "3"))
+        if retries < 0:
+            raise ValueError("fetchOffset.numRetries must not be negative")
         return cls(
             bootstrap=bootstrap,
             client_conf=client_conf,
@@ -169,13 +246,23 @@ class KafkaOptions:
             fail_on_data_loss=_bool(opts.get("failondataloss"), True),
             include_headers=_bool(opts.get("includeheaders"), False),
             poll_timeout_s=int(opts.get("kafkaconsumer.polltimeoutms", "120000")) / 1000.0,
+            starting_timestamp=_int_or_none(opts, "startingTimestamp"),
+            starting_by_timestamp=opts.get("startingoffsetsbytimestamp"),
+            by_timestamp_strategy=strategy,
+            ending_timestamp=_int_or_none(opts, "endingTimestamp"),
+            ending_by_timestamp=opts.get("endingoffsetsbytimestamp"),
+            min_partitions=_positive(opts, "minPartitions"),
+            max_records_per_partition=_positive(opts, "maxRecordsPerPartition"),
+            group_id_prefix=opts.get("groupidprefix", "spark-kafka-source"),
+            fetch_retries=retries,
+            fetch_retry_interval_s=int(opts.get("fetchoffset.retryintervalms", "10")) / 1000.0,
         )
 
     def consumer_conf(self) -> dict[str, Any]:
         conf: dict[str, Any] = {
             # No group membership or commits: the offsets live in Spark's checkpoint. librdkafka wants a group.id
             # for a Consumer; it is never joined because only assign() is used.
-            "group.id": f"spark-kbroker-{uuid.uuid4().hex[:12]}",
+            "group.id": f"{self.group_id_prefix}-{uuid.uuid4().hex[:12]}",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "error",
@@ -243,11 +330,107 @@ class Metadata:
 
         out = {}
         for t, p in tps:
-            lo, hi = self.consumer.get_watermark_offsets(
-                TopicPartition(t, p), timeout=self.timeout, cached=False
+            out[(t, p)] = self._retrying(
+                lambda t=t, p=p: self.consumer.get_watermark_offsets(
+                    TopicPartition(t, p), timeout=self.timeout, cached=False
+                )
             )
-            out[(t, p)] = (lo, hi)
         return out
+
+    def _retrying(self, call: Any) -> Any:
+        """fetchOffset.numRetries / fetchOffset.retryIntervalMs, as the connector's offset look-ups."""
+        from confluent_kafka import KafkaException
+
+        for attempt in range(self.opts.fetch_retries + 1):
+            try:
+                return call()
+            except KafkaException:
+                if attempt >= self.opts.fetch_retries:
+                    raise
+                time.sleep(self.opts.fetch_retry_interval_s)
+        raise AssertionError("unreachable")
+
+    def offsets_for_times(self, stamps: dict[tuple[str, int], int], *, label: str, if_none: str) -> TPOffsets:
+        """ListOffsets by timestamp: the earliest offset whose timestamp is >= the given one, per partition.
+
+        Where no record is that recent, ``if_none`` decides: "latest" takes the latest offset, "error" fails (the
+        connector's startingOffsetsByTimestampStrategy).
+        """
+        from confluent_kafka import TopicPartition
+
+        if not stamps:
+            return {}
+        res = self._retrying(
+            lambda: self.consumer.offsets_for_times(
+                [TopicPartition(t, p, ts) for (t, p), ts in sorted(stamps.items())], timeout=self.timeout
+            )
+        )
+        out: TPOffsets = {}
+        none: list[tuple[str, int]] = []
+        for tp in res:
+            if tp.error is not None:
+                raise RuntimeError(f"{label}: ListOffsets for {tp.topic}-{tp.partition} failed: {tp.error}")
+            if tp.offset < 0:
+                none.append((tp.topic, tp.partition))
+            else:
+                out[(tp.topic, tp.partition)] = tp.offset
+        if none:
+            if if_none == "error":
+                raise ValueError(
+                    f"{label}: no record at or after the given timestamp in {sorted(none)}. Set "
+                    "startingOffsetsByTimestampStrategy=latest to start those partitions at the latest offset."
+                )
+            out.update(self.latest(none))
+        return out
+
+    def _by_timestamp(
+        self, spec: str, tps: Sequence[tuple[str, int]], *, label: str, if_none: str
+    ) -> TPOffsets:
+        given = parse_offsets_json(spec)
+        if self.opts.pattern is None:
+            missing = sorted(set(tps) - set(given))
+            if missing:
+                raise ValueError(
+                    f"{label} contains specific timestamps, so it must specify all TopicPartitions; "
+                    f"missing {missing}"
+                )
+        out = self.offsets_for_times(
+            {tp: ts for tp, ts in given.items() if tp in set(tps)}, label=label, if_none=if_none
+        )
+        # With subscribePattern, matching partitions the JSON does not name start at earliest.
+        out.update(self.earliest([tp for tp in tps if tp not in out]))
+        return out
+
+    def resolve_start(self, tps: Sequence[tuple[str, int]]) -> TPOffsets:
+        """startingTimestamp, else startingOffsetsByTimestamp, else startingOffsets (the connector's precedence)."""
+        o = self.opts
+        if o.starting_timestamp is not None:
+            return self.offsets_for_times(
+                {tp: o.starting_timestamp for tp in tps},
+                label="startingTimestamp",
+                if_none=o.by_timestamp_strategy,
+            )
+        if o.starting_by_timestamp is not None:
+            return self._by_timestamp(
+                o.starting_by_timestamp,
+                tps,
+                label="startingOffsetsByTimestamp",
+                if_none=o.by_timestamp_strategy,
+            )
+        return self.resolve(o.starting, tps, label="startingOffsets")
+
+    def resolve_end(self, tps: Sequence[tuple[str, int]]) -> TPOffsets:
+        """endingTimestamp, else endingOffsetsByTimestamp, else endingOffsets; no match means latest."""
+        o = self.opts
+        if o.ending_timestamp is not None:
+            return self.offsets_for_times(
+                {tp: o.ending_timestamp for tp in tps}, label="endingTimestamp", if_none="latest"
+            )
+        if o.ending_by_timestamp is not None:
+            return self._by_timestamp(
+                o.ending_by_timestamp, tps, label="endingOffsetsByTimestamp", if_none="latest"
+            )
+        return self.resolve(o.ending, tps, label="endingOffsets")
 
     def earliest(self, tps: Sequence[tuple[str, int]]) -> TPOffsets:
         return {tp: lo for tp, (lo, _) in self.watermarks(tps).items()}
@@ -415,6 +598,43 @@ def _rate_limit(start: TPOffsets, latest: TPOffsets, limit: int) -> TPOffsets:
     return out
 
 
+def split_ranges(
+    ranges: list[KafkaRange], min_partitions: int | None, max_records: int | None
+) -> list[KafkaRange]:
+    """The connector's KafkaOffsetRangeCalculator: maxRecordsPerPartition splits each range into parts of at most
+    that many offsets; then, when there are fewer than minPartitions ranges, each range is split into
+    max(1, round(size / total * minPartitions)) parts of (nearly) equal size."""
+
+    def divide(r: KafkaRange, parts: int) -> list[KafkaRange]:
+        size = r.end - r.start
+        return [
+            KafkaRange(
+                r.topic, r.partition, r.start + int(size * i / parts), r.start + int(size * (i + 1) / parts)
+            )
+            for i in range(parts)
+        ]
+
+    out = [r for r in ranges if r.end > r.start]
+    if max_records is not None:
+        out = [
+            part
+            for r in out
+            for part in (
+                divide(r, math.ceil((r.end - r.start) / max_records))
+                if r.end - r.start > max_records
+                else [r]
+            )
+        ]
+    if min_partitions is not None and len(out) < min_partitions:
+        total = sum(r.end - r.start for r in out)
+        out = [
+            part
+            for r in out
+            for part in divide(r, max(1, math.floor((r.end - r.start) / total * min_partitions + 0.5)))
+        ]
+    return [r for r in out if r.end > r.start]
+
+
 class _MetadataMixin:
     """A lazily created driver-side Metadata client that is never pickled to the tasks."""
 
@@ -448,7 +668,7 @@ class KBrokerStreamReader(_MetadataMixin, DataSourceStreamReader, SupportsTrigge
     def initialOffset(self) -> dict:
         md = self._metadata()
         tps = md.partitions()
-        offsets = md.resolve(self.opts.starting, tps, label="startingOffsets")
+        offsets = md.resolve_start(tps)
         log.info("kbroker source: initial offsets %s", to_json_offsets(offsets))
         return to_json_offsets(offsets)
 
@@ -500,7 +720,7 @@ class KBrokerStreamReader(_MetadataMixin, DataSourceStreamReader, SupportsTrigge
                 continue
             if hi > lo:
                 out.append(KafkaRange(tp[0], tp[1], lo, hi))
-        return out
+        return split_ranges(out, self.opts.min_partitions, self.opts.max_records_per_partition)
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         assert isinstance(partition, KafkaRange)
@@ -523,8 +743,8 @@ class KBrokerBatchReader(_MetadataMixin, DataSourceReader):
         md = self._metadata()
         try:
             tps = md.partitions()
-            start = md.resolve(self.opts.starting, tps, label="startingOffsets")
-            end = md.resolve(self.opts.ending, tps, label="endingOffsets")
+            start = md.resolve_start(tps)
+            end = md.resolve_end(tps)
         finally:
             self._close_metadata()
         out = []
@@ -534,6 +754,7 @@ class KBrokerBatchReader(_MetadataMixin, DataSourceReader):
                 raise ValueError(f"endingOffsets {hi} is before startingOffsets {lo} for {tp[0]}-{tp[1]}")
             if hi > lo:
                 out.append(KafkaRange(tp[0], tp[1], lo, hi))
+        out = split_ranges(out, self.opts.min_partitions, self.opts.max_records_per_partition)
         # Spark wants at least one partition; an empty range reads nothing.
         return out or [KafkaRange("", 0, 0, 0)]
 
@@ -558,6 +779,34 @@ def _bytes(v: Any) -> bytes | None:
     return bytes(v)
 
 
+def _check_sink_types(types: dict[str, Any]) -> None:
+    """The connector's sink column types (KafkaWriter.validateQuery); other columns are ignored."""
+    from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType
+
+    def is_headers(t: Any) -> bool:
+        if not isinstance(t, ArrayType) or not isinstance(t.elementType, StructType):
+            return False
+        fields = {f.name: f.dataType for f in t.elementType.fields}
+        return (
+            set(fields) == {"key", "value"}
+            and isinstance(fields["key"], StringType)
+            and isinstance(fields["value"], BinaryType)
+        )
+
+    rules = {
+        "value": (lambda t: isinstance(t, StringType | BinaryType), "a string or binary"),
+        "key": (lambda t: isinstance(t, StringType | BinaryType), "a string or binary"),
+        "topic": (lambda t: isinstance(t, StringType), "a string"),
+        "partition": (lambda t: isinstance(t, IntegerType), "an int"),
+        "headers": (is_headers, "an array<struct<key: string, value: binary>>"),
+    }
+    for name, (ok, what) in rules.items():
+        if name in types and not ok(types[name]):
+            raise ValueError(
+                f"the kbroker sink's '{name}' column must be {what}, not {types[name].simpleString()}"
+            )
+
+
 class _ProducerWriter:
     def __init__(self, options: Any, schema: StructType) -> None:
         opts = {str(k).lower(): str(v) for k, v in dict(options).items()}
@@ -565,12 +814,14 @@ class _ProducerWriter:
         if not self.bootstrap:
             raise ValueError("option 'kafka.bootstrap.servers' must be specified")
         self.client_conf = {k[len("kafka.") :]: v for k, v in opts.items() if k.startswith("kafka.")}
+        _reject_kafka_params(self.client_conf, SINK_REJECTED_KAFKA_PARAMS)
         self.topic = opts.get("topic")
-        names = {f.name.lower() for f in schema.fields}
-        if "value" not in names:
+        types = {f.name.lower(): f.dataType for f in schema.fields}
+        if "value" not in types:
             raise ValueError("the kbroker sink needs a 'value' column (string or binary)")
-        if self.topic is None and "topic" not in names:
+        if self.topic is None and "topic" not in types:
             raise ValueError("the kbroker sink needs a 'topic' column or the 'topic' option")
+        _check_sink_types(types)
 
     def write(self, iterator: Iterator[Any]) -> WriteResult:
         from confluent_kafka import Producer
