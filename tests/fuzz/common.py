@@ -233,7 +233,7 @@ def request_frame(draw: st.DrawFn, cid: int, allow_framing_lie: bool) -> Frame:
     elif how == "truncate":
         del buf[draw(st.integers(12, len(buf))):]
         fix_size()
-    elif how == "int_window" and len(buf) > 14:
+    elif how == "int_window" and len(buf) >= 16:
         # A length/count field set to a huge or negative value (whatever field it lands on).
         if draw(st.booleans()):
             i = draw(st.integers(12, len(buf) - 4))
