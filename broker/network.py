@@ -115,7 +115,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._start = 0
         self._end = 0
         self._busy = False
-        self._pending: collections.deque[bytes] = collections.deque()
+        self._pending: collections.deque[bytes | bytearray] = collections.deque()
+        self._big: bytearray | None = None  # the frame being received when it is larger than the buffer
+        self._big_filled = 0
         self._paused: set[str] = set()
         self._pool = processor.server_ref.memory_pool
         self._held = 0  # bytes accounted in the pool
@@ -161,13 +163,25 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._drained.set_result(None)
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._big is not None:
+            return memoryview(self._big)[self._big_filled :]
         if self._end == len(self._buf):
             self._make_room()
         return memoryview(self._buf)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._end += nbytes
         self.last_active = time.monotonic()
+        if self._big is not None:
+            # A large request is received straight into its own buffer, which then becomes the frame.
+            self._big_filled += nbytes
+            if self._big_filled == len(self._big):
+                frame, self._big = self._big, None
+                self.partial_since = None
+                self._dispatch(frame)
+            if self._pool.enabled and not self._closed:
+                self._account()
+            return
+        self._end += nbytes
         buf = self._buf
         while self._end - self._start >= 4:
             (size,) = _SIZE.unpack_from(buf, self._start)
@@ -180,37 +194,48 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 return
             frame_end = self._start + 4 + size
             if frame_end > self._end:
-                if frame_end - self._start > len(buf):
+                if size > INITIAL_BUFFER // 2:
+                    have = self._end - self._start - 4
+                    self._big = bytearray(size)
+                    self._big[:have] = memoryview(buf)[self._start + 4 : self._end]
+                    self._big_filled = have
+                    self._start = self._end
+                elif frame_end - self._start > len(buf):
                     self._make_room(frame_end - self._start)
                 break
-            frame = bytes(buf[self._start + 4 : frame_end])
+            frame = bytes(memoryview(buf)[self._start + 4 : frame_end])
             self._start = frame_end
-            if self._busy:
-                self._pending.append(frame)
-                self._pending_bytes += len(frame)
-                if len(self._pending) >= MAX_QUEUED_PER_CONNECTION:
-                    self._pause("queue")
-            else:
-                self._process(frame)
+            self._dispatch(frame)
             if self._closed:
                 return
         if self._start == self._end:
             self._start = self._end = 0
-            self.partial_since = None
+            if self._big is None:
+                self.partial_since = None
             if len(self._buf) > INITIAL_BUFFER:
-                self._buf = bytearray(INITIAL_BUFFER)  # give a large request's buffer back
-        elif self.partial_since is None:
+                self._buf = bytearray(INITIAL_BUFFER)  # give a grown buffer back
+        if self.partial_since is None and (self._big is not None or self._start != self._end):
             self.partial_since = self.last_active
         if self._pool.enabled:
             self._account()
 
+    def _dispatch(self, frame: bytes | bytearray) -> None:
+        if self._busy:
+            self._pending.append(frame)
+            self._pending_bytes += len(frame)
+            if len(self._pending) >= MAX_QUEUED_PER_CONNECTION:
+                self._pause("queue")
+        else:
+            self._process(frame)
+
     def _account(self) -> None:
-        held = len(self._buf) - INITIAL_BUFFER + self._pending_bytes
+        held = len(self._buf) - INITIAL_BUFFER + self._pending_bytes + (len(self._big) if self._big is not None else 0)
         delta, self._held = held - self._held, held
         over = self._pool.add(delta) if delta else self._pool.used > self._pool.limit
         # Like Kafka's MemoryPool, a request whose buffer is already allocated is read to its end;
         # only the start of the next request waits for memory.
-        if over and self._start == self._end and not self._closed and "memory" not in self._paused:
+        at_boundary = self._start == self._end and self._big is None
+        if over and at_boundary and not self._closed and "memory" not in self._paused:
             self._pause("memory")
             self._pool.wait(self)
 
@@ -241,7 +266,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._buf = new
         self._start, self._end = 0, live
 
-    def _process(self, frame: bytes) -> None:
+    def _process(self, frame: bytes | bytearray) -> None:
         try:
             result = self.apis.handle(self, frame)
         except CloseConnection as e:

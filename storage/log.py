@@ -25,6 +25,7 @@ from protocol.records import (
     InvalidRecordError,
     RecordBatchHeader,
     decode_records,
+    max_decompressed_size,
     set_base_offset,
     set_log_append_time,
     set_partition_leader_epoch,
@@ -302,6 +303,8 @@ class Log:
                          leader_epoch: int | None = None, from_client: bool = True) -> LogAppendInfo:
         """Validate, assign offsets and append all batches of one request (all or nothing).
 
+        Writable records (bytearray, writable memoryview) are rewritten in place: the caller hands them over.
+
         from_client=False is for internal writers (coordinators): it allows control batches.
         """
         config = self.config
@@ -313,7 +316,13 @@ class Log:
                     f"{config.max_message_bytes} of {self.name}")
         if config.compact:
             self._check_keys(records, summary)
-        buf = bytearray(records[: summary.valid_bytes])
+        buf: bytearray | memoryview
+        if isinstance(records, bytearray) or (isinstance(records, memoryview) and not records.readonly):
+            # A writable buffer is the caller's private copy (the broker's request frame): rewrite it in
+            # place instead of copying a batch that may be a megabyte.
+            buf = memoryview(records)[: summary.valid_bytes]
+        else:
+            buf = bytearray(records[: summary.valid_bytes])
         log_append_time = now_ms if config.log_append_time else -1
         with self._lock:
             self._check_open()
@@ -399,7 +408,7 @@ class Log:
         for pos, h in summary.batches:
             if h.is_control:
                 continue
-            for rec in decode_records(records, pos):
+            for rec in decode_records(records, pos, max_size=max_decompressed_size(self.config.max_message_bytes)):
                 if rec.key is None:
                     raise InvalidRecordError(f"compacted topic {self.topic} cannot accept a record without a key")
 
@@ -487,7 +496,7 @@ class Log:
             return self._max_timestamp_offset(segments, lso)
         for seg in segments:
             if seg.max_timestamp >= ts:
-                found = seg.find_offset_by_timestamp(ts, lso)
+                found = seg.find_offset_by_timestamp(ts, lso, max_decompressed_size(self.config.max_message_bytes))
                 if found is not None:
                     return found
         return None
@@ -503,7 +512,8 @@ class Log:
         loc = best.translate_offset(batch_last)
         if loc is None:
             return None
-        for rec in decode_records(best.read_batch_bytes(loc)):
+        limit = max_decompressed_size(self.config.max_message_bytes)
+        for rec in decode_records(best.read_batch_bytes(loc), max_size=limit):
             if rec.timestamp == ts and rec.offset >= lso:
                 return rec.offset, ts
         return max(batch_last, lso), ts

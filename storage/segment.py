@@ -11,6 +11,7 @@ from pathlib import Path
 from protocol.records import (
     BATCH_HEADER_SIZE,
     BATCH_OVERHEAD,
+    DEFAULT_MAX_DECOMPRESSED,
     LOG_OVERHEAD,
     RecordBatchHeader,
     decode_records,
@@ -286,14 +287,15 @@ class LogSegment:
             end = loc.position + loc.size
         return SegmentReadResult(FileRecordsSlice(self._read_fd, start.position, end - start.position))
 
-    def find_offset_by_timestamp(self, timestamp: int, starting_offset: int) -> tuple[int, int] | None:
+    def find_offset_by_timestamp(self, timestamp: int, starting_offset: int,
+                                 max_decompressed: int = DEFAULT_MAX_DECOMPRESSED) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= target and offset >= starting_offset."""
         _, ts_offset = self.time_index.lookup(timestamp)
         _, position = self.index.lookup(max(ts_offset, starting_offset))
         for loc in self.iter_batches(position):
             h = loc.header
             if h.max_timestamp >= timestamp and h.last_offset >= starting_offset:
-                found = self._first_record_at_or_after(loc, timestamp, starting_offset)
+                found = self._first_record_at_or_after(loc, timestamp, starting_offset, max_decompressed)
                 if found is not None:
                     return found
         return None
@@ -301,8 +303,9 @@ class LogSegment:
     def read_batch_bytes(self, loc: BatchLocation) -> bytes:
         return FileRecordsSlice(self._read_fd, loc.position, loc.size).read_bytes()
 
-    def _first_record_at_or_after(self, loc: BatchLocation, timestamp: int, starting_offset: int) -> tuple[int, int] | None:
-        for rec in decode_records(self.read_batch_bytes(loc)):
+    def _first_record_at_or_after(self, loc: BatchLocation, timestamp: int, starting_offset: int,
+                                  max_decompressed: int) -> tuple[int, int] | None:
+        for rec in decode_records(self.read_batch_bytes(loc), max_size=max_decompressed):
             if rec.timestamp >= timestamp and rec.offset >= starting_offset:
                 return rec.offset, rec.timestamp
         return None

@@ -57,8 +57,12 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
         topics = [topic_metadata(rec, include_ops) for rec in list(store.topics.values())]
     else:
         auto = req.allow_auto_topic_creation if v >= 4 else True
-        by_id = {rec.topic_id: rec for rec in list(store.topics.values())} if v >= 10 else {}
+        by_id = {rec.topic_id: rec for rec in list(store.topics.values())} if v >= 12 else {}
         for t in req.topics:
+            if v < 12 and (t.name is None or (v >= 10 and t.topic_id != bytes(16))):
+                # As Kafka: topic ids in Metadata requests need v12 (v10-11 carry the field but not the feature).
+                topics.append(_error_topic(t.name or "", ErrorCode.INVALID_REQUEST, t.topic_id))
+                continue
             if t.name is None:
                 rec = by_id.get(t.topic_id)
                 if rec is None:

@@ -9,7 +9,4 @@ from __future__ import annotations
 import re
 
 KNOWN_BUGS: list[re.Pattern[str]] = [
-    # MetadataRequest v10/v11 with a null topic name (lookup by topic id): the handler answers with a null
-    # name, which MetadataResponse v10/v11 cannot encode (names are nullable from v12 only).
-    re.compile(r"<encode MetadataResponse\.MetadataResponseTopic v1[01]>[\s\S]*null string in a non-nullable"),
 ]
