@@ -50,6 +50,8 @@ class _Index:
             os.truncate(path, file_size)
         self._file_size = file_size
         self._entries: tuple[array[int], array[int]] | None = None
+        # The last entry, kept so that every append need not read it back from the file; False: unknown.
+        self._last: tuple[int, int] | None | bool = False
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -72,6 +74,14 @@ class _Index:
 
     def _last_raw(self) -> tuple[int, int] | None:
         """Last entry as (key, value) without loading the whole file."""
+        last = self._last
+        if last is not False:
+            return last  # type: ignore[return-value]
+        last = self._read_last()
+        self._last = last
+        return last
+
+    def _read_last(self) -> tuple[int, int] | None:
         entries = self._entries
         if entries is not None:
             keys, values = entries
@@ -92,6 +102,7 @@ class _Index:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.write(self._fd, packed)
+            self._last = (key, value)
             self._count += 1
             self._file_size += len(packed)
             if self._entries is not None:
@@ -108,11 +119,13 @@ class _Index:
                 self._entries = (keys[:n], values[:n])
             self._count = n
             self._file_size = n * self.entry_size
+            self._last = False
             os.truncate(self.path, self._file_size)
 
     def reset(self) -> None:
         with self._lock:
             self._entries = (array(self._typecode), array(self._typecode))
+            self._last = None
             self._count = 0
             self._file_size = 0
             os.truncate(self.path, 0)
