@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +79,7 @@ class KafkaApis:
         result = handler.fn(ctx, request)
         if result is None:
             return None
-        if inspect.isawaitable(result):
+        if isinstance(result, Coroutine):
             return self._complete_later(header, result)
         return self._encode(header, result)
 
