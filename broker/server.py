@@ -68,6 +68,7 @@ class KafkaServer:
             offset_metadata_max_bytes=config["offset.metadata.max.bytes"],
         ))
         self._stopped = asyncio.Event()
+        self._ids_cache: tuple[dict[str, TopicRecord], dict[bytes, str]] | None = None
 
     def advertised_endpoints(self) -> dict[str, tuple[str, int]]:
         """Listener name -> the host:port clients are told, with the bound port when configured as 0."""
@@ -174,6 +175,14 @@ class KafkaServer:
         host, port = self.advertised_endpoint(name)
         endpoints[self.broker_id] = (host, port, None)
         return [(b, *endpoints[b]) for b in sorted(endpoints)]
+
+    def topic_names_by_id(self) -> dict[bytes, str]:
+        """topic id -> name, rebuilt only when the store swaps in a new topics map (copy-on-write)."""
+        topics = self.metadata.topics
+        cache = self._ids_cache
+        if cache is None or cache[0] is not topics:
+            cache = self._ids_cache = (topics, {rec.topic_id: rec.name for rec in topics.values()})
+        return cache[1]
 
     def controller_id(self) -> int:
         # The Java admin client sends CreateTopics/DeleteTopics only to the controller it is told about,

@@ -129,12 +129,15 @@ class LocalMetadataStore:
         with self._lock:
             if record.name in self.topics:
                 raise FileExistsError(record.name)
-            self.topics[record.name] = record
+            # Copy-on-write: request threads iterate `topics` without a lock.
+            self.topics = {**self.topics, record.name: record}
             self._persist()
 
     def delete_topic(self, name: str) -> TopicRecord:
         with self._lock:
-            rec = self.topics.pop(name)
+            topics = dict(self.topics)
+            rec = topics.pop(name)
+            self.topics = topics
             self._persist()
             return rec
 

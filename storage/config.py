@@ -32,13 +32,15 @@ class LogConfig:
     # Filled in below the class: the topic config keys this class understands.
     TOPIC_CONFIG_KEYS: ClassVar[frozenset[str]]
 
+    # cleanup_policy only ever holds the tokens "compact" and "delete" (validated), so a substring
+    # test is exact, and cheap enough for the append path.
     @property
     def compact(self) -> bool:
-        return "compact" in self.policies
+        return "compact" in self.cleanup_policy
 
     @property
     def delete(self) -> bool:
-        return "delete" in self.policies
+        return "delete" in self.cleanup_policy
 
     @property
     def policies(self) -> frozenset[str]:

@@ -42,7 +42,7 @@ class _FetchPlan:
         self.req = req
         self.by_id = ctx.api_version >= 13
         self.topics: list[tuple[FetchRequest.FetchTopic, str | None]] = []
-        ids = {rec.topic_id: rec.name for rec in list(ctx.server.metadata.topics.values())} if self.by_id else {}
+        ids = ctx.server.topic_names_by_id() if self.by_id else {}
         for t in req.topics:
             name = ids.get(t.topic_id) if self.by_id else t.topic
             self.topics.append((t, name))

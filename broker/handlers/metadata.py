@@ -57,14 +57,15 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
         topics = [topic_metadata(rec, include_ops) for rec in list(store.topics.values())]
     else:
         auto = req.allow_auto_topic_creation if v >= 4 else True
-        by_id = {rec.topic_id: rec for rec in list(store.topics.values())} if v >= 12 else {}
+        names_by_id = server.topic_names_by_id() if v >= 12 else {}
         for t in req.topics:
             if v < 12 and (t.name is None or (v >= 10 and t.topic_id != bytes(16))):
                 # As Kafka: topic ids in Metadata requests need v12 (v10-11 carry the field but not the feature).
                 topics.append(_error_topic(t.name or "", ErrorCode.INVALID_REQUEST, t.topic_id))
                 continue
             if t.name is None:
-                rec = by_id.get(t.topic_id)
+                name = names_by_id.get(t.topic_id)
+                rec = store.topics.get(name) if name is not None else None
                 if rec is None:
                     topics.append(_error_topic(None, ErrorCode.UNKNOWN_TOPIC_ID, t.topic_id))
                 else:

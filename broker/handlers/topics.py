@@ -103,7 +103,7 @@ def handle_delete_topics(ctx: RequestContext, req: DeleteTopicsRequest) -> Delet
         wanted = [(t.name, t.topic_id) for t in req.topics]
     else:
         wanted = [(n, bytes(16)) for n in req.topic_names]
-    ids = {rec.topic_id: rec.name for rec in list(ctx.server.metadata.topics.values())}
+    ids = ctx.server.topic_names_by_id()
     results = []
     for name, topic_id in wanted:
         res = R.DeletableTopicResult(name=name, topic_id=topic_id, error_code=0)
