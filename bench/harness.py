@@ -14,12 +14,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-PEER_DIR = Path(os.environ.get("KBROKER_BENCH_PEERS", "/work/shared/bench-peers"))
+PEER_DIR = Path(os.environ.get("KBROKER_BENCH_PEERS", ROOT.parent / "shared" / "bench-peers"))
 PEER_SCRIPT = PEER_DIR / "librdkafka_mock_broker.py"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
