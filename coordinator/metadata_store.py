@@ -23,6 +23,17 @@ log = logging.getLogger("kbroker.metadata")
 DEFAULT_ENTITY = "<default>"
 
 
+def with_client_quotas(quotas: dict[str | None, dict[str, float]], entity: str | None,
+                       values: dict[str, float]) -> dict[str | None, dict[str, float]]:
+    """A copy of the quota map with the entity's values replaced (removed when empty)."""
+    out = dict(quotas)
+    if values:
+        out[entity] = dict(values)
+    else:
+        out.pop(entity, None)
+    return out
+
+
 def new_cluster_id() -> str:
     """22 characters of URL-safe base64, like Kafka's Uuid.randomUuid().toString()."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
@@ -158,10 +169,5 @@ class LocalMetadataStore:
 
     def set_client_quotas(self, entity: str | None, values: dict[str, float]) -> None:
         with self._lock:
-            quotas = dict(self.client_quotas)
-            if values:
-                quotas[entity] = dict(values)
-            else:
-                quotas.pop(entity, None)
-            self.client_quotas = quotas
+            self.client_quotas = with_client_quotas(self.client_quotas, entity, values)
             self._persist()

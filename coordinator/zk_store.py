@@ -33,7 +33,7 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
 
 from coordinator import zk_paths as zp
-from coordinator.metadata_store import TopicRecord, new_cluster_id, new_topic_id
+from coordinator.metadata_store import TopicRecord, new_cluster_id, new_topic_id, with_client_quotas
 from coordinator.zk_producer_ids import ZkProducerIdBlockAllocator
 from protocol.errors import ErrorCode, KafkaError
 
@@ -526,11 +526,7 @@ class ZkMetadataStore:
             except ValueError:
                 log.error("Unreadable client quota config %s/%s: %r", zp.CONFIG_CLIENTS, child, data)
                 return None
-            if values:
-                quotas[entity] = values
-            else:
-                quotas.pop(entity, None)
-            self.client_quotas = quotas
+            self.client_quotas = with_client_quotas(quotas, entity, values)
             return None
 
         return changed
@@ -545,12 +541,7 @@ class ZkMetadataStore:
             except NoNodeError:
                 client.create(path, doc, makepath=True)
             self._notify_config_change(path.removeprefix("/config/"))
-            quotas = dict(self.client_quotas)
-            if values:
-                quotas[entity] = dict(values)
-            else:
-                quotas.pop(entity, None)
-            self.client_quotas = quotas
+            self.client_quotas = with_client_quotas(self.client_quotas, entity, values)
 
     def producer_id_block_source(self) -> ZkProducerIdBlockAllocator:
         """Producer id blocks from /latest_producer_id_block (usable once start() has connected)."""

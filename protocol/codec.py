@@ -81,6 +81,19 @@ def _min_item_size(cls: type, elem: str) -> int:
     return 1  # a struct needs at least its tagged-field count or one field byte
 
 
+def _fixed_run(fields: tuple[FieldSpec, ...], i: int, version: int, flexible: bool) -> tuple[list[FieldSpec], int]:
+    """The fixed-width fields on the wire from fields[i] on, packed or unpacked with one struct call."""
+    run = [fields[i]]
+    j = i + 1
+    while j < len(fields):
+        g = fields[j]
+        if g.type not in _FIXED or not g.in_versions(version) or (flexible and g.tagged_in(version)):
+            break
+        run.append(g)
+        j += 1
+    return run, j
+
+
 # ---------------------------------------------------------------- decoding
 
 
@@ -163,19 +176,9 @@ def _compile_decoder(cls: type, version: int) -> Decoder:
             i += 1
             continue
         if f.type in _FIXED:
-            # Group consecutive fixed-width fields into one unpack.
-            group = [f]
-            j = i + 1
-            while j < len(fields):
-                g = fields[j]
-                if g.type in _FIXED and g.in_versions(version) and not (flexible and g.tagged_in(version)):
-                    group.append(g)
-                    j += 1
-                else:
-                    break
-            fmt = ">" + "".join(_FIXED[g.type][0] for g in group)
+            group, j = _fixed_run(fields, i, version, flexible)
             key = f"_G{i}"
-            env[key] = struct.Struct(fmt)
+            env[key] = struct.Struct(">" + "".join(_FIXED[g.type][0] for g in group))
             names = [f"v_{g.attr}" for g in group]
             for g in group[1:]:
                 values.append(f"v_{g.attr}")
@@ -277,15 +280,7 @@ def _compile_encoder(cls: type, version: int) -> Encoder:
             i += 1
             continue
         if f.type in _FIXED:
-            group = [f]
-            j = i + 1
-            while j < len(fields):
-                g = fields[j]
-                if g.type in _FIXED and g.in_versions(version) and not (flexible and g.tagged_in(version)):
-                    group.append(g)
-                    j += 1
-                else:
-                    break
+            group, j = _fixed_run(fields, i, version, flexible)
             key = f"_G{i}"
             env[key] = struct.Struct(">" + "".join(_FIXED[g.type][0] for g in group))
             lines.append(f"    out += {key}.pack({', '.join('o.' + g.attr for g in group)})")
