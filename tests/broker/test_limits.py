@@ -163,12 +163,42 @@ def test_client_that_never_reads_is_cut_off_while_others_keep_their_latency(stri
 
 
 def test_queued_max_request_bytes_bounds_memory_without_deadlock(tmp_path: Path) -> None:
-    """Many producers pipelining large requests through a 2 MB request memory pool all complete."""
+    """Eight clients each half-way through a 1 MB produce fill a 2 MB request pool; all of them complete, and
+    producers pipelining large batches through the pool all get their acks."""
     import threading
 
-    b = BrokerProcess(tmp_path, {"queued.max.request.bytes": str(2 * 1024 * 1024), "num.network.threads": "2"})
+    from protocol.messages import ProduceRequest, ProduceResponse
+    from protocol.records import build_batch
+
+    b = BrokerProcess(tmp_path, {"queued.max.request.bytes": str(2 * 1024 * 1024)})
     b.start()
     try:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic("pool-topic", 1, 1)])["pool-topic"].result(10)
+        batch = build_batch([(None, b"p" * 1_000_000, [], int(time.time() * 1000))])
+        req = ProduceRequest(acks=1, timeout_ms=10000, topic_data=[ProduceRequest.TopicProduceData(
+            name="pool-topic", partition_data=[ProduceRequest.PartitionProduceData(index=0, records=batch)])])
+        socks = []
+        frames = []
+        for i in range(8):
+            frame = bytes(codec.encode_request(RequestHeader(0, 7, i, "pool"), req))
+            s = socket.create_connection(("127.0.0.1", b.port), timeout=10)
+            s.sendall(frame[: len(frame) // 2])
+            socks.append(s)
+            frames.append(frame)
+        time.sleep(0.5)
+        for s, frame in zip(socks, frames, strict=True):
+            s.sendall(frame[len(frame) // 2 :])
+        for s in socks:
+            (size,) = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))
+            _, resp = codec.decode_response(0, 7, s.recv(size, socket.MSG_WAITALL))
+            assert isinstance(resp, ProduceResponse)
+            assert resp.responses[0].partition_responses[0].error_code == 0
+            s.close()
+        assert "queued.max.request.bytes" in b.read_log(), "the pool limit was never reached"
+
         errors: list[str] = []
 
         def produce(i: int) -> None:
@@ -193,7 +223,6 @@ def test_queued_max_request_bytes_bounds_memory_without_deadlock(tmp_path: Path)
         c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "pool", "enable.auto.commit": False})
         lo, hi = c.get_watermark_offsets(TopicPartition("pool-topic", 0), timeout=10)
         c.close()
-        assert hi - lo == 8 * 60
-        assert "queued.max.request.bytes" in b.read_log(), "the pool limit was never reached"
+        assert hi - lo == 8 + 8 * 60
     finally:
         b.stop()
