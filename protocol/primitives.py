@@ -66,17 +66,25 @@ def _take(buf: Buffer, pos: int, n: int, what: str) -> int:
     return end
 
 
-def read_string(buf: Buffer, pos: int, compact: bool, nullable: bool) -> tuple[str | None, int]:
+def _read_length(buf: Buffer, pos: int, compact: bool, classic: struct.Struct, nullable: bool,
+                 what: str) -> tuple[int, int]:
+    """A length or count prefix: unsigned varint of n+1 when compact, else a signed int16/int32.
+    -1 (null) is returned only where the field is nullable; any other negative value is an error."""
     if compact:
         n, pos = read_uvarint(buf, pos)
         n -= 1
     else:
-        (n,) = I16.unpack_from(buf, pos)
-        pos += 2
+        (n,) = classic.unpack_from(buf, pos)
+        pos += classic.size
+    if n < 0 and not (n == -1 and nullable):
+        raise DecodeError(f"invalid {what} length {n}")
+    return n, pos
+
+
+def read_string(buf: Buffer, pos: int, compact: bool, nullable: bool) -> tuple[str | None, int]:
+    n, pos = _read_length(buf, pos, compact, I16, nullable, "string")
     if n < 0:
-        if n == -1 and nullable:
-            return None, pos
-        raise DecodeError(f"invalid string length {n}")
+        return None, pos
     end = _take(buf, pos, n, "string")
     try:
         return str(buf[pos:end], "utf-8"), end
@@ -91,32 +99,16 @@ def read_bytes(buf: Buffer, pos: int, compact: bool, nullable: bool) -> tuple[by
 
 def read_bytes_view(buf: Buffer, pos: int, compact: bool, nullable: bool) -> tuple[memoryview | None, int]:
     """Like read_bytes but returns a zero-copy view: record sets are kept as slices of the frame."""
-    if compact:
-        n, pos = read_uvarint(buf, pos)
-        n -= 1
-    else:
-        (n,) = I32.unpack_from(buf, pos)
-        pos += 4
+    n, pos = _read_length(buf, pos, compact, I32, nullable, "bytes")
     if n < 0:
-        if n == -1 and nullable:
-            return None, pos
-        raise DecodeError(f"invalid bytes length {n}")
+        return None, pos
     end = _take(buf, pos, n, "bytes")
     return memoryview(buf)[pos:end], end
 
 
 def read_array_len(buf: Buffer, pos: int, compact: bool, nullable: bool, min_item_size: int) -> tuple[int, int]:
-    """Array count, bounded by what the remaining bytes could possibly hold."""
-    if compact:
-        n, pos = read_uvarint(buf, pos)
-        n -= 1
-    else:
-        (n,) = I32.unpack_from(buf, pos)
-        pos += 4
-    if n < 0:
-        if n == -1 and nullable:
-            return -1, pos
-        raise DecodeError(f"invalid array length {n}")
+    """Array count (-1: null), bounded by what the remaining bytes could possibly hold."""
+    n, pos = _read_length(buf, pos, compact, I32, nullable, "array")
     if n * min_item_size > len(buf) - pos:
         raise DecodeError(f"array of {n} items cannot fit in {len(buf) - pos} bytes")
     return n, pos
