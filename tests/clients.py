@@ -118,6 +118,18 @@ def ck_produce(bootstrap: str, topic: str, msgs: Sequence[Msg], timeout: float =
     return delivered
 
 
+def ck_produce_waiting(p: Producer, topic: str, value: bytes, key: bytes | None = None,
+                       on_delivery: Callable[..., None] | None = None) -> None:
+    """Producer.produce that waits for room in librdkafka's queue instead of raising BufferError."""
+    while True:
+        try:
+            p.produce(topic, value=value, key=key, on_delivery=on_delivery)
+            break
+        except BufferError:
+            p.poll(0.05)
+    p.poll(0)
+
+
 def ck_consumer(bootstrap: str, **conf: Any) -> Consumer:
     # group.id is required by librdkafka even for assign(); nothing ever commits, so no coordinator is needed.
     return Consumer(ck_conf(bootstrap, **{"group.id": "kbroker-tests-nocommit", "enable.auto.commit": False,

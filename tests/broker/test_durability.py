@@ -11,6 +11,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.broker_process import BrokerProcess
+from tests.clients import ck_produce_waiting
 
 TOTAL = 200_000
 PARTITIONS = 2
@@ -72,13 +73,7 @@ def test_kill_dash_9_loses_no_acknowledged_message(tmp_path: Path) -> None:
         killed_at = None
         for i in range(TOTAL):
             value = b"m%07d" % i
-            while True:
-                try:
-                    p.produce(topic, value=value, key=value[-2:], on_delivery=on_delivery)
-                    break
-                except BufferError:
-                    p.poll(0.05)
-            p.poll(0)
+            ck_produce_waiting(p, topic, value, key=value[-2:], on_delivery=on_delivery)
             if killed_at is None and len(acked) >= TOTAL // 2:
                 b.kill()  # mid-stream: requests are in flight right now
                 killed_at = i

@@ -16,7 +16,7 @@ from protocol.messages import InitProducerIdRequest, ProduceRequest
 from protocol.records import RecordBatchHeader, build_batch, decode_records, iter_batch_headers
 from tests.broker.test_produce_consume import create_topic
 from tests.broker_process import BrokerProcess
-from tests.clients import Msg, RawClient, aio_produce, ck_consume, ck_produce, kp_produce
+from tests.clients import Msg, RawClient, aio_produce, ck_consume, ck_produce, ck_produce_waiting, kp_produce
 
 N = 12_000
 PARTITIONS = 3
@@ -175,13 +175,7 @@ def test_kill_dash_9_idempotent_producer_no_duplicates(tmp_path: Path) -> None:
         restarted = False
         for i in range(KILL_TOTAL):
             value = b"m%07d" % i
-            while True:
-                try:
-                    p.produce(topic, value=value, key=value[-2:], on_delivery=on_delivery)
-                    break
-                except BufferError:
-                    p.poll(0.05)
-            p.poll(0)
+            ck_produce_waiting(p, topic, value, key=value[-2:], on_delivery=on_delivery)
             while not restarted and i - len(acked) > 5000:
                 p.poll(0.01)  # keep a bounded number in flight until the kill
             if not restarted and len(acked) >= KILL_TOTAL // 3:
