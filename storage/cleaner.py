@@ -200,6 +200,11 @@ def _filter_batch(h: RecordBatchHeader, raw: bytes, offset_map: dict[bytes, int]
         return raw, None
     records = decode_records(raw, max_size=max_size)
     stats.records_read += len(records)
+    if any(not h.base_offset <= r.offset <= h.last_offset for r in records):
+        # Records whose offsets lie outside their batch cannot be rewritten faithfully: keep the batch as it is.
+        logger.warning("Keeping a batch at offset %d uncleaned: its records' offsets lie outside the batch",
+                       h.base_offset)
+        return raw, None
     horizon = h.delete_horizon_ms if h.has_delete_horizon else None
     retained: list[Record] = []
     tombstones_kept = False

@@ -408,9 +408,18 @@ class Log:
         for pos, h in summary.batches:
             if h.is_control:
                 continue
-            for rec in decode_records(records, pos, max_size=max_decompressed_size(self.config.max_message_bytes)):
+            recs = decode_records(records, pos, max_size=max_decompressed_size(self.config.max_message_bytes))
+            if len(recs) != h.records_count:
+                raise InvalidRecordError(f"batch at position {pos} holds {len(recs)} records, its header says "
+                                         f"{h.records_count}")
+            for i, rec in enumerate(recs):
                 if rec.key is None:
                     raise InvalidRecordError(f"compacted topic {self.topic} cannot accept a record without a key")
+                # The records are decoded here anyway: hold them to Kafka's rule of consecutive offset deltas,
+                # which the cleaner relies on when it rewrites the batch.
+                if rec.offset - h.base_offset != i:
+                    raise InvalidRecordError(f"record {i} of the batch at position {pos} has offset delta "
+                                             f"{rec.offset - h.base_offset}")
 
     def _check_open(self) -> None:
         if self._closed:

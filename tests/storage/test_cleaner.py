@@ -208,3 +208,39 @@ def test_concurrent_appends_reads_retention_and_cleaning(tmp_path: Path) -> None
         assert log.log_end_offset == leo
     finally:
         log.close()
+
+
+def _lying_offsets_batch() -> bytes:
+    """Two keyed records whose first record claims offset delta 23 in a batch of lastOffsetDelta 1, valid CRC."""
+    from protocol.records import BATCH_HEADER_SIZE, compute_crc
+
+    raw = bytearray(build_batch([(b"a", b"1", [], NOW), (b"b", b"2", [], NOW)]))
+    # record 0: length varint, attributes, timestampDelta varint (0), offsetDelta varint (0) -> zigzag(23) = 46
+    first = BATCH_HEADER_SIZE
+    assert raw[first + 3] == 0
+    raw[first + 3] = 46
+    raw[17:21] = compute_crc(raw, 0, len(raw)).to_bytes(4, "big")
+    validate_batches(raw)  # header and CRC are fine: only the records lie
+    return bytes(raw)
+
+
+def test_compacted_append_rejects_records_outside_their_batch(make_log) -> None:
+    import pytest
+
+    from protocol.records import InvalidRecordError
+
+    log = _compacted(make_log)
+    with pytest.raises(InvalidRecordError):
+        log.append_as_leader(_lying_offsets_batch(), NOW)
+    assert log.log_end_offset == 0
+
+
+def test_cleaner_keeps_a_batch_whose_records_lie_about_offsets(make_log) -> None:
+    # Written while the topic was not compacted (no record parsing on that path), cleaned after a switch.
+    log = make_log(segment_bytes=400, file_delete_delay_ms=0, min_cleanable_dirty_ratio=0.0)
+    log.append_as_leader(_lying_offsets_batch(), NOW)
+    for i in range(30):
+        log.append_as_leader(kv_batch([(b"k%d" % (i % 3), b"v%d" % i)]), NOW)
+    log.update_config(log.config.replace(cleanup_policy="compact"))
+    assert clean_log(log, NOW, force=True) is not None  # before the fix: ValueError, log marked uncleanable
+    assert [r.key for r in read_all(log)[:2]] == [b"a", b"b"]  # the lying batch is kept as it was
