@@ -4,8 +4,19 @@ confluent-kafka (fetch.queue.backoff.ms=10), aiokafka and kafka-python."""
 from __future__ import annotations
 
 from bench import clients
-from bench.harness import (Ctx, KBroker, Peer, profile, Row, all_of, cpu_le, kb_ge, payloads, ratio_ge,
-                           watermark_total)
+from bench.harness import (
+    Ctx,
+    KBroker,
+    Peer,
+    Row,
+    all_of,
+    cpu_le,
+    kb_ge,
+    payloads,
+    profile,
+    ratio_ge,
+    watermark_total,
+)
 
 NTOPICS = 8
 

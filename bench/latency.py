@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from bench.harness import ROOT, Ctx, KBroker, Peer, Row, kb_le, spawn, reap
+from bench.harness import ROOT, Ctx, KBroker, Peer, Row, kb_le, reap, spawn
 
 RATE = 10_000
 TOPIC = "lat"

@@ -6,7 +6,18 @@ from __future__ import annotations
 import itertools
 
 from bench import clients
-from bench.harness import Ctx, KBroker, Peer, profile, Row, all_of, cpu_le, payloads, ratio_ge, watermark_total
+from bench.harness import (
+    Ctx,
+    KBroker,
+    Peer,
+    Row,
+    all_of,
+    cpu_le,
+    payloads,
+    profile,
+    ratio_ge,
+    watermark_total,
+)
 
 NTOPICS = 8
 

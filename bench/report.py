@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.harness import ROOT, Row, fmt, machine_info, med, spread
+from bench.harness import ROOT, Row, fmt, med, spread
 
 KEEP_MARKER = "<!-- Everything below this line is hand-written and kept when bench rewrites this file. -->"
 

@@ -7,8 +7,19 @@ from __future__ import annotations
 import time
 
 from bench import clients
-from bench.harness import (Ctx, KBroker, Peer, Row, all_of, cpu_le, kb_le, payloads, ratio_ge,
-                           watermark_total, watermarks)
+from bench.harness import (
+    Ctx,
+    KBroker,
+    Peer,
+    Row,
+    all_of,
+    cpu_le,
+    kb_le,
+    payloads,
+    ratio_ge,
+    watermark_total,
+    watermarks,
+)
 
 NPART_TOPICS = 250  # x 4 partitions = 1,000
 NPRODUCERS = 200

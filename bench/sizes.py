@@ -5,7 +5,7 @@ consumed back (confluent-kafka), in MB/s of message values. 8 topics x 4 partiti
 from __future__ import annotations
 
 from bench import clients
-from bench.harness import Ctx, KBroker, Peer, Row, all_of, cpu_le, payloads, ratio_ge, watermark_total
+from bench.harness import Ctx, KBroker, Peer, Row, payloads, ratio_ge, watermark_total
 
 NTOPICS = 8
 
