@@ -25,7 +25,8 @@ class DecodeError(ValueError):
     """The bytes on the wire do not form a valid message for the declared API version."""
 
 
-def read_uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
+def read_uvarint(buf: Buffer, pos: int, max_shift: int = 28) -> tuple[int, int]:
+    """Unsigned varint; max_shift 28 allows the protocol's 5 bytes (int32), 63 the records' 10 (int64)."""
     result = 0
     shift = 0
     end = len(buf)
@@ -38,8 +39,8 @@ def read_uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
         if not b & 0x80:
             return result, pos
         shift += 7
-        if shift > 28:
-            raise DecodeError("unsigned varint longer than 5 bytes")
+        if shift > max_shift:
+            raise DecodeError(f"varint longer than {max_shift // 7 + 1} bytes")
 
 
 def write_uvarint(out: bytearray, value: int) -> None:
@@ -116,34 +117,35 @@ def read_array_len(buf: Buffer, pos: int, compact: bool, nullable: bool, min_ite
 
 def write_string(out: bytearray, value: str | None, compact: bool, nullable: bool) -> None:
     if value is None:
-        if not nullable:
-            raise ValueError("null string in a non-nullable field")
-        if compact:
-            out.append(0)
-        else:
-            out += b"\xff\xff"
+        _write_null(out, compact, I16, "string", nullable)
         return
     data = value.encode()
-    if compact:
-        write_uvarint(out, len(data) + 1)
-    else:
-        out += I16.pack(len(data))
+    _write_length(out, len(data), compact, I16)
     out += data
+
+
+def _write_null(out: bytearray, compact: bool, classic: struct.Struct, what: str, nullable: bool) -> None:
+    if not nullable:
+        raise ValueError(f"null {what} in a non-nullable field")
+    if compact:
+        out.append(0)
+    else:
+        out += classic.pack(-1)
+
+
+def _write_length(out: bytearray, n: int, compact: bool, classic: struct.Struct) -> None:
+    """A length or count prefix: unsigned varint of n+1 when compact, else a signed int16/int32."""
+    if compact:
+        write_uvarint(out, n + 1)
+    else:
+        out += classic.pack(n)
 
 
 def write_bytes(out: bytearray, value: Buffer | None, compact: bool, nullable: bool) -> None:
     if value is None:
-        if not nullable:
-            raise ValueError("null bytes in a non-nullable field")
-        if compact:
-            out.append(0)
-        else:
-            out += b"\xff\xff\xff\xff"
+        _write_null(out, compact, I32, "bytes", nullable)
         return
-    if compact:
-        write_uvarint(out, len(value) + 1)
-    else:
-        out += I32.pack(len(value))
+    _write_length(out, len(value), compact, I32)
     out += value
 
 
@@ -156,11 +158,7 @@ def write_records(out: bytearray, ext: list[tuple[int, Any]] | None, value: Any,
     if value is None or isinstance(value, bytes | bytearray | memoryview):
         write_bytes(out, value, compact, True)
         return
-    size = value.size
-    if compact:
-        write_uvarint(out, size + 1)
-    else:
-        out += I32.pack(size)
+    _write_length(out, value.size, compact, I32)
     if ext is None:
         out += value.read_bytes()
     else:
@@ -169,14 +167,6 @@ def write_records(out: bytearray, ext: list[tuple[int, Any]] | None, value: Any,
 
 def write_array_len(out: bytearray, value: list[Any] | None, compact: bool, nullable: bool) -> None:
     if value is None:
-        if not nullable:
-            raise ValueError("null array in a non-nullable field")
-        if compact:
-            out.append(0)
-        else:
-            out += b"\xff\xff\xff\xff"
+        _write_null(out, compact, I32, "array", nullable)
         return
-    if compact:
-        write_uvarint(out, len(value) + 1)
-    else:
-        out += I32.pack(len(value))
+    _write_length(out, len(value), compact, I32)

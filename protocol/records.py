@@ -20,6 +20,8 @@ import lz4.frame
 import snappy
 import zstandard
 
+from protocol import primitives as _primitives
+
 __all__ = [
     "ATTR_COMPRESSION_MASK",
     "ATTR_CONTROL",
@@ -149,12 +151,7 @@ Buffer = bytes | bytearray | memoryview
 
 
 def write_uvarint(value: int, out: bytearray) -> None:
-    if value < 0:
-        raise ValueError("unsigned varint must be >= 0")
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
+    _primitives.write_uvarint(out, value)
 
 
 def write_varint(value: int, out: bytearray) -> None:
@@ -163,20 +160,11 @@ def write_varint(value: int, out: bytearray) -> None:
 
 
 def read_uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    end = len(buf)
-    while True:
-        if pos >= end:
-            raise CorruptRecordError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise CorruptRecordError("varint is too long")
+    # Record varints are Kafka varlongs: up to 10 bytes, and a bad one means a corrupt batch.
+    try:
+        return _primitives.read_uvarint(buf, pos, 63)
+    except _primitives.DecodeError as e:
+        raise CorruptRecordError(str(e)) from None
 
 
 def read_varint(buf: Buffer, pos: int) -> tuple[int, int]:
