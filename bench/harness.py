@@ -62,8 +62,7 @@ def reap(proc: subprocess.Popen[Any], sig: int = signal.SIGKILL, timeout: float 
             _children.remove(proc)
 
 
-def cleanup_all() -> None:
-    """Kill every process this benchmark started and remove its data directories."""
+def _kill_children() -> None:
     with _lock:
         procs = list(_children)
     for p in procs:
@@ -71,6 +70,11 @@ def cleanup_all() -> None:
             reap(p, signal.SIGKILL, 5)
         except Exception:  # noqa: BLE001
             pass
+
+
+def cleanup_all() -> None:
+    """Kill every process this benchmark started and remove its data directories."""
+    _kill_children()
     for d in reversed(list(_dirs)):
         shutil.rmtree(d, ignore_errors=True)
         _dirs.remove(d)
@@ -78,13 +82,7 @@ def cleanup_all() -> None:
 
 def cleanup_children() -> None:
     """Between workloads: kill leftover processes and remove broker data directories (not the base dir)."""
-    with _lock:
-        procs = list(_children)
-    for p in procs:
-        try:
-            reap(p, signal.SIGKILL, 5)
-        except Exception:  # noqa: BLE001
-            pass
+    _kill_children()
     for d in list(_dirs[1:]):
         shutil.rmtree(d, ignore_errors=True)
         _dirs.remove(d)
