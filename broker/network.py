@@ -110,7 +110,6 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.max_request = processor.config["socket.request.max.bytes"]
         self.transport: asyncio.Transport | None = None
         self.peer = ""
-        self.client_software: tuple[str, str] = ("", "")
         self._buf = bytearray(INITIAL_BUFFER)
         self._start = 0
         self._end = 0

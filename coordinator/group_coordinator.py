@@ -364,7 +364,6 @@ class GroupCoordinator:
         )
 
     async def _add_member_and_rebalance(self, g: GroupMetadata, member: MemberMetadata) -> JoinResult:
-        member.is_new = True
         member.join_future = self.loop.create_future()
         g.add_member(member)
         g.new_member_added = True
@@ -468,7 +467,6 @@ class GroupCoordinator:
         deadline = time.monotonic()
         for m in g.members.values():
             fut, m.join_future = m.join_future, None
-            m.is_new = False
             m.heartbeat_deadline = deadline + m.session_timeout_ms / 1000
             if fut is not None and not fut.done():
                 fut.set_result(self._current_generation(g, m.member_id))

@@ -51,7 +51,6 @@ class MemberMetadata:
     join_future: asyncio.Future[Any] | None = None
     sync_future: asyncio.Future[Any] | None = None
     heartbeat_deadline: float = 0.0
-    is_new: bool = False
 
     def metadata_for(self, protocol: str) -> bytes:
         for name, meta in self.protocols:
