@@ -33,7 +33,7 @@ class LogConfig:
     TOPIC_CONFIG_KEYS: ClassVar[frozenset[str]]
 
     # cleanup_policy only ever holds the tokens "compact" and "delete" (validated), so a substring
-    # test is exact, and cheap enough for the append path.
+    # test is exact, and cheap enough for the append path. An empty policy is neither.
     @property
     def compact(self) -> bool:
         return "compact" in self.cleanup_policy
@@ -94,8 +94,9 @@ def _ratio(s: str) -> float:
 
 
 def _policy(s: str) -> str:
+    # An empty list is legal (Kafka's ValidList): neither retention deletion nor compaction.
     parts = [p.strip() for p in s.split(",") if p.strip()]
-    if not parts or any(p not in ("delete", "compact") for p in parts):
+    if any(p not in ("delete", "compact") for p in parts):
         raise ValueError("must be a list of 'delete' and/or 'compact'")
     return ",".join(sorted(set(parts), key=parts.index))
 

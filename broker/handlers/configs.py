@@ -162,7 +162,8 @@ def handle_incremental_alter_configs(
                     if c.name not in LIST_CONFIGS:
                         raise KafkaError(ErrorCode.INVALID_CONFIG,
                                          f"Config value append/subtract is not allowed for config key {c.name}")
-                    current = configs.get(c.name) or _effective(ctx, res.resource_type, c.name)
+                    # A key set to the empty list is a value of its own: start from it, not from the default.
+                    current = configs[c.name] if c.name in configs else _effective(ctx, res.resource_type, c.name)
                     items = [x for x in (current or "").split(",") if x]
                     change = [x.strip() for x in (c.value or "").split(",") if x.strip()]
                     if c.config_operation == APPEND:
