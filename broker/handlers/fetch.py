@@ -34,35 +34,57 @@ def check_leader_epoch(current_leader_epoch: int) -> None:
     raise KafkaError(ErrorCode.FENCED_LEADER_EPOCH)
 
 
+# Response bytes per partition besides its records (the fixed PartitionData fields, a topic entry, tagged
+# fields), with room to spare: the records budget leaves this much per partition under the 32-bit frame size.
+_PARTITION_OVERHEAD = 128
+_RESPONSE_OVERHEAD = 4096
+
+
 class _FetchPlan:
-    """The partitions of one fetch request, resolved to names, in request order."""
+    """The partitions of one fetch request, resolved to names, each once, in request order.
+
+    Kafka keys a fetch by topic-partition (FetchRequest.fetchData is a LinkedHashMap): a partition named
+    twice is answered once, at its first position, for the last of its requests.
+    """
 
     def __init__(self, ctx: RequestContext, req: FetchRequest) -> None:
         self.ctx = ctx
         self.req = req
         self.by_id = ctx.api_version >= 13
-        self.topics: list[tuple[FetchRequest.FetchTopic, str | None]] = []
         ids = ctx.server.topic_names_by_id() if self.by_id else {}
+        chosen: dict[tuple[Any, int], tuple[FetchRequest.FetchTopic, str | None, FetchRequest.FetchPartition]] = {}
         for t in req.topics:
             name = ids.get(t.topic_id) if self.by_id else t.topic
-            self.topics.append((t, name))
+            for p in t.partitions:
+                chosen[(t.topic_id if self.by_id else name, p.partition)] = (t, name, p)
+        # Consecutive partitions of one topic share a topic entry, as in Kafka's FetchResponse.of.
+        self.topics: list[tuple[FetchRequest.FetchTopic, str | None, list[FetchRequest.FetchPartition]]] = []
+        last_key: Any = object()
+        for (topic_key, _), (t, name, p) in chosen.items():
+            if topic_key != last_key:
+                self.topics.append((t, name, []))
+                last_key = topic_key
+            self.topics[-1][2].append(p)
+        self.num_partitions = len(chosen)
 
     def keys(self) -> list[tuple[str, int]]:
-        return [(name, p.partition) for t, name in self.topics if name is not None for p in t.partitions]
+        return [(name, p.partition) for _, name, parts in self.topics if name is not None for p in parts]
 
     def read(self) -> tuple[FetchResponse, int, bool]:
         """Read every partition now; returns (response, bytes read, whether any partition has an error)."""
         rm = self.ctx.server.replica_manager
         req = self.req
-        remaining = req.max_bytes if self.ctx.api_version >= 3 else INT32_MAX
+        # The client's max_bytes, and never past what a response frame (a 32-bit size) can carry.
+        frame_budget = INT32_MAX - _RESPONSE_OVERHEAD - _PARTITION_OVERHEAD * self.num_partitions
+        remaining = min(req.max_bytes, frame_budget)
         min_one = True
         total = 0
         has_error = False
         aborted = None if req.isolation_level == 0 else []
         responses = []
-        for t, name in self.topics:
+        for t, name, partitions in self.topics:
             parts = []
-            for p in t.partitions:
+            for p in partitions:
                 if name is None:
                     parts.append(_error(p.partition, ErrorCode.UNKNOWN_TOPIC_ID))
                     has_error = True
