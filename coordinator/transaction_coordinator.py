@@ -39,6 +39,7 @@ from coordinator.transaction_metadata import (
     TransactionState,
     TxnTransitMetadata,
     is_epoch_exhausted,
+    unknown_state_filters,
 )
 from protocol.errors import ErrorCode
 from protocol.messages import DescribeTransactionsResponse, ListTransactionsResponse
@@ -79,13 +80,19 @@ class TxnConfig:
     num_partitions: int = 50  # transaction.state.log.num.partitions
     max_timeout_ms: int = 900000  # transaction.max.timeout.ms
     transactional_id_expiration_ms: int = 604800000  # transactional.id.expiration.ms
-    abort_timed_out_transaction_cleanup_interval_ms: int = 10000
-    remove_expired_transaction_cleanup_interval_ms: int = 3600000
+    abort_timed_out_interval_ms: int = 10000  # transaction.abort.timed.out.transaction.cleanup.interval.ms
+    remove_expired_interval_ms: int = 3600000  # transaction.remove.expired.transaction.cleanup.interval.ms
     segment_bytes: int = 104857600  # transaction.state.log.segment.bytes
     replication_factor: int = 3  # transaction.state.log.replication.factor
     min_isr: int = 2  # transaction.state.log.min.isr
     load_buffer_size: int = 5242880  # transaction.state.log.load.buffer.size
     marker_retry_backoff_ms: int = 100  # pause before writing failed markers (or the Complete* record) again
+
+    def topic_configs(self) -> dict[str, str]:
+        """The configs __transaction_state is created with (Kafka's transactionTopicConfigs)."""
+        return {"cleanup.policy": "compact", "compression.type": "uncompressed",
+                "unclean.leader.election.enable": "false", "min.insync.replicas": str(self.min_isr),
+                "segment.bytes": str(self.segment_bytes)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +148,8 @@ class TransactionCoordinator:
                 self.coordinator_epochs[p] = 0
             self.active = True
             self._spawn(self._load_all(partitions))
-            self._schedule(self.config.abort_timed_out_transaction_cleanup_interval_ms, self._abort_timed_out_tick)
-            self._schedule(self.config.remove_expired_transaction_cleanup_interval_ms, self._expire_tick)
+            self._schedule(self.config.abort_timed_out_interval_ms, self._abort_timed_out_tick)
+            self._schedule(self.config.remove_expired_interval_ms, self._expire_tick)
 
         self.loop.call_soon_threadsafe(begin)
 
@@ -700,13 +707,13 @@ class TransactionCoordinator:
 
     async def list_transactions(self, state_filters: list[str], producer_id_filters: list[int],
                                 duration_filter_ms: int = -1
-                                ) -> tuple[ErrorCode, list[ListTransactionsResponse.TransactionState]]:
-        """Kafka's listTransactionStates. Filters naming no state match nothing; the handler reports them with
-        transaction_metadata.unknown_state_filters."""
+                                ) -> tuple[ErrorCode, list[str], list[ListTransactionsResponse.TransactionState]]:
+        """Kafka's listTransactionStates: (error, the state filters that name no state, the transactions)."""
+        unknown = unknown_state_filters(state_filters)
         if not self.active:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, [], []
         if self.loading:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, [], []
         states = {s for s in map(TransactionState.from_name, state_filters) if s is not None}
         pids = set(producer_id_filters)
         now = self.time_ms()
@@ -722,4 +729,4 @@ class TransactionCoordinator:
                 continue
             out.append(ListTransactionsResponse.TransactionState(
                 transactional_id=tid, producer_id=meta.producer_id, transaction_state=meta.state.kafka_name))
-        return ErrorCode.NONE, out
+        return ErrorCode.NONE, unknown, out
