@@ -12,9 +12,11 @@ from storage.errors import (
 from storage.log import FetchDataInfo, Log, LogAppendInfo
 from storage.manager import LogManager
 from storage.segment import FileRecordsSlice, LogSegment
+from storage.transaction_index import AbortedTxn
 
 __all__ = [
     "TOPIC_CONFIG_KEYS",
+    "AbortedTxn",
     "CorruptRecordError",
     "FetchDataInfo",
     "FileRecordsSlice",

@@ -8,11 +8,13 @@ __all__ = [
     "CorruptRecordError",
     "InvalidProducerEpochError",
     "InvalidRecordError",
+    "InvalidTxnStateError",
     "KafkaStorageError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "RecordTooLargeError",
     "StorageError",
+    "TransactionCoordinatorFencedError",
     "UnknownProducerIdError",
 ]
 
@@ -43,3 +45,11 @@ class InvalidProducerEpochError(StorageError):
 
 class UnknownProducerIdError(StorageError):
     error_code = 59  # UNKNOWN_PRODUCER_ID
+
+
+class InvalidTxnStateError(StorageError):
+    error_code = 48  # INVALID_TXN_STATE
+
+
+class TransactionCoordinatorFencedError(StorageError):
+    error_code = 52  # TRANSACTION_COORDINATOR_FENCED

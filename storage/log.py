@@ -11,19 +11,18 @@ from __future__ import annotations
 import bisect
 import errno
 import logging
-import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from protocol.control_records import build_end_txn_marker_batch, parse_end_txn_marker
 from protocol.records import (
     ATTR_TIMESTAMP_TYPE,
     BatchesSummary,
     InvalidRecordError,
-    RecordBatchHeader,
     decode_records,
     max_decompressed_size,
     set_base_offset,
@@ -34,23 +33,29 @@ from protocol.records import (
 from storage.atomic_file import fsync_dir
 from storage.config import LogConfig
 from storage.errors import KafkaStorageError, OffsetOutOfRangeError, RecordTooLargeError
+from storage.log_loader import (
+    INDEX_SUFFIXES,
+    batches_with_markers,
+    cleanup_leftover_files,
+    recover_segments,
+    segment_bases,
+)
 from storage.producer_state import (
     BatchMetadata,
     ProducerAppendInfo,
+    ProducerStateEntry,
     ProducerStateManager,
     validate_client_batch,
 )
 from storage.recovery import recover_segment
 from storage.segment import (
-    CLEANED_SUFFIX,
     DELETED_SUFFIX,
     INDEX_SUFFIX,
     LOG_SUFFIX,
-    SWAP_SUFFIX,
-    TIME_INDEX_SUFFIX,
     FileRecordsSlice,
     LogSegment,
 )
+from storage.transaction_index import AbortedTxn, CompletedTxn, collect_aborted_txns
 
 logger = logging.getLogger("kbroker.storage")
 
@@ -86,16 +91,19 @@ class FetchDataInfo:
     high_watermark: int = -1
     log_start_offset: int = -1
     log_end_offset: int = -1
+    last_stable_offset: int = -1
+    # Only for isolation_committed reads: the aborted transactions overlapping the records returned.
+    aborted_transactions: list[AbortedTxn] | None = None
 
     @property
     def size(self) -> int:
         return self.records.size if self.records is not None else 0
 
 
-# Extra hook for producer checks beyond the built-in idempotence validation (ProducerStateManager),
-# e.g. transactions. Called under the log lock with final offsets assigned, after the built-in
-# checks and before anything is written. Raise to reject the request; return a LogAppendInfo to
-# answer without appending; None to proceed.
+# Extra hook for checks of client appends beyond the built-in producer state validation
+# (ProducerStateManager), e.g. transaction verification. Called under the log lock with final offsets
+# assigned, after the built-in checks and before anything is written; never for internal writers or
+# markers. Raise to reject the request; return a LogAppendInfo to answer without appending; None to proceed.
 ProducerStateValidator = Callable[["Log", BatchesSummary, int], "LogAppendInfo | None"]
 
 
@@ -118,6 +126,8 @@ class Log:
         self._log_start_offset = log_start_offset
         self._leo = log_end_offset
         self._hw = log_end_offset
+        # First offset of the oldest open transaction (a copy of the producer state's, for lock-free reads).
+        self._first_unstable: int | None = None
         self._recovery_point = recovery_point
         self._appended_messages = 0
         self._flushed_messages = 0
@@ -140,9 +150,9 @@ class Log:
              log_start_offset: int = 0, clean_shutdown: bool) -> Log:
         dir = Path(dir)
         dir.mkdir(parents=True, exist_ok=True)
-        rebuild = _cleanup_leftover_files(dir)
+        rebuild = cleanup_leftover_files(dir)
         segments: list[LogSegment] = []
-        for base in sorted(_segment_bases(dir)):
+        for base in sorted(segment_bases(dir)):
             missing_index = not (dir / f"{base:020d}{INDEX_SUFFIX}").exists()
             seg = LogSegment(dir, base, index_interval_bytes=config.index_interval_bytes,
                              max_index_size=config.segment_index_bytes)
@@ -150,14 +160,17 @@ class Log:
                 rebuild.add(base)
             segments.append(seg)
         tp = f"{topic}-{partition}"
+        # Segments whose indexes were rebuilt; their transaction indexes come back from the producer state.
+        recovered: set[int] = set()
         if not segments:
             segments.append(cls._new_segment(dir, max(log_start_offset, 0), config))
         elif not clean_shutdown:
-            segments = _recover(tp, segments, recovery_point, rebuild)
+            segments, recovered = recover_segments(tp, segments, recovery_point, rebuild)
         elif rebuild:
             for seg in segments:
                 if seg.base_offset in rebuild:
                     recover_segment(seg, seg.base_offset)
+                    recovered.add(seg.base_offset)
         leo = segments[-1].read_next_offset()
         # Resolve the active segment's lazy max timestamp now, before appends and reads race on it.
         _ = segments[-1].max_timestamp_and_offset
@@ -167,60 +180,66 @@ class Log:
         if leo < log_start_offset:
             # DeleteRecords moved the start past everything we still have.
             log.truncate_fully_and_start_at(log_start_offset)
-        log._load_producer_state(reload_from_clean_shutdown=clean_shutdown)
+        log._load_producer_state(reload_from_clean_shutdown=clean_shutdown,
+                                 rebuild_txn_indexes={b for b in recovered if b >= log._segments[0].base_offset})
         if not clean_shutdown:
             log.flush()
         return log
 
-    def _load_producer_state(self, *, reload_from_clean_shutdown: bool) -> None:
-        """Latest snapshot at or below LEO plus the batch headers after it (Kafka's loadProducerState)."""
+    def _load_producer_state(self, *, reload_from_clean_shutdown: bool,
+                             rebuild_txn_indexes: set[int] | None = None) -> None:
+        """Latest snapshot at or below LEO plus the batches after it (Kafka's loadProducerState).
+
+        rebuild_txn_indexes: bases of segments whose (emptied) transaction indexes are rebuilt on the way,
+        so the replay starts at a snapshot at or below the first of them.
+        """
         with self._lock:
             psm = self.producer_state
             leo = self._leo
+            max_snapshot = min(rebuild_txn_indexes) if rebuild_txn_indexes else leo
             try:
-                latest = psm.load_latest_snapshot(leo)
+                latest = psm.load_latest_snapshot(max_snapshot)
             except OSError as e:
                 raise KafkaStorageError(f"error loading producer state of {self.name}: {e}") from e
-            if latest is None and reload_from_clean_shutdown:
+            if latest is None and reload_from_clean_shutdown and not rebuild_txn_indexes:
                 # A log written before producer snapshots existed (Kafka's upgrade path): a clean stop
                 # always leaves a snapshot, so there is nothing to scan for.
                 psm.update_map_end_offset(leo)
                 if leo > self._segments[0].base_offset:
                     self._take_producer_snapshot()
+                self._first_unstable = psm.first_unstable_offset
                 return
-            self._rebuild_producer_state_from(psm.map_end_offset if latest is not None else 0, leo)
+            self._rebuild_producer_state_from(psm.map_end_offset if latest is not None else 0, leo,
+                                              rebuild_txn_indexes)
 
-    def _rebuild_producer_state_from(self, start: int, end: int) -> None:
+    def _rebuild_producer_state_from(self, start: int, end: int, rebuild_txn_indexes: set[int] | None = None) -> None:
         psm = self.producer_state
         started = time.monotonic()
-        n = psm.load_batches(self._batch_headers(start, end))
+        batches = batches_with_markers(self._segments, start, end,
+                                       max_decompressed_size(self.config.max_message_bytes))
+        if rebuild_txn_indexes:
+            def on_completed(txn: CompletedTxn, last_stable_offset: int) -> None:
+                seg = self._segment_for(txn.last_offset)
+                if txn.is_aborted and seg.base_offset in rebuild_txn_indexes:
+                    seg.txn_index.append(AbortedTxn(txn.producer_id, txn.first_offset, txn.last_offset,
+                                                    last_stable_offset))
+            try:
+                n = psm.load_batches(batches, on_completed)
+            except OSError as e:
+                raise KafkaStorageError(f"error rebuilding transaction indexes of {self.name}: {e}") from e
+        else:
+            n = psm.load_batches(batches)
         psm.on_log_start_offset_incremented(self._log_start_offset)
         psm.update_map_end_offset(end)
+        self._first_unstable = psm.first_unstable_offset
         if n:
-            logger.info("Loaded producer state of %s from offset %d to %d: %d batches, %d producers in %.3f s",
-                        self.name, start, end, n, len(psm), time.monotonic() - started)
+            logger.info("Loaded producer state of %s from offset %d to %d: %d batches, %d producers, %d open "
+                        "transactions in %.3f s", self.name, start, end, n, len(psm), len(psm.ongoing_txns),
+                        time.monotonic() - started)
 
-    def _batch_headers(self, start: int, end: int) -> Iterator[RecordBatchHeader]:
-        """Headers of the batches holding offsets in [start, end), from the segment files."""
+    def _segment_for(self, offset: int) -> LogSegment:
         segments = self._segments
-        for i, seg in enumerate(segments):
-            seg_end = segments[i + 1].base_offset if i + 1 < len(segments) else end
-            if seg_end <= start or seg.size == 0:
-                continue
-            if seg.base_offset >= end:
-                return
-            position = 0
-            if start > seg.base_offset:
-                loc = seg.translate_offset(start)
-                if loc is None:
-                    continue
-                position = loc.position
-            for loc in seg.iter_batches(position):
-                h = loc.header
-                if h.base_offset >= end:
-                    return
-                if h.next_offset > start:
-                    yield h
+        return segments[max(0, bisect.bisect_right(segments, offset, key=lambda s: s.base_offset) - 1)]
 
     def _take_producer_snapshot(self, *, sync: bool = False) -> None:
         try:
@@ -231,7 +250,7 @@ class Log:
 
     @staticmethod
     def _new_segment(dir: Path, base_offset: int, config: LogConfig) -> LogSegment:
-        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        for suffix in (LOG_SUFFIX, *INDEX_SUFFIXES):
             # A stale file (e.g. an index of a segment lost in a crash) must not leak into the new one.
             (dir / f"{base_offset:020d}{suffix}").unlink(missing_ok=True)
         return LogSegment(dir, base_offset, index_interval_bytes=config.index_interval_bytes,
@@ -264,6 +283,17 @@ class Log:
     @property
     def high_watermark(self) -> int:
         return self._hw
+
+    @property
+    def last_stable_offset(self) -> int:
+        """The first offset of the oldest open transaction, else the high watermark (never below the log start)."""
+        return self._lso(self._hw)
+
+    def _lso(self, hw: int) -> int:
+        first_unstable = self._first_unstable
+        if first_unstable is not None and first_unstable < hw:
+            return max(first_unstable, self._log_start_offset)
+        return hw
 
     @property
     def recovery_point(self) -> int:
@@ -340,14 +370,14 @@ class Log:
                     h.attributes |= ATTR_TIMESTAMP_TYPE
                 offset = h.next_offset
             last_offset = offset - 1
-            updates, duplicate_batch = self._analyze_producer_state(summary, from_client)
+            updates, completed, duplicate_batch = self._analyze_producer_state(buf, summary, from_client)
             if duplicate_batch is not None:
                 # Kafka answers a retried batch with the offsets it was written at, and appends nothing.
                 return LogAppendInfo(
                     duplicate_batch.first_offset, duplicate_batch.last_offset, duplicate_batch.max_timestamp,
                     duplicate_batch.last_offset, duplicate_batch.max_timestamp if log_append_time >= 0 else -1,
                     self._log_start_offset, 0, 0)
-            if self.validate_producer_state is not None:
+            if self.validate_producer_state is not None and from_client:
                 duplicate = self.validate_producer_state(self, summary, first_offset)
                 if duplicate is not None:
                     return duplicate
@@ -361,10 +391,8 @@ class Log:
             self._leo = offset
             self._hw = offset  # single replica: committed as soon as it is in the log
             self._appended_messages += summary.num_records
-            psm = self.producer_state
-            for info in updates:
-                psm.update(info)
-            psm.update_map_end_offset(offset)
+            self._update_producers(updates, completed, segment)
+            self.producer_state.update_map_end_offset(offset)
         if log_append_time >= 0:
             max_ts, offset_of_max = now_ms, first_offset
         elif summary.max_timestamp_batch >= 0:
@@ -375,16 +403,33 @@ class Log:
         return LogAppendInfo(first_offset, last_offset, max_ts, offset_of_max, log_append_time,
                              self._log_start_offset, summary.num_records, summary.valid_bytes)
 
-    def _analyze_producer_state(self, summary: BatchesSummary,
-                                from_client: bool) -> tuple[list[ProducerAppendInfo], BatchMetadata | None]:
+    def append_control(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
+                       now_ms: int, *, leader_epoch: int | None = None) -> LogAppendInfo:
+        """Write a COMMIT or ABORT marker of the producer's transaction (a control batch of one record).
+
+        Checked as Kafka's appendEndTxnMarker: a stale producer epoch raises InvalidProducerEpochError, a
+        stale coordinator epoch TransactionCoordinatorFencedError. A marker for a producer without an open
+        transaction here is written all the same and completes nothing.
+        """
+        batch = build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now_ms)
+        info = self.append_as_leader(bytearray(batch), now_ms, leader_epoch=leader_epoch, from_client=False)
+        logger.debug("Wrote %s marker of producer %d (epoch %d) at offset %d of %s", "COMMIT" if commit else "ABORT",
+                     producer_id, producer_epoch, info.first_offset, self.name)
+        return info
+
+    def _analyze_producer_state(
+        self, buf: bytearray | memoryview, summary: BatchesSummary, from_client: bool,
+    ) -> tuple[list[ProducerAppendInfo], list[CompletedTxn], BatchMetadata | None]:
         """Validate the batches of producers (Kafka's analyzeAndValidateProducerState); stage their updates.
 
-        Returns the staged updates, or the metadata of the original batch when a client batch is a
-        retry of one of the producer's last 5 (then the request is answered with its offsets).
+        Returns the staged updates and the transactions their markers complete, or the metadata of the
+        original batch when a client batch is a retry of one of the producer's last 5 (then the request
+        is answered with its offsets).
         """
         psm = self.producer_state
         updates: dict[int, ProducerAppendInfo] = {}
-        for _, h in summary.batches:
+        completed: list[CompletedTxn] = []
+        for pos, h in summary.batches:
             pid = h.producer_id
             if pid < 0:
                 continue
@@ -396,12 +441,34 @@ class Log:
                     if duplicate is not None:
                         logger.debug("Duplicate batch of producer %d (seq %d..%d) in %s: original at offset %d",
                                      pid, h.base_sequence, h.last_sequence, self.name, duplicate.first_offset)
-                        return [], duplicate
+                        return [], [], duplicate
             info = updates.get(pid)
             if info is None:
                 info = updates[pid] = psm.prepare_update(pid, validate=from_client)
-            info.append(h)
-        return list(updates.values()), None
+            marker = None
+            if h.is_control:
+                marker = parse_end_txn_marker(buf, pos, max_size=max_decompressed_size(self.config.max_message_bytes))
+            txn = info.append(h, marker)
+            if txn is not None:
+                completed.append(txn)
+        return list(updates.values()), completed, None
+
+    def _update_producers(self, updates: list[ProducerAppendInfo], completed: list[CompletedTxn],
+                          segment: LogSegment) -> None:
+        """Commit staged producer updates; index the aborted transactions with the LSO after their marker."""
+        psm = self.producer_state
+        for info in updates:
+            psm.update(info)
+        for txn in completed:
+            if txn.is_aborted:
+                entry = AbortedTxn(txn.producer_id, txn.first_offset, txn.last_offset, psm.last_stable_offset(txn))
+                try:
+                    segment.txn_index.append(entry)
+                except OSError as e:
+                    raise KafkaStorageError(f"error appending to {segment.txn_index.path} of {self.name}: {e}") from e
+            psm.complete_txn(txn)
+        if updates:
+            self._first_unstable = psm.first_unstable_offset
 
     def _check_keys(self, records: bytes | bytearray | memoryview, summary: BatchesSummary) -> None:
         # Compacted topics need a key on every record (Kafka rejects with INVALID_RECORD).
@@ -460,7 +527,9 @@ class Log:
     # -- read ----------------------------------------------------------------------------------
 
     def read(self, fetch_offset: int, max_bytes: int, *, max_offset: int | None = None,
-             min_one_message: bool = True) -> FetchDataInfo:
+             min_one_message: bool = True, isolation_committed: bool = False) -> FetchDataInfo:
+        """Whole batches from the one holding fetch_offset, below max_offset (and the LSO when
+        isolation_committed, with the aborted transactions overlapping what is returned)."""
         leo = self._leo
         hw = self._hw
         lso = self._log_start_offset
@@ -469,7 +538,12 @@ class Log:
             raise OffsetOutOfRangeError(
                 f"offset {fetch_offset} is out of range for {self.name}: [{lso}, {leo}]")
         limit = leo if max_offset is None else min(max_offset, leo)
-        result = FetchDataInfo(fetch_offset, None, high_watermark=hw, log_start_offset=lso, log_end_offset=leo)
+        last_stable = self._lso(hw)
+        result = FetchDataInfo(fetch_offset, None, high_watermark=hw, log_start_offset=lso, log_end_offset=leo,
+                               last_stable_offset=last_stable)
+        if isolation_committed:
+            limit = min(limit, last_stable)
+            result.aborted_transactions = []
         if fetch_offset >= limit:
             return result
         i = max(0, bisect.bisect_right(segments, fetch_offset, key=lambda s: s.base_offset) - 1)
@@ -488,9 +562,24 @@ class Log:
             if got is not None:
                 result.records = got.records
                 result.first_entry_incomplete = got.first_entry_incomplete
+                if isolation_committed and got.records is not None:
+                    result.aborted_transactions = self._collect_aborted(segments[i:], fetch_offset, got.next_offset)
                 return result
             i += 1
         return result
+
+    def collect_aborted_transactions(self, start_offset: int, upper_bound_offset: int) -> list[AbortedTxn]:
+        """Every aborted transaction with last_offset >= start_offset and first_offset < upper_bound_offset."""
+        segments = self._segments
+        i = max(0, bisect.bisect_right(segments, start_offset, key=lambda s: s.base_offset) - 1)
+        return self._collect_aborted(segments[i:], start_offset, upper_bound_offset)
+
+    def _collect_aborted(self, segments: Sequence[LogSegment], start_offset: int,
+                         upper_bound_offset: int) -> list[AbortedTxn]:
+        try:
+            return collect_aborted_txns((s.txn_index for s in segments), start_offset, upper_bound_offset)
+        except OSError as e:
+            raise KafkaStorageError(f"error reading the transaction indexes of {self.name}: {e}") from e
 
     # -- timestamps ----------------------------------------------------------------------------
 
@@ -676,6 +765,7 @@ class Log:
             self._recovery_point = offset
             self._flushed_messages = self._appended_messages
             self.cleaner_checkpoint = offset
+            self._first_unstable = None
             try:
                 self.producer_state.truncate_fully_and_start_at(offset)
             except OSError as e:
@@ -730,6 +820,15 @@ class Log:
         if expired:
             logger.info("Expired %d producer ids of %s", len(expired), self.name)
         return expired
+
+    def producer_states(self) -> list[ProducerStateEntry]:
+        """A copy of every producer's state (DescribeProducers)."""
+        with self._lock:
+            return [e.copy() for e in self.producer_state.producers.values()]
+
+    def ongoing_transaction_first_offset(self, producer_id: int) -> int | None:
+        entry = self.producer_state.producers.get(producer_id)
+        return entry.current_txn_first_offset if entry is not None else None
 
     def take_producer_snapshot(self) -> None:
         """Snapshot the producer state at LEO now (tests, tools)."""
@@ -791,84 +890,3 @@ class Log:
     def __repr__(self) -> str:
         return (f"Log({self.name}, start={self._log_start_offset}, end={self._leo}, "
                 f"segments={len(self._segments)})")
-
-
-# -- loading helpers ---------------------------------------------------------------------------
-
-
-def _segment_bases(dir: Path) -> list[int]:
-    bases = []
-    for p in dir.iterdir():
-        name = p.name
-        if name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit():
-            bases.append(int(name[: -len(LOG_SUFFIX)]))
-    return bases
-
-
-def _cleanup_leftover_files(dir: Path) -> set[int]:
-    """Finish or undo interrupted deletes/cleanings; returns segment bases whose indexes need a rebuild.
-
-    .cleaned files are an unfinished cleaning (discard). A .swap log means the cleaned copy was
-    complete: it replaces the original. .deleted files were already out of the log.
-    """
-    rebuild: set[int] = set()
-    for p in list(dir.iterdir()):
-        name = p.name
-        if name.endswith(DELETED_SUFFIX) or name.endswith(CLEANED_SUFFIX):
-            p.unlink(missing_ok=True)
-    for p in list(dir.iterdir()):
-        name = p.name
-        if not name.endswith(SWAP_SUFFIX):
-            continue
-        base_name = name[: -len(SWAP_SUFFIX)]
-        if base_name.endswith(LOG_SUFFIX):
-            os.replace(p, dir / base_name)
-            stem = base_name[: -len(LOG_SUFFIX)]
-            if stem.isdigit():
-                rebuild.add(int(stem))
-                for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-                    (dir / f"{stem}{suffix}").unlink(missing_ok=True)
-        else:
-            p.unlink(missing_ok=True)
-    for p in list(dir.iterdir()):
-        name = p.name
-        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-            if name.endswith(suffix):
-                stem = name[: -len(suffix)]
-                if stem.isdigit() and not (dir / f"{stem}{LOG_SUFFIX}").exists():
-                    p.unlink(missing_ok=True)
-    return rebuild
-
-
-def _recover(tp: str, segments: list[LogSegment], recovery_point: int, rebuild: set[int]) -> list[LogSegment]:
-    """Unclean start: trust segments wholly below the recovery point (index sanity only), recover the rest."""
-    bases = [s.base_offset for s in segments]
-    first_unflushed = max(0, bisect.bisect_right(bases, recovery_point) - 1)
-    next_offset = segments[0].base_offset
-    for i, seg in enumerate(segments):
-        if i < first_unflushed and seg.base_offset not in rebuild and _index_sane(seg):
-            next_offset = segments[i + 1].base_offset
-            continue
-        result = recover_segment(seg, next_offset if i else seg.base_offset)
-        next_offset = result.next_offset
-        if result.truncated_bytes:
-            logger.warning(
-                "Truncated %s segment %d at position %d (next offset %d): removed %d bytes (%s)",
-                tp, seg.base_offset, result.valid_bytes, result.next_offset, result.truncated_bytes, result.reason)
-            for later in segments[i + 1:]:
-                logger.warning("Deleted %s segment %d (%d bytes) after truncation at offset %d",
-                               tp, later.base_offset, later.size, result.next_offset)
-                later.delete_files()
-            return segments[: i + 1]
-    return segments
-
-
-def _index_sane(seg: LogSegment) -> bool:
-    try:
-        seg.index.sanity_check()
-        seg.time_index.sanity_check()
-    except Exception:
-        return False
-    offset, position = seg.index.last_entry()
-    return position < max(seg.size, 1) and offset >= seg.base_offset
-

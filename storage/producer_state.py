@@ -1,11 +1,16 @@
-"""Idempotent producer state per partition (Kafka's ProducerStateManager).
+"""Idempotent and transactional producer state per partition (Kafka's ProducerStateManager).
 
 For every producer id seen in a partition the manager keeps a ProducerStateEntry: the producer
 epoch, the metadata of its last 5 batches (sequence range and offsets, for duplicate
-detection), and the timestamp of its last batch (for expiration). Appends from clients are
-validated in Kafka's order (epoch, duplicate, unknown producer, sequence) through a
-ProducerAppendInfo that stages the updates of one request; the Log commits them once the
-batches are written.
+detection), the timestamp of its last batch (for expiration), the epoch of the transaction
+coordinator that wrote its last marker, and the first offset of its open transaction. Appends
+are validated in Kafka's order (epoch, duplicate, unknown producer, sequence, transaction state)
+through a ProducerAppendInfo that stages the updates of one request; the Log commits them once
+the batches are written.
+
+Open transactions are also kept ordered by first offset (`ongoing_txns`): the oldest one bounds
+the last stable offset. A marker completes the producer's transaction (CompletedTxn); the Log
+records aborted ones in the segment's transaction index.
 
 The map is persisted in `<20-digit offset>.snapshot` files in the partition directory: the
 state after every batch below that offset. On open the latest snapshot at or below the log end
@@ -25,14 +30,22 @@ import logging
 import os
 import struct
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import crc32c
 
+from protocol.control_records import EndTxnMarker
 from protocol.records import NO_PRODUCER_EPOCH, NO_SEQUENCE, InvalidRecordError, RecordBatchHeader
-from storage.errors import InvalidProducerEpochError, OutOfOrderSequenceError, UnknownProducerIdError
+from storage.errors import (
+    InvalidProducerEpochError,
+    InvalidTxnStateError,
+    OutOfOrderSequenceError,
+    TransactionCoordinatorFencedError,
+    UnknownProducerIdError,
+)
+from storage.transaction_index import CompletedTxn
 
 logger = logging.getLogger("kbroker.storage")
 
@@ -78,7 +91,8 @@ class ProducerStateEntry:
     batch_metadata: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=NUM_BATCHES_TO_RETAIN))
     last_timestamp: int = -1
     coordinator_epoch: int = -1
-    current_txn_first_offset: int | None = None  # no transactions yet; kept for the format
+    # First offset of the producer's open transaction in this partition; None outside a transaction.
+    current_txn_first_offset: int | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -131,29 +145,70 @@ class ProducerStateEntry:
 
 
 class ProducerAppendInfo:
-    """The updates one append makes to one producer, validated against its current entry."""
+    """The updates one append makes to one producer, validated against its current entry.
+
+    validate: a client's append (sequence checks, Kafka's AppendOrigin.CLIENT). check_epochs: producer and
+    coordinator epochs and the transaction state are enforced (every origin but the replay of the log itself,
+    Kafka's AppendOrigin.REPLICATION).
+    """
 
     def __init__(self, topic_partition: str, producer_id: int, current: ProducerStateEntry | None,
-                 *, validate: bool) -> None:
+                 *, validate: bool, check_epochs: bool = True) -> None:
         self.topic_partition = topic_partition
         self.producer_id = producer_id
         self.current = current
         self.validate = validate
+        self.check_epochs = check_epochs or validate
         self.updated = current.copy() if current is not None else ProducerStateEntry(producer_id)
+        # First offsets of the transactions this append opens.
+        self.started_txns: list[int] = []
 
-    def append(self, h: RecordBatchHeader) -> None:
-        """Check (when validating) and stage one batch whose offsets are final."""
+    def append(self, h: RecordBatchHeader, marker: EndTxnMarker | None = None) -> CompletedTxn | None:
+        """Check and stage one batch whose offsets are final; marker: the control record of a control batch.
+
+        Returns the transaction a marker completes (None for a marker of a producer without one here).
+        """
         if h.is_control:
-            # A marker only moves the epoch (transactions are not supported yet).
+            if marker is None:
+                # An empty control batch: the cleaner already removed the transaction it ended.
+                return None
+            return self.append_end_txn_marker(marker, h.producer_epoch, h.base_offset, h.max_timestamp)
+        if self.check_epochs:
             self._check_epoch(h.producer_epoch, h.base_offset)
-            self.updated.maybe_update_producer_epoch(h.producer_epoch)
-            self.updated.last_timestamp = h.max_timestamp
-            return
         if self.validate:
-            self._check_epoch(h.producer_epoch, h.base_offset)
             self._check_sequence(h.producer_epoch, h.base_sequence, h.base_offset)
-        self.updated.add_batch(h.producer_epoch, h.base_sequence, h.last_sequence, h.base_offset, h.last_offset,
-                               h.max_timestamp)
+        updated = self.updated
+        updated.add_batch(h.producer_epoch, h.base_sequence, h.last_sequence, h.base_offset, h.last_offset,
+                          h.max_timestamp)
+        if updated.current_txn_first_offset is None:
+            if h.is_transactional:
+                updated.current_txn_first_offset = h.base_offset
+                self.started_txns.append(h.base_offset)
+        elif not h.is_transactional and self.check_epochs:
+            raise InvalidTxnStateError(
+                f"Expected transactional write from producer {self.producer_id} at offset {h.base_offset} in "
+                f"{self.topic_partition}: its transaction from offset {updated.current_txn_first_offset} is open")
+        return None
+
+    def append_end_txn_marker(self, marker: EndTxnMarker, producer_epoch: int, offset: int,
+                              timestamp: int) -> CompletedTxn | None:
+        """Kafka's appendEndTxnMarker: only a transaction with data here is completed (and indexed if aborted)."""
+        updated = self.updated
+        if self.check_epochs:
+            self._check_epoch(producer_epoch, offset)
+            if updated.coordinator_epoch > marker.coordinator_epoch:
+                raise TransactionCoordinatorFencedError(
+                    f"Invalid coordinator epoch for producer {self.producer_id} at offset {offset} in "
+                    f"{self.topic_partition}: {marker.coordinator_epoch} (zombie), {updated.coordinator_epoch} "
+                    f"(current)")
+        completed = None
+        if updated.current_txn_first_offset is not None:
+            completed = CompletedTxn(self.producer_id, updated.current_txn_first_offset, offset, not marker.commit)
+        updated.maybe_update_producer_epoch(producer_epoch)
+        updated.current_txn_first_offset = None
+        updated.coordinator_epoch = marker.coordinator_epoch
+        updated.last_timestamp = timestamp
+        return completed
 
     def _check_epoch(self, producer_epoch: int, offset: int) -> None:
         if producer_epoch < self.updated.producer_epoch:
@@ -194,6 +249,8 @@ class ProducerStateManager:
         self.dir = dir
         self.topic_partition = topic_partition
         self.producers: dict[int, ProducerStateEntry] = {}
+        # Open transactions: first offset -> producer id, in offset order (appends only add larger offsets).
+        self.ongoing_txns: dict[int, int] = {}
         # Every batch below this offset is reflected in `producers`.
         self.map_end_offset = 0
 
@@ -209,29 +266,59 @@ class ProducerStateManager:
     def __len__(self) -> int:
         return len(self.producers)
 
+    @property
+    def first_unstable_offset(self) -> int | None:
+        """First offset of the oldest open transaction."""
+        for first_offset in self.ongoing_txns:
+            return first_offset
+        return None
+
+    def last_stable_offset(self, completed: CompletedTxn) -> int:
+        """The LSO once `completed` ends (Kafka's lastStableOffset(CompletedTxn)), for its aborted-txn entry."""
+        for first_offset, pid in self.ongoing_txns.items():
+            if pid != completed.producer_id:
+                return first_offset
+        return completed.last_offset + 1
+
+    def complete_txn(self, completed: CompletedTxn) -> None:
+        if self.ongoing_txns.pop(completed.first_offset, None) is None:
+            logger.warning("Completed transaction of producer %d from offset %d in %s was not open",
+                           completed.producer_id, completed.first_offset, self.topic_partition)
+
     # -- appends -------------------------------------------------------------------------------
 
-    def prepare_update(self, producer_id: int, *, validate: bool) -> ProducerAppendInfo:
+    def prepare_update(self, producer_id: int, *, validate: bool, check_epochs: bool = True) -> ProducerAppendInfo:
         return ProducerAppendInfo(self.topic_partition, producer_id, self.producers.get(producer_id),
-                                  validate=validate)
+                                  validate=validate, check_epochs=check_epochs)
 
     def update(self, info: ProducerAppendInfo) -> None:
         self.producers[info.producer_id] = info.updated
+        for first_offset in info.started_txns:
+            self.ongoing_txns[first_offset] = info.producer_id
 
     def update_map_end_offset(self, offset: int) -> None:
         self.map_end_offset = offset
 
-    def load_batches(self, batches: Iterable[RecordBatchHeader]) -> int:
-        """Replay batch headers already in the log (no validation); returns batches applied."""
+    def load_batches(self, batches: Iterable[tuple[RecordBatchHeader, EndTxnMarker | None]],
+                     on_completed: Callable[[CompletedTxn, int], None] | None = None) -> int:
+        """Replay batches already in the log (header and, for control batches, marker; no validation).
+
+        on_completed(txn, last stable offset) sees every transaction a marker completes (to rebuild
+        transaction indexes). Returns batches applied.
+        """
         n = 0
-        for h in batches:
+        for h, marker in batches:
             if h.producer_id < 0:
                 continue
             if h.next_offset <= self.map_end_offset:
                 continue
-            info = self.prepare_update(h.producer_id, validate=False)
-            info.append(h)
+            info = self.prepare_update(h.producer_id, validate=False, check_epochs=False)
+            completed = info.append(h, marker)
             self.update(info)
+            if completed is not None:
+                if on_completed is not None:
+                    on_completed(completed, self.last_stable_offset(completed))
+                self.complete_txn(completed)
             n += 1
         return n
 
@@ -254,6 +341,7 @@ class ProducerStateManager:
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         self.producers.clear()
+        self.ongoing_txns.clear()
         self.delete_snapshots_above(-1)
         self.map_end_offset = offset
 
@@ -310,6 +398,7 @@ class ProducerStateManager:
             p.unlink(missing_ok=True)
         self.delete_snapshots_above(max_offset)
         self.producers = {}
+        self.ongoing_txns = {}
         self.map_end_offset = 0
         for off in reversed(self.snapshot_offsets()):
             path = self.snapshot_path(off)
@@ -323,6 +412,9 @@ class ProducerStateManager:
                 path.unlink(missing_ok=True)
                 continue
             self.producers = {e.producer_id: e for e in entries}
+            open_txns = sorted((e.current_txn_first_offset, e.producer_id) for e in entries
+                               if e.current_txn_first_offset is not None)
+            self.ongoing_txns = dict(open_txns)
             self.map_end_offset = off
             return off
         return None

@@ -1,4 +1,4 @@
-"""LogSegment: one .log file of whole batches plus its offset and time indexes."""
+"""LogSegment: one .log file of whole batches plus its offset, time and transaction indexes."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from protocol.records import (
     parse_batch_header,
 )
 from storage.index import OffsetIndex, TimeIndex
+from storage.transaction_index import TXN_INDEX_SUFFIX, TransactionIndex
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -74,6 +75,8 @@ class BatchLocation:
 class SegmentReadResult:
     records: FileRecordsSlice | None
     first_entry_incomplete: bool = False
+    # The offset after the last batch returned (the upper bound for aborted transactions of a fetch).
+    next_offset: int = -1
 
 
 class LogSegment:
@@ -94,6 +97,8 @@ class LogSegment:
                                  max_index_size)
         self.time_index = TimeIndex(dir / (segment_file_name(base_offset, TIME_INDEX_SUFFIX) + suffix),
                                     base_offset, max_index_size)
+        self.txn_index = TransactionIndex(dir / (segment_file_name(base_offset, TXN_INDEX_SUFFIX) + suffix),
+                                          base_offset)
         self._bytes_since_last_index_entry = 0
         # Loaded lazily from the time index (a clean restart must not scan data).
         self._max_ts: tuple[int, int] | None = None
@@ -195,8 +200,10 @@ class LogSegment:
         self._bytes_since_last_index_entry += header.batch_length + LOG_OVERHEAD
 
     def reset_indexes(self) -> None:
+        """Empty all indexes, the transaction index included (recovery rebuilds it from producer state)."""
         self.index.reset()
         self.time_index.reset()
+        self.txn_index.reset()
         self._bytes_since_last_index_entry = 0
         self._max_ts = (-1, self.base_offset)
 
@@ -216,6 +223,7 @@ class LogSegment:
         removed = self.truncate_to_position(loc.position)
         self.index.truncate_to(offset)
         self.time_index.truncate_to(offset)
+        self.txn_index.truncate_to(offset)
         self._max_ts = None
         self._bytes_since_last_index_entry = 0
         if self._size == 0:
@@ -232,6 +240,7 @@ class LogSegment:
         os.fsync(self._read_fd)  # fsync works on a read-only fd on Linux and flushes the inode
         self.index.flush()
         self.time_index.flush()
+        self.txn_index.flush()
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -283,9 +292,18 @@ class LogSegment:
         _, scan_from = self.index.lookup_by_position(limit)
         scan_from = max(scan_from, start.position)
         end = scan_from
+        last: RecordBatchHeader | None = None
         for loc in self.iter_batches(scan_from, limit):
             end = loc.position + loc.size
-        return SegmentReadResult(FileRecordsSlice(self._read_fd, start.position, end - start.position))
+            last = loc.header
+        if last is not None:
+            next_offset = last.next_offset
+        else:
+            # Nothing fitted after the index entry: the batch starting there is the first one left out.
+            after = next(self.iter_batches(end), None)
+            next_offset = after.header.base_offset if after is not None else self.read_next_offset()
+        return SegmentReadResult(FileRecordsSlice(self._read_fd, start.position, end - start.position),
+                                 next_offset=next_offset)
 
     def find_offset_by_timestamp(self, timestamp: int, starting_offset: int,
                                  max_decompressed: int = DEFAULT_MAX_DECOMPRESSED) -> tuple[int, int] | None:
@@ -330,6 +348,7 @@ class LogSegment:
                 self._write_fd = None
             self.index.close()
             self.time_index.close()
+            self.txn_index.close()
             os.close(self._read_fd)
 
     def close_writers(self) -> None:
@@ -338,6 +357,7 @@ class LogSegment:
             self._write_fd = None
         self.index.close_writer()
         self.time_index.close_writer()
+        self.txn_index.close_writer()
 
     def change_file_suffix(self, new_suffix: str) -> None:
         """Rename the three files (fds stay valid); e.g. '' -> '.deleted' or '.swap' -> ''."""
@@ -346,11 +366,12 @@ class LogSegment:
         self.log_path = new_log
         self.index.rename_to(self.dir / (segment_file_name(self.base_offset, INDEX_SUFFIX) + new_suffix))
         self.time_index.rename_to(self.dir / (segment_file_name(self.base_offset, TIME_INDEX_SUFFIX) + new_suffix))
+        self.txn_index.rename_to(self.dir / (segment_file_name(self.base_offset, TXN_INDEX_SUFFIX) + new_suffix))
         self.suffix = new_suffix
 
     def delete_files(self) -> None:
         self.close()
-        for p in (self.log_path, self.index.path, self.time_index.path):
+        for p in (self.log_path, self.index.path, self.time_index.path, self.txn_index.path):
             try:
                 p.unlink()
             except FileNotFoundError:
