@@ -450,8 +450,8 @@ class GroupCoordinator:
         g.generation_id += 1
         now = _now_ms()
         if not g.members:
+            # Kafka keeps the protocol type of an empty group: clients tell consumer groups from simple ones by it.
             g.protocol_name = None
-            g.protocol_type = None
             g.leader_id = None
             g.transition(GroupState.EMPTY, now)
             log.info("Group %s with generation %d is now empty", g.group_id, g.generation_id)

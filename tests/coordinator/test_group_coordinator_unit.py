@@ -518,3 +518,26 @@ def test_offsets_and_group_reload_from_log(host: FakeHost) -> None:
         assert h2.heartbeat("live", a.generation_id, b.member_id) == ErrorCode.NONE
     finally:
         h2.stop()
+
+
+def test_empty_group_keeps_its_protocol_type(host: FakeHost) -> None:
+    h1 = Harness(host).start()
+    try:
+        a = h1.stable_single("g")
+        h1.run(h1.gc.leave_group, "g", [(a.member_id, None)])
+        wait_for(lambda: h1.state("g") is GroupState.EMPTY, what="empty group")
+        g = h1.group("g")
+        assert (g.protocol_type, g.protocol_name, g.leader_id) == ("consumer", None, None)
+        # another protocol type may take over the empty group
+        r = h1.join("g", protocol_type="connect", protocols=[("v1", b"x")])
+        assert r.error == ErrorCode.NONE and h1.group("g").protocol_type == "connect"
+        h1.run(h1.gc.leave_group, "g", [(r.member_id, None)])
+        wait_for(lambda: h1.state("g") is GroupState.EMPTY, what="empty group")
+    finally:
+        h1.stop()
+    h2 = Harness(host).start(list(range(NUM_PARTITIONS)))
+    try:
+        wait_for(lambda: not h2.on_loop(lambda: set(h2.gc.loading)), what="load")
+        assert h2.group("g").protocol_type == "connect" and h2.state("g") is GroupState.EMPTY
+    finally:
+        h2.stop()
