@@ -119,7 +119,6 @@ class GroupCoordinator:
         return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fn(*args), self.loop))
 
     def _schedule_sweeps(self) -> None:
-        self.loop.call_later(0.25, self._expire_heartbeats)
         self.loop.call_later(self.config.offsets_retention_check_ms / 1000, self._expire_offsets_tick)
 
     # ------------------------------------------------------------ loading
@@ -185,18 +184,20 @@ class GroupCoordinator:
         g.protocol_name = v.protocol
         g.leader_id = v.leader
         g.state_timestamp_ms = v.current_state_timestamp
+        for old in g.members.values():
+            if old.heartbeat_timer is not None:
+                old.heartbeat_timer.cancel()
         g.members = {}
         g.static_members = {}
-        now = time.monotonic()
         for m in v.members:
             member = MemberMetadata(
                 m.member_id, m.group_instance_id, m.client_id, m.client_host, m.rebalance_timeout,
                 m.session_timeout, v.protocol_type, [(v.protocol or "", m.subscription)], m.assignment,
             )
-            member.heartbeat_deadline = now + m.session_timeout / 1000
             g.members[m.member_id] = member
             if m.group_instance_id is not None:
                 g.static_members[m.group_instance_id] = m.member_id
+            self._touch_member(g, m.member_id)
         g.state = GroupState.STABLE if g.members else GroupState.EMPTY
 
     # ------------------------------------------------------------ helpers
@@ -294,7 +295,7 @@ class GroupCoordinator:
         member.protocols = protocols
         member.rebalance_timeout_ms = rebalance_timeout_ms
         member.session_timeout_ms = session_timeout_ms
-        member.heartbeat_deadline = time.monotonic() + member.session_timeout_ms / 1000
+        self._touch_member(g, new_id)
         if g.state is GroupState.STABLE and g.protocol_name == g.select_protocol():
             # The selected protocol does not change: hand back the current generation, no rebalance (KIP-345).
             # The subscription bytes may differ (owned partitions, generation in cooperative metadata): Kafka does
@@ -464,10 +465,9 @@ class GroupCoordinator:
         g.transition(GroupState.COMPLETING_REBALANCE, now)
         log.info("Stabilized group %s generation %d (protocol %s) with %d members",
                  g.group_id, g.generation_id, g.protocol_name, len(g.members))
-        deadline = time.monotonic()
         for m in g.members.values():
             fut, m.join_future = m.join_future, None
-            m.heartbeat_deadline = deadline + m.session_timeout_ms / 1000
+            self._touch_member(g, m.member_id)
             if fut is not None and not fut.done():
                 fut.set_result(self._current_generation(g, m.member_id))
 
@@ -504,7 +504,7 @@ class GroupCoordinator:
         ):
             return ErrorCode.INCONSISTENT_GROUP_PROTOCOL, b"", None, None
         member = g.members[member_id]
-        member.heartbeat_deadline = time.monotonic() + member.session_timeout_ms / 1000
+        self._touch_member(g, member_id)
         if g.state is GroupState.PREPARING_REBALANCE:
             return ErrorCode.REBALANCE_IN_PROGRESS, b"", None, None
         if g.state is GroupState.STABLE:
@@ -532,6 +532,8 @@ class GroupCoordinator:
                     if m.sync_future is not None and not m.sync_future.done():
                         m.sync_future.set_result((error, m.assignment if error is ErrorCode.NONE else b""))
                     m.sync_future = None
+                    if error is ErrorCode.NONE:
+                        self._touch_member(g, m.member_id)  # Kafka's propagateAssignment
                 if error is not ErrorCode.NONE:
                     self._prepare_rebalance(g, "failed to store the assignment")
         result = await fut
@@ -556,8 +558,7 @@ class GroupCoordinator:
             return ErrorCode.UNKNOWN_MEMBER_ID
         if generation_id != g.generation_id:
             return ErrorCode.ILLEGAL_GENERATION
-        member = g.members[member_id]
-        member.heartbeat_deadline = time.monotonic() + member.session_timeout_ms / 1000
+        self._touch_member(g, member_id)
         if g.state is GroupState.PREPARING_REBALANCE:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
@@ -610,24 +611,39 @@ class GroupCoordinator:
         elif g.state is GroupState.PREPARING_REBALANCE:
             self._maybe_complete_join(g)
 
-    def _expire_heartbeats(self) -> None:
-        now = time.monotonic()
-        try:
-            for g in list(self.groups.values()):
-                if g.state in (GroupState.EMPTY, GroupState.DEAD):
-                    continue
-                expired = [
-                    m for m in g.members.values()
-                    if m.join_future is None and m.sync_future is None and m.heartbeat_deadline < now
-                ]
-                for m in expired:
-                    log.info("Member %s in group %s has failed (session timeout %d ms), removing it",
-                             m.member_id, g.group_id, m.session_timeout_ms)
-                    g.remove_member(m.member_id)
-                if expired:
-                    self._after_member_removed(g, "session timeout")
-        finally:
-            self.loop.call_later(0.25, self._expire_heartbeats)
+    def _touch_member(self, g: GroupMetadata, member_id: str) -> None:
+        """The member's session restarts now; it expires exactly at its deadline (Kafka's
+        completeAndScheduleNextHeartbeatExpiration and DelayedHeartbeat).
+
+        A timer armed for an earlier deadline is kept: it fires, sees the later deadline and re-arms, so
+        heartbeats do not churn timer handles.
+        """
+        m = g.members[member_id]
+        deadline = self.loop.time() + m.session_timeout_ms / 1000
+        m.heartbeat_deadline = deadline
+        if m.heartbeat_timer is not None:
+            if m.heartbeat_timer_at <= deadline:
+                return
+            m.heartbeat_timer.cancel()
+        m.heartbeat_timer_at = deadline
+        m.heartbeat_timer = self.loop.call_at(deadline, self._heartbeat_expired, g, m)
+
+    def _heartbeat_expired(self, g: GroupMetadata, m: MemberMetadata) -> None:
+        m.heartbeat_timer = None
+        if self.groups.get(g.group_id) is not g or g.members.get(m.member_id) is not m:
+            return
+        now = self.loop.time()
+        if m.heartbeat_deadline > now or m.join_future is not None or m.sync_future is not None:
+            # Heartbeated since, or waiting in a rebalance, which counts as alive (Kafka's hasSatisfiedHeartbeat):
+            # check again at the deadline.
+            at = m.heartbeat_deadline if m.heartbeat_deadline > now else now + m.session_timeout_ms / 1000
+            m.heartbeat_timer_at = at
+            m.heartbeat_timer = self.loop.call_at(at, self._heartbeat_expired, g, m)
+            return
+        log.info("Member %s in group %s has failed (session timeout %d ms), removing it",
+                 m.member_id, g.group_id, m.session_timeout_ms)
+        g.remove_member(m.member_id)
+        self._after_member_removed(g, "session timeout")
 
     # ------------------------------------------------------------ offsets
 
@@ -656,8 +672,7 @@ class GroupCoordinator:
                 return all_(ErrorCode.UNKNOWN_MEMBER_ID)
             if generation_id != g.generation_id:
                 return all_(ErrorCode.ILLEGAL_GENERATION)
-            m = g.members[member_id]
-            m.heartbeat_deadline = time.monotonic() + m.session_timeout_ms / 1000
+            self._touch_member(g, member_id)
         results: dict[tuple[str, int], ErrorCode] = {}
         entries: list[tuple[bytes, bytes | None]] = []
         accepted: dict[tuple[str, int], OffsetAndMetadata] = {}

@@ -50,7 +50,9 @@ class MemberMetadata:
     # Futures of the JoinGroup / SyncGroup call this member has in flight, resolved on the coordinator loop.
     join_future: asyncio.Future[Any] | None = None
     sync_future: asyncio.Future[Any] | None = None
-    heartbeat_deadline: float = 0.0
+    heartbeat_deadline: float = 0.0  # coordinator loop time
+    heartbeat_timer: asyncio.TimerHandle | None = None
+    heartbeat_timer_at: float = 0.0
 
     def metadata_for(self, protocol: str) -> bytes:
         for name, meta in self.protocols:
@@ -105,6 +107,9 @@ class GroupMetadata:
         member = self.members.pop(member_id, None)
         if member is None:
             return None
+        if member.heartbeat_timer is not None:
+            member.heartbeat_timer.cancel()
+            member.heartbeat_timer = None
         if member.group_instance_id is not None and self.static_members.get(member.group_instance_id) == member_id:
             del self.static_members[member.group_instance_id]
         if self.leader_id == member_id:

@@ -520,6 +520,28 @@ def test_offsets_and_group_reload_from_log(host: FakeHost) -> None:
         h2.stop()
 
 
+def test_session_expires_at_its_deadline(h: Harness) -> None:
+    """Kafka's DelayedHeartbeat: a member that stops heartbeating is gone right at its session deadline, so a
+    DeleteGroups sent just after it finds the group empty (a periodic sweep answered NON_EMPTY_GROUP)."""
+    a = h.stable_single("g", session_ms=400)
+
+    async def delete_just_after_deadline() -> dict[str, ErrorCode]:
+        deadline = h.gc.groups["g"].members[a.member_id].heartbeat_deadline
+        await asyncio.sleep(max(0.0, deadline + 0.005 - h.gc.loop.time()))
+        return await h.gc.delete_groups(["g"])
+
+    assert h.run(delete_just_after_deadline) == {"g": ErrorCode.NONE}
+
+
+def test_heartbeats_keep_moving_the_deadline(h: Harness) -> None:
+    a = h.stable_single("g", session_ms=300)
+    for _ in range(4):
+        time.sleep(0.15)
+        assert h.heartbeat("g", a.generation_id, a.member_id) == ErrorCode.NONE
+    assert h.state("g") is GroupState.STABLE
+    wait_for(lambda: h.state("g") is GroupState.EMPTY, timeout=3, what="expiry after the heartbeats stop")
+
+
 def test_empty_group_keeps_its_protocol_type(host: FakeHost) -> None:
     h1 = Harness(host).start()
     try:
