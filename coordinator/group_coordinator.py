@@ -13,16 +13,18 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import uvloop
 
 from coordinator import group_records as records
-from coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata, OffsetAndMetadata
+from coordinator.group_loader import LoadedEntry, LoadedMarker, LoadedRecord, read_entries
+from coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata
+from coordinator.group_offsets import GroupOffsets
 from protocol.errors import ErrorCode
-from protocol.records import build_batch, decode_records, iter_batch_headers
+from protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, build_batch
 
 log = logging.getLogger("kbroker.group")
 
@@ -84,11 +86,12 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class GroupCoordinator:
+class GroupCoordinator(GroupOffsets):
     def __init__(self, host: CoordinatorHost, config: GroupConfig) -> None:
         self.host = host
         self.config = config
         self.groups: dict[str, GroupMetadata] = {}
+        self.txn_groups: dict[int, set[str]] = {}
         self.loading: set[int] = set()
         self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="group-coordinator", daemon=True)
@@ -127,52 +130,44 @@ class GroupCoordinator:
         for p in partitions:
             t0 = time.monotonic()
             try:
-                recs = await self.loop.run_in_executor(None, self._read_partition, p)
+                n = await self._load_partition(p)
             except Exception:
                 log.exception("Loading %s-%d failed", OFFSETS_TOPIC, p)
-                recs = []
-            for r in recs:
-                self._apply_loaded(r)
+                n = 0
             self.loading.discard(p)
-            if recs:
-                log.info("Loaded %d records of %s-%d in %.3f s", len(recs), OFFSETS_TOPIC, p, time.monotonic() - t0)
+            if n:
+                log.info("Loaded %d records of %s-%d in %.3f s", n, OFFSETS_TOPIC, p, time.monotonic() - t0)
 
-    def _read_partition(self, p: int) -> list[records.OffsetRecord | records.GroupRecord]:
+    async def _load_partition(self, p: int) -> int:
+        """Replay the partition up to its end. Markers written meanwhile (their complete_txn is ignored while
+        the partition loads) are read too: the log end is checked again on this loop before loading ends."""
         lg = self.host.offsets_log(p)
-        out: list[records.OffsetRecord | records.GroupRecord] = []
-        offset = lg.log_start_offset
-        end = lg.log_end_offset
-        while offset < end:
-            info = lg.read(offset, 4 * 1024 * 1024, max_offset=end)
-            if info.records is None or info.records.size == 0:
-                break
-            data = info.records.read_bytes()
-            last = offset
-            for pos, header in iter_batch_headers(data):
-                if header.is_control:
-                    last = header.next_offset
-                    continue
-                for rec in decode_records(data, pos):
-                    if rec.offset < offset or rec.key is None:
-                        continue
-                    parsed = records.parse_record(rec.key, rec.value)
-                    if parsed is not None:
-                        out.append(parsed)
-                last = header.next_offset
-            if last <= offset:
-                break
-            offset = last
-        return out
+        name = f"{OFFSETS_TOPIC}-{p}"
+        start, n = lg.log_start_offset, 0
+        while True:
+            end = lg.log_end_offset
+            if start >= end:
+                return n
+            entries = await self.loop.run_in_executor(None, read_entries, lg, start, end, name)
+            for e in entries:
+                self._replay(p, e)
+            n += len(entries)
+            start = end
 
-    def _apply_loaded(self, r: records.OffsetRecord | records.GroupRecord) -> None:
-        if isinstance(r, records.OffsetRecord):
-            if r.value is None:
-                g = self.groups.get(r.group)
-                if g is not None:
-                    g.offsets.pop((r.topic, r.partition), None)
+    def _replay(self, p: int, e: LoadedEntry) -> None:
+        try:
+            if isinstance(e, LoadedMarker):
+                self._complete_txn(e.producer_id, p, e.commit)
+            elif isinstance(e.record, records.OffsetRecord):
+                self._replay_offset(e)
             else:
-                self._group(r.group, create=True).offsets[(r.topic, r.partition)] = r.value  # type: ignore[union-attr]
-            return
+                self._apply_loaded(e)
+        except Exception:
+            log.exception("Could not apply the record at offset %d of %s-%d, skipping it", e.offset, OFFSETS_TOPIC, p)
+
+    def _apply_loaded(self, e: LoadedRecord) -> None:
+        r = e.record
+        assert isinstance(r, records.GroupRecord)
         if r.value is None:
             self.groups.pop(r.group, None)
             return
@@ -208,26 +203,37 @@ class GroupCoordinator:
             g = self.groups[group_id] = GroupMetadata(group_id, state_timestamp_ms=_now_ms())
         return g
 
+    def offsets_partition(self, group_id: str) -> int:
+        return partition_for(group_id, self.config.num_partitions)
+
     def coordinator_error(self, group_id: str) -> ErrorCode | None:
-        p = partition_for(group_id, self.config.num_partitions)
+        p = self.offsets_partition(group_id)
         if not self.host.leads_offsets_partition(p):
             return ErrorCode.NOT_COORDINATOR
         if p in self.loading:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         return None
 
-    async def _append(self, group_id: str, entries: list[tuple[bytes, bytes | None]]) -> None:
-        """Append records for a group to its __consumer_offsets partition and wait until durable per policy."""
-        p = partition_for(group_id, self.config.num_partitions)
-        lg = self.host.offsets_log(p)
+    def _write(self, group_id: str, entries: Sequence[tuple[bytes, bytes | None]], *,
+               producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH) -> tuple[Any, Any]:
+        """Append one batch of records for a group to its __consumer_offsets partition: transactional when
+        producer_id is given (a TxnOffsetCommit; base sequence -1 as Kafka's coordinator writes it).
+        Returns (log, LogAppendInfo); the caller awaits _flush_if_needed once its state is updated."""
+        lg = self.host.offsets_log(self.offsets_partition(group_id))
         now = _now_ms()
-        batch = build_batch([(k, v, [], now) for k, v in entries])
-        info = lg.append_as_leader(batch, now, leader_epoch=0)
+        batch = build_batch([(k, v, [], now) for k, v in entries], producer_id=producer_id,
+                            producer_epoch=producer_epoch, is_transactional=producer_id != NO_PRODUCER_ID)
+        info = lg.append_as_leader(batch, now, leader_epoch=0, from_client=False)
+        return lg, info
+
+    async def _flush_if_needed(self, lg: Any, last_offset: int) -> None:
+        """Wait until durable per the log's flush policy."""
         if lg.unflushed_messages >= lg.config.flush_messages:
-            await self.host.flush_log(lg, info.last_offset)
+            await self.host.flush_log(lg, last_offset)
 
     async def _store_group(self, g: GroupMetadata) -> None:
-        await self._append(g.group_id, [(records.group_key(g.group_id), records.group_value(g))])
+        lg, info = self._write(g.group_id, [(records.group_key(g.group_id), records.group_value(g))])
+        await self._flush_if_needed(lg, info.last_offset)
 
     # ------------------------------------------------------------ join
 
@@ -645,95 +651,6 @@ class GroupCoordinator:
         g.remove_member(m.member_id)
         self._after_member_removed(g, "session timeout")
 
-    # ------------------------------------------------------------ offsets
-
-    async def commit_offsets(self, group_id: str, generation_id: int, member_id: str, instance_id: str | None,
-                             offsets: dict[tuple[str, int], OffsetAndMetadata]) -> dict[tuple[str, int], ErrorCode]:
-        def all_(code: ErrorCode) -> dict[tuple[str, int], ErrorCode]:
-            return {tp: code for tp in offsets}
-
-        if not group_id:
-            return all_(ErrorCode.INVALID_GROUP_ID)
-        err = self.coordinator_error(group_id)
-        if err is not None:
-            return all_(err)
-        g = self.groups.get(group_id)
-        if g is None:
-            if generation_id >= 0:
-                return all_(ErrorCode.ILLEGAL_GENERATION)
-            g = self._group(group_id, create=True)
-            assert g is not None
-        elif generation_id >= 0 or g.state is not GroupState.EMPTY:
-            if instance_id is not None and g.static_members.get(instance_id, member_id) != member_id:
-                return all_(ErrorCode.FENCED_INSTANCE_ID)
-            if g.state is GroupState.COMPLETING_REBALANCE:
-                return all_(ErrorCode.REBALANCE_IN_PROGRESS)
-            if member_id not in g.members:
-                return all_(ErrorCode.UNKNOWN_MEMBER_ID)
-            if generation_id != g.generation_id:
-                return all_(ErrorCode.ILLEGAL_GENERATION)
-            self._touch_member(g, member_id)
-        results: dict[tuple[str, int], ErrorCode] = {}
-        entries: list[tuple[bytes, bytes | None]] = []
-        accepted: dict[tuple[str, int], OffsetAndMetadata] = {}
-        for (topic, partition), o in offsets.items():
-            if len(o.metadata.encode()) > self.config.offset_metadata_max_bytes:
-                results[(topic, partition)] = ErrorCode.OFFSET_METADATA_TOO_LARGE
-            elif not self.host.topic_partition_exists(topic, partition):
-                results[(topic, partition)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            else:
-                accepted[(topic, partition)] = o
-                entries.append((records.offset_key(group_id, topic, partition), records.offset_value(o)))
-        if entries:
-            try:
-                await self._append(group_id, entries)
-            except Exception as e:
-                log.error("Offset commit for group %s failed: %s", group_id, e)
-                code = ErrorCode(getattr(e, "error_code", ErrorCode.COORDINATOR_NOT_AVAILABLE))
-                return {**results, **{tp: code for tp in accepted}}
-            g.offsets.update(accepted)
-        results.update({tp: ErrorCode.NONE for tp in accepted})
-        return results
-
-    async def fetch_offsets(self, group_id: str, partitions: list[tuple[str, int]] | None
-                            ) -> tuple[ErrorCode, dict[tuple[str, int], OffsetAndMetadata | None]]:
-        err = self.coordinator_error(group_id)
-        if err is not None:
-            return err, {}
-        g = self.groups.get(group_id)
-        offsets = g.offsets if g is not None else {}
-        if partitions is None:
-            return ErrorCode.NONE, dict(offsets)
-        return ErrorCode.NONE, {tp: offsets.get(tp) for tp in partitions}
-
-    def _expire_offsets_tick(self) -> None:
-        self.loop.create_task(self._expire_offsets())
-        self.loop.call_later(self.config.offsets_retention_check_ms / 1000, self._expire_offsets_tick)
-
-    async def _expire_offsets(self) -> None:
-        """offsets.retention.minutes: an empty group's offsets expire that long after it became empty."""
-        now = _now_ms()
-        for g in list(self.groups.values()):
-            if g.state is not GroupState.EMPTY or not g.offsets:
-                continue
-            if now - max(g.state_timestamp_ms, max(o.commit_timestamp for o in g.offsets.values())) < (
-                self.config.offsets_retention_ms
-            ):
-                continue
-            await self._delete_group_data(g, list(g.offsets))
-            log.info("Removed %d expired offsets of empty group %s", len(g.offsets), g.group_id)
-
-    async def _delete_group_data(self, g: GroupMetadata, tps: list[tuple[str, int]], group_too: bool = True) -> None:
-        entries: list[tuple[bytes, bytes | None]] = [(records.offset_key(g.group_id, t, p), None) for t, p in tps]
-        if group_too and g.state is GroupState.EMPTY:
-            entries.append((records.group_key(g.group_id), None))
-        await self._append(g.group_id, entries)
-        for tp in tps:
-            g.offsets.pop(tp, None)
-        if group_too and g.state is GroupState.EMPTY and not g.offsets:
-            g.transition(GroupState.DEAD, _now_ms())
-            self.groups.pop(g.group_id, None)
-
     # ------------------------------------------------------------ admin
 
     async def describe_group(self, group_id: str) -> tuple[ErrorCode, GroupMetadata | None]:
@@ -746,45 +663,3 @@ class GroupCoordinator:
         if self.loading:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
         return ErrorCode.NONE, [g for g in self.groups.values() if g.state is not GroupState.DEAD]
-
-    async def delete_groups(self, group_ids: list[str]) -> dict[str, ErrorCode]:
-        out: dict[str, ErrorCode] = {}
-        for gid in group_ids:
-            err = self.coordinator_error(gid)
-            g = self.groups.get(gid)
-            if err is not None:
-                out[gid] = err
-            elif g is None:
-                out[gid] = ErrorCode.GROUP_ID_NOT_FOUND
-            elif g.state is not GroupState.EMPTY:
-                out[gid] = ErrorCode.NON_EMPTY_GROUP
-            else:
-                await self._delete_group_data(g, list(g.offsets))
-                self.groups.pop(gid, None)
-                log.info("Deleted group %s", gid)
-                out[gid] = ErrorCode.NONE
-        return out
-
-    async def delete_offsets(self, group_id: str, tps: list[tuple[str, int]]
-                             ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
-        err = self.coordinator_error(group_id)
-        if err is not None:
-            return err, {}
-        g = self.groups.get(group_id)
-        if g is None:
-            return ErrorCode.GROUP_ID_NOT_FOUND, {}
-        if g.state is not GroupState.EMPTY and g.protocol_type != "consumer":
-            return ErrorCode.NON_EMPTY_GROUP, {}
-        subscribed = g.subscribed_topics() if g.state is not GroupState.EMPTY else set()
-        results: dict[tuple[str, int], ErrorCode] = {}
-        doomed = []
-        for tp in tps:
-            if subscribed is None or tp[0] in subscribed:
-                results[tp] = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
-            else:
-                results[tp] = ErrorCode.NONE
-                if tp in g.offsets:
-                    doomed.append(tp)
-        if doomed:
-            await self._delete_group_data(g, doomed, group_too=False)
-        return ErrorCode.NONE, results

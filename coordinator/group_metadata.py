@@ -27,6 +27,9 @@ VALID_PREVIOUS = {
 }
 
 
+TopicPartition = tuple[str, int]
+
+
 @dataclass
 class OffsetAndMetadata:
     offset: int
@@ -34,6 +37,9 @@ class OffsetAndMetadata:
     metadata: str
     commit_timestamp: int
     expire_timestamp: int = -1
+    # Offset in __consumer_offsets of the record that wrote it (-1 until written). When a transaction commits,
+    # its offset replaces the committed one only if written later (Kafka's CommitRecordMetadataAndOffset).
+    record_offset: int = field(default=-1, compare=False, kw_only=True)
 
 
 @dataclass
@@ -79,7 +85,10 @@ class GroupMetadata:
     members: dict[str, MemberMetadata] = field(default_factory=dict)
     static_members: dict[str, str] = field(default_factory=dict)  # group.instance.id -> member id
     pending_members: set[str] = field(default_factory=set)  # ids handed out with MEMBER_ID_REQUIRED
-    offsets: dict[tuple[str, int], OffsetAndMetadata] = field(default_factory=dict)
+    offsets: dict[TopicPartition, OffsetAndMetadata] = field(default_factory=dict)
+    # producer id -> offsets its open transaction committed, applied or dropped by the marker
+    # (Kafka's pendingTransactionalOffsetCommits)
+    pending_txn_offsets: dict[int, dict[TopicPartition, OffsetAndMetadata]] = field(default_factory=dict)
     new_member_added: bool = False
     in_initial_delay: bool = False
     # timer handles owned by the coordinator
@@ -130,6 +139,45 @@ class GroupMetadata:
         if self.leader_id == old_id:
             self.leader_id = new_id
         return member
+
+    # -- offsets ---------------------------------------------------------------------------------
+
+    def add_pending_txn_offsets(self, producer_id: int, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        self.pending_txn_offsets.setdefault(producer_id, {}).update(offsets)
+
+    def has_pending_txn_offset(self, tp: TopicPartition) -> bool:
+        return any(tp in pending for pending in self.pending_txn_offsets.values())
+
+    def pending_txn_partitions(self) -> set[TopicPartition]:
+        return {tp for pending in self.pending_txn_offsets.values() for tp in pending}
+
+    def complete_pending_txn(self, producer_id: int, commit: bool) -> int:
+        """The marker of the producer's transaction was written: apply (commit) or drop (abort) its offsets.
+
+        A pending offset replaces the committed one only if its record is newer, as a plain commit written
+        after the transactional one wins (compaction may otherwise materialise the wrong one on reload).
+        Returns the number of offsets applied.
+        """
+        pending = self.pending_txn_offsets.pop(producer_id, None)
+        if not pending or not commit:
+            return 0
+        applied = 0
+        for tp, o in pending.items():
+            current = self.offsets.get(tp)
+            if current is None or o.record_offset > current.record_offset:
+                self.offsets[tp] = o
+                applied += 1
+        return applied
+
+    def remove_offsets(self, tps: list[TopicPartition]) -> None:
+        """Tombstones for these partitions: the committed offsets go, and so do pending transactional ones."""
+        for tp in tps:
+            self.offsets.pop(tp, None)
+            for pid in list(self.pending_txn_offsets):
+                pending = self.pending_txn_offsets[pid]
+                pending.pop(tp, None)
+                if not pending:
+                    del self.pending_txn_offsets[pid]
 
     def current_static_member(self, instance_id: str | None) -> str | None:
         return None if instance_id is None else self.static_members.get(instance_id)

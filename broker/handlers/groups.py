@@ -158,11 +158,12 @@ async def handle_offset_commit(ctx: RequestContext, req: OffsetCommitRequest) ->
     ])
 
 
-async def _fetch_group(ctx: RequestContext, group_id: str, topics: list[tuple[str, list[int]]] | None
+async def _fetch_group(ctx: RequestContext, group_id: str, topics: list[tuple[str, list[int]]] | None,
+                       require_stable: bool
                        ) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, int, int, str, ErrorCode]]]]]:
     gc = ctx.server.group_coordinator
     wanted = None if topics is None else [(t, p) for t, ps in topics for p in ps]
-    err, found = await gc.call(gc.fetch_offsets, group_id, wanted)
+    err, found = await gc.call(gc.fetch_offsets, group_id, wanted, require_stable)
     if err:
         return err, []
     by_topic: dict[str, list[tuple[int, int, int, str, ErrorCode]]] = {}
@@ -171,6 +172,9 @@ async def _fetch_group(ctx: RequestContext, group_id: str, topics: list[tuple[st
         o = found.get((t, p))
         if o is None:
             by_topic.setdefault(t, []).append((p, -1, -1, "", ErrorCode.NONE))
+        elif isinstance(o, ErrorCode):
+            # UNSTABLE_OFFSET_COMMIT (KIP-447): a transaction commits an offset here; the consumer retries.
+            by_topic.setdefault(t, []).append((p, -1, -1, "", o))
         else:
             by_topic.setdefault(t, []).append((p, o.offset, o.leader_epoch, o.metadata, ErrorCode.NONE))
     return ErrorCode.NONE, list(by_topic.items())
@@ -180,7 +184,8 @@ async def handle_offset_fetch(ctx: RequestContext, req: OffsetFetchRequest) -> O
     R = OffsetFetchResponse
     if ctx.api_version < 8:
         topics = None if req.topics is None else [(t.name, list(t.partition_indexes)) for t in req.topics]
-        err, result = await _fetch_group(ctx, req.group_id, topics)
+        # require_stable exists from v7; for older versions it reads as False.
+        err, result = await _fetch_group(ctx, req.group_id, topics, req.require_stable)
         if err and ctx.api_version < 2:
             # v0-1 have no top-level error: report it on every requested partition.
             result = [(t, [(p, -1, -1, "", err) for p in ps]) for t, ps in (topics or [])]
@@ -192,7 +197,7 @@ async def handle_offset_fetch(ctx: RequestContext, req: OffsetFetchRequest) -> O
     groups = []
     for g in req.groups:
         topics = None if g.topics is None else [(t.name, list(t.partition_indexes)) for t in g.topics]
-        err, result = await _fetch_group(ctx, g.group_id, topics)
+        err, result = await _fetch_group(ctx, g.group_id, topics, req.require_stable)
         groups.append(R.OffsetFetchResponseGroup(group_id=g.group_id, error_code=err, topics=[
             R.OffsetFetchResponseTopics(name=t, partitions=[
                 R.OffsetFetchResponsePartitions(partition_index=p, committed_offset=o, committed_leader_epoch=e,
