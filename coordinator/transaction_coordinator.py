@@ -178,7 +178,12 @@ class TransactionCoordinator:
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = self.loop.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("Transaction coordinator task failed", exc_info=task.exception())
 
     def _schedule(self, interval_ms: int, fn: Callable[[], None]) -> None:
         def tick() -> None:

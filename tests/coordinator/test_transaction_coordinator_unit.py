@@ -72,6 +72,7 @@ class Host:
         self.marker_failures: dict[tuple[str, int], list[ErrorCode]] = {}
         self.deleted: set[tuple[str, int]] = set()
         self.hold_markers = False
+        self.marker_exceptions = 0  # the next calls of write_txn_markers raise (the broker's channel broke)
         self.load_gate: Any = None  # threading.Event the load waits on
 
     def log(self, topic: str, partition: int) -> Log:
@@ -108,6 +109,9 @@ class Host:
         self.marker_calls.append((producer_id, producer_epoch, coordinator_epoch, commit, list(partitions)))
         while self.hold_markers:
             await asyncio.sleep(0.01)
+        if self.marker_exceptions:
+            self.marker_exceptions -= 1
+            raise ConnectionError("marker channel down")
         out = {}
         for tp in partitions:
             failures = self.marker_failures.get(tp)
@@ -668,6 +672,17 @@ def test_prepare_commit_loaded_completes_even_with_marker_retries(host: Host) ->
         assert tries == [[("orders", 0), ("orders", 1)], [("orders", 1)], [("orders", 1)]]
     finally:
         h.stop()
+
+
+def test_marker_channel_failures_are_retried(harness: Harness) -> None:
+    host = harness.host
+    _, pid, epoch = harness.init("tx")
+    assert all_ok(harness.add("tx", pid, epoch, ("orders", 0)))
+    host.marker_exceptions = 2
+    assert harness.end("tx", pid, epoch, False) is ErrorCode.NONE
+    harness.wait_state("tx", S.COMPLETE_ABORT)
+    assert len(host.marker_calls) == 3
+    assert host.markers("orders", 0) == [(pid, epoch, False, 0)]
 
 
 def test_markers_for_deleted_partitions_count_as_written(harness: Harness) -> None:
