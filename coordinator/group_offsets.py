@@ -147,12 +147,7 @@ class GroupOffsets:
         results, accepted = self._check_offsets(offsets)
         if not accepted:
             return results
-        p = self.offsets_partition(group_id)
-        lg = self.host.offsets_log(p)
-        entry = lg.producer_state.last_entry(producer_id)
-        if entry is not None and producer_epoch < entry.producer_epoch:
-            # A fenced producer's commit must not land (Kafka's ProducerAppendInfo epoch check).
-            return {**results, **{tp: ErrorCode.INVALID_PRODUCER_EPOCH for tp in accepted}}
+        # The log refuses a fenced producer's epoch (INVALID_PRODUCER_EPOCH), as Kafka's ProducerAppendInfo.
         entries = [(records.offset_key(group_id, t, q), records.offset_value(o)) for (t, q), o in accepted.items()]
         try:
             lg, info = self._write(group_id, entries, producer_id=producer_id, producer_epoch=producer_epoch)

@@ -16,8 +16,7 @@ import pytest
 from coordinator.group_coordinator import partition_for
 from coordinator.group_metadata import GroupState, OffsetAndMetadata
 from protocol.errors import ErrorCode
-from protocol.primitives import I16, I32
-from protocol.records import build_batch, decode_records, iter_batch_headers
+from protocol.records import decode_records, iter_batch_headers
 from tests.coordinator.test_group_coordinator_unit import NUM_PARTITIONS, FakeHost, Harness, wait_for
 
 TP0, TP1 = ("orders", 0), ("orders", 1)
@@ -52,12 +51,7 @@ def txn_commit(h: Harness, gid: str, offsets: dict[tuple[str, int], int], *, pid
 def write_marker(host: FakeHost, gid: str, pid: int, commit: bool, epoch: int = EPOCH) -> int:
     """Append the transaction marker to the group's offsets partition, as the broker does."""
     p = partition_for(gid, NUM_PARTITIONS)
-    key = I16.pack(0) + I16.pack(1 if commit else 0)
-    value = I16.pack(0) + I32.pack(0)
-    now = int(time.time() * 1000)
-    batch = build_batch([(key, value, [], now)], producer_id=pid, producer_epoch=epoch, is_transactional=True,
-                        is_control=True)
-    host.offsets_log(p).append_as_leader(batch, now, leader_epoch=0, from_client=False)
+    host.offsets_log(p).append_control(pid, epoch, 0, commit, int(time.time() * 1000), leader_epoch=0)
     return p
 
 
