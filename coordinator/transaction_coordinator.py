@@ -312,6 +312,9 @@ class TransactionCoordinator:
             log.error("Writing transactional id %s to %s-%d failed: %s", transactional_id, TRANSACTION_STATE_TOPIC,
                       p, e)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        except Exception:
+            log.exception("Writing transactional id %s to %s-%d failed", transactional_id, TRANSACTION_STATE_TOPIC, p)
+            return ErrorCode.UNKNOWN_SERVER_ERROR
         return ErrorCode.NONE
 
     async def _append_transit(self, transactional_id: str, meta: TransactionMetadata, transit: TxnTransitMetadata,
@@ -338,7 +341,7 @@ class TransactionCoordinator:
         try:
             return await self._init_producer_id(transactional_id, transaction_timeout_ms, expected_producer_id,
                                                 expected_producer_epoch)
-        except IllegalTransactionTransition:
+        except Exception:  # a bug: answered as Kafka answers an unexpected exception
             log.exception("InitProducerId of transactional id %s failed", transactional_id)
             return _error_result(ErrorCode.UNKNOWN_SERVER_ERROR)
 
@@ -432,7 +435,7 @@ class TransactionCoordinator:
         exist is the handler's check (KafkaApis), so AddOffsetsToTxn can add __consumer_offsets partitions."""
         try:
             return await self._add_partitions(transactional_id, producer_id, producer_epoch, partitions, verify_only)
-        except IllegalTransactionTransition:
+        except Exception:  # a bug: answered as Kafka answers an unexpected exception
             log.exception("AddPartitionsToTxn of transactional id %s failed", transactional_id)
             return dict.fromkeys(partitions, ErrorCode.UNKNOWN_SERVER_ERROR)
 
@@ -473,7 +476,7 @@ class TransactionCoordinator:
         try:
             return await self._end_transaction(transactional_id, producer_id, producer_epoch, commit,
                                                from_client=True)
-        except IllegalTransactionTransition:
+        except Exception:  # a bug: answered as Kafka answers an unexpected exception
             log.exception("EndTxn of transactional id %s failed", transactional_id)
             return ErrorCode.UNKNOWN_SERVER_ERROR
 
@@ -644,7 +647,7 @@ class TransactionCoordinator:
                                fence: TxnTransitMetadata) -> None:
         try:
             err = await self._abort_fenced(transactional_id, meta, fence)
-        except IllegalTransactionTransition:
+        except Exception:
             log.exception("Aborting the timed out transaction of %s failed", transactional_id)
             return
         if err not in (ErrorCode.NONE, ErrorCode.INVALID_PRODUCER_ID_MAPPING, ErrorCode.PRODUCER_FENCED,
