@@ -14,7 +14,9 @@ Batches keep baseOffset, lastOffsetDelta, producer id/epoch/base sequence and co
 batch emptied of records is kept as an empty batch when it has a producer id (so producer
 sequence metadata survives). Tombstones get a delete horizon (KIP-534: attribute bit 6 and
 baseTimestamp) of now + delete.retention.ms the first time the cleaner sees them and are
-dropped by the first pass after it. Control batches are kept as they are.
+dropped by the first pass after it. Transactions follow Kafka's rules (storage/cleaner_transactions.py):
+aborted data goes, markers stay until their transaction's data is gone and delete.retention.ms passed,
+nothing at or after the last stable offset is cleaned.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from protocol.control_records import parse_end_txn_marker
 from protocol.records import (
     DEFAULT_MAX_DECOMPRESSED,
     TIMESTAMP_LOG_APPEND_TIME,
@@ -34,6 +37,13 @@ from protocol.records import (
     decode_records,
     max_decompressed_size,
     parse_batch_header,
+)
+from storage.cleaner_transactions import (
+    CleanedTransactionMetadata,
+    LastRecord,
+    filter_aborted_batch,
+    filter_control_batch,
+    last_records_of_producers,
 )
 from storage.log import Log
 from storage.segment import CLEANED_SUFFIX, SWAP_SUFFIX, LogSegment, segment_file_name
@@ -77,7 +87,8 @@ def cleanable_range(log: Log, now_ms: int) -> _CleanableRange | None:
         return None
     cfg = log.config
     first_dirty = max(log.cleaner_checkpoint, log.log_start_offset)
-    uncleanable = min(segments[-1].base_offset, log.high_watermark)
+    # Open transactions are never cleaned: the range ends at the last stable offset.
+    uncleanable = min(segments[-1].base_offset, log.last_stable_offset)
     if cfg.min_compaction_lag_ms > 0:
         for i, seg in enumerate(segments[:-1]):
             seg_end = segments[i + 1].base_offset
@@ -117,10 +128,14 @@ def clean_log(log: Log, now_ms: int | None = None, *, force: bool = False) -> Cl
     stats = CleanerStats(end_offset=rng.end_offset)
     # Decompression bomb guard: the produce path bounds batches by the same ratio over max.message.bytes.
     max_size = max_decompressed_size(cfg.max_message_bytes)
-    offset_map = _build_offset_map(rng.segments, rng.first_dirty, rng.end_offset, stats, max_size)
+    aborted = log.collect_aborted_transactions(rng.segments[0].base_offset, rng.end_offset)
+    offset_map = _build_offset_map(rng.segments, rng.first_dirty, rng.end_offset, stats, max_size,
+                                   CleanedTransactionMetadata(aborted))
+    txn = CleanedTransactionMetadata(aborted)
+    last_records = last_records_of_producers(log.producer_states())
     next_horizon: int | None = None
     for seg in rng.segments:
-        new, horizon = _clean_segment(log, seg, offset_map, now_ms, stats, max_size)
+        new, horizon = _clean_segment(log, seg, offset_map, now_ms, stats, max_size, txn, last_records)
         if horizon is not None:
             next_horizon = horizon if next_horizon is None else min(next_horizon, horizon)
         stats.segments_cleaned += 1
@@ -140,15 +155,23 @@ def clean_log(log: Log, now_ms: int | None = None, *, force: bool = False) -> Cl
 
 
 def _build_offset_map(segments: list[LogSegment], first_dirty: int, end_offset: int,
-                      stats: CleanerStats, max_size: int) -> dict[bytes, int]:
+                      stats: CleanerStats, max_size: int, txn: CleanedTransactionMetadata) -> dict[bytes, int]:
+    """key -> latest offset in [first_dirty, end_offset); records of aborted transactions never count."""
     offset_map: dict[bytes, int] = {}
     for seg in segments:
         for loc in seg.iter_batches():
             h = loc.header
-            if h.is_control or h.last_offset < first_dirty or h.records_count == 0:
-                continue
             if h.base_offset >= end_offset:
                 break
+            if h.is_control:
+                # Markers are fed in order even below first_dirty: they end the producer's aborted transaction.
+                marker = parse_end_txn_marker(seg.read_batch_bytes(loc), max_size=max_size) if h.records_count else None
+                txn.on_control_batch_read(h, marker)
+                continue
+            if h.is_transactional and txn.on_batch_read(h):
+                continue
+            if h.last_offset < first_dirty or h.records_count == 0:
+                continue
             for rec in decode_records(seg.read_batch_bytes(loc), max_size=max_size):
                 if rec.key is not None and first_dirty <= rec.offset < end_offset:
                     offset_map[rec.key] = rec.offset
@@ -156,21 +179,31 @@ def _build_offset_map(segments: list[LogSegment], first_dirty: int, end_offset: 
 
 
 def _clean_segment(log: Log, seg: LogSegment, offset_map: dict[bytes, int], now_ms: int,
-                   stats: CleanerStats, max_size: int) -> tuple[LogSegment | None, int | None]:
+                   stats: CleanerStats, max_size: int, txn: CleanedTransactionMetadata,
+                   last_records: dict[int, LastRecord]) -> tuple[LogSegment | None, int | None]:
     """Copy seg's retained batches into a .cleaned segment; (None, horizon) if nothing would change."""
     cfg = log.config
-    for suffix in (".log", ".index", ".timeindex"):
+    for suffix in (".log", ".index", ".timeindex", ".txnindex"):
         (seg.dir / (segment_file_name(seg.base_offset, suffix) + CLEANED_SUFFIX)).unlink(missing_ok=True)
     new = LogSegment(seg.dir, seg.base_offset, index_interval_bytes=cfg.index_interval_bytes,
                      max_index_size=cfg.segment_index_bytes, suffix=CLEANED_SUFFIX, create=True)
     changed = False
     min_horizon: int | None = None
+    txn.cleaned_index = new.txn_index
     try:
         for loc in seg.iter_batches():
             raw = seg.read_batch_bytes(loc)
             h = loc.header
             stats.bytes_read += len(raw)
-            out, horizon = _filter_batch(h, raw, offset_map, now_ms, cfg.delete_retention_ms, stats, max_size)
+            out: bytes | None
+            if h.is_control:
+                out, horizon = filter_control_batch(h, raw, txn, last_records, now_ms, cfg.delete_retention_ms,
+                                                    max_size)
+            elif h.is_transactional and txn.on_batch_read(h):
+                out, horizon = filter_aborted_batch(h, raw, last_records), None
+                stats.records_removed += h.records_count
+            else:
+                out, horizon = _filter_batch(h, raw, offset_map, now_ms, cfg.delete_retention_ms, stats, max_size)
             if horizon is not None:
                 min_horizon = horizon if min_horizon is None else min(min_horizon, horizon)
             if out is not raw:
@@ -190,6 +223,8 @@ def _clean_segment(log: Log, seg: LogSegment, offset_map: dict[bytes, int], now_
     except BaseException:
         new.delete_files()
         raise
+    finally:
+        txn.cleaned_index = None
 
 
 def _filter_batch(h: RecordBatchHeader, raw: bytes, offset_map: dict[bytes, int], now_ms: int,
