@@ -15,6 +15,7 @@ from storage.manager import LogManager
 from storage.producer_state import (
     INT32_MAX,
     ProducerStateEntry,
+    ProducerStateManager,
     decode_snapshot,
     encode_snapshot,
     in_sequence,
@@ -200,6 +201,21 @@ def test_snapshot_codec_round_trip_and_crc() -> None:
         decode_snapshot(bytes(bad))
     with pytest.raises(ValueError):
         decode_snapshot(data[:-3])
+
+
+def test_snapshot_keeps_open_transactions_in_offset_order(tmp_path: Path) -> None:
+    late = ProducerStateEntry(7, 1, last_timestamp=NOW, coordinator_epoch=4, current_txn_first_offset=90)
+    early = ProducerStateEntry(8, 0, last_timestamp=NOW, current_txn_first_offset=12)
+    done = ProducerStateEntry(9, 0, last_timestamp=NOW)
+    offset, entries = decode_snapshot(encode_snapshot(100, [late, done, early]))
+    assert entries == [late, done, early]
+    psm = ProducerStateManager(tmp_path, "t-0")
+    psm.producers = {e.producer_id: e for e in entries}
+    psm.map_end_offset = 100
+    psm.take_snapshot()
+    psm = ProducerStateManager(tmp_path, "t-0")
+    assert psm.load_latest_snapshot(100) == 100
+    assert list(psm.ongoing_txns.items()) == [(12, 8), (90, 7)] and psm.first_unstable_offset == 12
 
 
 def test_snapshot_at_roll_and_close_then_clean_load(make_log, log_dir: Path) -> None:

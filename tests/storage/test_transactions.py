@@ -407,3 +407,26 @@ def test_transaction_index_file_ops(tmp_path: Path) -> None:
     with pytest.raises(CorruptTransactionIndexError):
         TransactionIndex(idx.path, 0).sanity_check()
     assert TransactionIndex(idx.path, 0).all_entries() == [e1]
+
+
+def test_torn_marker_leaves_transaction_open_after_recovery(log_dir: Path) -> None:
+    log = Log.open(log_dir, "topic", 0, CFG, clean_shutdown=True)
+    p = Producer(3)
+    first = p.send(log, 2)
+    marker = p.end(log, commit=False)
+    assert log.collect_aborted_transactions(0, log.log_end_offset) == [AbortedTxn(3, first, marker, marker + 1)]
+    path = log.active_segment.log_path
+    size = os.path.getsize(path)
+    log.close()
+    os.truncate(path, size - 10)  # the marker write was torn by the crash
+    log = Log.open(log_dir, "topic", 0, CFG, clean_shutdown=False, recovery_point=0)
+    try:
+        assert log.log_end_offset == marker and log.last_stable_offset == first
+        assert log.ongoing_transaction_first_offset(3) == first
+        assert log.collect_aborted_transactions(0, log.log_end_offset) == []
+        assert not _txn_index_path(log, 0).read_bytes()
+        # The coordinator writes the marker again.
+        assert p.end(log, commit=False) == marker
+        assert log.collect_aborted_transactions(0, log.log_end_offset) == [AbortedTxn(3, first, marker, marker + 1)]
+    finally:
+        log.close()
