@@ -1,4 +1,8 @@
-"""Segment recovery after an unclean shutdown: validate every batch, cut at the first bad byte, rebuild indexes."""
+"""Segment recovery after an unclean shutdown: validate every batch, cut at the first bad byte, rebuild indexes.
+
+The transaction index is emptied here; it needs the producer state before the segment, so the Log
+rebuilds it while it replays the producer state (Log._load_producer_state).
+"""
 
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ class SegmentRecoveryResult:
 
 
 def recover_segment(segment: LogSegment, min_offset: int) -> SegmentRecoveryResult:
-    """Rebuild the indexes of segment from its data and truncate at the first invalid batch.
+    """Rebuild the offset and time indexes of segment from its data (empty its transaction index) and
+    truncate at the first invalid batch.
 
     A batch is valid when it fits the file, has magic 2, a matching CRC, sane counts and a
     base offset >= min_offset / the previous batch's next offset (offsets never go backwards).
