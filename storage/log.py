@@ -563,7 +563,7 @@ class Log:
                 result.records = got.records
                 result.first_entry_incomplete = got.first_entry_incomplete
                 if isolation_committed and got.records is not None:
-                    result.aborted_transactions = self._collect_aborted(segments[i:], fetch_offset, got.next_offset)
+                    result.aborted_transactions = self._collect_aborted(segments, i, fetch_offset, got.next_offset)
                 return result
             i += 1
         return result
@@ -572,12 +572,14 @@ class Log:
         """Every aborted transaction with last_offset >= start_offset and first_offset < upper_bound_offset."""
         segments = self._segments
         i = max(0, bisect.bisect_right(segments, start_offset, key=lambda s: s.base_offset) - 1)
-        return self._collect_aborted(segments[i:], start_offset, upper_bound_offset)
+        return self._collect_aborted(segments, i, start_offset, upper_bound_offset)
 
-    def _collect_aborted(self, segments: Sequence[LogSegment], start_offset: int,
+    def _collect_aborted(self, segments: Sequence[LogSegment], first: int, start_offset: int,
                          upper_bound_offset: int) -> list[AbortedTxn]:
+        """From segments[first], the segment holding start_offset, on."""
+        indexes = (segments[j].txn_index for j in range(first, len(segments)))
         try:
-            return collect_aborted_txns((s.txn_index for s in segments), start_offset, upper_bound_offset)
+            return collect_aborted_txns(indexes, start_offset, upper_bound_offset)
         except OSError as e:
             raise KafkaStorageError(f"error reading the transaction indexes of {self.name}: {e}") from e
 
