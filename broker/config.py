@@ -63,6 +63,10 @@ def at_least(n: float) -> Callable[[Any], str | None]:
     return lambda v: None if v is None or v >= n else f"must be at least {n}"
 
 
+def between(lo: float, hi: float) -> Callable[[Any], str | None]:
+    return lambda v: None if v is None or lo <= v <= hi else f"must be in [{lo}, {hi}]"
+
+
 def one_of(*choices: str) -> Callable[[Any], str | None]:
     def check(v: Any) -> str | None:
         values = v if isinstance(v, list) else [v]
@@ -151,7 +155,12 @@ KEYS: dict[str, ConfigKey] = {
             "log.message.timestamp.type", _str, "CreateTime", one_of("CreateTime", "LogAppendTime"), dynamic=True
         ),
         ConfigKey("log.message.format.version", _str, "3.0-IV1"),
-        ConfigKey("compression.type", _str, "producer", one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")),
+        ConfigKey("compression.type", _str, "producer",
+                  one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"), dynamic=True),
+        ConfigKey("compression.gzip.level", _int, -1,
+                  lambda v: None if v == -1 or 1 <= v <= 9 else "must be -1 or in [1, 9]", dynamic=True),
+        ConfigKey("compression.lz4.level", _int, 9, between(1, 17), dynamic=True),
+        ConfigKey("compression.zstd.level", _int, 3, between(-131072, 22), dynamic=True),
         ConfigKey("zookeeper.connect", _str, None),
         ConfigKey("zookeeper.session.timeout.ms", _int, 18000, at_least(1)),
         ConfigKey("zookeeper.connection.timeout.ms", _int, None, at_least(1)),

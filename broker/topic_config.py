@@ -28,6 +28,9 @@ TOPIC_TO_BROKER: dict[str, str] = {
     "file.delete.delay.ms": "log.segment.delete.delay.ms",
     "min.insync.replicas": "min.insync.replicas",
     "compression.type": "compression.type",
+    "compression.gzip.level": "compression.gzip.level",
+    "compression.lz4.level": "compression.lz4.level",
+    "compression.zstd.level": "compression.zstd.level",
     "unclean.leader.election.enable": "unclean.leader.election.enable",
 }
 
@@ -41,7 +44,8 @@ _TOPIC_TYPES = {
     "message.timestamp.type": "string", "flush.messages": "long", "flush.ms": "long",
     "delete.retention.ms": "long", "min.compaction.lag.ms": "long", "min.cleanable.dirty.ratio": "double",
     "file.delete.delay.ms": "long", "min.insync.replicas": "int", "compression.type": "string",
-    "unclean.leader.election.enable": "boolean",
+    "unclean.leader.election.enable": "boolean", "compression.gzip.level": "int", "compression.lz4.level": "int",
+    "compression.zstd.level": "int",
 }
 
 
@@ -80,9 +84,6 @@ def validate_topic_configs(configs: Mapping[str, str | None], base: LogConfig) -
             raise InvalidConfig(
                 f"Invalid value {configs['min.insync.replicas']} for configuration min.insync.replicas"
             ) from None
-    if "compression.type" in configs and configs["compression.type"] != "producer":
-        # Recompressing on the broker would mean per-record work on the produce path.
-        raise InvalidConfig("compression.type: only 'producer' is supported (batches are stored as produced)")
     if "unclean.leader.election.enable" in configs and str(configs["unclean.leader.election.enable"]).lower() not in (
         "true", "false"
     ):

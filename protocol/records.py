@@ -61,6 +61,8 @@ __all__ = [
     "parse_batch_header",
     "read_varint",
     "read_uvarint",
+    "recompress_batch",
+    "recompress_batches",
     "set_base_offset",
     "set_log_append_time",
     "set_partition_leader_epoch",
@@ -387,11 +389,19 @@ _XERIAL_HEADER = _XERIAL_MAGIC + struct.pack(">ii", 1, 1)
 _XERIAL_BLOCK = 32 * 1024
 
 
-def compress(codec: int, data: Buffer) -> bytes:
+# Kafka's default levels (KIP-390): gzip -1 is the JDK Deflater's default, which is zlib's 6.
+GZIP_DEFAULT_LEVEL = -1
+LZ4_DEFAULT_LEVEL = 9
+ZSTD_DEFAULT_LEVEL = 3
+
+
+def compress(codec: int, data: Buffer, level: int | None = None) -> bytes:
+    """Compress a batch body; level None is the codec's default (Kafka's level numbers otherwise)."""
     if codec == COMPRESSION_NONE:
         return bytes(data)
     if codec == COMPRESSION_GZIP:
-        return gzip.compress(bytes(data), compresslevel=6, mtime=0)
+        gz_level = 6 if level is None or level == GZIP_DEFAULT_LEVEL else level
+        return gzip.compress(bytes(data), compresslevel=gz_level, mtime=0)
     if codec == COMPRESSION_SNAPPY:
         # Java clients (SnappyInputStream) and librdkafka expect xerial framing.
         out = bytearray(_XERIAL_HEADER)
@@ -402,9 +412,13 @@ def compress(codec: int, data: Buffer) -> bytes:
             out += block
         return bytes(out)
     if codec == COMPRESSION_LZ4:
-        return bytes(lz4.frame.compress(bytes(data)))
+        # Independent blocks: the Java client's KafkaLZ4BlockInputStream decodes each block on its own.
+        # lz4.frame's levels stop at 16 (above 12 they all mean LZ4HC max), Kafka's at 17.
+        kwargs = {} if level is None else {"compression_level": min(level, 16)}
+        return bytes(lz4.frame.compress(bytes(data), block_linked=False, **kwargs))
     if codec == COMPRESSION_ZSTD:
-        return bytes(zstandard.ZstdCompressor(level=3).compress(bytes(data)))
+        return bytes(zstandard.ZstdCompressor(level=ZSTD_DEFAULT_LEVEL if level is None else level)
+                     .compress(bytes(data)))
     raise InvalidRecordError(f"unknown compression codec {codec}")
 
 
@@ -664,3 +678,47 @@ def build_batch(
     out[BATCH_HEADER_SIZE:] = payload
     _U32.pack_into(out, _OFF_CRC, compute_crc(out, 0, len(out)))
     return bytes(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# recompression (topic compression.type)
+
+
+def recompress_batch(buf: Buffer, pos: int, codec: int, level: int | None = None, *,
+                     max_size: int = DEFAULT_MAX_DECOMPRESSED) -> bytes:
+    """The batch at pos with its records compressed with codec instead (Kafka's LogValidator rebuild).
+
+    Records are carried over byte for byte (offset and timestamp deltas, keys, values, headers), and so
+    is every header field but the codec bits, the length and the CRC: base offset, timestamps, producer
+    id, epoch and base sequence, transactional flag, leader epoch.
+    """
+    header = parse_batch_header(buf, pos)
+    size = header.size_in_bytes
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    body: Buffer = view[pos + BATCH_HEADER_SIZE : pos + size]
+    if header.compression != COMPRESSION_NONE:
+        body = decompress(header.compression, body, max_size)
+    payload = compress(codec, body, level)
+    out = bytearray(BATCH_HEADER_SIZE + len(payload))
+    out[:BATCH_HEADER_SIZE] = view[pos : pos + BATCH_HEADER_SIZE]
+    out[BATCH_HEADER_SIZE:] = payload
+    _I32.pack_into(out, _OFF_LENGTH, BATCH_OVERHEAD + len(payload))
+    attributes = (header.attributes & ~ATTR_COMPRESSION_MASK) | (codec & ATTR_COMPRESSION_MASK)
+    _I16.pack_into(out, _OFF_ATTRIBUTES, attributes)
+    _U32.pack_into(out, _OFF_CRC, compute_crc(out, 0, len(out)))
+    return bytes(out)
+
+
+def recompress_batches(buf: Buffer, summary: BatchesSummary, codec: int, level: int | None = None, *,
+                       max_size: int = DEFAULT_MAX_DECOMPRESSED) -> bytearray | None:
+    """The validated batches of buf with every batch of another codec recompressed (control batches are
+    never touched), or None when nothing needs rebuilding."""
+    if all(h.compression == codec or h.is_control for _, h in summary.batches):
+        return None
+    out = bytearray()
+    for pos, h in summary.batches:
+        if h.compression == codec or h.is_control:
+            out += buf[pos : pos + h.size_in_bytes]
+        else:
+            out += recompress_batch(buf, pos, codec, level, max_size=max_size)
+    return out

@@ -28,6 +28,11 @@ class LogConfig:
     min_compaction_lag_ms: int = 0
     min_cleanable_dirty_ratio: float = 0.5
     file_delete_delay_ms: int = 60000
+    # "producer" keeps each batch's codec (the fast path); a codec name recompresses batches on append.
+    compression_type: str = "producer"
+    compression_gzip_level: int = -1
+    compression_lz4_level: int = 9
+    compression_zstd_level: int = 3
 
     # Filled in below the class: the topic config keys this class understands.
     TOPIC_CONFIG_KEYS: ClassVar[frozenset[str]]
@@ -45,6 +50,16 @@ class LogConfig:
     @property
     def policies(self) -> frozenset[str]:
         return frozenset(p.strip() for p in self.cleanup_policy.split(",") if p.strip())
+
+    @property
+    def target_codec(self) -> int | None:
+        """The codec id batches are stored with, or None to keep the producer's."""
+        return COMPRESSION_CODECS.get(self.compression_type)
+
+    @property
+    def compression_level(self) -> int | None:
+        return {"gzip": self.compression_gzip_level, "lz4": self.compression_lz4_level,
+                "zstd": self.compression_zstd_level}.get(self.compression_type)
 
     @property
     def log_append_time(self) -> bool:
@@ -101,6 +116,23 @@ def _policy(s: str) -> str:
     return ",".join(sorted(set(parts), key=parts.index))
 
 
+# Kafka's BrokerCompressionType names -> record batch codec ids ("producer" is absent: keep the batch's).
+COMPRESSION_CODECS: dict[str, int] = {"uncompressed": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+def _compression_type(s: str) -> str:
+    if s not in COMPRESSION_CODECS and s != "producer":
+        raise ValueError("must be one of uncompressed, zstd, lz4, snappy, gzip, producer")
+    return s
+
+
+def _gzip_level(s: str) -> int:
+    v = int(s)
+    if v != -1 and not 1 <= v <= 9:
+        raise ValueError("must be -1 or in [1, 9]")
+    return v
+
+
 def _ts_type(s: str) -> str:
     if s not in ("CreateTime", "LogAppendTime"):
         raise ValueError("must be CreateTime or LogAppendTime")
@@ -124,6 +156,11 @@ _SPECS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "min.compaction.lag.ms": ("min_compaction_lag_ms", _int(0)),
     "min.cleanable.dirty.ratio": ("min_cleanable_dirty_ratio", _ratio),
     "file.delete.delay.ms": ("file_delete_delay_ms", _int(0)),
+    "compression.type": ("compression_type", _compression_type),
+    # KIP-390 (Kafka 3.8) levels and ranges.
+    "compression.gzip.level": ("compression_gzip_level", _gzip_level),
+    "compression.lz4.level": ("compression_lz4_level", _int(1, 17)),
+    "compression.zstd.level": ("compression_zstd_level", _int(-131072, 22)),
 }
 
 TOPIC_CONFIG_KEYS: frozenset[str] = frozenset(_SPECS)

@@ -25,6 +25,7 @@ from protocol.records import (
     InvalidRecordError,
     decode_records,
     max_decompressed_size,
+    recompress_batches,
     set_base_offset,
     set_log_append_time,
     set_partition_leader_epoch,
@@ -339,13 +340,17 @@ class Log:
         """
         config = self.config
         summary = validate_batches(records, from_client=from_client)
-        for pos, h in summary.batches:
-            if h.size_in_bytes > config.max_message_bytes:
-                raise RecordTooLargeError(
-                    f"batch at position {pos} is {h.size_in_bytes} bytes, larger than max.message.bytes "
-                    f"{config.max_message_bytes} of {self.name}")
+        self._check_batch_sizes(summary, config)
         if config.compact:
             self._check_keys(records, summary)
+        if config.target_codec is not None:
+            # Topic compression.type names a codec: batches sent with another are rebuilt, as Kafka's LogValidator.
+            rebuilt = recompress_batches(records, summary, config.target_codec, config.compression_level,
+                                         max_size=max_decompressed_size(config.max_message_bytes))
+            if rebuilt is not None:
+                records, summary = rebuilt, validate_batches(rebuilt, from_client=from_client)
+                # A codec can do worse than the producer's on this data.
+                self._check_batch_sizes(summary, config)
         buf: bytearray | memoryview
         if isinstance(records, bytearray) or (isinstance(records, memoryview) and not records.readonly):
             # A writable buffer is the caller's private copy (the broker's request frame): rewrite it in
@@ -402,6 +407,13 @@ class Log:
             max_ts, offset_of_max = -1, first_offset
         return LogAppendInfo(first_offset, last_offset, max_ts, offset_of_max, log_append_time,
                              self._log_start_offset, summary.num_records, summary.valid_bytes)
+
+    def _check_batch_sizes(self, summary: BatchesSummary, config: LogConfig) -> None:
+        for pos, h in summary.batches:
+            if h.size_in_bytes > config.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"batch at position {pos} is {h.size_in_bytes} bytes, larger than max.message.bytes "
+                    f"{config.max_message_bytes} of {self.name}")
 
     def append_control(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
                        now_ms: int, *, leader_epoch: int | None = None) -> LogAppendInfo:

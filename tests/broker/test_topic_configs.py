@@ -19,7 +19,8 @@ from kafka.admin import ConfigResource as KConfigResource
 from kafka.admin import ConfigResourceType as KType
 
 from tests.broker_process import BrokerProcess
-from tests.clients import Msg, ck_consume, ck_produce, kp_consume, wait_until
+from tests.clients import Msg, ck_consume, ck_produce, kcat, kp_consume, kp_produce, wait_until
+from tests.conftest import have_kcat
 
 T = 15
 
@@ -149,3 +150,110 @@ def test_broker_log_cleanup_policy_subtract_to_nothing(ck_admin, kp_admin, topic
         ck_incremental(ck_admin, "broker", "0",
                        ConfigEntry("log.cleanup.policy", None, incremental_operation=AlterConfigOpType.DELETE))
     assert ck_describe(ck_admin, "topic", topic_name)["cleanup.policy"].value == "delete"
+
+
+# ---------------------------------------------------------------- compression.type
+
+
+CODEC_IDS = {"uncompressed": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+def stored_batches(bootstrap: str, topic: str, partition: int = 0) -> list:
+    """The record batch headers as stored, through a raw Fetch v12 from offset 0."""
+    from protocol.messages import FetchRequest
+    from protocol.records import iter_batch_headers
+    from tests.clients import RawClient
+
+    req = FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 24, isolation_level=0,
+                       topics=[FetchRequest.FetchTopic(topic=topic, partitions=[
+                           FetchRequest.FetchPartition(partition=partition, fetch_offset=0,
+                                                       partition_max_bytes=1 << 24)])])
+    with RawClient(bootstrap) as raw:
+        resp = raw.request(1, 12, req)
+    [pd] = resp.responses[0].partitions
+    assert pd.error_code == 0
+    return [h for _, h in iter_batch_headers(pd.records or b"")]
+
+
+def _msgs(tag: str, n: int) -> list[Msg]:
+    return [Msg(f"{tag}-{i}".encode(), (f"{tag}-value-{i}-" * (i % 40 + 1)).encode(),
+                (("i", str(i).encode()),) if i % 2 else (), 1_700_000_000_000 + i, 0) for i in range(n)]
+
+
+@pytest.mark.parametrize("target", ["zstd", "gzip", "snappy", "lz4", "uncompressed"])
+def test_topic_compression_recompresses(broker, ck_admin, kp_admin, topic_name, target):
+    ck_admin.create_topics([NewTopic(topic_name, 1, 1, config={"compression.type": target})])[topic_name].result(T)
+    assert ck_describe(ck_admin, "topic", topic_name)["compression.type"].value == target
+    # librdkafka, idempotent, lz4 (or none when the topic wants lz4); kafka-python gzip (or snappy).
+    ck_codec = "none" if target == "lz4" else "lz4"
+    kp_codec = "snappy" if target == "gzip" else "gzip"
+    sent = _msgs("ck", 500) + _msgs("kp", 300)
+    a = ck_produce(broker.bootstrap, topic_name, sent[:500], compression_type=ck_codec, enable_idempotence=True)
+    b = kp_produce(broker.bootstrap, topic_name, sent[500:], compression_type=kp_codec)
+    assert [r.offset for r in a + b] == list(range(800))
+    assert [r.timestamp for r in a + b] == [m.timestamp for m in sent]
+    batches = stored_batches(broker.bootstrap, topic_name)
+    assert {h.compression for h in batches} == {CODEC_IDS[target]}
+    # The idempotent producer's batches keep their producer id, epoch and sequences.
+    idem = [h for h in batches if h.producer_id >= 0]
+    assert idem and idem[0].base_sequence == 0 and sum(h.records_count for h in idem) == 500
+    want = [(m.key, m.value, m.headers, m.timestamp) for m in sent]
+    for got in (ck_consume(broker.bootstrap, topic_name, [0], 800), kp_consume(broker.bootstrap, topic_name, [0], 800)):
+        assert [r.offset for r in got] == list(range(800))
+        assert [(r.key, r.value, r.headers, r.timestamp) for r in got] == want
+
+
+def test_compression_type_altered_live_and_levels(broker, ck_admin, kp_admin, topic_name):
+    kp_admin.create_topics({topic_name: {"num_partitions": 1, "replication_factor": 1}})
+    assert kp_describe(kp_admin, KType.TOPIC, topic_name)["compression.type"]["value"] == "producer"
+    ck_produce(broker.bootstrap, topic_name, _msgs("a", 50), compression_type="snappy")
+    r = kp_admin.alter_configs([KConfigResource(KType.TOPIC, topic_name, {
+        "compression.type": (AlterConfigOp.SET, "zstd"), "compression.zstd.level": (AlterConfigOp.SET, "10")})],
+        incremental=True)
+    assert r["topic"][topic_name] == "OK"
+    entries = ck_describe(ck_admin, "topic", topic_name)
+    assert (entries["compression.type"].value, entries["compression.zstd.level"].value) == ("zstd", "10")
+    assert entries["compression.gzip.level"].value == "-1" and entries["compression.lz4.level"].value == "9"
+    ck_produce(broker.bootstrap, topic_name, _msgs("b", 50), compression_type="snappy")
+    codecs = [h.compression for h in stored_batches(broker.bootstrap, topic_name)]
+    assert codecs[0] == CODEC_IDS["snappy"] and codecs[-1] == CODEC_IDS["zstd"]
+    assert len(kp_consume(broker.bootstrap, topic_name, [0], 100)) == 100
+    # Bad values: INVALID_CONFIG naming the key, from both clients.
+    for key, bad in [("compression.type", "brotli"), ("compression.gzip.level", "0"),
+                     ("compression.lz4.level", "18"), ("compression.zstd.level", "23")]:
+        with pytest.raises(KafkaException) as e:
+            ck_incremental(ck_admin, "topic", topic_name, ConfigEntry(key, bad, incremental_operation=AlterConfigOpType.SET))
+        assert e.value.args[0].code() == CKError.INVALID_CONFIG and key in e.value.args[0].str()
+        r = kp_admin.alter_configs([KConfigResource(KType.TOPIC, topic_name, {key: (AlterConfigOp.SET, bad)})],
+                                   incremental=True)
+        assert "InvalidConfiguration" in r["topic"][topic_name]
+
+
+def test_broker_compression_type_is_the_topic_default(broker, ck_admin, kp_admin, topic_name):
+    ck_admin.create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(T)
+    ck_incremental(ck_admin, "broker", "0",
+                   ConfigEntry("compression.type", "gzip", incremental_operation=AlterConfigOpType.SET),
+                   ConfigEntry("compression.gzip.level", "9", incremental_operation=AlterConfigOpType.SET))
+    try:
+        broker_entries = kp_describe(kp_admin, KType.BROKER, "0")
+        assert broker_entries["compression.type"]["value"] == "gzip"
+        topic_entry = ck_describe(ck_admin, "topic", topic_name)["compression.type"]
+        assert topic_entry.value == "gzip" and topic_entry.is_default is False
+        ck_produce(broker.bootstrap, topic_name, _msgs("g", 20), compression_type="none")
+        assert {h.compression for h in stored_batches(broker.bootstrap, topic_name)} == {CODEC_IDS["gzip"]}
+    finally:
+        ck_incremental(ck_admin, "broker", "0",
+                       ConfigEntry("compression.type", None, incremental_operation=AlterConfigOpType.DELETE),
+                       ConfigEntry("compression.gzip.level", None, incremental_operation=AlterConfigOpType.DELETE))
+    ck_produce(broker.bootstrap, topic_name, _msgs("n", 20), compression_type="none")
+    assert stored_batches(broker.bootstrap, topic_name)[-1].compression == CODEC_IDS["uncompressed"]
+
+
+@pytest.mark.skipif(not have_kcat(), reason="kcat not installed")
+def test_topic_compression_kcat(broker, ck_admin, topic_name):
+    ck_admin.create_topics([NewTopic(topic_name, 1, 1, config={"compression.type": "lz4"})])[topic_name].result(T)
+    lines = b"".join(b"k%d:value-%d-%s\n" % (i, i, b"x" * (i % 100)) for i in range(300))
+    kcat(broker.bootstrap, "-P", "-t", topic_name, "-K:", "-z", "snappy", "-p", "0", input=lines)
+    out = kcat(broker.bootstrap, "-C", "-t", topic_name, "-o", "beginning", "-e", "-f", "%k:%s\n").stdout
+    assert out == lines
+    assert {h.compression for h in stored_batches(broker.bootstrap, topic_name)} == {CODEC_IDS["lz4"]}

@@ -223,6 +223,27 @@ def test_produce_consume(java_classpath: str, broker: Any, topic_name: str, comp
     assert {b.producer_id for b in batches} == {-1}
 
 
+@pytest.mark.parametrize("target", ["lz4", "snappy", "gzip", "zstd"])
+def test_topic_compression_type_recompresses(java_classpath: str, broker: Any, topic_name: str,
+                                             target: str) -> None:
+    """A topic with compression.type set: the broker recompresses what Java sends uncompressed (with its
+    idempotent producer's metadata), Java and librdkafka read the broker's frames back."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 3, 1, config={"compression.type": target})])[topic_name].result(30)
+    run = run_java(java_classpath, broker, "produce,consume", topic=topic_name, compression="none",
+                   idempotence="default", count=COUNT, create="false")
+    assert f"produced {COUNT} compression=none idempotence=default" in run.ok
+    assert any(line.startswith(f"consumed {COUNT} identical records in order") for line in run.ok)
+    recs = ck_consume(broker.bootstrap, topic_name, range(3), COUNT)
+    check_records(topic_name, recs, COUNT)
+    for p in range(3):
+        batches = stored_batches(broker.bootstrap, topic_name, p)
+        assert batches and {b.compression for b in batches} == {COMPRESSION_CODES[target]}
+        assert batches[0].producer_id >= 0 and batches[0].base_sequence == 0
+
+
 def test_idempotent_producer(java_classpath: str, broker: Any, topic_name: str) -> None:
     """The Java default (enable.idempotence=true): needs InitProducerId (key 22) advertised."""
     if 22 not in api_keys(broker.bootstrap):
