@@ -176,7 +176,7 @@ def stored_batches(bootstrap: str, topic: str, partition: int = 0) -> list:
 
 
 def _msgs(tag: str, n: int) -> list[Msg]:
-    return [Msg(f"{tag}-{i}".encode(), (f"{tag}-value-{i}-" * (i % 40 + 1)).encode(),
+    return [Msg(f"{tag}-{i}".encode(), (f"{tag}-value-{i}-" * (i % 40 + 20)).encode(),
                 (("i", str(i).encode()),) if i % 2 else (), 1_700_000_000_000 + i, 0) for i in range(n)]
 
 
@@ -215,8 +215,12 @@ def test_compression_type_altered_live_and_levels(broker, ck_admin, kp_admin, to
     assert (entries["compression.type"].value, entries["compression.zstd.level"].value) == ("zstd", "10")
     assert entries["compression.gzip.level"].value == "-1" and entries["compression.lz4.level"].value == "9"
     ck_produce(broker.bootstrap, topic_name, _msgs("b", 50), compression_type="snappy")
-    codecs = [h.compression for h in stored_batches(broker.bootstrap, topic_name)]
-    assert codecs[0] == CODEC_IDS["snappy"] and codecs[-1] == CODEC_IDS["zstd"]
+    # librdkafka sends a batch uncompressed when compression does not shrink it: look at the sizes too.
+    batches = stored_batches(broker.bootstrap, topic_name)
+    before = [h for h in batches if h.base_offset < 50]
+    after = [h for h in batches if h.base_offset >= 50]
+    assert CODEC_IDS["snappy"] in {h.compression for h in before}
+    assert {h.compression for h in after} == {CODEC_IDS["zstd"]}
     assert len(kp_consume(broker.bootstrap, topic_name, [0], 100)) == 100
     # Bad values: INVALID_CONFIG naming the key, from both clients.
     for key, bad in [("compression.type", "brotli"), ("compression.gzip.level", "0"),
