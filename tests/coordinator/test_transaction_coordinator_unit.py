@@ -34,6 +34,7 @@ from protocol.messages import TransactionLogValue
 from protocol.primitives import I16
 from protocol.records import build_batch, decode_records, iter_batch_headers
 from storage.config import LogConfig
+from storage.errors import StorageError
 from storage.log import Log
 
 S = TransactionState
@@ -118,13 +119,22 @@ class Host:
             if failures:
                 out[tp] = failures.pop(0)
                 continue
-            key = I16.pack(0) + I16.pack(1 if commit else 0)
-            value = I16.pack(0) + struct.pack(">i", coordinator_epoch)
-            batch = build_batch([(key, value, [], int(time.time() * 1000))], producer_id=producer_id,
-                                producer_epoch=producer_epoch, is_transactional=True, is_control=True)
-            self.log(*tp).append_as_leader(batch, int(time.time() * 1000), leader_epoch=0, from_client=False)
+            try:
+                self.log(*tp).append_control(producer_id, producer_epoch, coordinator_epoch, commit,
+                                             int(time.time() * 1000), leader_epoch=0)
+            except StorageError as e:
+                out[tp] = ErrorCode(e.error_code)
+                continue
             out[tp] = ErrorCode.NONE
         return out
+
+    def produce_transactional(self, topic: str, partition: int, producer_id: int, producer_epoch: int,
+                              sequence: int, value: bytes) -> int:
+        """A client's transactional batch, as the produce path appends it; returns its offset."""
+        batch = build_batch([(None, value, [], int(time.time() * 1000))], producer_id=producer_id,
+                            producer_epoch=producer_epoch, base_sequence=sequence, is_transactional=True)
+        return int(self.log(topic, partition).append_as_leader(bytearray(batch), int(time.time() * 1000),
+                                                               leader_epoch=0).first_offset)
 
     def markers(self, topic: str, partition: int) -> list[tuple[int, int, bool, int]]:
         """(producer id, epoch, commit, coordinator epoch) of each marker in a data partition."""
@@ -430,6 +440,35 @@ def test_transaction_writes_markers_then_completes(harness: Harness, commit: boo
     # The next transaction starts from the completed one with the same epoch.
     assert all_ok(harness.add("tx", pid, epoch, ("orders", 1)))
     assert harness.state("tx") is S.ONGOING
+
+
+def test_committed_and_aborted_data_become_stable(harness: Harness) -> None:
+    """With the real storage marker path: open transactions hold the partition's LSO until their marker."""
+    host = harness.host
+    _, pid, epoch = harness.init("committer")
+    _, zpid, zepoch = harness.init("zombie", timeout_ms=1000)
+    assert all_ok(harness.add("committer", pid, epoch, ("orders", 0), ("payments", 0)))
+    assert all_ok(harness.add("zombie", zpid, zepoch, ("orders", 0)))
+    orders = host.log("orders", 0)
+    first = host.produce_transactional("orders", 0, pid, epoch, 0, b"c0")
+    zombie_first = host.produce_transactional("orders", 0, zpid, zepoch, 0, b"z0")
+    host.produce_transactional("payments", 0, pid, epoch, 0, b"c1")
+    assert orders.last_stable_offset == first
+    assert harness.end("committer", pid, epoch, True) is ErrorCode.NONE
+    harness.wait_state("committer", S.COMPLETE_COMMIT)
+    assert orders.last_stable_offset == zombie_first  # the zombie's transaction is still open
+    assert host.log("payments", 0).last_stable_offset == host.log("payments", 0).high_watermark
+    # The zombie's producer never ends its transaction: the timeout aborts it and the partition is stable again.
+    harness.clock.now += 1001
+    harness.run(harness.tc.abort_timed_out_transactions)
+    harness.wait_state("zombie", S.COMPLETE_ABORT)
+    assert orders.last_stable_offset == orders.high_watermark == orders.log_end_offset
+    [aborted] = orders.collect_aborted_transactions(0, orders.log_end_offset)
+    assert (aborted.producer_id, aborted.first_offset) == (zpid, zombie_first)
+    # The zombie's late write is refused by the partition: its epoch is fenced there too.
+    with pytest.raises(StorageError) as e:
+        host.produce_transactional("orders", 0, zpid, zepoch, 1, b"z1")
+    assert e.value.error_code == ErrorCode.INVALID_PRODUCER_EPOCH
 
 
 def test_end_without_transaction_is_invalid_txn_state(harness: Harness) -> None:
