@@ -130,6 +130,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.blocked_since: float | None = None
         # Quota throttling: after the current response, read no request for this long (KIP-219).
         self._mute_ms = 0
+        self._sendfile_remaining = 0  # bytes of the region being sendfile()d that the socket has not taken
 
     # ------------------------------------------------------------ asyncio callbacks
 
@@ -399,6 +400,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     position += sent
                     remaining -= sent
                     continue
+                self._sendfile_remaining = remaining
                 # uvloop will not poll an fd its transport owns: wait on a duplicate of it.
                 if waiter_fd < 0:
                     waiter_fd = os.dup(sock_fd)
@@ -412,8 +414,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     self.loop.remove_writer(waiter_fd)
                 self.blocked_since = None
         finally:
+            self._sendfile_remaining = 0
             if waiter_fd >= 0:
                 os.close(waiter_fd)
+
+    def unsent_bytes(self) -> int:
+        """Response bytes the client has not taken yet: the transport's buffer plus the rest of a sendfile."""
+        buffered = self.transport.get_write_buffer_size() if self.transport is not None else 0  # type: ignore[attr-defined]
+        return buffered + self._sendfile_remaining
 
     def mute_for(self, ms: int) -> None:
         """Throttle a client over its quota: its next request waits ms after this response."""
@@ -461,7 +469,20 @@ class Processor(threading.Thread):
         idle_ms = self.config["connections.max.idle.ms"]
         self.loop.call_later(1.0, self._sweep, idle_ms / 1000 if idle_ms >= 0 else -1.0,
                              self.config["request.timeout.ms"] / 1000)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            # The loop stays open: late wake-ups (purgatory.notify_all at shutdown) may still be posted to it.
+            self._cancel_leftover_tasks()
+
+    def _cancel_leftover_tasks(self) -> None:
+        """Requests of connections that closed while they waited (a long-poll fetch whose client went away)
+        still have their tasks: end them here rather than leave them to be destroyed pending at exit."""
+        tasks = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
     def wait_started(self) -> None:
         self._started.wait()
@@ -494,8 +515,7 @@ class Processor(threading.Thread):
                 conn.close(abort=True)
             elif conn.blocked_since is not None and now - conn.blocked_since > request_timeout_s:
                 log.warning("Closing connection %s: it did not read %d bytes of responses for %.0f s",
-                            conn.peer, conn.transport.get_write_buffer_size() if conn.transport else 0,  # type: ignore[attr-defined]
-                            now - conn.blocked_since)
+                            conn.peer, conn.unsent_bytes(), now - conn.blocked_since)
                 conn.close(abort=True)
         self.loop.call_later(1.0, self._sweep, idle_s, request_timeout_s)
 

@@ -114,8 +114,9 @@ class LogManager:
             self._logs[tp] = log
             self._log_dir_of[tp] = log_dir
             loaded += 1
-        logger.info("Loaded %d logs from %s in %.3f s (%s shutdown)", loaded, log_dir,
-                    time.monotonic() - started, "clean" if clean else "unclean")
+        # Without logs there was nothing to recover, whatever the marker says (a new log dir has none).
+        state = "clean shutdown" if clean else "unclean shutdown" if loaded else "nothing to recover"
+        logger.info("Loaded %d logs from %s in %.3f s (%s)", loaded, log_dir, time.monotonic() - started, state)
         # Only now: a crash during loading must recover again.
         marker.unlink(missing_ok=True)
 

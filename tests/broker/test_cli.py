@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from protocol.messages import FetchRequest
 from tests.broker_process import ROOT, BrokerProcess, free_port
-from tests.clients import Msg, aio_consume, ck_produce, kp_consume
+from tests.clients import Msg, RawClient, aio_consume, ck_produce, kp_consume
 
 T = 15
 
@@ -105,3 +107,26 @@ def test_kill_9_and_restart_keeps_acked_data(tmp_path):
         assert more[0].offset == 3000
     finally:
         assert b.stop() == 0
+
+
+def test_first_start_and_shutdown_log_no_false_alarms(tmp_path):
+    """A new log dir is not an unclean shutdown, and a long-poll fetch whose client went away does not leave a
+    pending task to be destroyed at exit."""
+    b = BrokerProcess(tmp_path / "broker").start()
+    try:
+        ck_produce(b.bootstrap, "polled", [Msg(None, b"v", partition=0)])
+        fetch = FetchRequest(
+            replica_id=-1, max_wait_ms=30000, min_bytes=1_000_000, max_bytes=1_000_000, isolation_level=0,
+            topics=[FetchRequest.FetchTopic(topic="polled", partitions=[
+                FetchRequest.FetchPartition(partition=0, fetch_offset=1, partition_max_bytes=1_000_000)])],
+        )
+        for _ in range(3):
+            with RawClient(b.bootstrap) as c:
+                c.send_bytes(c.frame(1, 4, fetch))
+                time.sleep(0.2)  # the fetch is parked in purgatory when the client leaves
+    finally:
+        assert b.stop() == 0
+    log = b.read_log()
+    assert "shut down cleanly" in log
+    assert "Loaded 0 logs" in log and "unclean" not in log, log
+    assert "Task was destroyed" not in log and " ERROR " not in log, log

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import resource
 import socket
 import struct
@@ -158,6 +159,8 @@ def test_client_that_never_reads_is_cut_off_while_others_keep_their_latency(stri
         closed = "did not read" in strict_broker.read_log()
     s.close()
     assert closed, "the non-reading client was never cut off"
+    unread = [int(n) for n in re.findall(r"did not read (\d+) bytes", strict_broker.read_log())]
+    assert unread and min(unread) > 0, unread
     assert time.monotonic() - t0 < 20
     assert strict_broker.alive()
 
