@@ -212,15 +212,18 @@ class AdminManager:
             log.info("Topic %s configs are now %s", name, dict(configs))
 
     def set_broker_configs(self, configs: Mapping[str, str], validate_only: bool) -> None:
-        from broker.config import KEYS, KafkaConfig
+        from broker.config import KAFKA_DYNAMIC_CONFIGS, KEYS, KafkaConfig
 
         with self._lock:
             for key, value in configs.items():
                 spec = KEYS.get(key)
                 if spec is None:
                     raise KafkaError(ErrorCode.INVALID_CONFIG, f"Unknown broker config {key}")
+                if key not in KAFKA_DYNAMIC_CONFIGS:
+                    raise KafkaError(ErrorCode.INVALID_CONFIG, f"Cannot update these configs dynamically: {key}")
                 if not spec.dynamic:
-                    raise KafkaError(ErrorCode.INVALID_CONFIG, f"Cannot update {key} dynamically: it is read-only")
+                    raise KafkaError(ErrorCode.INVALID_CONFIG,
+                                     f"kbroker cannot update {key} at runtime: set it in server.properties and restart")
                 try:
                     KafkaConfig({**self.server.config.originals, key: value})
                 except ValueError as e:

@@ -194,6 +194,36 @@ KEYS: dict[str, ConfigKey] = {
 }
 
 
+# Kafka 3.9's DynamicBrokerConfig.AllDynamicConfigs among the keys above: DescribeConfigs says read_only=False
+# for exactly these, whether or not kbroker can change them at runtime (ConfigKey.dynamic says that).
+KAFKA_DYNAMIC_CONFIGS: frozenset[str] = frozenset({
+    # LogCleaner.ReconfigurableConfigs
+    "log.cleaner.threads", "log.cleaner.backoff.ms", "message.max.bytes",
+    # DynamicLogConfig.ReconfigurableConfigs: the first broker synonym of each topic config
+    "log.segment.bytes", "log.roll.ms", "log.index.size.max.bytes", "log.flush.interval.messages",
+    "log.flush.interval.ms", "log.retention.bytes", "log.retention.ms", "log.index.interval.bytes",
+    "log.cleaner.delete.retention.ms", "log.cleaner.min.compaction.lag.ms", "log.segment.delete.delay.ms",
+    "log.cleaner.min.cleanable.ratio", "log.cleanup.policy", "unclean.leader.election.enable", "min.insync.replicas",
+    "compression.type", "compression.gzip.level", "compression.lz4.level", "compression.zstd.level",
+    "log.message.timestamp.type",
+    # DynamicThreadPool.ReconfigurableConfigs
+    "num.io.threads", "num.network.threads", "num.recovery.threads.per.data.dir", "background.threads",
+    "num.replica.fetchers",
+    # DynamicListenerConfig.ReconfigurableConfigs
+    "listeners", "advertised.listeners", "listener.security.protocol.map",
+    # SocketServer.ReconfigurableConfigs
+    "max.connections", "max.connections.per.ip",
+    # DynamicProducerStateManagerConfig
+    "producer.id.expiration.ms",
+})
+
+# DescribeConfigs v3+ config types (Kafka's ConfigDef.Type) by parser.
+CONFIG_TYPE_NAMES: dict[Callable[[str], Any], str] = {
+    _bool: "boolean", _int: "int", _long: "long", _double: "double", _str: "string", _list: "list",
+    _protocol_map: "string",
+}
+
+
 @dataclass(frozen=True)
 class Listener:
     name: str

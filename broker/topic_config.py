@@ -111,25 +111,53 @@ SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
 
 
-def describe_topic(cfg: KafkaConfig, overrides: Mapping[str, str], dynamic: Mapping[str, str]) -> list[DescribedConfig]:
-    out = []
-    for key, bkey in sorted(TOPIC_TO_BROKER.items()):
-        synonyms: list[tuple[str, str | None, int]] = []
-        if key in overrides:
-            synonyms.append((key, overrides[key], SOURCE_TOPIC))
-        if bkey in dynamic:
-            synonyms.append((bkey, dynamic[bkey], SOURCE_DYNAMIC_DEFAULT_BROKER))
-        if bkey in cfg.originals:
-            synonyms.append((bkey, render_value(cfg[bkey]), SOURCE_STATIC_BROKER))
-        synonyms.append((bkey, render_value(_default_of(bkey, cfg)), SOURCE_DEFAULT))
-        value, source = synonyms[0][1], synonyms[0][2]
-        out.append(DescribedConfig(key, value, source, synonyms=synonyms))
+def broker_synonyms(name: str) -> list[str]:
+    """Kafka's DynamicBrokerConfig.brokerConfigSynonyms: the broker keys that set the same value, by priority."""
+    for group in _SYNONYM_GROUPS:
+        if name in group:
+            return list(group)
+    if name == "log.flush.interval.ms":
+        return ["log.flush.interval.ms", "log.flush.scheduler.interval.ms"]
+    return [name]
+
+
+_SYNONYM_GROUPS = (
+    ("log.roll.ms", "log.roll.hours"),
+    ("log.retention.ms", "log.retention.minutes", "log.retention.hours"),
+)
+
+
+def broker_config_synonyms(cfg: KafkaConfig, dynamic: Mapping[str, str], name: str) -> list[tuple[str, str | None, int]]:
+    """Kafka's ConfigHelper.configSynonyms: by source first (dynamic, static, default), then by synonym priority;
+    the synonyms ahead of `name` itself are dropped (so log.retention.ms set only through log.retention.hours
+    has none, and describes as a default)."""
+    from broker.config import KEYS
+
+    names = broker_synonyms(name)
+    out: list[tuple[str, str | None, int]] = []
+    for n in names:
+        if n in dynamic:
+            out.append((n, dynamic[n], SOURCE_DYNAMIC_DEFAULT_BROKER))
+    for n in names:
+        if n in cfg.originals:
+            out.append((n, cfg.originals[n], SOURCE_STATIC_BROKER))
+    for n in names:
+        spec = KEYS.get(n)
+        if spec is not None and spec.default is not None:
+            out.append((n, render_value(spec.default), SOURCE_DEFAULT))
+    while out and out[0][0] != name:
+        out.pop(0)
     return out
 
 
-def _default_of(bkey: str, cfg: KafkaConfig) -> Any:
-    from broker.config import KEYS
-
-    default = KEYS[bkey].default
-    # Derived defaults (log.retention.ms from hours, log.roll.ms from hours) show the derived value.
-    return cfg[bkey] if default is None else default
+def describe_topic(cfg: KafkaConfig, overrides: Mapping[str, str], dynamic: Mapping[str, str]) -> list[DescribedConfig]:
+    """Kafka's createTopicConfigEntry: the topic's own value first, then its broker synonym's chain."""
+    out = []
+    for key, bkey in sorted(TOPIC_TO_BROKER.items()):
+        synonyms = broker_config_synonyms(cfg, dynamic, bkey)
+        if key in overrides:
+            synonyms.insert(0, (key, overrides[key], SOURCE_TOPIC))
+        value = overrides[key] if key in overrides else render_value(_broker_value(cfg, bkey, dynamic))
+        source = synonyms[0][2] if synonyms else SOURCE_DEFAULT
+        out.append(DescribedConfig(key, value, source, synonyms=synonyms))
+    return out

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from broker.apis import ApiHandler, RequestContext
-from broker.config import KEYS, render_value
+from broker.config import CONFIG_TYPE_NAMES, KAFKA_DYNAMIC_CONFIGS, KEYS, render_value
 from broker.topic_config import (
+    CONFIG_TYPES,
     SOURCE_DEFAULT,
     SOURCE_DYNAMIC_DEFAULT_BROKER,
-    SOURCE_STATIC_BROKER,
     TOPIC_TO_BROKER,
     DescribedConfig,
+    broker_config_synonyms,
     config_type_of,
     describe_topic,
 )
@@ -29,17 +30,22 @@ LIST_CONFIGS = frozenset({"cleanup.policy", "log.cleanup.policy"})
 
 
 def _describe_broker(ctx: RequestContext) -> list[DescribedConfig]:
+    """Kafka's createBrokerConfigEntry: read_only unless Kafka can change the key at runtime; the value of a
+    key never set (and without a default) is null, as Kafka's KafkaConfig.values has it."""
     cfg = ctx.server.config
     dynamic = ctx.server.metadata.broker_configs
     out = []
     for name, spec in sorted(KEYS.items()):
-        synonyms: list[tuple[str, str | None, int]] = []
+        synonyms = broker_config_synonyms(cfg, dynamic, name)
         if name in dynamic:
-            synonyms.append((name, dynamic[name], SOURCE_DYNAMIC_DEFAULT_BROKER))
-        if name in cfg.originals:
-            synonyms.append((name, render_value(cfg[name]), SOURCE_STATIC_BROKER))
-        synonyms.append((name, render_value(cfg[name] if spec.default is None else spec.default), SOURCE_DEFAULT))
-        out.append(DescribedConfig(name, synonyms[0][1], synonyms[0][2], read_only=not spec.dynamic, synonyms=synonyms))
+            value = dynamic[name]
+        elif name in cfg.originals:
+            value = render_value(cfg[name])
+        else:
+            value = render_value(spec.default)
+        source = synonyms[0][2] if synonyms else SOURCE_DEFAULT
+        out.append(DescribedConfig(name, value, source, read_only=name not in KAFKA_DYNAMIC_CONFIGS,
+                                   synonyms=synonyms))
     return out
 
 
@@ -50,6 +56,11 @@ def _describe_broker_defaults(ctx: RequestContext) -> list[DescribedConfig]:
                         synonyms=[(name, value, SOURCE_DYNAMIC_DEFAULT_BROKER)])
         for name, value in sorted(dynamic.items())
     ]
+
+
+def _broker_type(name: str) -> int:
+    spec = KEYS.get(name)
+    return CONFIG_TYPES[CONFIG_TYPE_NAMES.get(spec.parse, "string") if spec else "string"]
 
 
 def _check_broker_resource(ctx: RequestContext, name: str, allow_default: bool) -> None:
@@ -95,7 +106,7 @@ def handle_describe_configs(ctx: RequestContext, req: DescribeConfigsRequest) ->
                     synonyms=[R.DescribeConfigsSynonym(name=n, value=val, source=s) for n, val, s in e.synonyms or []]
                     if v >= 1 and req.include_synonyms
                     else [],
-                    config_type=config_type_of(e.name),
+                    config_type=config_type_of(e.name) if res.resource_type == TOPIC else _broker_type(e.name),
                     documentation=None,
                 )
                 for e in entries

@@ -6,7 +6,7 @@ import logging
 
 from broker.apis import ApiHandler, RequestContext
 from broker.replica_manager import error_of
-from broker.topic_config import SOURCE_DEFAULT, SOURCE_TOPIC, describe_topic
+from broker.topic_config import describe_topic
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import (
     CreatePartitionsRequest,
@@ -62,8 +62,7 @@ def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> Creat
             if ctx.api_version >= 5:
                 res.configs = [
                     R.CreatableTopicConfigs(
-                        name=d.name, value=d.value, read_only=False,
-                        config_source=d.source if d.source in (SOURCE_TOPIC,) else SOURCE_DEFAULT,
+                        name=d.name, value=d.value, read_only=False, config_source=d.source,
                         is_sensitive=False,
                     )
                     for d in describe_topic(ctx.server.config, {k: str(v) for k, v in configs.items()},

@@ -261,3 +261,107 @@ def test_topic_compression_kcat(broker, ck_admin, topic_name):
     out = kcat(broker.bootstrap, "-C", "-t", topic_name, "-o", "beginning", "-e", "-f", "%k:%s\n").stdout
     assert out == lines
     assert {h.compression for h in stored_batches(broker.bootstrap, topic_name)} == {CODEC_IDS["lz4"]}
+
+
+# ---------------------------------------------------------------- DescribeConfigs as Kafka 3.9 answers
+
+
+STATIC, DEFAULT, DYNAMIC_DEFAULT, TOPIC = 4, 5, 3, 1
+
+
+def kp_synonyms(bootstrap: str, rtype: KType, name: str, keys: list[str]) -> dict[str, tuple]:
+    """name -> (value, source, read_only, [(synonym, value, source)...]) through kafka-python's DescribeConfigs v1+."""
+    from kafka.protocol.admin.configs import DescribeConfigsRequest
+
+    from tests.clients import KpRaw
+
+    with KpRaw(bootstrap) as raw:
+        resp = raw.send(DescribeConfigsRequest(resources=[(rtype, name, keys)], include_synonyms=True))
+    [r] = resp.results
+    assert r.error_code == 0, r
+    return {c.name: (c.value, c.config_source, c.read_only, [(s.name, s.value, s.source) for s in c.synonyms])
+            for c in r.configs}
+
+
+def test_broker_read_only_sources_and_synonyms(broker, ck_admin):
+    port = broker.port
+    got = kp_synonyms(broker.bootstrap, KType.BROKER, "0", [
+        "advertised.listeners", "listeners", "log.retention.hours", "log.retention.ms", "log.roll.hours",
+        "log.segment.bytes", "num.io.threads", "num.partitions", "log.dirs", "max.connections"])
+    # Kafka can change listeners, advertised.listeners and thread counts at runtime: not read-only.
+    assert got["advertised.listeners"] == (None, DEFAULT, False, [])
+    assert got["listeners"] == (f"PLAINTEXT://127.0.0.1:{port}", STATIC, False,
+                                [("listeners", f"PLAINTEXT://127.0.0.1:{port}", STATIC),
+                                 ("listeners", "PLAINTEXT://:9092", DEFAULT)])
+    assert got["num.io.threads"] == ("4", STATIC, False, [("num.io.threads", "4", STATIC),
+                                                          ("num.io.threads", "8", DEFAULT)])
+    assert got["max.connections"][1:3] == (DEFAULT, False)
+    # server.properties sets log.retention.hours: that key is static and read-only; log.retention.ms is unset
+    # (null, a default, no synonyms: Kafka drops the synonyms ahead of the key).
+    assert got["log.retention.hours"] == ("168", STATIC, True, [("log.retention.hours", "168", STATIC),
+                                                               ("log.retention.hours", "168", DEFAULT)])
+    assert got["log.retention.ms"] == (None, DEFAULT, False, [])
+    assert got["log.roll.hours"] == ("168", DEFAULT, True, [("log.roll.hours", "168", DEFAULT)])
+    assert got["log.segment.bytes"][1:] == (STATIC, False, [("log.segment.bytes", "1073741824", STATIC),
+                                                            ("log.segment.bytes", "1073741824", DEFAULT)])
+    assert got["num.partitions"][1:3] == (STATIC, True)
+    assert got["log.dirs"][:3] == (broker.overrides["log.dirs"], STATIC, True)
+    # The same through librdkafka.
+    entries = ck_describe(ck_admin, "broker", "0")
+    assert not entries["advertised.listeners"].is_read_only and entries["advertised.listeners"].value is None
+    assert entries["log.retention.hours"].is_read_only and not entries["log.retention.ms"].is_read_only
+    assert entries["broker.id"].is_read_only and entries["num.partitions"].is_read_only
+
+
+def test_dynamic_value_comes_first_then_the_static_synonyms(broker, ck_admin, topic_name):
+    ck_admin.create_topics([NewTopic(topic_name, 1, 1, config={"segment.bytes": "100000"})])[topic_name].result(T)
+    topic = kp_synonyms(broker.bootstrap, KType.TOPIC, topic_name, ["retention.ms", "segment.bytes", "segment.ms"])
+    # retention.ms's broker synonym chain starts at log.retention.ms, which is unset: a plain default.
+    assert topic["retention.ms"] == ("604800000", DEFAULT, False, [])
+    assert topic["segment.ms"] == ("604800000", DEFAULT, False, [])
+    assert topic["segment.bytes"] == ("100000", TOPIC, False, [("segment.bytes", "100000", TOPIC),
+                                                               ("log.segment.bytes", "1073741824", STATIC),
+                                                               ("log.segment.bytes", "1073741824", DEFAULT)])
+    ck_incremental(ck_admin, "broker", "0",
+                   ConfigEntry("log.retention.ms", "7200000", incremental_operation=AlterConfigOpType.SET))
+    try:
+        chain = [("log.retention.ms", "7200000", DYNAMIC_DEFAULT), ("log.retention.hours", "168", STATIC),
+                 ("log.retention.hours", "168", DEFAULT)]
+        b = kp_synonyms(broker.bootstrap, KType.BROKER, "0", ["log.retention.ms"])
+        assert b["log.retention.ms"] == ("7200000", DYNAMIC_DEFAULT, False, chain)
+        topic = kp_synonyms(broker.bootstrap, KType.TOPIC, topic_name, ["retention.ms"])
+        assert topic["retention.ms"] == ("7200000", DYNAMIC_DEFAULT, False, chain)
+        entry = ck_describe(ck_admin, "topic", topic_name)["retention.ms"]
+        assert (entry.value, entry.source) == ("7200000", DYNAMIC_DEFAULT)
+    finally:
+        ck_incremental(ck_admin, "broker", "0",
+                       ConfigEntry("log.retention.ms", None, incremental_operation=AlterConfigOpType.DELETE))
+
+
+def test_broker_config_types_raw(broker):
+    from protocol.messages import DescribeConfigsRequest
+    from tests.clients import RawClient
+
+    req = DescribeConfigsRequest(resources=[DescribeConfigsRequest.DescribeConfigsResource(
+        resource_type=4, resource_name="0",
+        configuration_keys=["num.io.threads", "listeners", "log.retention.bytes", "auto.create.topics.enable",
+                            "log.cleaner.min.cleanable.ratio", "compression.type"])],
+        include_synonyms=False, include_documentation=False)
+    with RawClient(broker.bootstrap) as raw:
+        resp = raw.request(32, 4, req)
+    types = {c.name: c.config_type for c in resp.results[0].configs}
+    # Kafka's ConfigType ids: boolean 1, string 2, int 3, long 5, double 6, list 7.
+    assert types == {"num.io.threads": 3, "listeners": 7, "log.retention.bytes": 5, "auto.create.topics.enable": 1,
+                     "log.cleaner.min.cleanable.ratio": 6, "compression.type": 2}
+
+
+def test_alter_read_only_and_runtime_fixed_keys(broker, ck_admin, kp_admin):
+    for key, value, text in [("num.partitions", "3", "Cannot update these configs dynamically"),
+                             ("advertised.listeners", "PLAINTEXT://127.0.0.1:1", "at runtime")]:
+        with pytest.raises(KafkaException) as e:
+            ck_incremental(ck_admin, "broker", "0",
+                           ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET))
+        assert e.value.args[0].code() == CKError.INVALID_CONFIG and text in e.value.args[0].str()
+        r = kp_admin.alter_configs([KConfigResource(KType.BROKER, "0", {key: (AlterConfigOp.SET, value)})],
+                                   incremental=True, raise_on_unknown=False)
+        assert "InvalidConfiguration" in r["broker"]["0"]
