@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from broker.network import CloseConnection, KafkaConnection, Response
+from broker.refusals import REFUSALS
 from protocol import codec
 from protocol.errors import ErrorCode
 from protocol.messages import ApiVersionsResponse, RequestHeader
@@ -33,6 +34,16 @@ class RequestContext:
     @property
     def client_id(self) -> str:
         return self.header.client_id or ""
+
+    def refused(self, code: int, reason: str | None, resource: str | None = None) -> None:
+        """Put a refusal of this request (or of one resource of it) in the broker log, rate-limited."""
+        api = f"{api_name(self.header.request_api_key)} v{self.api_version}"
+        REFUSALS.refused(self.client_id, self.conn.peer, api, code, reason, resource)
+
+
+def api_name(api_key: int) -> str:
+    cls = codec.REQUESTS.get(api_key)
+    return cls.__name__.removesuffix("Request") if cls is not None else f"api key {api_key}"
 
 
 HandlerFn = Callable[[RequestContext, Any], Any]
@@ -65,7 +76,7 @@ class KafkaApis:
         api_key, version = header.request_api_key, header.request_api_version
         handler = self.handlers.get(api_key)
         if handler is None or not handler.min_version <= version <= handler.max_version:
-            return self._unsupported(header)
+            return self._unsupported(conn, header)
         try:
             request, end = codec.decode(codec.REQUESTS[api_key], version, frame, pos)
         except codec.DecodeError as e:
@@ -93,9 +104,10 @@ class KafkaApis:
         frame = codec.encode_response(header.correlation_id, header.request_api_key, header.request_api_version, body, ext)
         return Response(frame, ext or None)
 
-    def _unsupported(self, header: RequestHeader) -> Response:
+    def _unsupported(self, conn: KafkaConnection, header: RequestHeader) -> Response:
         api_key, version = header.request_api_key, header.request_api_version
         if api_key == API_VERSIONS:
+            self._log_unsupported(conn, header)
             # KIP-511: answer an unknown ApiVersions version with v0 and the versions we do support,
             # so that the client can retry with one of them.
             body = ApiVersionsResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, api_keys=self.api_version_list())
@@ -111,9 +123,17 @@ class KafkaApis:
             raise CloseConnection(
                 f"unsupported version {version} of {cls.__name__} from client {header.client_id!r}"
             )
-        log.info("Answering UNSUPPORTED_VERSION to %s v%d from %r", cls.__name__, version, header.client_id)
+        self._log_unsupported(conn, header)
         body = cls(error_code=ErrorCode.UNSUPPORTED_VERSION)
         return self._encode(header, body)
+
+    def _log_unsupported(self, conn: KafkaConnection, header: RequestHeader) -> None:
+        api_key = header.request_api_key
+        handler = self.handlers.get(api_key)
+        reason = (f"supported versions are {handler.min_version}-{handler.max_version}" if handler is not None
+                  else "this API is not supported")
+        REFUSALS.refused(header.client_id or "", conn.peer, f"{api_name(api_key)} v{header.request_api_version}",
+                         ErrorCode.UNSUPPORTED_VERSION, reason)
 
     def api_version_list(self) -> list[ApiVersionsResponse.ApiVersion]:
         return [

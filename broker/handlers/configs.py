@@ -63,6 +63,12 @@ def _broker_type(name: str) -> int:
     return CONFIG_TYPES[CONFIG_TYPE_NAMES.get(spec.parse, "string") if spec else "string"]
 
 
+def _resource(resource_type: int, name: str) -> str:
+    kind = {TOPIC: "topic", BROKER: "broker", BROKER_LOGGER: "broker logger"}.get(resource_type,
+                                                                               f"resource type {resource_type}")
+    return f"{kind} {name!r}"
+
+
 def _check_broker_resource(ctx: RequestContext, name: str, allow_default: bool) -> None:
     if name == "" and allow_default:
         return
@@ -115,6 +121,7 @@ def handle_describe_configs(ctx: RequestContext, req: DescribeConfigsRequest) ->
         except KafkaError as e:
             out.error_code = e.code
             out.error_message = e.message or None
+            ctx.refused(e.code, e.message, _resource(res.resource_type, res.resource_name))
     return R(throttle_time_ms=0, results=results)
 
 
@@ -150,6 +157,7 @@ def handle_alter_configs(ctx: RequestContext, req: AlterConfigsRequest) -> Alter
         except KafkaError as e:
             r.error_code = e.code
             r.error_message = e.message or None
+            ctx.refused(e.code, e.message, _resource(res.resource_type, res.resource_name))
     return R(throttle_time_ms=0, responses=out)
 
 
@@ -188,6 +196,7 @@ def handle_incremental_alter_configs(
         except KafkaError as e:
             r.error_code = e.code
             r.error_message = e.message or None
+            ctx.refused(e.code, e.message, _resource(res.resource_type, res.resource_name))
     return R(throttle_time_ms=0, responses=out)
 
 

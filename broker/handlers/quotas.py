@@ -35,10 +35,12 @@ def handle_describe_client_quotas(ctx: RequestContext, req: DescribeClientQuotas
     R = DescribeClientQuotasResponse
     for c in req.components:
         if c.match_type not in (MATCH_EXACT, MATCH_DEFAULT, MATCH_SPECIFIED):
+            ctx.refused(ErrorCode.INVALID_REQUEST, f"unknown match type {c.match_type}")
             return R(error_code=ErrorCode.INVALID_REQUEST, error_message=f"unknown match type {c.match_type}",
                      entries=None)
     types = [c.entity_type for c in req.components]
     if len(set(types)) != len(types):
+        ctx.refused(ErrorCode.INVALID_REQUEST, "duplicate entity type in filter")
         return R(error_code=ErrorCode.INVALID_REQUEST, error_message="duplicate entity type in filter", entries=None)
     entries = [
         R.EntryData(
@@ -62,6 +64,7 @@ def handle_alter_client_quotas(ctx: RequestContext, req: AlterClientQuotasReques
         if len(entry.entity) != 1 or entry.entity[0].entity_type != CLIENT_ID:
             result.error_code = ErrorCode.INVALID_REQUEST
             result.error_message = "kbroker supports quotas for client-id entities only"
+            ctx.refused(result.error_code, result.error_message)
             continue
         name = entry.entity[0].entity_name
         values = dict(store.client_quotas.get(name, {}))
@@ -82,6 +85,7 @@ def handle_alter_client_quotas(ctx: RequestContext, req: AlterClientQuotasReques
         if problem:
             result.error_code = ErrorCode.INVALID_REQUEST
             result.error_message = problem
+            ctx.refused(result.error_code, problem, f"client-id {name!r}")
             continue
         if not req.validate_only:
             try:

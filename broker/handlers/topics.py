@@ -71,6 +71,7 @@ def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> Creat
         except KafkaError as e:
             res.error_code = e.code
             res.error_message = e.message or None
+            ctx.refused(e.code, e.message, f"topic {res.name!r}")
             res.configs = None
         except Exception as e:  # noqa: BLE001
             log.exception("CreateTopics %s failed", t.name)
@@ -123,6 +124,7 @@ def handle_delete_topics(ctx: RequestContext, req: DeleteTopicsRequest) -> Delet
         except KafkaError as e:
             res.error_code = e.code
             res.error_message = e.message or None
+            ctx.refused(e.code, e.message, f"topic {res.name!r}")
     return R(throttle_time_ms=0, responses=results)
 
 
@@ -140,6 +142,7 @@ def handle_create_partitions(ctx: RequestContext, req: CreatePartitionsRequest) 
         except KafkaError as e:
             res.error_code = e.code
             res.error_message = e.message or None
+            ctx.refused(e.code, e.message, f"topic {res.name!r}")
     return R(throttle_time_ms=0, results=results)
 
 
