@@ -108,6 +108,7 @@ class KafkaServer:
             producer_id_expiration_ms=c["producer.id.expiration.ms"],
         )
         await loop.run_in_executor(None, self.log_manager.startup)
+        await loop.run_in_executor(None, self._claim_first_producer_id_block)
         self._apply_topic_configs()
         self.log_manager.start_background()
         offsets = self.metadata.topics.get(OFFSETS_TOPIC)
@@ -125,6 +126,12 @@ class KafkaServer:
             "kbroker %d started in %.2f s: cluster %s, %d topics, advertised %s:%d",
             self.broker_id, time.monotonic() - t0, self.metadata.cluster_id, len(self.metadata.topics), host, port,
         )
+
+    def _claim_first_producer_id_block(self) -> None:
+        try:
+            self.producer_ids.start()
+        except Exception as e:  # noqa: BLE001  (InitProducerId claims one on demand instead)
+            log.warning("Could not claim a producer id block at startup: %s", e)
 
     def _topic_log_config(self, topic: str) -> LogConfig | None:
         rec = self.metadata.topics.get(topic)

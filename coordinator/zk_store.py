@@ -216,22 +216,30 @@ class ZkMetadataStore:
         """
         assert self.client is not None
         path = zp.broker_path(self.broker_id)
-        deadline = time.monotonic() + self.session_timeout_s + 2.0
+        started = time.monotonic()
+        deadline = started + self.session_timeout_s + 2.0
         waited = False
         while True:
             try:
                 data, stat = self.client.get(path)
             except NoNodeError:
+                if waited:
+                    log.info("The stale registration of broker.id %d expired after %.1f s; starting up",
+                             self.broker_id, time.monotonic() - started)
                 return
             host, port, _ = zp.parse_broker_registration(data)
             same_endpoint = (host, port) == self._configured_endpoint()
             if not same_endpoint or time.monotonic() >= deadline:
                 raise ZkStartupError(self._duplicate_message(host, port, stat.ephemeralOwner))
             if not waited:
+                # Said once: ZooKeeper removes the ephemeral only when the old session times out, and
+                # nothing here can end that session sooner (it is not ours).
                 log.warning(
-                    "broker.id %d is still registered at %s:%d by ZooKeeper session 0x%x (a previous run of this "
-                    "broker?); waiting up to %.1f s for that session to expire",
-                    self.broker_id, host, port, stat.ephemeralOwner, self.session_timeout_s,
+                    "broker.id %d is still registered at %s:%d by ZooKeeper session 0x%x, most likely this broker's "
+                    "previous run that did not shut down cleanly; ZooKeeper removes it when that session times out: "
+                    "startup waits up to %.1f s more (zookeeper.session.timeout.ms=%d)",
+                    self.broker_id, host, port, stat.ephemeralOwner, deadline - time.monotonic(),
+                    int(self.session_timeout_s * 1000),
                 )
                 waited = True
             time.sleep(0.25)
