@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from broker.admin_manager import INTERNAL_TOPICS
 from broker.apis import ApiHandler, RequestContext
 from broker.replica_manager import error_of
 from protocol.errors import ErrorCode
@@ -31,6 +32,12 @@ def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
         for p in t.partition_data:
             if acks not in (0, 1, -1):
                 parts.append(_error(p.index, ErrorCode.INVALID_REQUIRED_ACKS))
+                continue
+            if t.name in INTERNAL_TOPICS:
+                # Only the broker's coordinators write there: a forged record would rewrite a group's offsets or
+                # a transaction's state (Kafka's ReplicaManager refuses it the same way).
+                parts.append(_error(p.index, ErrorCode.INVALID_TOPIC_EXCEPTION,
+                                    f"Cannot append to internal topic {t.name}"))
                 continue
             if req.transactional_id is not None:
                 parts.append(_error(p.index, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,

@@ -1,0 +1,134 @@
+"""Group coordinator hardening against a real broker (issue 12): internal topics refuse client writes, one
+unreadable record in __consumer_offsets costs only itself, empty groups keep their protocol type, and session
+timeouts expire members at their deadline.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from coordinator.group_coordinator import partition_for
+from coordinator.group_metadata import OffsetAndMetadata
+from coordinator.group_records import group_key, offset_key, offset_value
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    ProduceRequest,
+)
+from protocol.records import build_batch
+from storage.config import LogConfig
+from storage.log import Log
+from tests.broker_process import BrokerProcess
+from tests.clients import Msg, ProduceFailed, RawClient, ck_conf, ck_produce
+
+T = 15
+OFFSETS_PARTITIONS = 3
+TOPIC = "orders"
+
+
+@pytest.fixture
+def b(tmp_path: Path) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tmp_path / "broker", {
+        "offsets.topic.num.partitions": str(OFFSETS_PARTITIONS),
+        "group.min.session.timeout.ms": "500",
+    }).start()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})  # alive until its future resolves
+    admin.create_topics([NewTopic(TOPIC, 2, 1)])[TOPIC].result(T)
+    yield broker
+    broker.stop()
+
+
+def restart(b: BrokerProcess) -> None:
+    b.stop()
+    b.start()
+
+
+def commit(b: BrokerProcess, group: str, offsets: dict[int, int]) -> None:
+    c = Consumer(ck_conf(b.bootstrap, **{"group.id": group, "enable.auto.commit": False}))
+    try:
+        c.commit(offsets=[TopicPartition(TOPIC, p, o) for p, o in offsets.items()], asynchronous=False)
+    finally:
+        c.close()
+
+
+def committed(b: BrokerProcess, group: str) -> dict[int, int]:
+    c = Consumer(ck_conf(b.bootstrap, **{"group.id": group, "enable.auto.commit": False}))
+    try:
+        got = c.committed([TopicPartition(TOPIC, p) for p in range(2)], timeout=T)
+    finally:
+        c.close()
+    return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
+
+
+def same_partition_groups(n: int) -> list[str]:
+    target = partition_for("group-0", OFFSETS_PARTITIONS)
+    return [g for g in (f"group-{i}" for i in range(100)) if partition_for(g, OFFSETS_PARTITIONS) == target][:n]
+
+
+def forged_offset(group: str, offset: int) -> tuple[bytes, bytes]:
+    return offset_key(group, TOPIC, 0), offset_value(OffsetAndMetadata(offset, -1, "forged", int(time.time() * 1000)))
+
+
+# ---------------------------------------------------------------- internal topics
+
+
+def test_clients_cannot_write_internal_topics(b: BrokerProcess) -> None:
+    commit(b, "victim", {0: 5})
+    key, value = forged_offset("victim", 999)
+    p = partition_for("victim", OFFSETS_PARTITIONS)
+    with pytest.raises(ProduceFailed) as failed:
+        ck_produce(b.bootstrap, "__consumer_offsets", [Msg(key, value, partition=p)])
+    assert failed.value.errors[0].code() == KafkaError.TOPIC_EXCEPTION
+
+    batch = build_batch([(key, value, [], int(time.time() * 1000))])
+    with RawClient(b.bootstrap) as c:
+        for topic in ("__consumer_offsets", "__transaction_state"):
+            resp = c.request(0, 9, ProduceRequest(transactional_id=None, acks=-1, timeout_ms=10000, topic_data=[
+                ProduceRequest.TopicProduceData(name=topic, partition_data=[
+                    ProduceRequest.PartitionProduceData(index=p, records=batch)])]))
+            r = resp.responses[0].partition_responses[0]
+            assert (r.error_code, r.error_message) == (
+                ErrorCode.INVALID_TOPIC_EXCEPTION, f"Cannot append to internal topic {topic}")
+    assert committed(b, "victim") == {0: 5}
+    restart(b)
+    assert committed(b, "victim") == {0: 5}
+
+
+def test_unreadable_record_costs_only_itself(b: BrokerProcess) -> None:
+    first, second = same_partition_groups(2)
+    commit(b, first, {0: 11, 1: 12})
+    commit(b, second, {0: 21})
+    b.stop()
+    # Damaged records as an older broker let a client write them: a truncated offset key, an offset value that
+    # does not parse, a group value that does not parse. The broker is down, so the log is ours.
+    p = partition_for(first, OFFSETS_PARTITIONS)
+    lg = Log.open(b.data_dir / "logs" / f"__consumer_offsets-{p}", "__consumer_offsets", p,
+                  LogConfig(cleanup_policy="compact"), clean_shutdown=True)
+    try:
+        now = int(time.time() * 1000)
+        key, _ = forged_offset(first, 0)
+        lg.append_as_leader(build_batch([
+            (b"\x00\x01\x00\x05gro", b"junk", [], now),
+            (key, b"\x00\x03\x00", [], now),
+            (group_key(second), b"\x00\x03\xff\xff\xff", [], now),
+        ]), now, leader_epoch=0, from_client=False)
+        lg.flush(lg.log_end_offset)
+    finally:
+        lg.close()
+    b.start()
+    assert committed(b, first) == {0: 11, 1: 12}
+    assert committed(b, second) == {0: 21}
+    log_text = b.read_log()
+    assert not re.search(r"Loading __consumer_offsets-\d+ failed", log_text)
+    assert log_text.count("Skipping unreadable record at offset") == 3
+    # the partition keeps working and loads again after the next restart
+    commit(b, second, {1: 22})
+    restart(b)
+    assert committed(b, first) == {0: 11, 1: 12}
+    assert committed(b, second) == {0: 21, 1: 22}
