@@ -19,13 +19,16 @@ from coordinator.group_metadata import OffsetAndMetadata
 from coordinator.group_records import group_key, offset_key, offset_value
 from protocol.errors import ErrorCode
 from protocol.messages import (
+    DeleteGroupsRequest,
+    JoinGroupRequest,
     ProduceRequest,
+    SyncGroupRequest,
 )
 from protocol.records import build_batch
 from storage.config import LogConfig
 from storage.log import Log
 from tests.broker_process import BrokerProcess
-from tests.clients import Msg, ProduceFailed, RawClient, ck_conf, ck_produce
+from tests.clients import Msg, ProduceFailed, RawClient, ck_conf, ck_produce, wait_until
 
 T = 15
 OFFSETS_PARTITIONS = 3
@@ -132,3 +135,67 @@ def test_unreadable_record_costs_only_itself(b: BrokerProcess) -> None:
     restart(b)
     assert committed(b, first) == {0: 11, 1: 12}
     assert committed(b, second) == {0: 21, 1: 22}
+
+
+# ---------------------------------------------------------------- protocol type of empty groups
+
+
+def _listing(admin: AdminClient, group: str) -> object:
+    listed = admin.list_consumer_groups(request_timeout=10).result(T).valid
+    return next((g for g in listed if g.group_id == group), None)
+
+
+def test_empty_consumer_group_is_not_a_simple_group(b: BrokerProcess) -> None:
+    c = Consumer(ck_conf(b.bootstrap, **{"group.id": "typed", "enable.auto.commit": False,
+                                         "session.timeout.ms": 6000}))
+    try:
+        c.subscribe([TOPIC])
+        wait_until(lambda: (c.poll(0.2), c.assignment())[1], timeout=T, what="assignment")
+    finally:
+        c.close()  # LeaveGroup: the group becomes empty
+    commit(b, "simple", {0: 1})
+    for _ in range(2):
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})  # a fresh client after the restart
+
+        def described(group: str) -> object:
+            return admin.describe_consumer_groups([group], request_timeout=10)[group].result(T)  # noqa: B023
+
+        wait_until(lambda: str(described("typed").state).endswith("EMPTY"), timeout=T, what="empty group")
+        assert described("typed").is_simple_consumer_group is False
+        assert _listing(admin, "typed").is_simple_consumer_group is False  # type: ignore[attr-defined]
+        assert described("simple").is_simple_consumer_group is True
+        assert _listing(admin, "simple").is_simple_consumer_group is True  # type: ignore[attr-defined]
+        restart(b)  # the stored group metadata keeps the type too
+
+
+# ---------------------------------------------------------------- session timeout
+
+
+def test_member_expires_at_its_session_deadline(b: BrokerProcess) -> None:
+    session_ms = 1000
+    protocols = [JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"\x00\x01")]
+    with RawClient(b.bootstrap) as c:
+        def join(member_id: str) -> object:
+            return c.request(11, 5, JoinGroupRequest(
+                group_id="timed", session_timeout_ms=session_ms, rebalance_timeout_ms=session_ms,
+                member_id=member_id, group_instance_id=None, protocol_type="consumer", protocols=protocols))
+
+        r = join("")
+        assert r.error_code == ErrorCode.MEMBER_ID_REQUIRED
+        r = join(r.member_id)
+        assert r.error_code == ErrorCode.NONE
+        sync = c.request(14, 3, SyncGroupRequest(
+            group_id="timed", generation_id=r.generation_id, member_id=r.member_id, group_instance_id=None,
+            assignments=[SyncGroupRequest.SyncGroupRequestAssignment(member_id=r.member_id, assignment=b"")]))
+        # the session restarted when the broker handled the SyncGroup, before this moment
+        synced = time.monotonic()
+        assert sync.error_code == ErrorCode.NONE
+
+        def delete_at(t: float) -> int:
+            time.sleep(max(0.0, t - time.monotonic()))
+            resp = c.request(42, 2, DeleteGroupsRequest(groups_names=["timed"]))
+            return int(resp.results[0].error_code)
+
+        assert delete_at(synced + session_ms / 1000 - 0.4) == ErrorCode.NON_EMPTY_GROUP
+        # a sweep every 250 ms expired the member up to 250 ms late; a timer at the deadline does not
+        assert delete_at(synced + session_ms / 1000 + 0.1) == ErrorCode.NONE
