@@ -650,7 +650,7 @@ def build_batch(
     elif entries:
         base_ts = timestamps[0]
     else:
-        base_ts = max_timestamp if max_timestamp is not None else NO_TIMESTAMP
+        base_ts = NO_TIMESTAMP  # Kafka's writeEmptyHeader: an empty batch has no base timestamp
     if max_timestamp is None:
         max_timestamp = max(timestamps) if timestamps else NO_TIMESTAMP
     if last_offset_delta is None:

@@ -10,9 +10,13 @@ One pass over a log:
    Readers holding the old segment's fd keep reading the old file (closed after
    file.delete.delay.ms).
 
-Batches keep baseOffset, lastOffsetDelta, producer id/epoch/base sequence and compression; a
-batch emptied of records is kept as an empty batch when it has a producer id (so producer
-sequence metadata survives). Tombstones get a delete horizon (KIP-534: attribute bit 6 and
+Batches keep baseOffset, lastOffsetDelta, producer id/epoch/base sequence and compression. A
+batch emptied of records is dropped, except the last batch of a producer the log still tracks
+(Kafka's RETAIN_EMPTY: it holds that producer's sequence and epoch), which is kept as an empty
+batch written without compression, as Kafka's writeEmptyHeader does: an empty compressed batch
+(an lz4 frame of nothing with recordsCount 0) makes librdkafka abort. Such batches left by older
+versions are rewritten by the next pass and when a log is loaded (rewrite_empty_compressed_batches).
+Consecutive segments are cleaned into one, grouped as Kafka's groupSegmentsBySize does. Tombstones get a delete horizon (KIP-534: attribute bit 6 and
 baseTimestamp) of now + delete.retention.ms the first time the cleaner sees them and are
 dropped by the first pass after it. Transactions follow Kafka's rules (storage/cleaner_transactions.py):
 aborted data goes, markers stay until their transaction's data is gone and delete.retention.ms passed,
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 
 from protocol.control_records import parse_end_txn_marker
 from protocol.records import (
+    COMPRESSION_NONE,
     DEFAULT_MAX_DECOMPRESSED,
     TIMESTAMP_LOG_APPEND_TIME,
     Record,
@@ -41,14 +46,19 @@ from protocol.records import (
 from storage.cleaner_transactions import (
     CleanedTransactionMetadata,
     LastRecord,
+    empty_batch,
     filter_aborted_batch,
     filter_control_batch,
+    is_last_batch_of_producer,
     last_records_of_producers,
 )
+from storage.index import OffsetIndex, TimeIndex
 from storage.log import Log
 from storage.segment import CLEANED_SUFFIX, SWAP_SUFFIX, LogSegment, segment_file_name
 
 logger = logging.getLogger("kbroker.storage")
+
+_INT32_MAX = 2**31 - 1
 
 
 def _now_ms() -> int:
@@ -59,6 +69,7 @@ def _now_ms() -> int:
 class CleanerStats:
     segments_cleaned: int = 0
     segments_rewritten: int = 0
+    segments_merged: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
     records_read: int = 0
@@ -134,23 +145,33 @@ def clean_log(log: Log, now_ms: int | None = None, *, force: bool = False) -> Cl
     txn = CleanedTransactionMetadata(aborted)
     last_records = last_records_of_producers(log.producer_states())
     next_horizon: int | None = None
-    for seg in rng.segments:
-        new, horizon = _clean_segment(log, seg, offset_map, now_ms, stats, max_size, txn, last_records)
+
+    def keep(h: RecordBatchHeader, raw: bytes) -> tuple[bytes | None, int | None]:
+        if h.is_control:
+            return filter_control_batch(h, raw, txn, last_records, now_ms, cfg.delete_retention_ms, max_size)
+        if h.is_transactional and txn.on_batch_read(h):
+            stats.records_removed += h.records_count
+            return filter_aborted_batch(h, raw, last_records), None
+        return _filter_batch(h, raw, offset_map, last_records, now_ms, cfg.delete_retention_ms, stats, max_size)
+
+    for group in group_segments_by_size(log, rng.segments, rng.end_offset):
+        new, horizon = _clean_segments(log, group, keep, stats, txn)
         if horizon is not None:
             next_horizon = horizon if next_horizon is None else min(next_horizon, horizon)
-        stats.segments_cleaned += 1
+        stats.segments_cleaned += len(group)
         if new is None:
             continue
-        if log.replace_segment(seg, new):
-            stats.segments_rewritten += 1
+        if log.replace_segments(group, new):
+            stats.segments_rewritten += len(group)
+            stats.segments_merged += len(group) - 1
         else:
             new.delete_files()
     log.cleaner_checkpoint = max(log.cleaner_checkpoint, rng.end_offset)
     log.tombstone_horizon_ms = next_horizon
     logger.info(
-        "Cleaned %s up to offset %d: %d segments (%d rewritten), %d -> %d bytes, removed %d records "
-        "(%d tombstones)", log.name, rng.end_offset, stats.segments_cleaned, stats.segments_rewritten,
-        stats.bytes_read, stats.bytes_written, stats.records_removed, stats.tombstones_removed)
+        "Cleaned %s up to offset %d: %d segments (%d rewritten, %d merged away), %d -> %d bytes, removed %d "
+        "records (%d tombstones)", log.name, rng.end_offset, stats.segments_cleaned, stats.segments_rewritten,
+        stats.segments_merged, stats.bytes_read, stats.bytes_written, stats.records_removed, stats.tombstones_removed)
     return stats
 
 
@@ -178,40 +199,71 @@ def _build_offset_map(segments: list[LogSegment], first_dirty: int, end_offset: 
     return offset_map
 
 
-def _clean_segment(log: Log, seg: LogSegment, offset_map: dict[bytes, int], now_ms: int,
-                   stats: CleanerStats, max_size: int, txn: CleanedTransactionMetadata,
-                   last_records: dict[int, LastRecord]) -> tuple[LogSegment | None, int | None]:
-    """Copy seg's retained batches into a .cleaned segment; (None, horizon) if nothing would change."""
+def group_segments_by_size(log: Log, segments: list[LogSegment], end_offset: int) -> list[list[LogSegment]]:
+    """Consecutive segments cleaned into one (Kafka's groupSegmentsBySize): a group stays within segment.bytes
+    and segment.index.bytes (offset and time index) as the segments are now, and its offsets within the int32
+    range of relative offsets. Without it every roll leaves one more segment, most of them empty after a few
+    passes, each holding open files."""
     cfg = log.config
+    ends = [seg.base_offset for seg in segments[1:]] + [end_offset]
+    groups: list[list[LogSegment]] = []
+    i = 0
+    while i < len(segments):
+        group = [segments[i]]
+        size, index_size, time_index_size = (segments[i].size, _index_bytes(segments[i].index),
+                                             _index_bytes(segments[i].time_index))
+        i += 1
+        while i < len(segments):
+            seg = segments[i]
+            if (size + seg.size > cfg.segment_bytes
+                    or index_size + _index_bytes(seg.index) > cfg.segment_index_bytes
+                    or time_index_size + _index_bytes(seg.time_index) > cfg.segment_index_bytes
+                    or (seg.size > 0 and ends[i] - 1 - group[0].base_offset > _INT32_MAX)):
+                break
+            group.append(seg)
+            size += seg.size
+            index_size += _index_bytes(seg.index)
+            time_index_size += _index_bytes(seg.time_index)
+            i += 1
+        groups.append(group)
+    return groups
+
+
+def _index_bytes(index: OffsetIndex | TimeIndex) -> int:
+    return index.entries * index.entry_size
+
+
+BatchTransform = Callable[[RecordBatchHeader, bytes], "tuple[bytes | None, int | None]"]
+
+
+def _clean_segments(log: Log, group: list[LogSegment], keep: BatchTransform, stats: CleanerStats,
+                    txn: CleanedTransactionMetadata | None = None) -> tuple[LogSegment | None, int | None]:
+    """Copy the retained batches of a group of segments into one .cleaned segment at the group's base offset,
+    renamed .swap when complete; (None, horizon) when a lone segment would not change."""
+    cfg = log.config
+    first = group[0]
     for suffix in (".log", ".index", ".timeindex", ".txnindex"):
-        (seg.dir / (segment_file_name(seg.base_offset, suffix) + CLEANED_SUFFIX)).unlink(missing_ok=True)
-    new = LogSegment(seg.dir, seg.base_offset, index_interval_bytes=cfg.index_interval_bytes,
+        (first.dir / (segment_file_name(first.base_offset, suffix) + CLEANED_SUFFIX)).unlink(missing_ok=True)
+    new = LogSegment(first.dir, first.base_offset, index_interval_bytes=cfg.index_interval_bytes,
                      max_index_size=cfg.segment_index_bytes, suffix=CLEANED_SUFFIX, create=True)
-    changed = False
+    changed = len(group) > 1
     min_horizon: int | None = None
-    txn.cleaned_index = new.txn_index
+    if txn is not None:
+        txn.cleaned_index = new.txn_index
     try:
-        for loc in seg.iter_batches():
-            raw = seg.read_batch_bytes(loc)
-            h = loc.header
-            stats.bytes_read += len(raw)
-            out: bytes | None
-            if h.is_control:
-                out, horizon = filter_control_batch(h, raw, txn, last_records, now_ms, cfg.delete_retention_ms,
-                                                    max_size)
-            elif h.is_transactional and txn.on_batch_read(h):
-                out, horizon = filter_aborted_batch(h, raw, last_records), None
-                stats.records_removed += h.records_count
-            else:
-                out, horizon = _filter_batch(h, raw, offset_map, now_ms, cfg.delete_retention_ms, stats, max_size)
-            if horizon is not None:
-                min_horizon = horizon if min_horizon is None else min(min_horizon, horizon)
-            if out is not raw:
-                changed = True
-            if out is None:
-                continue
-            new.append(out, [(0, parse_batch_header(out))])
-            stats.bytes_written += len(out)
+        for seg in group:
+            for loc in seg.iter_batches():
+                raw = seg.read_batch_bytes(loc)
+                stats.bytes_read += len(raw)
+                out, horizon = keep(loc.header, raw)
+                if horizon is not None:
+                    min_horizon = horizon if min_horizon is None else min(min_horizon, horizon)
+                if out is not raw:
+                    changed = True
+                if out is None:
+                    continue
+                new.append(out, [(0, parse_batch_header(out))])
+                stats.bytes_written += len(out)
         if not changed:
             new.delete_files()
             return None, min_horizon
@@ -224,13 +276,55 @@ def _clean_segment(log: Log, seg: LogSegment, offset_map: dict[bytes, int], now_
         new.delete_files()
         raise
     finally:
-        txn.cleaned_index = None
+        if txn is not None:
+            txn.cleaned_index = None
 
 
-def _filter_batch(h: RecordBatchHeader, raw: bytes, offset_map: dict[bytes, int], now_ms: int,
-                  delete_retention_ms: int, stats: CleanerStats,
+def _is_old_empty_compressed(h: RecordBatchHeader) -> bool:
+    return h.records_count == 0 and h.compression != COMPRESSION_NONE and not h.is_control
+
+
+def rewrite_empty_compressed_batches(log: Log, end_offset: int) -> int:
+    """Rewrite the segments below end_offset (the cleaned part) that hold an empty compressed batch an older
+    cleaner wrote, before any fetch can hand one to a client; returns how many batches were rewritten.
+
+    Only the headers are read. Run when a log is loaded, before the broker serves it."""
+    found = 0
+    stats = CleanerStats()
+    last_records = last_records_of_producers(log.producer_states())
+
+    def fix(h: RecordBatchHeader, raw: bytes) -> tuple[bytes | None, int | None]:
+        return (_emptied(h, last_records) if _is_old_empty_compressed(h) else raw), None
+
+    for seg in log.segments[:-1]:
+        if seg.base_offset >= end_offset:
+            break
+        bad = sum(1 for loc in seg.iter_batches() if _is_old_empty_compressed(loc.header))
+        if not bad:
+            continue
+        new, _ = _clean_segments(log, [seg], fix, stats)
+        if new is not None and log.replace_segments([seg], new):
+            found += bad
+            logger.info("Rewrote %d empty compressed batches in segment %d of %s", bad, seg.base_offset, log.name)
+        elif new is not None:
+            new.delete_files()
+    return found
+
+
+def _emptied(h: RecordBatchHeader, last_records: dict[int, LastRecord]) -> bytes | None:
+    """What is left of a data batch with no records: nothing, or for a producer's last batch its header alone,
+    uncompressed (Kafka's BatchRetention.RETAIN_EMPTY and DefaultRecordBatch.writeEmptyHeader)."""
+    if h.producer_id >= 0 and is_last_batch_of_producer(h, last_records):
+        return empty_batch(h)
+    return None
+
+
+def _filter_batch(h: RecordBatchHeader, raw: bytes, offset_map: dict[bytes, int],
+                  last_records: dict[int, LastRecord], now_ms: int, delete_retention_ms: int, stats: CleanerStats,
                   max_size: int = DEFAULT_MAX_DECOMPRESSED) -> tuple[bytes | None, int | None]:
     """Returns (batch bytes to keep — `raw` itself when unchanged — or None, tombstone horizon)."""
+    if _is_old_empty_compressed(h):
+        return _emptied(h, last_records), None  # left by an older cleaner: see the module docstring
     if h.is_control or h.records_count == 0:
         return raw, None
     records = decode_records(raw, max_size=max_size)
@@ -262,14 +356,7 @@ def _filter_batch(h: RecordBatchHeader, raw: bytes, offset_map: dict[bytes, int]
     if len(retained) == len(records) and new_horizon == horizon:
         return raw, (new_horizon if tombstones_kept else None)
     if not retained:
-        if h.producer_id < 0:
-            return None, None
-        # Keep the offsets and producer metadata; no records.
-        return build_batch(
-            [], base_offset=h.base_offset, compression=h.compression, producer_id=h.producer_id,
-            producer_epoch=h.producer_epoch, base_sequence=h.base_sequence, is_transactional=h.is_transactional,
-            timestamp_type=h.timestamp_type, partition_leader_epoch=h.partition_leader_epoch,
-            last_offset_delta=h.last_offset_delta, max_timestamp=h.max_timestamp), None
+        return _emptied(h, last_records), None
     log_append = h.timestamp_type == TIMESTAMP_LOG_APPEND_TIME
     out = build_batch(
         retained, base_offset=h.base_offset, compression=h.compression, producer_id=h.producer_id,

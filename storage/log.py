@@ -852,16 +852,28 @@ class Log:
 
     # -- cleaner support -----------------------------------------------------------------------
 
-    def replace_segment(self, old: LogSegment, new: LogSegment) -> bool:
-        """Swap a cleaned copy in (new has the .swap suffix). False if old is gone (retention won)."""
+    def replace_segments(self, olds: Sequence[LogSegment], new: LogSegment) -> bool:
+        """Swap one cleaned segment (.swap suffix, base offset of olds[0]) in for consecutive segments olds.
+        False if one of them is gone (retention won) or is the active segment. The .swap file is the commit
+        point: loading installs it and drops the segments inside its offset range (_cleanup_leftover_files)."""
         with self._lock:
-            if self._closed or old not in self._segments or old is self._segments[-1]:
+            segs = self._segments
+            if self._closed or not olds or segs[-1] in olds:
                 return False
-            old.close_writers()
-            old.change_file_suffix(DELETED_SUFFIX)
+            try:
+                start = segs.index(olds[0])
+            except ValueError:
+                return False
+            if tuple(segs[start : start + len(olds)]) != tuple(olds):
+                return False
+            for old in olds:
+                old.close_writers()
+                old.change_file_suffix(DELETED_SUFFIX)
             new.change_file_suffix("")
-            self._segments = tuple(new if s is old else s for s in self._segments)
-            self._schedule_delete_already_renamed(old)
+            self._segments = (*segs[:start], new, *segs[start + len(olds):])
+            self._dir_dirty = True
+            for old in olds:
+                self._schedule_delete_already_renamed(old)
             return True
 
     def _schedule_delete_already_renamed(self, seg: LogSegment) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from protocol.control_records import EndTxnMarker, parse_end_txn_marker
 from protocol.records import RecordBatchHeader
-from storage.recovery import recover_segment
+from storage.recovery import next_offset_of_segment_file, recover_segment
 from storage.segment import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -37,6 +37,17 @@ def segment_bases(dir: Path) -> list[int]:
     return bases
 
 
+def _drop_segments_merged_into(dir: Path, base: int, swap_log: Path) -> None:
+    # The cleaner merges groups of segments into one: a swap covering other segments' offsets replaces them
+    # all (Kafka's LogLoader deletes the segments inside the swap segment's offset range).
+    end = next_offset_of_segment_file(swap_log)
+    for other in segment_bases(dir):
+        if base < other < end:
+            logger.info("Deleting segment %d of %s: merged into the cleaned segment %d", other, dir.name, base)
+            for suffix in (LOG_SUFFIX, *INDEX_SUFFIXES):
+                (dir / f"{other:020d}{suffix}").unlink(missing_ok=True)
+
+
 def cleanup_leftover_files(dir: Path) -> set[int]:
     """Finish or undo interrupted deletes/cleanings; returns segment bases whose indexes need a rebuild.
 
@@ -56,8 +67,10 @@ def cleanup_leftover_files(dir: Path) -> set[int]:
             continue
         base_name = name[: -len(SWAP_SUFFIX)]
         if base_name.endswith(LOG_SUFFIX):
-            os.replace(p, dir / base_name)
             stem = base_name[: -len(LOG_SUFFIX)]
+            if stem.isdigit():
+                _drop_segments_merged_into(dir, int(stem), p)
+            os.replace(p, dir / base_name)
             if stem.isdigit():
                 rebuild.add(int(stem))
                 for suffix in INDEX_SUFFIXES:

@@ -19,7 +19,7 @@ from storage.checkpoints import (
     RECOVERY_POINT_CHECKPOINT,
     OffsetCheckpointFile,
 )
-from storage.cleaner import LogCleaner
+from storage.cleaner import LogCleaner, rewrite_empty_compressed_batches
 from storage.config import LogConfig
 from storage.errors import KafkaStorageError
 from storage.log import Log
@@ -111,6 +111,9 @@ class LogManager:
             log = Log.open(child, tp[0], tp[1], config, recovery_point=recovery_points.get(tp, 0),
                            log_start_offset=start_offsets.get(tp, 0), clean_shutdown=clean)
             log.cleaner_checkpoint = max(cleaner_offsets.get(tp, 0), log.log_start_offset)
+            if cleaner_offsets.get(tp, 0) > log.log_start_offset:
+                # Older cleaners left empty compressed batches that make librdkafka abort: none may be served.
+                rewrite_empty_compressed_batches(log, log.cleaner_checkpoint)
             self._logs[tp] = log
             self._log_dir_of[tp] = log_dir
             loaded += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import crc32c
 
@@ -87,3 +88,20 @@ def recover_segment(segment: LogSegment, min_offset: int) -> SegmentRecoveryResu
         pos += batch_size
     truncated = segment.truncate_to_position(pos) if pos < size else 0
     return SegmentRecoveryResult(pos, truncated, next_offset, reason)
+
+
+def next_offset_of_segment_file(path: Path) -> int:
+    """Offset after the last whole batch of a segment file, read header by header; -1 for an empty file."""
+    end = -1
+    with open(path, "rb") as f:
+        pos = 0
+        while True:
+            f.seek(pos)
+            head = f.read(BATCH_HEADER_SIZE)
+            if len(head) < BATCH_HEADER_SIZE:
+                return end
+            h = parse_batch_header(head)
+            if h.batch_length < BATCH_OVERHEAD:
+                return end
+            end = h.next_offset
+            pos += h.size_in_bytes

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from protocol.records import Record, build_batch, decode_records, iter_batch_headers
+from pathlib import Path
+
+from protocol.records import (
+    Record,
+    build_batch,
+    decode_records,
+    iter_batch_headers,
+    parse_batch_header,
+    set_base_offset,
+)
 from storage.log import Log
 
 NOW = 1_700_000_000_000
@@ -32,3 +41,17 @@ def read_all(log: Log, start: int | None = None) -> list[Record]:
             last = h.next_offset
         offset = last
     return out
+
+
+def write_legacy_segment(log_dir: Path, batches: list[bytes], base_offset: int = 0) -> None:
+    """A segment file as an older kbroker may have left it: the batches back to back, offsets assigned, no
+    validation and no indexes (open the log with clean_shutdown=False to rebuild them)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    data = bytearray()
+    offset = base_offset
+    for raw in batches:
+        buf = bytearray(raw)
+        set_base_offset(buf, 0, offset)
+        offset = parse_batch_header(buf).next_offset
+        data += buf
+    (log_dir / f"{base_offset:020d}.log").write_bytes(bytes(data))

@@ -2,8 +2,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from protocol.records import build_batch, decode_records, iter_batch_headers, validate_batches
-from storage.cleaner import LogCleaner, clean_log
+import pytest
+
+from protocol.records import (
+    COMPRESSION_LZ4,
+    COMPRESSION_ZSTD,
+    build_batch,
+    decode_records,
+    iter_batch_headers,
+    validate_batches,
+)
+from storage.cleaner import CleanerStats, LogCleaner, clean_log
 from storage.config import LogConfig
 from storage.log import Log
 from tests.storage.storage_helpers import NOW, kv_batch, read_all
@@ -70,10 +79,31 @@ def test_batch_keeps_base_and_last_offset_and_producer_metadata(make_log) -> Non
     assert (first.base_offset, first.last_offset, first.records_count) == (0, 3, 1)
     assert (first.producer_id, first.producer_epoch, first.base_sequence) == (42, 3, 0)
     assert [r.key for r in decode_records(data, 0)] == [b"a"]
-    # fully superseded batch with a producer id survives as an empty batch
+    # the fully superseded last batch of producer 43 survives as an empty batch, uncompressed (Kafka's
+    # writeEmptyHeader): an empty compressed batch makes librdkafka abort
     assert (second.base_offset, second.last_offset, second.records_count) == (4, 5, 0)
-    assert (second.producer_id, second.producer_epoch, second.base_sequence, second.compression) == (43, 1, 0, 2)
+    assert (second.producer_id, second.producer_epoch, second.base_sequence, second.compression) == (43, 1, 0, 0)
+    assert second.size_in_bytes == 61 and second.base_timestamp == -1 and second.max_timestamp == NOW
     assert log.read(1, 1000).records.read_bytes()[:8] == data[:8]  # offset 1 -> batch holding it
+
+
+@pytest.mark.parametrize("codec", [COMPRESSION_LZ4, COMPRESSION_ZSTD], ids=["lz4", "zstd"])
+def test_emptied_batches_are_dropped_unless_a_producer_needs_them(make_log, codec: int) -> None:
+    log = _compacted(make_log)
+    for seq in (0, 2):  # two batches of producer 44; only the second is its last
+        log.append_as_leader(build_batch([(b"p", b"%d" % seq, [], NOW), (b"q", b"%d" % seq, [], NOW)],
+                                         producer_id=44, producer_epoch=0, base_sequence=seq, compression=codec),
+                             NOW)
+    log.append_as_leader(kv_batch([(b"p", b"new"), (b"q", b"new")]), NOW)
+    log.roll()
+    log.append_as_leader(kv_batch([(b"z", b"0")]), NOW)
+    clean_log(log, NOW)
+    data = log.read(0, 1 << 20).records.read_bytes()
+    headers = [(h.base_offset, h.last_offset, h.records_count, h.compression, h.producer_id)
+               for _, h in iter_batch_headers(data)]
+    assert headers[:2] == [(2, 3, 0, 0, 44), (4, 5, 2, 0, -1)]
+    # the producer's sequence survives a reload from the log alone
+    assert {e.producer_id: e.last_data_offset for e in log.producer_states()} == {44: 3}
 
 
 def test_tombstones_removed_after_delete_retention(make_log) -> None:
@@ -244,3 +274,61 @@ def test_cleaner_keeps_a_batch_whose_records_lie_about_offsets(make_log) -> None
     log.update_config(log.config.replace(cleanup_policy="compact"))
     assert clean_log(log, NOW, force=True) is not None  # before the fix: ValueError, log marked uncleanable
     assert [r.key for r in read_all(log)[:2]] == [b"a", b"b"]  # the lying batch is kept as it was
+
+
+
+def test_cleaning_merges_small_segments(make_log) -> None:
+    # Kafka's groupSegmentsBySize: cleaned segments are grouped up to segment.bytes, so a compacted partition
+    # does not keep one (mostly empty) segment per roll.
+    log = make_log(cleanup_policy="compact", segment_bytes=10_000, file_delete_delay_ms=0,
+                   min_cleanable_dirty_ratio=0.0)
+    for i in range(60):
+        log.append_as_leader(kv_batch([(b"k%d" % (i % 3), b"v%d" % i)]), NOW)
+        log.roll()
+    log.append_as_leader(kv_batch([(b"z", b"0")]), NOW)
+    assert len(log.segments) == 61
+    before = {r.key: (r.offset, r.value) for r in read_all(log)}
+    stats = clean_log(log, NOW)
+    assert stats is not None and stats.segments_merged == 59
+    assert len(log.segments) == 2 and log.segments[0].base_offset == 0
+    assert {r.key: (r.offset, r.value) for r in read_all(log)} == before
+    assert [r.offset for r in read_all(log)] == [57, 58, 59, 60]
+
+
+def test_merged_groups_stay_within_segment_bytes(make_log) -> None:
+    log = make_log(cleanup_policy="compact", segment_bytes=400, file_delete_delay_ms=0, min_cleanable_dirty_ratio=0.0)
+    for i in range(40):
+        log.append_as_leader(kv_batch([(b"k%d" % i, b"v%d" % i)]), NOW)  # distinct keys: nothing is removed
+        log.roll()
+    log.append_as_leader(kv_batch([(b"z", b"0")]), NOW)
+    sizes = [s.size for s in log.segments[:-1]]
+    clean_log(log, NOW, force=True)
+    assert 1 < len(log.segments) - 1 < len(sizes)
+    assert all(s.size <= 400 for s in log.segments[:-1])
+    assert len(read_all(log)) == 41
+
+
+def test_merge_interrupted_after_the_swap_completes_on_load(log_dir: Path) -> None:
+    cfg = LogConfig(cleanup_policy="compact", segment_bytes=4000, file_delete_delay_ms=60_000,
+                    min_cleanable_dirty_ratio=0.0)
+    log = Log.open(log_dir, "topic", 0, cfg, clean_shutdown=True)
+    for i in range(10):
+        log.append_as_leader(kv_batch([(b"k%d" % (i % 3), b"v%d" % i)]), NOW)
+        log.roll()
+    log.append_as_leader(kv_batch([(b"z", b"0")]), NOW)
+    expected = [(r.offset, r.value) for r in read_all(log)]
+    log.close()
+    # A crash right after the merged copy became .swap: the old segments are all still there.
+    from storage.cleaner import _clean_segments, group_segments_by_size
+
+    log = Log.open(log_dir, "topic", 0, cfg, clean_shutdown=True)
+    [group] = group_segments_by_size(log, list(log.segments[:-1]), log.segments[-1].base_offset)
+    new, _ = _clean_segments(log, group, lambda h, raw: (raw, None), CleanerStats())
+    assert new is not None and len(group) == 10
+    log.close()
+    log = Log.open(log_dir, "topic", 0, cfg, clean_shutdown=False)
+    try:
+        assert [s.base_offset for s in log.segments] == [0, 10]
+        assert [(r.offset, r.value) for r in read_all(log)] == expected
+    finally:
+        log.close()
