@@ -12,12 +12,16 @@ from broker.admin_manager import AdminManager
 from broker.apis import KafkaApis
 from broker.config import KafkaConfig
 from broker.handlers import all_handlers
+from broker.inter_broker import InterBrokerChannel
 from broker.network import SocketServer
 from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotaManager
 from broker.replica_manager import ReplicaManager
+from broker.txn_marker_channel import TxnMarkerChannel
+from broker.txn_verification import TxnVerifier
 from coordinator.group_coordinator import OFFSETS_TOPIC, GroupConfig, GroupCoordinator
 from coordinator.metadata_store import LocalMetadataStore, TopicRecord
 from coordinator.producer_ids import LocalBlockSource, ProducerIdManager
+from coordinator.transaction_coordinator import TRANSACTION_STATE_TOPIC, TransactionCoordinator, TxnConfig
 from coordinator.zk_store import ZkMetadataStore
 from protocol.errors import ErrorCode, KafkaError
 from storage.config import LogConfig
@@ -66,6 +70,20 @@ class KafkaServer:
             offsets_retention_ms=config["offsets.retention.minutes"] * 60000,
             offsets_retention_check_ms=config["offsets.retention.check.interval.ms"],
             offset_metadata_max_bytes=config["offset.metadata.max.bytes"],
+        ))
+        self.inter_broker = InterBrokerChannel(self.broker_id, self._inter_broker_endpoint, config["request.timeout.ms"])
+        self.txn_markers = TxnMarkerChannel(self)
+        self.txn_verifier = TxnVerifier(self)
+        self.txn_coordinator = TransactionCoordinator(self, TxnConfig(
+            num_partitions=config["transaction.state.log.num.partitions"],
+            max_timeout_ms=config["transaction.max.timeout.ms"],
+            transactional_id_expiration_ms=config["transactional.id.expiration.ms"],
+            abort_timed_out_interval_ms=config["transaction.abort.timed.out.transaction.cleanup.interval.ms"],
+            remove_expired_interval_ms=config["transaction.remove.expired.transaction.cleanup.interval.ms"],
+            segment_bytes=config["transaction.state.log.segment.bytes"],
+            load_buffer_size=config["transaction.state.log.load.buffer.size"],
+            # One replica per partition: __transaction_state cannot ask for more in-sync replicas than it has.
+            replication_factor=1, min_isr=1,
         ))
         self._stopped = asyncio.Event()
         self._ids_cache: tuple[dict[str, TopicRecord], dict[bytes, str]] | None = None
@@ -118,6 +136,14 @@ class KafkaServer:
         self.group_coordinator.start(
             [p for p in range(offsets.num_partitions) if offsets.leaders[p] == self.broker_id] if offsets else []
         )
+        self.inter_broker.start()
+        txn_state = self.metadata.topics.get(TRANSACTION_STATE_TOPIC)
+        self.txn_coordinator.config.num_partitions = (
+            txn_state.num_partitions if txn_state else self.config["transaction.state.log.num.partitions"]
+        )
+        self.txn_coordinator.start(
+            [p for p in range(txn_state.num_partitions) if txn_state.leaders[p] == self.broker_id] if txn_state else []
+        )
         self.socket_server.start_processors()
         self.socket_server.bind(loop)
         host, port = self.advertised_endpoint()
@@ -157,7 +183,9 @@ class KafkaServer:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.socket_server.stop_processors)
         self.replica_manager.purgatory.notify_all()
+        self.txn_coordinator.stop()
         self.group_coordinator.stop()
+        self.inter_broker.stop()
         self.io_pool.shutdown(wait=True)
         await loop.run_in_executor(None, self.log_manager.shutdown)
         self.metadata.stop()
@@ -231,3 +259,48 @@ class KafkaServer:
 
     async def flush_log(self, lg, offset: int) -> None:  # type: ignore[no-untyped-def]
         await asyncio.wrap_future(self.io_pool.submit(lg.flush, offset + 1))
+
+    # ------------------------------------------------------------ transaction coordinator host
+
+    def ensure_transaction_state_topic(self) -> TopicRecord:
+        """__transaction_state, created on first use like Kafka (compacted, transaction.state.log.* settings)."""
+        rec = self.metadata.topics.get(TRANSACTION_STATE_TOPIC)
+        if rec is not None:
+            return rec
+        try:
+            return self.admin.create_topic(
+                TRANSACTION_STATE_TOPIC, self.config["transaction.state.log.num.partitions"], 1,
+                self.txn_coordinator.config.topic_configs(),
+            )
+        except KafkaError as e:
+            if e.code == ErrorCode.TOPIC_ALREADY_EXISTS:
+                return self.metadata.topics[TRANSACTION_STATE_TOPIC]
+            raise
+
+    def txn_log(self, partition: int):  # type: ignore[no-untyped-def]
+        self.ensure_transaction_state_topic()
+        return self.replica_manager.get_log(TRANSACTION_STATE_TOPIC, partition)
+
+    def leads_txn_partition(self, partition: int) -> bool:
+        rec = self.metadata.topics.get(TRANSACTION_STATE_TOPIC)
+        if rec is None:
+            return True  # created on demand, by this broker
+        return 0 <= partition < rec.num_partitions and rec.leaders[partition] == self.broker_id
+
+    async def generate_producer_id(self) -> int:
+        return await asyncio.get_running_loop().run_in_executor(self.io_pool, self.producer_ids.generate)
+
+    def partition_exists(self, topic: str, partition: int) -> bool:
+        return self.topic_partition_exists(topic, partition)
+
+    async def write_txn_markers(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
+                                partitions: list[tuple[str, int]]) -> dict[tuple[str, int], ErrorCode]:
+        return await self.txn_markers.write_txn_markers(producer_id, producer_epoch, coordinator_epoch, commit,
+                                                        partitions)
+
+    def _inter_broker_endpoint(self, broker_id: int) -> tuple[str, int] | None:
+        listener = self.config["inter.broker.listener.name"] or self.config.advertised_listeners[0].name
+        for b, host, port, _ in self.metadata.broker_endpoints(listener):
+            if b == broker_id:
+                return host, port
+        return None

@@ -16,9 +16,10 @@ def all_handlers() -> list[ApiHandler]:
         producer,
         quotas,
         topics,
+        txn,
     )
 
     out: list[ApiHandler] = []
-    for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, quotas):
+    for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, quotas, txn):
         out.extend(module.HANDLERS)
     return out

@@ -23,6 +23,8 @@ log = logging.getLogger("kbroker.fetch")
 
 INT32_MAX = 2**31 - 1
 PartitionData = FetchResponse.PartitionData
+AbortedTransaction = FetchResponse.AbortedTransaction
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 
 
 def check_leader_epoch(current_leader_epoch: int) -> None:
@@ -80,7 +82,7 @@ class _FetchPlan:
         min_one = True
         total = 0
         has_error = False
-        aborted = None if req.isolation_level == 0 else []
+        committed_only = req.isolation_level == READ_COMMITTED
         responses = []
         for t, name, partitions in self.topics:
             parts = []
@@ -93,21 +95,26 @@ class _FetchPlan:
                     check_leader_epoch(p.current_leader_epoch)
                     lg = rm.get_log(name, p.partition)
                     hw = lg.high_watermark
+                    lso = lg.last_stable_offset
                     records: Any = b""
+                    aborted = None if committed_only else []
                     if remaining > 0 or min_one:
                         info = lg.read(p.fetch_offset, max(0, min(p.partition_max_bytes, remaining)),
-                                       max_offset=hw, min_one_message=min_one)
+                                       max_offset=hw, min_one_message=min_one, isolation_committed=committed_only)
                         if info.records is not None and info.records.size > 0:
                             records = info.records
                             remaining -= records.size
                             total += records.size
                             min_one = False
+                            if committed_only and info.aborted_transactions:
+                                aborted = [AbortedTransaction(producer_id=a.producer_id, first_offset=a.first_offset)
+                                           for a in info.aborted_transactions]
                     parts.append(
                         PartitionData(
                             partition_index=p.partition,
                             error_code=0,
                             high_watermark=hw,
-                            last_stable_offset=hw,
+                            last_stable_offset=lso,
                             log_start_offset=lg.log_start_offset,
                             aborted_transactions=aborted,
                             preferred_read_replica=-1,
@@ -202,10 +209,14 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
                     raise KafkaError(ErrorCode.UNSUPPORTED_VERSION)
                 if ts < MAX_TIMESTAMP:
                     raise KafkaError(ErrorCode.INVALID_REQUEST, f"unsupported timestamp {ts}")
+                # read_committed consumers see up to the last stable offset (Kafka's lastFetchableOffset).
+                fetchable = lg.last_stable_offset if req.isolation_level == READ_COMMITTED else lg.high_watermark
                 if ts == LATEST:
-                    found: tuple[int, int] | None = (lg.high_watermark, -1)
+                    found: tuple[int, int] | None = (fetchable, -1)
                 else:
                     found = lg.offset_for_timestamp(ts)
+                    if found is not None and ts != EARLIEST and found[0] >= fetchable:
+                        found = None
                 offset, timestamp = found if found is not None else (-1, -1)
                 resp.error_code = 0
                 resp.offset = offset

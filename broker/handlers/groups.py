@@ -55,8 +55,10 @@ def _find_one(ctx: RequestContext, key: str, key_type: int) -> tuple[ErrorCode, 
         return ErrorCode.INVALID_REQUEST, f"unknown key type {key_type}", -1, "", -1
     if key_type == GROUP_KEY and not key:
         return ErrorCode.INVALID_GROUP_ID, None, -1, "", -1
+    if key_type == TRANSACTION_KEY and not key:
+        return ErrorCode.INVALID_REQUEST, "an empty transactional id has no coordinator", -1, "", -1
     try:
-        rec = server.ensure_offsets_topic()
+        rec = server.ensure_offsets_topic() if key_type == GROUP_KEY else server.ensure_transaction_state_topic()
     except KafkaError as e:
         return ErrorCode.COORDINATOR_NOT_AVAILABLE, e.message or None, -1, "", -1
     leader = rec.leaders[partition_for(key, rec.num_partitions)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -10,11 +11,13 @@ from broker.apis import ApiHandler, RequestContext
 from broker.replica_manager import error_of
 from protocol.errors import ErrorCode
 from protocol.messages import ProduceRequest, ProduceResponse
+from protocol.records import ATTR_TRANSACTIONAL, BATCH_HEADER_SIZE, parse_batch_header
 from storage.errors import KafkaStorageError
 
 log = logging.getLogger("kbroker.produce")
 
 PartitionResponse = ProduceResponse.PartitionProduceResponse
+_ATTRIBUTES_LOW_BYTE = 22  # batch attributes are the int16 at offset 21
 
 
 def _error(index: int, code: ErrorCode, message: str | None = None) -> PartitionResponse:
@@ -23,6 +26,58 @@ def _error(index: int, code: ErrorCode, message: str | None = None) -> Partition
 
 
 def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
+    if req.transactional_id is not None and ctx.server.config["transaction.partition.verification.enable"]:
+        to_verify = _first_transactional_batches(ctx, req)
+        if to_verify is not None:
+            return _verify_then_append(ctx, req, *to_verify)
+    return _append_all(ctx, req, {})
+
+
+def _first_transactional_batches(ctx: RequestContext, req: ProduceRequest
+                                 ) -> tuple[int, int, list[tuple[str, int]]] | None:
+    """(producer id, epoch, partitions) whose transactional batches would open the producer's transaction
+    there, so the coordinator must confirm them first (KIP-890); None when every partition already has it."""
+    rm = ctx.server.replica_manager
+    tps: list[tuple[str, int]] = []
+    producer = (-1, -1)
+    for t in req.topic_data:
+        for p in t.partition_data:
+            if not p.records or len(p.records) < BATCH_HEADER_SIZE:
+                continue
+            h = parse_batch_header(p.records)
+            if not h.is_transactional:
+                continue
+            try:
+                lg = rm.get_log(t.name, p.index)
+            except Exception:  # noqa: BLE001 - the append answers this partition's error
+                continue
+            if lg.ongoing_transaction_first_offset(h.producer_id) is None:
+                tps.append((t.name, p.index))
+                producer = (h.producer_id, h.producer_epoch)
+    return (*producer, tps) if tps else None
+
+
+async def _verify_then_append(ctx: RequestContext, req: ProduceRequest, producer_id: int, producer_epoch: int,
+                              tps: list[tuple[str, int]]) -> Any:
+    assert req.transactional_id is not None
+    failed = await ctx.server.txn_verifier.verify(req.transactional_id, producer_id, producer_epoch, tps)
+    failed = {tp: _produce_error(code, ctx.api_version) for tp, code in failed.items()}
+    result = _append_all(ctx, req, failed)
+    return (await result) if inspect.isawaitable(result) else result
+
+
+def _produce_error(code: ErrorCode, version: int) -> ErrorCode:
+    """A coordinator's retriable answer becomes a produce error the client retries (Kafka's ReplicaManager
+    maps them to NOT_ENOUGH_REPLICAS); TRANSACTION_ABORTABLE is INVALID_TXN_STATE before Produce v11."""
+    if code in (ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NOT_COORDINATOR, ErrorCode.NETWORK_EXCEPTION):
+        return ErrorCode.NOT_ENOUGH_REPLICAS
+    if code == ErrorCode.TRANSACTION_ABORTABLE and version < 11:
+        return ErrorCode.INVALID_TXN_STATE
+    return code
+
+
+def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], ErrorCode]) -> Any:
     rm = ctx.server.replica_manager
     acks = req.acks
     to_flush: list[tuple[Any, int]] = []
@@ -39,12 +94,17 @@ def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
                 parts.append(_error(p.index, ErrorCode.INVALID_TOPIC_EXCEPTION,
                                     f"Cannot append to internal topic {t.name}"))
                 continue
-            if req.transactional_id is not None:
-                parts.append(_error(p.index, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                                    "transactions are not supported by kbroker"))
-                continue
             if p.records is None or len(p.records) == 0:
                 parts.append(_error(p.index, ErrorCode.CORRUPT_MESSAGE, "empty record set"))
+                continue
+            if failed and (t.name, p.index) in failed:
+                parts.append(_error(p.index, failed[(t.name, p.index)],
+                                    "the partition is not part of the producer's ongoing transaction"))
+                continue
+            if req.transactional_id is None and _is_transactional(p.records):
+                # Kafka authorizes transactional records through the request's transactional id.
+                parts.append(_error(p.index, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                                    "transactional records need the request's transactional id"))
                 continue
             try:
                 lg, info = rm.append(t.name, p.index, p.records, acks)
@@ -82,6 +142,12 @@ def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
     if to_flush:
         return _after_flush(rm, to_flush, response)
     return response
+
+
+def _is_transactional(records: Any) -> bool:
+    # The attributes' low byte of the first batch (Produce v3+ carries one batch per partition): one byte
+    # test instead of a header parse on the hot path.
+    return len(records) >= BATCH_HEADER_SIZE and bool(records[_ATTRIBUTES_LOW_BYTE] & ATTR_TRANSACTIONAL)
 
 
 async def _after_flush(rm: Any, to_flush: list[tuple[Any, int]], response: ProduceResponse) -> ProduceResponse:

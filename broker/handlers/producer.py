@@ -1,4 +1,5 @@
-"""InitProducerId (key 22): producer ids for idempotent producers."""
+"""InitProducerId (key 22): producer ids for idempotent producers; transactional producers get theirs
+from the transaction coordinator, which also fences older epochs of the same transactional id."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import logging
 
 from broker.apis import ApiHandler, RequestContext
+from broker.handlers.txn import abortable_error, fenced_error
 from coordinator.producer_ids import ProducerIdsExhausted
 from protocol.errors import ErrorCode
 from protocol.messages import InitProducerIdRequest, InitProducerIdResponse
@@ -15,8 +17,7 @@ log = logging.getLogger("kbroker.producer")
 
 async def handle_init_producer_id(ctx: RequestContext, req: InitProducerIdRequest) -> InitProducerIdResponse:
     if req.transactional_id is not None:
-        # No transaction coordinator: a transactional producer is told the feature is missing.
-        return InitProducerIdResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, producer_id=-1, producer_epoch=-1)
+        return await _init_transactional(ctx, req)
     loop = asyncio.get_running_loop()
     try:
         # Idempotent producers without a transactional id always get a fresh id at epoch 0.
@@ -29,6 +30,22 @@ async def handle_init_producer_id(ctx: RequestContext, req: InitProducerIdReques
         return InitProducerIdResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, producer_id=-1,
                                       producer_epoch=-1)
     return InitProducerIdResponse(error_code=0, producer_id=pid, producer_epoch=0)
+
+
+
+
+async def _init_transactional(ctx: RequestContext, req: InitProducerIdRequest) -> InitProducerIdResponse:
+    assert req.transactional_id is not None
+    if req.transactional_id == "":
+        return InitProducerIdResponse(error_code=ErrorCode.INVALID_REQUEST, producer_id=-1, producer_epoch=-1)
+    tc = ctx.server.txn_coordinator
+    expected_id, expected_epoch = (req.producer_id, req.producer_epoch) if ctx.api_version >= 3 else (-1, -1)
+    code, pid, epoch = await tc.call(tc.init_producer_id, req.transactional_id, req.transaction_timeout_ms,
+                                     expected_id, expected_epoch)
+    code = abortable_error(fenced_error(code, ctx.api_version, 4), ctx.api_version, 5)
+    if code != ErrorCode.NONE:
+        pid, epoch = -1, -1
+    return InitProducerIdResponse(error_code=code, producer_id=pid, producer_epoch=epoch)
 
 
 HANDLERS = [ApiHandler(22, 0, 5, handle_init_producer_id)]

@@ -1,0 +1,242 @@
+"""Transaction APIs: AddPartitionsToTxn (24), AddOffsetsToTxn (25), EndTxn (26), WriteTxnMarkers (27),
+TxnOffsetCommit (28), DescribeProducers (61), DescribeTransactions (65), ListTransactions (66).
+
+The handlers translate wire structures; the transaction state machine is
+coordinator.TransactionCoordinator, the partition side of markers broker.TxnMarkerChannel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+
+from broker.apis import ApiHandler, RequestContext
+from broker.replica_manager import error_of
+from coordinator.group_coordinator import OFFSETS_TOPIC, partition_for
+from coordinator.group_metadata import OffsetAndMetadata
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    AddOffsetsToTxnRequest,
+    AddOffsetsToTxnResponse,
+    AddPartitionsToTxnRequest,
+    AddPartitionsToTxnResponse,
+    DescribeProducersRequest,
+    DescribeProducersResponse,
+    DescribeTransactionsRequest,
+    DescribeTransactionsResponse,
+    EndTxnRequest,
+    EndTxnResponse,
+    ListTransactionsRequest,
+    ListTransactionsResponse,
+    TxnOffsetCommitRequest,
+    TxnOffsetCommitResponse,
+    WriteTxnMarkersRequest,
+    WriteTxnMarkersResponse,
+)
+
+TopicPartition = tuple[str, int]
+APR = AddPartitionsToTxnResponse
+
+
+def fenced_error(code: ErrorCode, version: int, first_version_with_fenced: int) -> ErrorCode:
+    """PRODUCER_FENCED is new in each transaction API at some version; older clients know it as
+    INVALID_PRODUCER_EPOCH (Kafka's KafkaApis does the same translation)."""
+    if code == ErrorCode.PRODUCER_FENCED and version < first_version_with_fenced:
+        return ErrorCode.INVALID_PRODUCER_EPOCH
+    return code
+
+
+def abortable_error(code: ErrorCode, version: int, first_version_with_abortable: int) -> ErrorCode:
+    """TRANSACTION_ABORTABLE (KIP-890) reaches older clients as INVALID_TXN_STATE."""
+    if code == ErrorCode.TRANSACTION_ABORTABLE and version < first_version_with_abortable:
+        return ErrorCode.INVALID_TXN_STATE
+    return code
+
+
+def _topic_results(results: dict[TopicPartition, ErrorCode]) -> list[APR.AddPartitionsToTxnTopicResult]:
+    by_topic: dict[str, list[APR.AddPartitionsToTxnPartitionResult]] = defaultdict(list)
+    for (topic, partition), code in results.items():
+        by_topic[topic].append(APR.AddPartitionsToTxnPartitionResult(partition_index=partition,
+                                                                      partition_error_code=code))
+    return [APR.AddPartitionsToTxnTopicResult(name=t, results_by_partition=ps) for t, ps in by_topic.items()]
+
+
+# ---------------------------------------------------------------- AddPartitionsToTxn
+
+
+async def handle_add_partitions_to_txn(ctx: RequestContext, req: AddPartitionsToTxnRequest) -> APR:
+    tc = ctx.server.txn_coordinator
+    v = ctx.api_version
+    if v <= 3:
+        tps = [(t.name, p) for t in req.v3_and_below_topics for p in t.partitions]
+        results = await tc.call(tc.add_partitions, req.v3_and_below_transactional_id, req.v3_and_below_producer_id,
+                                req.v3_and_below_producer_epoch, tps, False)
+        results = {tp: fenced_error(code, v, 2) for tp, code in results.items()}
+        return APR(throttle_time_ms=0, results_by_topic_v3_and_below=_topic_results(results))
+    # v4+: brokers verifying (KIP-890) or adding partitions for several transactions in one request.
+    out = []
+    for txn in req.transactions:
+        tps = [(t.name, p) for t in txn.topics for p in t.partitions]
+        results = await tc.call(tc.add_partitions, txn.transactional_id, txn.producer_id, txn.producer_epoch, tps,
+                                txn.verify_only)
+        results = {tp: abortable_error(code, v, 5) for tp, code in results.items()}
+        out.append(APR.AddPartitionsToTxnResult(transactional_id=txn.transactional_id,
+                                                topic_results=_topic_results(results)))
+    return APR(throttle_time_ms=0, error_code=0, results_by_transaction=out)
+
+
+# ---------------------------------------------------------------- AddOffsetsToTxn
+
+
+async def handle_add_offsets_to_txn(ctx: RequestContext, req: AddOffsetsToTxnRequest) -> AddOffsetsToTxnResponse:
+    server = ctx.server
+    try:
+        offsets = server.ensure_offsets_topic()
+    except Exception as e:  # noqa: BLE001
+        return AddOffsetsToTxnResponse(error_code=error_of(e))
+    partition = partition_for(req.group_id, offsets.num_partitions)
+    tc = server.txn_coordinator
+    results = await tc.call(tc.add_partitions, req.transactional_id, req.producer_id, req.producer_epoch,
+                            [(OFFSETS_TOPIC, partition)], False)
+    code = results.get((OFFSETS_TOPIC, partition), ErrorCode.NONE)
+    code = abortable_error(fenced_error(code, ctx.api_version, 2), ctx.api_version, 4)
+    return AddOffsetsToTxnResponse(error_code=code)
+
+
+# ---------------------------------------------------------------- EndTxn
+
+
+async def handle_end_txn(ctx: RequestContext, req: EndTxnRequest) -> EndTxnResponse:
+    tc = ctx.server.txn_coordinator
+    code = await tc.call(tc.end_transaction, req.transactional_id, req.producer_id, req.producer_epoch,
+                         req.committed)
+    code = abortable_error(fenced_error(code, ctx.api_version, 2), ctx.api_version, 4)
+    return EndTxnResponse(error_code=code)
+
+
+# ---------------------------------------------------------------- TxnOffsetCommit
+
+
+async def handle_txn_offset_commit(ctx: RequestContext, req: TxnOffsetCommitRequest) -> TxnOffsetCommitResponse:
+    server = ctx.server
+    gc = server.group_coordinator
+    now = int(time.time() * 1000)
+    offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+    for t in req.topics:
+        for p in t.partitions:
+            offsets[(t.name, p.partition_index)] = OffsetAndMetadata(
+                p.committed_offset, p.committed_leader_epoch, p.committed_metadata or "", now, None)
+    results: dict[TopicPartition, ErrorCode] = {}
+    if offsets:
+        code = await _verify_offsets_partition(ctx, req)
+        if code != ErrorCode.NONE:
+            results = {tp: code for tp in offsets}
+        else:
+            results = await gc.call(gc.txn_commit_offsets, req.group_id, req.producer_id, req.producer_epoch,
+                                    req.generation_id, req.member_id, req.group_instance_id, offsets)
+    by_topic: dict[str, list[TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition]] = defaultdict(list)
+    for (topic, partition), code in results.items():
+        code = abortable_error(code, ctx.api_version, 4)
+        if ctx.api_version < 3 and code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID,
+                                            ErrorCode.UNKNOWN_MEMBER_ID):
+            # Version 3 added these; Kafka answers older clients with the generic commit failure.
+            code = ErrorCode.UNKNOWN_SERVER_ERROR
+        by_topic[topic].append(TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition(
+            partition_index=partition, error_code=code))
+    return TxnOffsetCommitResponse(throttle_time_ms=0, topics=[
+        TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
+
+
+async def _verify_offsets_partition(ctx: RequestContext, req: TxnOffsetCommitRequest) -> ErrorCode:
+    """KIP-890: the group's __consumer_offsets partition must be part of the producer's transaction
+    (AddOffsetsToTxn first), so a late commit from an aborted transaction cannot land after its marker."""
+    server = ctx.server
+    if not server.config["transaction.partition.verification.enable"]:
+        return ErrorCode.NONE
+    offsets = server.metadata.topics.get(OFFSETS_TOPIC)
+    if offsets is None:
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    tp = (OFFSETS_TOPIC, partition_for(req.group_id, offsets.num_partitions))
+    errors = await server.txn_verifier.verify(req.transactional_id, req.producer_id, req.producer_epoch, [tp])
+    return errors.get(tp, ErrorCode.NONE)
+
+
+# ---------------------------------------------------------------- WriteTxnMarkers
+
+
+async def handle_write_txn_markers(ctx: RequestContext, req: WriteTxnMarkersRequest) -> WriteTxnMarkersResponse:
+    server = ctx.server
+    loop = asyncio.get_running_loop()
+    R = WriteTxnMarkersResponse
+    out = []
+    for m in req.markers:
+        tps = [(t.name, p) for t in m.topics for p in t.partition_indexes]
+        results = await loop.run_in_executor(
+            server.io_pool, server.txn_markers.append_markers, m.producer_id, m.producer_epoch, m.coordinator_epoch,
+            m.transaction_result, tps)
+        by_topic: dict[str, list[R.WritableTxnMarkerPartitionResult]] = defaultdict(list)
+        for (topic, partition), code in results.items():
+            by_topic[topic].append(R.WritableTxnMarkerPartitionResult(partition_index=partition, error_code=code))
+        out.append(R.WritableTxnMarkerResult(producer_id=m.producer_id, topics=[
+            R.WritableTxnMarkerTopicResult(name=t, partitions=ps) for t, ps in by_topic.items()]))
+    return R(markers=out)
+
+
+# ---------------------------------------------------------------- DescribeProducers
+
+
+def handle_describe_producers(ctx: RequestContext, req: DescribeProducersRequest) -> DescribeProducersResponse:
+    rm = ctx.server.replica_manager
+    R = DescribeProducersResponse
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partition_indexes:
+            try:
+                lg = rm.get_log(t.name, p)
+            except Exception as e:  # noqa: BLE001
+                parts.append(R.PartitionResponse(partition_index=p, error_code=error_of(e), active_producers=[]))
+                continue
+            producers = [
+                R.ProducerState(
+                    producer_id=e.producer_id, producer_epoch=e.producer_epoch, last_sequence=e.last_seq,
+                    last_timestamp=e.last_timestamp, coordinator_epoch=e.coordinator_epoch,
+                    current_txn_start_offset=-1 if e.current_txn_first_offset is None else e.current_txn_first_offset,
+                )
+                for e in lg.producer_states()
+            ]
+            parts.append(R.PartitionResponse(partition_index=p, error_code=0, active_producers=producers))
+        topics.append(R.TopicResponse(name=t.name, partitions=parts))
+    return R(throttle_time_ms=0, topics=topics)
+
+
+# ---------------------------------------------------------------- DescribeTransactions / ListTransactions
+
+
+async def handle_describe_transactions(ctx: RequestContext, req: DescribeTransactionsRequest
+                                       ) -> DescribeTransactionsResponse:
+    tc = ctx.server.txn_coordinator
+    states = await tc.call(tc.describe_transactions, list(req.transactional_ids))
+    return DescribeTransactionsResponse(throttle_time_ms=0, transaction_states=states)
+
+
+async def handle_list_transactions(ctx: RequestContext, req: ListTransactionsRequest) -> ListTransactionsResponse:
+    tc = ctx.server.txn_coordinator
+    duration = req.duration_filter if ctx.api_version >= 1 else -1
+    code, unknown, states = await tc.call(tc.list_transactions, list(req.state_filters),
+                                          list(req.producer_id_filters), duration)
+    return ListTransactionsResponse(throttle_time_ms=0, error_code=code, unknown_state_filters=unknown,
+                                    transaction_states=states)
+
+
+HANDLERS = [
+    ApiHandler(24, 0, 5, handle_add_partitions_to_txn),
+    ApiHandler(25, 0, 4, handle_add_offsets_to_txn),
+    ApiHandler(26, 0, 4, handle_end_txn),
+    ApiHandler(27, 0, 1, handle_write_txn_markers),
+    ApiHandler(28, 0, 4, handle_txn_offset_commit),
+    ApiHandler(61, 0, 0, handle_describe_producers),
+    ApiHandler(65, 0, 0, handle_describe_transactions),
+    ApiHandler(66, 0, 1, handle_list_transactions),
+]

@@ -1,0 +1,163 @@
+"""InterBrokerChannel: this broker's client for requests to other brokers (Kafka's NetworkClient +
+BrokerToControllerChannel / InterBrokerSendThread, reduced to what kbroker sends).
+
+One event loop thread owns every connection, so callers on any other loop (network processors, the
+coordinators) hop in with `send()` and await the answer there; requests to one broker are pipelined on
+one connection and matched to responses by correlation id. A broker's address comes from the metadata
+store on the inter-broker listener at send time, so a restarted broker on a new port is found again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import struct
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import uvloop
+
+from protocol import codec
+from protocol.errors import ErrorCode, KafkaError
+from protocol.messages import RequestHeader
+
+log = logging.getLogger("kbroker.inter_broker")
+
+_SIZE = struct.Struct(">i")
+# Endpoint lookup: broker id -> (host, port) on the inter-broker listener, or None when it is not alive.
+EndpointLookup = Callable[[int], "tuple[str, int] | None"]
+
+
+class _Connection:
+    """One pipelined connection to one broker, owned by the channel's loop."""
+
+    def __init__(self, broker_id: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.broker_id = broker_id
+        self.reader = reader
+        self.writer = writer
+        self.pending: dict[int, tuple[int, int, asyncio.Future[Any]]] = {}
+        self.closed = False
+        self.reader_task: asyncio.Task[None] | None = None
+
+    async def read_loop(self) -> None:
+        try:
+            while True:
+                head = await self.reader.readexactly(4)
+                (size,) = _SIZE.unpack(head)
+                frame = await self.reader.readexactly(size)
+                (correlation_id,) = _SIZE.unpack_from(frame, 0)
+                entry = self.pending.pop(correlation_id, None)
+                if entry is None:
+                    raise ConnectionError(f"response with unknown correlation id {correlation_id}")
+                api_key, version, fut = entry
+                try:
+                    _, body = codec.decode_response(api_key, version, frame)
+                except codec.DecodeError as e:
+                    if not fut.done():
+                        fut.set_exception(ConnectionError(f"malformed response from broker {self.broker_id}: {e}"))
+                    continue
+                if not fut.done():
+                    fut.set_result(body)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
+            self.fail(ConnectionError(f"connection to broker {self.broker_id} lost: {e}"))
+        except asyncio.CancelledError:
+            self.fail(ConnectionError(f"connection to broker {self.broker_id} closed"))
+            raise
+
+    def fail(self, exc: Exception) -> None:
+        self.closed = True
+        for _, _, fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self.pending.clear()
+        self.writer.close()
+
+
+class InterBrokerChannel:
+    def __init__(self, broker_id: int, endpoint_of: EndpointLookup, request_timeout_ms: int = 30000) -> None:
+        self.client_id = f"kbroker-broker-{broker_id}"
+        self.endpoint_of = endpoint_of
+        self.request_timeout = request_timeout_ms / 1000
+        self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="inter-broker", daemon=True)
+        self._started = threading.Event()
+        self._conns: dict[int, _Connection] = {}
+        self._connecting: dict[int, asyncio.Future[_Connection]] = {}
+        self._correlation = itertools.count(1)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._started.set)
+        self.loop.run_forever()
+        # Close what is left so no task is destroyed while pending.
+        for conn in list(self._conns.values()):
+            if conn.reader_task is not None:
+                conn.reader_task.cancel()
+        self.loop.run_until_complete(asyncio.sleep(0))
+        self.loop.close()
+
+    def start(self) -> None:
+        self._thread.start()
+        self._started.wait()
+
+    def stop(self) -> None:
+        if self._thread.is_alive() and self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
+
+    def send(self, broker_id: int, api_key: int, version: int, body: Any) -> Awaitable[Any]:
+        """Send one request to a broker; the awaitable (on the caller's loop) yields the response body.
+
+        Raises ConnectionError when the broker cannot be reached or does not answer in request.timeout.ms,
+        KafkaError(BROKER_NOT_AVAILABLE) when it is not alive in the metadata.
+        """
+        fut = asyncio.run_coroutine_threadsafe(self._send(broker_id, api_key, version, body), self.loop)
+        return asyncio.wrap_future(fut)
+
+    async def _send(self, broker_id: int, api_key: int, version: int, body: Any) -> Any:
+        conn = await self._connection(broker_id)
+        correlation_id = next(self._correlation) & 0x7FFFFFFF
+        header = RequestHeader(request_api_key=api_key, request_api_version=version, correlation_id=correlation_id,
+                               client_id=self.client_id)
+        fut: asyncio.Future[Any] = self.loop.create_future()
+        conn.pending[correlation_id] = (api_key, version, fut)
+        conn.writer.write(bytes(codec.encode_request(header, body)))
+        try:
+            return await asyncio.wait_for(fut, self.request_timeout)
+        except TimeoutError:
+            # A broker that stopped answering (SIGSTOP, a cut network): start over with a new connection.
+            log.warning("Request %d (api %d) to broker %d timed out; reconnecting", correlation_id, api_key, broker_id)
+            conn.fail(ConnectionError(f"request to broker {broker_id} timed out"))
+            self._conns.pop(broker_id, None)
+            raise ConnectionError(f"request to broker {broker_id} timed out") from None
+
+    async def _connection(self, broker_id: int) -> _Connection:
+        conn = self._conns.get(broker_id)
+        if conn is not None and not conn.closed:
+            return conn
+        waiting = self._connecting.get(broker_id)
+        if waiting is not None:
+            return await asyncio.shield(waiting)
+        endpoint = self.endpoint_of(broker_id)
+        if endpoint is None:
+            raise KafkaError(ErrorCode.BROKER_NOT_AVAILABLE, f"broker {broker_id} is not alive")
+        fut: asyncio.Future[_Connection] = self.loop.create_future()
+        self._connecting[broker_id] = fut
+        try:
+            host, port = endpoint
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), self.request_timeout)
+            conn = _Connection(broker_id, reader, writer)
+            conn.reader_task = self.loop.create_task(conn.read_loop())
+            self._conns[broker_id] = conn
+            log.info("Connected to broker %d at %s:%d", broker_id, host, port)
+            fut.set_result(conn)
+            return conn
+        except (TimeoutError, OSError) as e:
+            err = ConnectionError(f"cannot connect to broker {broker_id} at {endpoint[0]}:{endpoint[1]}: {e}")
+            fut.set_exception(err)
+            fut.exception()  # retrieved: waiters get it through shield
+            raise err from None
+        finally:
+            self._connecting.pop(broker_id, None)

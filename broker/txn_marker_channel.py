@@ -1,0 +1,131 @@
+"""TxnMarkerChannel: writes a transaction's COMMIT/ABORT markers to its partitions (Kafka's
+TransactionMarkerChannelManager plus the partition side of KafkaApis.handleWriteTxnMarkersRequest).
+
+Partitions this broker leads get the control batch appended here, on the io pool; the others get a
+WriteTxnMarkers request to their leader over the inter-broker channel. A marker written to
+__consumer_offsets completes the producer's pending transactional offset commits in the group
+coordinator, as Kafka's handleTxnCompletion does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from broker.replica_manager import LEADER_EPOCH, error_of
+from coordinator.group_coordinator import OFFSETS_TOPIC
+from protocol.errors import ErrorCode, KafkaError
+from protocol.messages import WriteTxnMarkersRequest, WriteTxnMarkersResponse
+
+if TYPE_CHECKING:
+    from broker.server import KafkaServer
+
+log = logging.getLogger("kbroker.txn_markers")
+
+WRITE_TXN_MARKERS = 27
+WRITE_TXN_MARKERS_VERSION = 1
+TopicPartition = tuple[str, int]
+
+
+class TxnMarkerChannel:
+    def __init__(self, server: KafkaServer) -> None:
+        self.server = server
+
+    # ------------------------------------------------------------ coordinator side
+
+    async def write_txn_markers(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
+                                partitions: list[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
+        """Write one transaction's markers wherever its partitions are led; per-partition errors."""
+        server = self.server
+        results: dict[TopicPartition, ErrorCode] = {}
+        by_leader: dict[int, list[TopicPartition]] = defaultdict(list)
+        for topic, partition in partitions:
+            rec = server.metadata.topics.get(topic)
+            if rec is None or not 0 <= partition < rec.num_partitions:
+                results[(topic, partition)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            by_leader[rec.leaders[partition]].append((topic, partition))
+        pending = []
+        for leader, tps in by_leader.items():
+            if leader == server.broker_id:
+                pending.append(self._write_here(producer_id, producer_epoch, coordinator_epoch, commit, tps))
+            else:
+                pending.append(self._write_remote(leader, producer_id, producer_epoch, coordinator_epoch, commit, tps))
+        for part in await asyncio.gather(*pending):
+            results.update(part)
+        return results
+
+    async def _write_here(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
+                          tps: list[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self.server.io_pool, self.append_markers, producer_id, producer_epoch, coordinator_epoch, commit, tps)
+
+    async def _write_remote(self, leader: int, producer_id: int, producer_epoch: int, coordinator_epoch: int,
+                            commit: bool, tps: list[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
+        topics: dict[str, list[int]] = defaultdict(list)
+        for topic, partition in tps:
+            topics[topic].append(partition)
+        req = WriteTxnMarkersRequest(markers=[WriteTxnMarkersRequest.WritableTxnMarker(
+            producer_id=producer_id, producer_epoch=producer_epoch, transaction_result=commit,
+            coordinator_epoch=coordinator_epoch,
+            topics=[WriteTxnMarkersRequest.WritableTxnMarkerTopic(name=t, partition_indexes=ps)
+                    for t, ps in topics.items()],
+        )])
+        try:
+            resp: WriteTxnMarkersResponse = await self.server.inter_broker.send(
+                leader, WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION, req)
+        except (ConnectionError, KafkaError) as e:
+            log.warning("WriteTxnMarkers for producer %d to broker %d failed: %s", producer_id, leader, e)
+            return {tp: ErrorCode.NOT_LEADER_OR_FOLLOWER for tp in tps}
+        out: dict[TopicPartition, ErrorCode] = {tp: ErrorCode.UNKNOWN_SERVER_ERROR for tp in tps}
+        for m in resp.markers:
+            for t in m.topics:
+                for p in t.partitions:
+                    if (t.name, p.partition_index) in out:
+                        out[(t.name, p.partition_index)] = ErrorCode(p.error_code)
+        return out
+
+    # ------------------------------------------------------------ partition side
+
+    def append_markers(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
+                       tps: list[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
+        """Append the control batch to each local partition (blocking: run on the io pool)."""
+        server = self.server
+        rm = server.replica_manager
+        results: dict[TopicPartition, ErrorCode] = {}
+        offsets_partitions: list[int] = []
+        to_flush = []
+        now = int(time.time() * 1000)
+        for topic, partition in tps:
+            try:
+                lg = rm.get_log(topic, partition)
+                info = lg.append_control(producer_id, producer_epoch, coordinator_epoch, commit, now,
+                                         leader_epoch=LEADER_EPOCH)
+            except Exception as e:  # noqa: BLE001 - each partition answers with its own error code
+                code = error_of(e)
+                if code == ErrorCode.UNKNOWN_SERVER_ERROR:
+                    log.exception("Writing the %s marker of producer %d to %s-%d failed",
+                                  "COMMIT" if commit else "ABORT", producer_id, topic, partition)
+                results[(topic, partition)] = code
+                continue
+            rm.purgatory.notify((topic, partition))
+            if rm.needs_flush(lg):
+                to_flush.append((lg, info.last_offset))
+            if topic == OFFSETS_TOPIC:
+                offsets_partitions.append(partition)
+            results[(topic, partition)] = ErrorCode.NONE
+        for lg, offset in to_flush:
+            try:
+                lg.flush(offset + 1)
+            except Exception as e:  # noqa: BLE001 - the marker is not durable: the coordinator retries
+                log.error("fsync of %s after a transaction marker failed: %s", lg.name, e)
+                results[(lg.topic, lg.partition)] = ErrorCode.KAFKA_STORAGE_ERROR
+        gc = server.group_coordinator
+        for p in offsets_partitions:
+            if results.get((OFFSETS_TOPIC, p)) == ErrorCode.NONE:
+                gc.loop.call_soon_threadsafe(gc.complete_txn, producer_id, p, commit)
+        return results
