@@ -22,7 +22,6 @@ from protocol.control_records import build_end_txn_marker_batch, parse_end_txn_m
 from protocol.records import (
     ATTR_TIMESTAMP_TYPE,
     BatchesSummary,
-    InvalidRecordError,
     decode_records,
     max_decompressed_size,
     recompress_batches,
@@ -352,10 +351,14 @@ class Log(ReplicaLogMixin):
         from_client=False is for internal writers (coordinators): it allows control batches.
         """
         config = self.config
-        summary = validate_batches(records, from_client=from_client)
+        # Every record of every batch is walked (Kafka's LogValidator): a compacted topic refuses records
+        # without a key, and CreateTime outside message.timestamp.before/after.max.ms is refused, each record
+        # by its index in its batch (RecordValidationError -> record_errors in the Produce response).
+        summary = validate_batches(
+            records, from_client=from_client, topic_partition=self.name, compacted=config.compact,
+            timestamp_bounds=config.timestamp_bounds(now_ms) if from_client else None,
+            log_append_time=config.log_append_time, max_decompressed=max_decompressed_size(config.max_message_bytes))
         self._check_batch_sizes(summary, config)
-        if config.compact:
-            self._check_keys(records, summary)
         if config.target_codec is not None:
             # Topic compression.type names a codec: batches sent with another are rebuilt, as Kafka's LogValidator.
             rebuilt = recompress_batches(records, summary, config.target_codec, config.compression_level,
@@ -497,24 +500,6 @@ class Log(ReplicaLogMixin):
             psm.complete_txn(txn)
         if updates:
             self._first_unstable = psm.first_unstable_offset
-
-    def _check_keys(self, records: bytes | bytearray | memoryview, summary: BatchesSummary) -> None:
-        # Compacted topics need a key on every record (Kafka rejects with INVALID_RECORD).
-        for pos, h in summary.batches:
-            if h.is_control:
-                continue
-            recs = decode_records(records, pos, max_size=max_decompressed_size(self.config.max_message_bytes))
-            if len(recs) != h.records_count:
-                raise InvalidRecordError(f"batch at position {pos} holds {len(recs)} records, its header says "
-                                         f"{h.records_count}")
-            for i, rec in enumerate(recs):
-                if rec.key is None:
-                    raise InvalidRecordError(f"compacted topic {self.topic} cannot accept a record without a key")
-                # The records are decoded here anyway: hold them to Kafka's rule of consecutive offset deltas,
-                # which the cleaner relies on when it rewrites the batch.
-                if rec.offset - h.base_offset != i:
-                    raise InvalidRecordError(f"record {i} of the batch at position {pos} has offset delta "
-                                             f"{rec.offset - h.base_offset}")
 
     def _check_open(self) -> None:
         if self._closed:
