@@ -2,7 +2,9 @@
 #   docker build -t kbroker . && docker run -p 9092:9092 -v kbroker-data:/data kbroker
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# gcc builds the optional C record walk (protocol/_record_walk.c) into the wheel; the runtime image has none.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml setup.py README.md ./
 COPY broker broker
 COPY protocol protocol
 COPY storage storage

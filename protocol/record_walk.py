@@ -7,14 +7,23 @@ value lengths >= -1, header counts >= 0, non-null header keys, offset deltas, an
 filling the body. It allocates nothing per record: on the produce path it is the only per-record work.
 
 The module stands alone (protocol.records imports it) and reports problems as return values, not exceptions,
-so one call per batch is all the produce path pays for.
+so one call per batch is all the produce path pays for. In Python the walk costs ~0.7-1 us per record, several
+times what the broker spends on a produced message otherwise; protocol/_record_walk.c does the same in a few ns
+and is used when built (setup.py, optional: `python setup.py build_ext --inplace`).
 """
 
 from __future__ import annotations
 
 from protocol.primitives import DecodeError, read_uvarint
 
-__all__ = ["WalkResult", "walk_records"]
+__all__ = ["COMPILED", "WalkResult", "walk_records", "walk_records_py"]
+
+try:
+    from protocol import _record_walk as _compiled  # type: ignore[attr-defined]
+except ImportError:  # not built: the Python walk below
+    _compiled = None
+
+COMPILED = _compiled is not None
 
 Buffer = bytes | bytearray | memoryview
 
@@ -46,6 +55,24 @@ def walk_records(body: Buffer, count: int, *, consecutive: bool, last_offset_del
     topics). ts_bounds: absolute [low, high] CreateTime range; records outside it are collected (NO_TIMESTAMP
     records are exempt, as in Kafka).
     """
+    if _compiled is None:
+        return walk_records_py(body, count, consecutive=consecutive, last_offset_delta=last_offset_delta,
+                               need_keys=need_keys, base_timestamp=base_timestamp, ts_bounds=ts_bounds)
+    low, high = ts_bounds if ts_bounds is not None else (0, 0)
+    found = _compiled.walk(body, count, consecutive, last_offset_delta, need_keys, base_timestamp,
+                           ts_bounds is not None, low, high)
+    if found is None:
+        return _OK
+    if isinstance(found, str):
+        return found
+    result = WalkResult()
+    result.keyless, result.bad_timestamps = found
+    return result
+
+
+def walk_records_py(body: Buffer, count: int, *, consecutive: bool, last_offset_delta: int, need_keys: bool,
+                    base_timestamp: int, ts_bounds: tuple[int, int] | None) -> WalkResult | str:
+    """walk_records in Python: the reference for protocol/_record_walk.c, and the fallback without it."""
     end = len(body)
     p = 0
     result = _OK

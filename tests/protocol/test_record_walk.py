@@ -1,4 +1,5 @@
-"""protocol.record_walk: the per-record structural walk behind validate_batches, checked against decode_records."""
+"""protocol.record_walk: the per-record structural walk behind validate_batches, checked against decode_records,
+and its compiled form (protocol/_record_walk.c) against the Python one."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol import records as R
-from protocol.record_walk import walk_records
+from protocol.record_walk import COMPILED, walk_records, walk_records_py
 
 NOW = 1_700_000_000_000
 
@@ -101,3 +102,54 @@ def test_validate_batches_walks_inflated_records(codec: int) -> None:
     raw[17:21] = R.compute_crc(raw, 0, len(raw)).to_bytes(4, "big")
     with pytest.raises(R.InvalidRecordError, match="premature EOF"):
         R.validate_batches(bytes(raw))
+
+
+def _both(body: bytes, count: int, **kw: object) -> tuple[object, object]:
+    args: dict[str, object] = {"consecutive": True, "last_offset_delta": count - 1, "need_keys": True,
+                               "base_timestamp": NOW, "ts_bounds": None}
+    args.update(kw)
+    return walk_records(body, count, **args), walk_records_py(body, count, **args)  # type: ignore[arg-type]
+
+
+def _same(a: object, b: object) -> None:
+    # Messages may differ on the rarest faults; what is refused, and which records are reported, may not.
+    assert isinstance(a, str) == isinstance(b, str), (a, b)
+    if not isinstance(a, str):
+        assert (a.keyless, a.bad_timestamps) == (b.keyless, b.bad_timestamps)  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(not COMPILED, reason="protocol/_record_walk.c not built (python setup.py build_ext --inplace)")
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(_record, min_size=1, max_size=6), st.data())
+def test_compiled_walk_agrees_with_the_python_walk(recs: list, data: st.DataObject) -> None:
+    batch = R.build_batch(recs)
+    h = R.parse_batch_header(batch)
+    body = bytearray(_body(batch))
+    for _ in range(data.draw(st.integers(0, 3))):
+        kind = data.draw(st.sampled_from(["set", "cut", "tail", "varint"]))
+        if kind == "set" and body:
+            body[data.draw(st.integers(0, len(body) - 1))] = data.draw(st.integers(0, 255))
+        elif kind == "cut" and body:
+            del body[data.draw(st.integers(0, len(body) - 1)):]
+        elif kind == "tail":
+            body += data.draw(st.binary(min_size=1, max_size=8))
+        elif body:
+            # long and over-long varints (10 bytes with high bits, 11 bytes) where a field starts
+            at = data.draw(st.integers(0, len(body) - 1))
+            body[at:at + 1] = data.draw(st.sampled_from([b"\xff" * 9 + b"\x01", b"\xff" * 9 + b"\x7f",
+                                                         b"\xff" * 11, b"\x80\x80\x01"]))
+    count = len(recs) + data.draw(st.sampled_from([0, 0, -1, 1]))
+    bounds = data.draw(st.sampled_from([None, (NOW - 1000, NOW + 1000), (-(2**63), 2**63 - 1)]))
+    for consecutive in (True, False):
+        _same(*_both(bytes(body), count, consecutive=consecutive, base_timestamp=h.base_timestamp,
+                     ts_bounds=bounds))
+
+
+@pytest.mark.skipif(not COMPILED, reason="protocol/_record_walk.c not built (python setup.py build_ext --inplace)")
+def test_compiled_walk_reads_every_buffer_type() -> None:
+    body = _body(R.build_batch([(None, b"v", (), NOW), (b"k", b"v", (), NOW - 10**9)]))
+    for buf in (body, bytearray(body), memoryview(body), memoryview(bytearray(b"xx" + body))[2:]):
+        found = walk_records(buf, 2, consecutive=True, last_offset_delta=1, need_keys=True, base_timestamp=NOW,
+                             ts_bounds=(NOW - 1000, NOW + 1000))
+        assert not isinstance(found, str)
+        assert found.keyless == [0] and found.bad_timestamps == [(1, NOW - 10**9)]
