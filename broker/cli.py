@@ -10,12 +10,13 @@ import argparse
 import logging
 import resource
 import sys
-from importlib import metadata
 
 from broker.config import KEYS, ConfigError, KafkaConfig, read_properties, render_value
 
 
 def version() -> str:
+    from importlib import metadata  # 60 ms to import: only when asked
+
     try:
         return metadata.version("kbroker")
     except metadata.PackageNotFoundError:  # a source checkout that was never pip-installed
@@ -42,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--override", action="append", default=[], metavar="KEY=VALUE", help="override a property of the file"
     )
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    ap.add_argument("--version", action="version", version=f"kbroker {version()}")
+    ap.add_argument("--version", action="store_true", help="print the version and exit")
     ap.add_argument("--print-config", action="store_true",
                     help="print the effective configuration with the source of each value, then exit")
     return ap.parse_args(argv)
@@ -79,6 +80,9 @@ def _raise_open_files_limit() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.version:
+        print(f"kbroker {version()}")
+        return 0
     logging.basicConfig(
         level=args.log_level,
         format="[%(asctime)s] %(levelname)s %(message)s (%(name)s)",

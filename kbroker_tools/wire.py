@@ -72,7 +72,7 @@ class WireClient:
                      replication_factor: int = 1, timeout_ms: int = 10000) -> None:
         """CreateTopics v5 to this broker (a single broker is its own controller); WireError when refused."""
         Topic = CreateTopicsRequest.CreatableTopic
-        Config = Topic.CreatableTopicConfig
+        Config = CreateTopicsRequest.CreatableTopicConfig
         req = CreateTopicsRequest(
             topics=[Topic(name=name, num_partitions=partitions, replication_factor=replication_factor,
                           assignments=[], configs=[Config(name=k, value=v) for k, v in (config or {}).items()])],
