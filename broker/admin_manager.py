@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import random
 import re
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from broker.topic_config import InvalidConfig, default_log_config, validate_topic_configs
-from coordinator.metadata_store import TopicRecord, new_topic_id
+from coordinator.metadata_store import PartitionState, TopicRecord, new_topic_id
 from protocol.errors import ErrorCode, KafkaError
 from storage.config import LogConfig
 
@@ -41,6 +42,44 @@ def validate_topic_name(name: str) -> str | None:
 
 def _collides(a: str, b: str) -> bool:
     return a != b and a.replace(".", "_") == b.replace(".", "_")
+
+
+def assign_replicas_rack_unaware(brokers: list[int], num_partitions: int, replication_factor: int,
+                                 start_index: int = -1, start_partition: int = 0) -> list[list[int]]:
+    """Kafka's AdminUtils.assignReplicasToBrokersRackUnaware: spread leaders round-robin from a random
+    broker, and each further replica at a shift that grows every time the partitions wrap the brokers."""
+    n = len(brokers)
+    shift = start_index if start_index >= 0 else random.randrange(n)
+    if start_index < 0:
+        start_index = random.randrange(n)
+    out: list[list[int]] = []
+    for pid in range(max(0, start_partition), max(0, start_partition) + num_partitions):
+        if pid > 0 and pid % n == 0:
+            shift += 1
+        first = (pid + start_index) % n
+        replicas = [brokers[first]]
+        for j in range(replication_factor - 1):
+            replicas.append(brokers[(first + 1 + (shift + j) % (n - 1)) % n])
+        out.append(replicas)
+    return out
+
+
+def check_assignment(assignment: list[list[int]], live: set[int]) -> None:
+    """Kafka's validation of an explicit replica assignment (INVALID_REPLICA_ASSIGNMENT)."""
+    sizes = {len(r) for r in assignment}
+    for replicas in assignment:
+        if not replicas:
+            raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, "Replica list cannot be empty.")
+        if len(set(replicas)) != len(replicas):
+            raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                             f"Duplicate brokers not allowed in replica assignment: {', '.join(map(str, replicas))}.")
+        unknown = [b for b in replicas if b not in live]
+        if unknown:
+            raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                             f"Unknown broker(s) in replica assignment: {', '.join(map(str, unknown))}.")
+    if len(sizes) > 1:
+        raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                         "All partitions should have the same number of replicas.")
 
 
 class AdminManager:
@@ -88,30 +127,29 @@ class AdminManager:
                 ErrorCode.INVALID_REPLICATION_FACTOR,
                 f"Replication factor: {replication_factor} larger than available brokers: {live}.",
             )
-        if replication_factor > 1:
-            raise KafkaError(
-                ErrorCode.INVALID_REPLICATION_FACTOR,
-                "kbroker keeps one replica per partition; replication factor must be 1.",
-            )
         try:
             config = validate_topic_configs(configs, self.base_log_config())
         except InvalidConfig as e:
             raise KafkaError(ErrorCode.INVALID_CONFIG, str(e)) from None
         return num_partitions, replication_factor, config
 
-    def assign_leaders(self, num_partitions: int, start: int = 0) -> list[int]:
-        brokers = sorted(self.metadata.live_brokers())
-        return [brokers[(start + i) % len(brokers)] for i in range(num_partitions)]
+    def assign_replicas(self, num_partitions: int, replication_factor: int, start_partition: int = 0,
+                        start_index: int = -1) -> list[list[int]]:
+        return assign_replicas_rack_unaware(sorted(self.metadata.live_brokers()), num_partitions, replication_factor,
+                                            start_index, start_partition)
 
     def create_topic(self, name: str, num_partitions: int = -1, replication_factor: int = -1,
                      configs: Mapping[str, str | None] | None = None,
-                     leaders: list[int] | None = None) -> TopicRecord:
+                     assignment: list[list[int]] | None = None) -> TopicRecord:
         with self._lock:
-            num_partitions, _, _ = self.check_new_topic(name, num_partitions, replication_factor, configs or {})
+            num_partitions, rf, _ = self.check_new_topic(name, num_partitions, replication_factor, configs or {})
+            if assignment is None:
+                assignment = self.assign_replicas(num_partitions, rf)
             rec = TopicRecord(
                 name,
                 new_topic_id(),
-                leaders or self.assign_leaders(num_partitions),
+                # The leader the controller will pick (the first replica); ZooKeeper mode keeps only the replicas.
+                [PartitionState(r[0], 0, list(r), list(r)) for r in assignment],
                 {k: str(v) for k, v in (configs or {}).items()},
             )
             try:
@@ -122,7 +160,8 @@ class AdminManager:
             for p in range(num_partitions):
                 if rec.leaders[p] == self.server.broker_id:
                     self.ensure_log(name, p)
-            log.info("Created topic %s with %d partitions, configs %s", name, num_partitions, rec.configs)
+            log.info("Created topic %s with %d partitions, replication factor %d, configs %s", name, num_partitions,
+                     len(assignment[0]), rec.configs)
             return rec
 
     def ensure_log(self, topic: str, partition: int) -> Log:
@@ -172,26 +211,34 @@ class AdminManager:
                 raise KafkaError(ErrorCode.INVALID_PARTITIONS, f"Topic already has {current} partitions.")
             new = count - current
             live = set(self.metadata.live_brokers())
+            rf = rec.replication_factor
             if assignments is not None:
                 if len(assignments) != new:
                     raise KafkaError(
                         ErrorCode.INVALID_REPLICA_ASSIGNMENT,
                         f"Increasing the number of partitions by {new} but {len(assignments)} assignments provided.",
                     )
-                for replicas in assignments:
-                    if len(replicas) != 1:
-                        raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, "Each partition has exactly one replica.")
-                    if replicas[0] not in live:
-                        raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"Unknown broker {replicas[0]}.")
-                leaders = [r[0] for r in assignments]
+                check_assignment(assignments, live)
+                if len(assignments[0]) != rf:
+                    raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                                     f"Inconsistent replication factor between partitions, partition 0 has {rf} "
+                                     f"while partitions [{current}] have replication factors [{len(assignments[0])}].")
+                assignment = [list(r) for r in assignments]
             else:
-                leaders = self.assign_leaders(new, start=current)
+                if rf > len(live):
+                    raise KafkaError(ErrorCode.INVALID_REPLICATION_FACTOR,
+                                     f"Replication factor: {rf} larger than available brokers: {len(live)}.")
+                brokers = sorted(live)
+                first = rec.partitions[0].replicas[0] if rec.partitions and rec.partitions[0].replicas else brokers[0]
+                # As Kafka's AdminZkClient: continue the round-robin from partition 0's first replica.
+                start = next((i for i, b in enumerate(brokers) if b >= first), 0)
+                assignment = self.assign_replicas(new, rf, start_partition=current, start_index=start)
             if validate_only:
                 return
-            self.metadata.add_partitions(name, leaders)
-            for i, leader in enumerate(leaders):
-                if leader == self.server.broker_id:
-                    self.ensure_log(name, current + i)
+            self.metadata.add_partitions(name, assignment)
+            for p in range(current, count):
+                if self.metadata.topics[name].leaders[p] == self.server.broker_id:
+                    self.ensure_log(name, p)
             log.info("Topic %s now has %d partitions (was %d)", name, count, current)
 
     # ------------------------------------------------------------ configs

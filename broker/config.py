@@ -154,9 +154,6 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey(
             "log.message.timestamp.type", _str, "CreateTime", one_of("CreateTime", "LogAppendTime"), dynamic=True
         ),
-        ConfigKey("log.message.timestamp.difference.max.ms", _long, LONG_MAX, at_least(0), dynamic=True),
-        ConfigKey("log.message.timestamp.before.max.ms", _long, LONG_MAX, at_least(0), dynamic=True),
-        ConfigKey("log.message.timestamp.after.max.ms", _long, LONG_MAX, at_least(0), dynamic=True),
         ConfigKey("log.message.format.version", _str, "3.0-IV1"),
         ConfigKey("compression.type", _str, "producer",
                   one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"), dynamic=True),
@@ -193,6 +190,11 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("producer.id.expiration.ms", _int, 86400000, at_least(1)),
         ConfigKey("unclean.leader.election.enable", _bool, False),
         ConfigKey("controlled.shutdown.enable", _bool, True),
+        ConfigKey("controlled.shutdown.max.retries", _int, 3, at_least(0)),
+        ConfigKey("controlled.shutdown.retry.backoff.ms", _long, 5000, at_least(0)),
+        ConfigKey("auto.leader.rebalance.enable", _bool, True),
+        ConfigKey("leader.imbalance.check.interval.seconds", _long, 300, at_least(1)),
+        ConfigKey("leader.imbalance.per.broker.percentage", _int, 10, at_least(0)),
         ConfigKey("request.timeout.ms", _int, 30000, at_least(0)),
         ConfigKey("replica.lag.time.max.ms", _long, 30000, at_least(0)),
         ConfigKey("num.replica.fetchers", _int, 1, at_least(1)),

@@ -86,6 +86,8 @@ class InterBrokerChannel:
         self._conns: dict[int, _Connection] = {}
         self._connecting: dict[int, asyncio.Future[_Connection]] = {}
         self._correlation = itertools.count(1)
+        # The controller's broker id, or None while an election is pending (ZooKeeper mode).
+        self.controller_of: Callable[[], int | None] | None = None
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -106,6 +108,16 @@ class InterBrokerChannel:
         if self._thread.is_alive() and self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=5)
+
+    def send_to_controller(self, api_key: int, version: int, body: Any) -> Awaitable[Any]:
+        """Send one request to the controller (Kafka's BrokerToControllerChannelManager); NOT_CONTROLLER when
+        none is known. The controller is looked up when sent, so a retry after NOT_CONTROLLER finds a new one."""
+        controller = self.controller_of() if self.controller_of is not None else None
+        if controller is None:
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            fut.set_exception(KafkaError(ErrorCode.NOT_CONTROLLER, "no controller is known"))
+            return fut
+        return self.send(controller, api_key, version, body)
 
     def send(self, broker_id: int, api_key: int, version: int, body: Any) -> Awaitable[Any]:
         """Send one request to a broker; the awaitable (on the caller's loop) yields the response body.

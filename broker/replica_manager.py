@@ -52,6 +52,13 @@ class ReplicaManager:
             lg = self.server.admin.ensure_log(topic, partition)
         return lg
 
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The partition's leader epoch as the controller last said (0 on the embedded single node)."""
+        rec = self.server.metadata.topics.get(topic)
+        if rec is None or not 0 <= partition < rec.num_partitions:
+            return LEADER_EPOCH
+        return rec.partitions[partition].leader_epoch
+
     # ------------------------------------------------------------ produce
 
     def append(self, topic: str, partition: int, records: Any, required_acks: int) -> Any:

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from broker.admin_manager import AdminManager
 from broker.apis import KafkaApis
 from broker.config import KafkaConfig
+from broker.controller_channel import ControllerChannelManager
 from broker.handlers import all_handlers
 from broker.inter_broker import InterBrokerChannel
 from broker.network import SocketServer
@@ -18,12 +19,14 @@ from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotaMan
 from broker.replica_manager import ReplicaManager
 from broker.txn_marker_channel import TxnMarkerChannel
 from broker.txn_verification import TxnVerifier
+from coordinator.controller import ControllerConfig, KafkaController
 from coordinator.group_coordinator import OFFSETS_TOPIC, GroupConfig, GroupCoordinator
 from coordinator.metadata_store import LocalMetadataStore, TopicRecord
 from coordinator.producer_ids import LocalBlockSource, ProducerIdManager
 from coordinator.transaction_coordinator import TRANSACTION_STATE_TOPIC, TransactionCoordinator, TxnConfig
 from coordinator.zk_store import ZkMetadataStore
 from protocol.errors import ErrorCode, KafkaError
+from protocol.messages import ControlledShutdownRequest
 from storage.config import LogConfig
 from storage.manager import LogManager
 
@@ -85,6 +88,24 @@ class KafkaServer:
             # One replica per partition: __transaction_state cannot ask for more in-sync replicas than it has.
             replication_factor=1, min_isr=1,
         ))
+        # LeaderAndIsr, UpdateMetadata and StopReplica are applied one at a time, in arrival order.
+        self.controller_requests = ThreadPoolExecutor(1, thread_name_prefix="controller-requests")
+        self.controller: KafkaController | None = None
+        if isinstance(self.metadata, ZkMetadataStore):
+            self.inter_broker.controller_of = lambda: self.metadata.current_controller  # type: ignore[union-attr]
+            channel = self.controller_channel = ControllerChannelManager(self.inter_broker)
+            store = self.metadata
+            self.controller = KafkaController(
+                self.broker_id, store, channel.send,
+                lambda b: (store.broker_listeners(b), store.broker_rack(b)),
+                ControllerConfig(
+                    unclean_leader_election=config["unclean.leader.election.enable"],
+                    auto_leader_rebalance=config["auto.leader.rebalance.enable"],
+                    leader_imbalance_check_interval_s=float(config["leader.imbalance.check.interval.seconds"]),
+                    leader_imbalance_per_broker_percentage=config["leader.imbalance.per.broker.percentage"],
+                ),
+                on_broker_gone=channel.remove_broker,
+            )
         self._stopped = asyncio.Event()
         self._ids_cache: tuple[dict[str, TopicRecord], dict[bytes, str]] | None = None
 
@@ -144,6 +165,8 @@ class KafkaServer:
         self.txn_coordinator.start(
             [p for p in range(txn_state.num_partitions) if txn_state.leaders[p] == self.broker_id] if txn_state else []
         )
+        if self.controller is not None:
+            self.controller.start()  # before registering: the election may make this broker the controller
         self.socket_server.start_processors()
         self.socket_server.bind(loop)
         host, port = self.advertised_endpoint()
@@ -177,15 +200,45 @@ class KafkaServer:
     def _on_topic_changed(self, rec: TopicRecord) -> None:
         self.log_manager.update_topic_config(rec.name, self.admin.log_config_for(rec))
 
+    async def controlled_shutdown(self) -> None:
+        """Kafka's controlledShutdown: ask the controller to move this broker's leaderships away before it
+        stops serving, retrying while some remain (controlled.shutdown.max.retries)."""
+        c = self.config
+        if self.controller is None or not c["controlled.shutdown.enable"]:
+            return
+        assert isinstance(self.metadata, ZkMetadataStore)
+        t0 = time.monotonic()
+        for attempt in range(c["controlled.shutdown.max.retries"] + 1):
+            if attempt:
+                await asyncio.sleep(c["controlled.shutdown.retry.backoff.ms"] / 1000)
+            req = ControlledShutdownRequest(broker_id=self.broker_id, broker_epoch=self.metadata.broker_epoch)
+            try:
+                resp = await self.inter_broker.send_to_controller(7, 3, req)
+            except (ConnectionError, KafkaError) as e:
+                log.warning("Controlled shutdown attempt %d failed: %s", attempt + 1, e)
+                continue
+            if resp.error_code == ErrorCode.NONE and not resp.remaining_partitions:
+                log.info("Controlled shutdown of broker %d succeeded in %.0f ms", self.broker_id,
+                         (time.monotonic() - t0) * 1000)
+                return
+            log.warning("Controlled shutdown attempt %d: error %d, %d partitions still led here", attempt + 1,
+                        resp.error_code, len(resp.remaining_partitions))
+        log.warning("Controlled shutdown of broker %d did not complete; shutting down anyway", self.broker_id)
+
     async def shutdown(self) -> None:
         log.info("Shutting down broker %d", self.broker_id)
+        await self.controlled_shutdown()
         self.socket_server.stop_accepting()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.socket_server.stop_processors)
         self.replica_manager.purgatory.notify_all()
         self.txn_coordinator.stop()
         self.group_coordinator.stop()
+        if self.controller is not None:
+            self.controller.stop()
+            self.controller_channel.stop()
         self.inter_broker.stop()
+        self.controller_requests.shutdown(wait=True)
         self.io_pool.shutdown(wait=True)
         await loop.run_in_executor(None, self.log_manager.shutdown)
         self.metadata.stop()
@@ -234,7 +287,7 @@ class KafkaServer:
         c = self.config
         try:
             return self.admin.create_topic(
-                OFFSETS_TOPIC, c["offsets.topic.num.partitions"], 1,
+                OFFSETS_TOPIC, c["offsets.topic.num.partitions"], self._internal_rf("offsets.topic.replication.factor"),
                 {"cleanup.policy": "compact", "segment.bytes": str(c["offsets.topic.segment.bytes"]),
                  "compression.type": "producer"},
             )
@@ -242,6 +295,11 @@ class KafkaServer:
             if e.code == ErrorCode.TOPIC_ALREADY_EXISTS:
                 return self.metadata.topics[OFFSETS_TOPIC]
             raise
+
+    def _internal_rf(self, key: str) -> int:
+        """Replication factor of an internal topic: the config in a cluster (as Kafka, creation fails while
+        fewer brokers are alive), always 1 on the embedded single node."""
+        return int(self.config[key]) if self.controller is not None else 1
 
     def offsets_log(self, partition: int):  # type: ignore[no-untyped-def]
         self.ensure_offsets_topic()
@@ -269,7 +327,8 @@ class KafkaServer:
             return rec
         try:
             return self.admin.create_topic(
-                TRANSACTION_STATE_TOPIC, self.config["transaction.state.log.num.partitions"], 1,
+                TRANSACTION_STATE_TOPIC, self.config["transaction.state.log.num.partitions"],
+                self._internal_rf("transaction.state.log.replication.factor"),
                 self.txn_coordinator.config.topic_configs(),
             )
         except KafkaError as e:

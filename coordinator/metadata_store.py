@@ -47,10 +47,13 @@ def new_topic_id() -> bytes:
             return tid
 
 
-@dataclass
+@dataclass(frozen=True)
 class PartitionState:
-    """One partition's replication state as the controller decides it (Kafka's LeaderAndIsrPartitionState;
-    partition_epoch is the version of /brokers/topics/<t>/partitions/<p>/state)."""
+    """One partition's replication state, as the controller writes it (Kafka's LeaderAndIsr + assignment).
+
+    `partition_epoch` is the version of /brokers/topics/<t>/partitions/<p>/state in ZooKeeper mode (Kafka's
+    zkVersion, the AlterPartition partition epoch); the embedded single node has everything at 0.
+    """
 
     leader: int
     leader_epoch: int
@@ -59,21 +62,63 @@ class PartitionState:
     partition_epoch: int = 0
     adding_replicas: list[int] = field(default_factory=list)
     removing_replicas: list[int] = field(default_factory=list)
+    # Epoch of the controller that last wrote this state (0 on the embedded single node).
+    controller_epoch: int = 0
+
+    @classmethod
+    def sole(cls, broker_id: int) -> PartitionState:
+        """The embedded single node: one replica, always leader, leader epoch 0."""
+        return cls(broker_id, 0, [broker_id], [broker_id])
+
+    @classmethod
+    def unknown(cls, replicas: list[int]) -> PartitionState:
+        """Assigned, but no leader known yet (the controller has not told this broker)."""
+        return cls(NO_LEADER, -1, [], list(replicas))
+
+
+# Kafka's LeaderAndIsr.NoLeader / MetadataResponse.NO_LEADER_ID.
+NO_LEADER = -1
 
 
 @dataclass
 class TopicRecord:
+    """A topic and the state of its partitions.
+
+    Replace a record (or its `partitions` list) instead of changing it in place: request threads read
+    records without a lock, and `leaders` is derived once from `partitions`.
+    """
+
     name: str
     topic_id: bytes
-    # partition index -> leader broker id (one replica per partition: routing, not replication)
-    leaders: list[int]
+    partitions: list[PartitionState]
     configs: dict[str, str] = field(default_factory=dict)
+    # partition index -> leader broker id, NO_LEADER for none: the hot-path "do I lead it" view.
+    leaders: list[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.leaders = [ps.leader for ps in self.partitions]
+
+    @classmethod
+    def single_replica(cls, name: str, topic_id: bytes, leaders: list[int],
+                       configs: dict[str, str] | None = None) -> TopicRecord:
+        return cls(name, topic_id, [PartitionState.sole(b) for b in leaders], dict(configs or {}))
 
     @property
     def num_partitions(self) -> int:
-        return len(self.leaders)
+        return len(self.partitions)
+
+    @property
+    def replication_factor(self) -> int:
+        return len(self.partitions[0].replicas) if self.partitions else 0
+
+    def with_partitions(self, partitions: list[PartitionState]) -> TopicRecord:
+        return TopicRecord(self.name, self.topic_id, partitions, dict(self.configs))
+
+    def with_configs(self, configs: dict[str, str]) -> TopicRecord:
+        return TopicRecord(self.name, self.topic_id, list(self.partitions), dict(configs))
 
     def to_json(self) -> dict[str, object]:
+        # The embedded store's file: one replica per partition, so the leaders say everything.
         return {
             "id": str(uuid.UUID(bytes=self.topic_id)),
             "leaders": self.leaders,
@@ -82,7 +127,7 @@ class TopicRecord:
 
     @classmethod
     def from_json(cls, name: str, d: dict[str, object]) -> TopicRecord:
-        return cls(
+        return cls.single_replica(
             name,
             uuid.UUID(str(d["id"])).bytes,
             [int(x) for x in d["leaders"]],  # type: ignore[attr-defined]
@@ -168,12 +213,14 @@ class LocalMetadataStore:
 
     def set_topic_configs(self, name: str, configs: dict[str, str]) -> None:
         with self._lock:
-            self.topics[name].configs = dict(configs)
+            self.topics = {**self.topics, name: self.topics[name].with_configs(configs)}
             self._persist()
 
-    def add_partitions(self, name: str, leaders: list[int]) -> None:
+    def add_partitions(self, name: str, assignment: list[list[int]]) -> None:
         with self._lock:
-            self.topics[name].leaders = self.topics[name].leaders + leaders
+            rec = self.topics[name]
+            new = [PartitionState.sole(replicas[0]) for replicas in assignment]
+            self.topics = {**self.topics, name: rec.with_partitions(rec.partitions + new)}
             self._persist()
 
     def set_broker_configs(self, configs: dict[str, str]) -> None:

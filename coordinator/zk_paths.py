@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 CLUSTER_ID = "/cluster/id"
@@ -21,6 +22,7 @@ CONFIG_BROKERS = "/config/brokers"
 CONFIG_CHANGES = "/config/changes"
 CONFIG_CLIENTS = "/config/clients"
 DELETE_TOPICS = "/admin/delete_topics"
+REASSIGN_PARTITIONS = "/admin/reassign_partitions"
 LATEST_PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 DEFAULT_BROKER_ENTITY = "<default>"
 
@@ -169,31 +171,79 @@ def parse_controller(data: bytes | None) -> int | None:
     return None if bid is None else int(bid)
 
 
-def topic_assignment_doc(topic_id: bytes, leaders: list[int]) -> bytes:
+@dataclass(frozen=True)
+class TopicAssignment:
+    """/brokers/topics/<t> (version 3): replicas of each partition and the reassignment in progress."""
+
+    topic_id: bytes | None
+    replicas: list[list[int]]
+    adding: dict[int, list[int]] = field(default_factory=dict)
+    removing: dict[int, list[int]] = field(default_factory=dict)
+
+
+def topic_assignment_doc(topic_id: bytes, replicas: list[list[int]], adding: dict[int, list[int]] | None = None,
+                         removing: dict[int, list[int]] | None = None) -> bytes:
     return dumps(
         {
             "version": 3,
-            "partitions": {str(p): [leader] for p, leader in enumerate(leaders)},
+            "partitions": {str(p): list(r) for p, r in enumerate(replicas)},
             "topic_id": uuid_to_string(topic_id),
-            "adding_replicas": {},
-            "removing_replicas": {},
+            "adding_replicas": {str(p): list(r) for p, r in sorted((adding or {}).items()) if r},
+            "removing_replicas": {str(p): list(r) for p, r in sorted((removing or {}).items()) if r},
         }
     )
 
 
-def parse_topic_assignment(data: bytes | None) -> tuple[bytes | None, list[int]]:
-    """(topic id or None if the znode has none, leaders by partition: the first replica of each)."""
+def parse_topic_assignment(data: bytes | None) -> TopicAssignment:
     doc = loads(data)
     parts = doc.get("partitions") or {}
-    leaders = [int(parts[k][0]) for k in sorted(parts, key=int)]
+    replicas = [[int(b) for b in parts[k]] for k in sorted(parts, key=int)]
     tid = doc.get("topic_id")
-    return (uuid_from_string(tid) if tid else None), leaders
+
+    def by_partition(key: str) -> dict[int, list[int]]:
+        return {int(p): [int(b) for b in r] for p, r in (doc.get(key) or {}).items() if r}
+
+    return TopicAssignment(uuid_from_string(tid) if tid else None, replicas, by_partition("adding_replicas"),
+                           by_partition("removing_replicas"))
 
 
-def partition_state_doc(leader: int, controller_epoch: int = 1) -> bytes:
+@dataclass(frozen=True)
+class LeaderIsrState:
+    """/brokers/topics/<t>/partitions/<p>/state (Kafka's LeaderIsrAndControllerEpoch) and its znode version."""
+
+    leader: int
+    leader_epoch: int
+    isr: list[int]
+    controller_epoch: int
+    version: int = 0
+
+
+def partition_state_doc(leader: int, leader_epoch: int, isr: list[int], controller_epoch: int) -> bytes:
+    # leader_recovery_state is written only when not RECOVERED, as Kafka's TopicPartitionStateZNode.
     return dumps(
-        {"controller_epoch": controller_epoch, "leader": leader, "version": 1, "leader_epoch": 0, "isr": [leader]}
+        {"controller_epoch": controller_epoch, "leader": leader, "version": 1, "leader_epoch": leader_epoch,
+         "isr": list(isr)}
     )
+
+
+def parse_partition_state(data: bytes | None, version: int) -> LeaderIsrState | None:
+    doc = loads(data)
+    if "leader" not in doc:
+        return None
+    return LeaderIsrState(int(doc["leader"]), int(doc.get("leader_epoch", 0)), [int(b) for b in doc.get("isr", [])],
+                          int(doc.get("controller_epoch", 0)), version)
+
+
+def reassign_partitions_doc(targets: dict[tuple[str, int], list[int]]) -> bytes:
+    """/admin/reassign_partitions as Kafka's ReassignPartitionsZNode (version 1)."""
+    return dumps({"version": 1, "partitions": [
+        {"topic": t, "partition": p, "replicas": list(r)} for (t, p), r in sorted(targets.items())
+    ]})
+
+
+def parse_reassign_partitions(data: bytes | None) -> dict[tuple[str, int], list[int]]:
+    return {(str(e["topic"]), int(e["partition"])): [int(b) for b in e["replicas"]]
+            for e in loads(data).get("partitions") or []}
 
 
 def config_doc(configs: dict[str, str]) -> bytes:

@@ -5,6 +5,11 @@ each registers an ephemeral /brokers/ids/<id>, one of them holds the ephemeral /
 (partition -> leader, topic id, configs) live under /brokers/topics and /config/topics, mirrored into
 memory by kazoo watches.
 
+Partition state (leader, leader epoch, ISR) is the controller's: this broker learns it from the
+controller's LeaderAndIsr and UpdateMetadata requests (`apply_partition_states`), as a Kafka broker's
+metadata cache does. Only until the first of those arrives after startup, the state znodes seed it, so
+that a restarted broker serves (and loads the coordinators of) what it led before the controller speaks.
+
 Threading: request handlers read `topics`, `broker_configs` and the broker map on processor threads
 without locks; every change replaces the dict (copy-on-write). Syncing ZooKeeper -> memory and local
 writes (write ZooKeeper, then memory) both run under `_sync_lock`, so a stale read can never be
@@ -33,7 +38,13 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
 
 from coordinator import zk_paths as zp
-from coordinator.metadata_store import TopicRecord, new_cluster_id, new_topic_id, with_client_quotas
+from coordinator.metadata_store import (
+    PartitionState,
+    TopicRecord,
+    new_cluster_id,
+    new_topic_id,
+    with_client_quotas,
+)
 from coordinator.zk_producer_ids import ZkProducerIdBlockAllocator
 from protocol.errors import ErrorCode, KafkaError
 
@@ -67,7 +78,19 @@ class ZkMetadataStore:
         self.client_quotas: dict[str | None, dict[str, float]] = {}
         self._client_watches: set[str] = set()
         self._brokers: dict[int, tuple[dict[str, tuple[str, int]], str | None]] = {}
+        # broker id -> broker epoch (czxid of its /brokers/ids/<id>, as Kafka)
+        self._broker_epochs: dict[int, int] = {}
+        self.broker_epoch = -1
         self._controller: int | None = None
+        # Partition states from the controller (or the state znodes until it speaks): (topic, p) -> state.
+        self._states: dict[tuple[str, int], PartitionState] = {}
+        self._assignments: dict[str, zp.TopicAssignment] = {}
+        self.controller_epoch = 0
+        self._fed_by_controller = False
+        # The controller (coordinator.controller) listens here: ("brokers" | "topic" | "controller", name).
+        self.on_cluster_event: Callable[[str, str | None], None] | None = None
+        # (epoch, /controller_epoch znode version) once this broker won the election.
+        self.on_controller_elected: Callable[[int, int], None] | None = None
 
         # Server hooks; only called once register_broker() has run (the log manager exists by then).
         self.on_topic_removed: Callable[[TopicRecord], None] | None = None
@@ -266,13 +289,15 @@ class ZkMetadataStore:
         path = zp.broker_path(self.broker_id)
         doc = zp.broker_registration_doc(self._endpoints, self._rack)
         try:
-            self.client.create(path, doc, ephemeral=True)
+            _, stat = self.client.create(path, doc, ephemeral=True, include_data=True)
+            self.broker_epoch = stat.czxid
             return
         except NodeExistsError:
             pass
         data, stat = self.client.get(path)
         if stat.ephemeralOwner == self.client.client_id[0]:
             self.client.set(path, doc)  # ours already (a retried create after a connection loss)
+            self.broker_epoch = stat.czxid
             return
         h, p, _ = zp.parse_broker_registration(data)
         raise ZkStartupError(self._duplicate_message(h, p, stat.ephemeralOwner))
@@ -282,10 +307,12 @@ class ZkMetadataStore:
             return
         assert self.client is not None
         brokers: dict[int, tuple[dict[str, tuple[str, int]], str | None]] = {}
+        epochs: dict[int, int] = {}
         for child in children:
             try:
-                data, _ = self.client.get(f"{zp.BROKER_IDS}/{child}")
+                data, stat = self.client.get(f"{zp.BROKER_IDS}/{child}")
                 brokers[int(child)] = zp.parse_broker_endpoints(data)
+                epochs[int(child)] = stat.czxid
             except NoNodeError:
                 continue
             except (ValueError, KeyError):
@@ -298,6 +325,28 @@ class ZkMetadataStore:
         if set(brokers) != set(self._brokers):
             log.info("Live brokers are now %s", sorted(brokers))
         self._brokers = brokers
+        self._broker_epochs = epochs
+        self._cluster_event("brokers", None)
+
+    def broker_epochs(self) -> dict[int, int]:
+        """Registered brokers and their epochs, as the controller sees them."""
+        return dict(self._broker_epochs)
+
+    def broker_rack(self, broker_id: int) -> str | None:
+        entry = self._brokers.get(broker_id)
+        return entry[1] if entry else None
+
+    def broker_listeners(self, broker_id: int) -> dict[str, tuple[str, int]]:
+        entry = self._brokers.get(broker_id)
+        return dict(entry[0]) if entry else {}
+
+    def _cluster_event(self, kind: str, name: str | None) -> None:
+        cb = self.on_cluster_event
+        if cb is not None and not self._stopping:
+            try:
+                cb(kind, name)
+            except Exception:  # noqa: BLE001
+                log.error("Handling the cluster event %s %s failed", kind, name, exc_info=True)
 
     def live_brokers(self) -> list[int]:
         # This broker serves whatever ZooKeeper currently says (e.g. while its session is being restored).
@@ -318,42 +367,59 @@ class ZkMetadataStore:
         if cid != self._controller:
             log.info("Controller is now %s", "unknown (election pending)" if cid is None else f"broker {cid}")
         self._controller = cid
+        self._cluster_event("controller", None)
         if cid is None and self._registered:
             self._elect()
 
     def _elect(self) -> None:
+        """Kafka's registerControllerAndIncrementControllerEpoch: /controller and /controller_epoch in one
+        transaction, the epoch write conditional on the version read, so two winners cannot share an epoch."""
         assert self.client is not None
-        try:
-            self.client.create(zp.CONTROLLER, zp.controller_doc(self.broker_id), ephemeral=True)
-        except NodeExistsError:
-            try:
-                data, _ = self.client.get(zp.CONTROLLER)
-                self._controller = zp.parse_controller(data)
-            except NoNodeError:
-                pass  # gone again: the data watch fires and we try once more
-            return
-        except ZookeeperError:
-            log.warning("Controller election failed", exc_info=True)
-            return
-        self._controller = self.broker_id
-        self._bump_controller_epoch()
-        log.info("Broker %d is now the controller", self.broker_id)
-
-    def _bump_controller_epoch(self) -> None:
-        assert self.client is not None
+        client = self.client
         for _ in range(5):
             try:
-                data, stat = self.client.get(zp.CONTROLLER_EPOCH)
-                self.client.set(zp.CONTROLLER_EPOCH, str(int(data or b"0") + 1).encode(), version=stat.version)
-                return
-            except NoNodeError:
                 try:
-                    self.client.create(zp.CONTROLLER_EPOCH, b"1")
-                    return
-                except NodeExistsError:
+                    data, stat = client.get(zp.CONTROLLER_EPOCH)
+                    epoch, version = int(data or b"0") + 1, stat.version
+                except NoNodeError:
+                    try:
+                        client.create(zp.CONTROLLER_EPOCH, b"0")
+                    except NodeExistsError:
+                        pass
                     continue
-            except (BadVersionError, ValueError):
-                continue
+                tx = client.transaction()
+                tx.create(zp.CONTROLLER, zp.controller_doc(self.broker_id), ephemeral=True)
+                tx.set_data(zp.CONTROLLER_EPOCH, str(epoch).encode(), version=version)
+                results = tx.commit()
+            except ZookeeperError:
+                log.warning("Controller election failed", exc_info=True)
+                return
+            if isinstance(results[0], NodeExistsError):
+                try:
+                    data, _ = client.get(zp.CONTROLLER)
+                    self._controller = zp.parse_controller(data)
+                except NoNodeError:
+                    pass  # gone again: the data watch fires and we try once more
+                return
+            if isinstance(results[1], BadVersionError):
+                continue  # another broker bumped the epoch between our read and write
+            try:
+                self._check_results(results)
+            except ZookeeperError:
+                log.warning("Controller election failed", exc_info=True)
+                return
+            self._controller = self.broker_id
+            self.controller_epoch = max(self.controller_epoch, epoch)
+            log.info("Broker %d is now the controller (controller epoch %d)", self.broker_id, epoch)
+            cb = self.on_controller_elected
+            if cb is not None:
+                cb(epoch, version + 1)
+            return
+
+    @property
+    def current_controller(self) -> int | None:
+        """The broker in /controller, None while an election is pending."""
+        return self._controller
 
     def controller_id(self) -> int:
         """The controller per /controller if it is live, else the lowest live broker id (always a live broker)."""
@@ -414,16 +480,74 @@ class ZkMetadataStore:
             cdata, _ = self.client.get(zp.topic_config_path(name))
         except NoNodeError:
             cdata = None
-        topic_id, leaders = zp.parse_topic_assignment(data)
-        if topic_id is None:
+        assignment = zp.parse_topic_assignment(data)
+        if assignment.topic_id is None:
             # Written by a tool that assigns no id (pre-2.8 layout): give it one, as Kafka's controller does.
-            topic_id = new_topic_id()
-            doc = zp.topic_assignment_doc(topic_id, leaders)
+            doc = zp.topic_assignment_doc(new_topic_id(), assignment.replicas, assignment.adding, assignment.removing)
             try:
                 self.client.set(zp.topic_path(name), doc, version=stat.version)
             except (BadVersionError, NoNodeError):
-                return self._read_topic(name)
-        return TopicRecord(name, topic_id, leaders, zp.parse_config(cdata))
+                pass
+            return self._read_topic(name)
+        known = self._assignments.get(name)
+        if known is not None and known.topic_id != assignment.topic_id:
+            self._forget_topic(name)  # deleted and created again: the old states are not this topic's
+        self._assignments[name] = assignment
+        if not self._fed_by_controller:
+            self._seed_states(name, len(assignment.replicas))
+        return TopicRecord(name, assignment.topic_id, self._partition_states(name, assignment),
+                           zp.parse_config(cdata))
+
+    def _seed_states(self, name: str, partitions: int) -> None:
+        """Until the controller's first request: what the state znodes say (see the module docstring)."""
+        assert self.client is not None
+        for p in range(partitions):
+            if (name, p) in self._states:
+                continue
+            try:
+                data, stat = self.client.get(zp.partition_state_path(name, p))
+            except NoNodeError:
+                continue
+            st = zp.parse_partition_state(data, stat.version)
+            if st is not None:
+                self._states[(name, p)] = PartitionState(st.leader, st.leader_epoch, st.isr, [], st.version,
+                                                         controller_epoch=st.controller_epoch)
+
+    def _partition_states(self, name: str, assignment: zp.TopicAssignment) -> list[PartitionState]:
+        out = []
+        for p, replicas in enumerate(assignment.replicas):
+            st = self._states.get((name, p))
+            if st is None:
+                out.append(PartitionState.unknown(replicas))
+            else:
+                # Replicas from the assignment znode: the controller's requests may lag a reassignment by a moment.
+                out.append(PartitionState(st.leader, st.leader_epoch, list(st.isr), list(replicas), st.partition_epoch,
+                                          assignment.adding.get(p, []), assignment.removing.get(p, []),
+                                          st.controller_epoch))
+        return out
+
+    # ------------------------------------------------------------ partition states from the controller
+
+    def apply_partition_states(self, controller_epoch: int, states: list[tuple[str, int, PartitionState]]) -> bool:
+        """Partition states from the controller's LeaderAndIsr / UpdateMetadata. False (nothing applied) when
+        the request comes from an older controller than one already heard from (STALE_CONTROLLER_EPOCH)."""
+        with self._sync_lock:
+            if controller_epoch < self.controller_epoch:
+                return False
+            self.controller_epoch = controller_epoch
+            self._fed_by_controller = True
+            touched: set[str] = set()
+            for topic, p, st in states:
+                self._states[(topic, p)] = st
+                touched.add(topic)
+            topics = dict(self.topics)
+            for name in touched:
+                rec = topics.get(name)
+                assignment = self._assignments.get(name)
+                if rec is not None and assignment is not None:
+                    topics[name] = rec.with_partitions(self._partition_states(name, assignment))
+            self.topics = topics
+            return True
 
     def _resync_topic(self, name: str) -> None:
         events: list[tuple[str, TopicRecord]] = []
@@ -432,6 +556,7 @@ class ZkMetadataStore:
                 new = self._read_topic(name)
                 old = self.topics.get(name)
                 if new is None:
+                    self._forget_topic(name)
                     if old is not None:
                         self._replace_topics(remove=name)
                         events.append(("removed", old))
@@ -451,6 +576,12 @@ class ZkMetadataStore:
             if kind == "removed":
                 log.info("Topic %s was deleted (seen in ZooKeeper)", rec.name)
             self._fire(kind, rec)
+        self._cluster_event("topic", name)
+
+    def _forget_topic(self, name: str) -> None:
+        self._assignments.pop(name, None)
+        for key in [k for k in self._states if k[0] == name]:
+            del self._states[key]
 
     def _resync_all(self) -> None:
         assert self.client is not None
@@ -595,16 +726,18 @@ class ZkMetadataStore:
                 tx.set_data(cfg, zp.config_doc(record.configs))
             else:
                 tx.create(cfg, zp.config_doc(record.configs))
-            tx.create(zp.topic_path(name), zp.topic_assignment_doc(record.topic_id, record.leaders))
-            tx.create(zp.partitions_path(name), b"")
-            for p, leader in enumerate(record.leaders):
-                tx.create(zp.partition_path(name, p), b"")
-                tx.create(zp.partition_state_path(name, p), zp.partition_state_doc(leader))
+            # As Kafka's AdminZkClient: the assignment only; the controller sees it and writes the partition
+            # states (leader, ISR), then tells the replicas with LeaderAndIsr.
+            replicas = [list(ps.replicas) for ps in record.partitions]
+            tx.create(zp.topic_path(name), zp.topic_assignment_doc(record.topic_id, replicas))
             try:
                 self._check_results(tx.commit())
             except NodeExistsError:
                 raise FileExistsError(name) from None
-            rec = TopicRecord(name, record.topic_id, list(record.leaders), dict(record.configs))
+            self._forget_topic(name)
+            self._assignments[name] = zp.TopicAssignment(record.topic_id, replicas)
+            rec = TopicRecord(name, record.topic_id, [PartitionState.unknown(r) for r in replicas],
+                              dict(record.configs))
             self._replace_topics(put=rec)
 
     def _descendants(self, path: str) -> list[str]:
@@ -654,29 +787,27 @@ class ZkMetadataStore:
             except NoNodeError:
                 client.create(path, doc, makepath=True)
             self._notify_config_change(f"topics/{name}")
-            self._replace_topics(put=TopicRecord(name, rec.topic_id, list(rec.leaders), dict(configs)))
+            self._replace_topics(put=rec.with_configs(configs))
 
-    def add_partitions(self, name: str, leaders: list[int]) -> None:
+    def add_partitions(self, name: str, assignment: list[list[int]]) -> None:
+        """New partitions in the assignment znode; the controller creates their states."""
         with self._sync_lock:
             client = self._zk()
             path = zp.topic_path(name)
             while True:
                 data, stat = client.get(path)
-                topic_id, current = zp.parse_topic_assignment(data)
-                assert topic_id is not None
-                tx = client.transaction()
-                tx.set_data(path, zp.topic_assignment_doc(topic_id, current + leaders), version=stat.version)
-                for i, leader in enumerate(leaders):
-                    p = len(current) + i
-                    tx.create(zp.partition_path(name, p), b"")
-                    tx.create(zp.partition_state_path(name, p), zp.partition_state_doc(leader))
+                current = zp.parse_topic_assignment(data)
+                assert current.topic_id is not None
+                replicas = current.replicas + [list(r) for r in assignment]
                 try:
-                    self._check_results(tx.commit())
+                    client.set(path, zp.topic_assignment_doc(current.topic_id, replicas, current.adding,
+                                                             current.removing), version=stat.version)
                     break
                 except BadVersionError:
                     continue
+            self._assignments[name] = zp.TopicAssignment(current.topic_id, replicas, current.adding, current.removing)
             rec = self.topics[name]
-            self._replace_topics(put=TopicRecord(name, topic_id, current + leaders, dict(rec.configs)))
+            self._replace_topics(put=rec.with_partitions(self._partition_states(name, self._assignments[name])))
 
     def set_broker_configs(self, configs: dict[str, str]) -> None:
         with self._sync_lock:

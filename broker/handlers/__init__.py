@@ -15,11 +15,12 @@ def all_handlers() -> list[ApiHandler]:
         produce,
         producer,
         quotas,
+        replication,
         topics,
         txn,
     )
 
     out: list[ApiHandler] = []
-    for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, quotas, txn):
+    for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, quotas, txn, replication):
         out.extend(module.HANDLERS)
     return out

@@ -27,11 +27,11 @@ AbortedTransaction = FetchResponse.AbortedTransaction
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 
 
-def check_leader_epoch(current_leader_epoch: int) -> None:
+def check_leader_epoch(current_leader_epoch: int, leader_epoch: int = LEADER_EPOCH) -> None:
     """Kafka's leader epoch fencing for a client that knows the epoch (-1 means it does not)."""
-    if current_leader_epoch < 0 or current_leader_epoch == LEADER_EPOCH:
+    if current_leader_epoch < 0 or current_leader_epoch == leader_epoch:
         return
-    if current_leader_epoch > LEADER_EPOCH:
+    if current_leader_epoch > leader_epoch:
         raise KafkaError(ErrorCode.UNKNOWN_LEADER_EPOCH)
     raise KafkaError(ErrorCode.FENCED_LEADER_EPOCH)
 
@@ -92,7 +92,7 @@ class _FetchPlan:
                     has_error = True
                     continue
                 try:
-                    check_leader_epoch(p.current_leader_epoch)
+                    check_leader_epoch(p.current_leader_epoch, rm.leader_epoch(name, p.partition))
                     lg = rm.get_log(name, p.partition)
                     hw = lg.high_watermark
                     lso = lg.last_stable_offset
@@ -200,7 +200,7 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
         for p in t.partitions:
             resp = ListOffsetsResponse.ListOffsetsPartitionResponse(partition_index=p.partition_index)
             try:
-                check_leader_epoch(p.current_leader_epoch)
+                check_leader_epoch(p.current_leader_epoch, rm.leader_epoch(t.name, p.partition_index))
                 lg = rm.get_log(t.name, p.partition_index)
                 ts = p.timestamp
                 if ts == EARLIEST_LOCAL:
@@ -221,7 +221,7 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
                 resp.error_code = 0
                 resp.offset = offset
                 resp.timestamp = timestamp
-                resp.leader_epoch = LEADER_EPOCH if offset >= 0 else -1
+                resp.leader_epoch = rm.leader_epoch(t.name, p.partition_index) if offset >= 0 else -1
                 resp.old_style_offsets = [offset] if offset >= 0 else []
             except Exception as e:  # noqa: BLE001
                 code = error_of(e)
@@ -247,11 +247,12 @@ def handle_offset_for_leader_epoch(ctx: RequestContext, req: OffsetForLeaderEpoc
         for p in t.partitions:
             out = R.EpochEndOffset(partition=p.partition, leader_epoch=-1, end_offset=-1)
             try:
-                check_leader_epoch(p.current_leader_epoch)
+                epoch = rm.leader_epoch(t.topic, p.partition)
+                check_leader_epoch(p.current_leader_epoch, epoch)
                 lg = rm.get_log(t.topic, p.partition)
-                if p.leader_epoch <= LEADER_EPOCH:
-                    # Every batch was written under the one epoch, so its end is the log end.
-                    out.leader_epoch = LEADER_EPOCH
+                if p.leader_epoch <= epoch:
+                    # Until leader epochs are kept per batch (the leader epoch cache), the log end answers.
+                    out.leader_epoch = epoch
                     out.end_offset = lg.log_end_offset
                 out.error_code = 0
             except Exception as e:  # noqa: BLE001

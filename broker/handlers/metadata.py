@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from broker.admin_manager import INTERNAL_TOPICS, validate_topic_name
 from broker.apis import ApiHandler, RequestContext
-from broker.replica_manager import LEADER_EPOCH
-from coordinator.metadata_store import TopicRecord
+from coordinator.metadata_store import NO_LEADER, PartitionState, TopicRecord
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import (
     DescribeClusterRequest,
@@ -20,19 +19,28 @@ CLUSTER_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
 NOT_REQUESTED = -(2**31)
 
 
-def topic_metadata(rec: TopicRecord, include_ops: bool) -> MetadataResponse.MetadataResponseTopic:
-    parts = [
-        MetadataResponse.MetadataResponsePartition(
-            error_code=0,
-            partition_index=i,
-            leader_id=leader,
-            leader_epoch=LEADER_EPOCH,
-            replica_nodes=[leader],
-            isr_nodes=[leader],
-            offline_replicas=[],
-        )
-        for i, leader in enumerate(rec.leaders)
-    ]
+def partition_metadata(i: int, ps: PartitionState, live: frozenset[int] | set[int]
+                       ) -> MetadataResponse.MetadataResponsePartition:
+    """Kafka's ZkMetadataCache.getPartitionMetadata: no live leader is LEADER_NOT_AVAILABLE with leader -1;
+    replicas on brokers that are not alive are offline."""
+    leader = ps.leader
+    error = ErrorCode.NONE
+    if leader not in live:
+        error, leader = ErrorCode.LEADER_NOT_AVAILABLE, NO_LEADER
+    return MetadataResponse.MetadataResponsePartition(
+        error_code=error,
+        partition_index=i,
+        leader_id=leader,
+        leader_epoch=ps.leader_epoch,
+        replica_nodes=list(ps.replicas),
+        isr_nodes=list(ps.isr),
+        offline_replicas=[b for b in ps.replicas if b not in live],
+    )
+
+
+def topic_metadata(rec: TopicRecord, include_ops: bool,
+                   live: frozenset[int] | set[int]) -> MetadataResponse.MetadataResponseTopic:
+    parts = [partition_metadata(i, ps, live) for i, ps in enumerate(rec.partitions)]
     return MetadataResponse.MetadataResponseTopic(
         error_code=0,
         name=rec.name,
@@ -52,9 +60,10 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
     store = server.metadata
     v = ctx.api_version
     include_ops = bool(req.include_topic_authorized_operations)
+    live = set(store.live_brokers())
     topics: list[MetadataResponse.MetadataResponseTopic] = []
     if req.topics is None or (v == 0 and not req.topics):
-        topics = [topic_metadata(rec, include_ops) for rec in list(store.topics.values())]
+        topics = [topic_metadata(rec, include_ops, live) for rec in list(store.topics.values())]
     else:
         auto = req.allow_auto_topic_creation if v >= 4 else True
         names_by_id = server.topic_names_by_id() if v >= 12 else {}
@@ -69,7 +78,7 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
                 if rec is None:
                     topics.append(_error_topic(None, ErrorCode.UNKNOWN_TOPIC_ID, t.topic_id))
                 else:
-                    topics.append(topic_metadata(rec, include_ops))
+                    topics.append(topic_metadata(rec, include_ops, live))
                 continue
             rec = store.topics.get(t.name)
             if rec is None:
@@ -77,7 +86,7 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
                 if rec is None:
                     topics.append(_error_topic(t.name, code))
                     continue
-            topics.append(topic_metadata(rec, include_ops))
+            topics.append(topic_metadata(rec, include_ops, live))
     brokers = [
         MetadataResponse.MetadataResponseBroker(node_id=b, host=h, port=p, rack=r) for b, h, p, r in server.brokers(ctx.conn.listener_name)
     ]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from typing import Any
 
+from broker.admin_manager import check_assignment
 from broker.apis import ApiHandler, RequestContext
 from broker.replica_manager import error_of
 from broker.topic_config import describe_topic
@@ -26,7 +30,34 @@ def _not_controller(ctx: RequestContext) -> bool:
     return ctx.server.controller_id() != ctx.server.broker_id
 
 
-def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> CreateTopicsResponse:
+def _leaders_elected(ctx: RequestContext, topic: str, partitions: range | None = None) -> bool:
+    rec = ctx.server.metadata.topics.get(topic)
+    if rec is None:
+        return False
+    leaders = rec.leaders
+    return all(leaders[p] >= 0 for p in (partitions or range(len(leaders))) if p < len(leaders))
+
+
+async def _await_leaders(ctx: RequestContext, response: Any, waiting: list[tuple[Any, range | None]],
+                         timeout_ms: int) -> Any:
+    """Kafka's DelayedCreatePartitions: answer once this broker's metadata names a leader for every new
+    partition (the controller elects them after the assignment is written), or REQUEST_TIMED_OUT."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    pending = list(waiting)
+    while pending and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+        pending = [(res, parts) for res, parts in pending if not _leaders_elected(ctx, res.name, parts)]
+    for res, _ in pending:
+        res.error_code = ErrorCode.REQUEST_TIMED_OUT
+        res.error_message = "Leaders of the new partitions were not elected within the request timeout."
+    return response
+
+
+def _waits_for_leaders(ctx: RequestContext, validate_only: bool, timeout_ms: int) -> bool:
+    return ctx.server.controller is not None and not validate_only and timeout_ms > 0
+
+
+def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> Any:
     admin = ctx.server.admin
     R = CreateTopicsResponse
     results = []
@@ -42,7 +73,7 @@ def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> Creat
             if seen[t.name] > 1:
                 raise KafkaError(ErrorCode.INVALID_REQUEST, f"Create topics request from client contains a duplicate topic: {t.name}")
             configs = {c.name: c.value for c in t.configs}
-            leaders = None
+            assignment = None
             num_partitions, replication_factor = t.num_partitions, t.replication_factor
             if t.assignments:
                 if num_partitions != -1 or replication_factor != -1:
@@ -51,11 +82,11 @@ def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> Creat
                         "Both numPartitions or replicationFactor and replicasAssignments were set. "
                         "Both cannot be used at the same time.",
                     )
-                leaders = _leaders_from_assignment(ctx, t.assignments)
-                num_partitions, replication_factor = len(leaders), 1
+                assignment = _replicas_from_assignment(ctx, t.assignments)
+                num_partitions, replication_factor = len(assignment), len(assignment[0])
             n, rf, _ = admin.check_new_topic(t.name, num_partitions, replication_factor, configs)
             if not req.validate_only:
-                rec = admin.create_topic(t.name, n, rf, configs, leaders)
+                rec = admin.create_topic(t.name, n, rf, configs, assignment)
                 res.topic_id = rec.topic_id
             res.num_partitions = n
             res.replication_factor = rf
@@ -78,23 +109,22 @@ def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> Creat
             res.error_code = error_of(e)
             res.error_message = str(e)
             res.configs = None
-    return R(throttle_time_ms=0, topics=results)
+    response = R(throttle_time_ms=0, topics=results)
+    if _waits_for_leaders(ctx, req.validate_only, req.timeout_ms):
+        waiting = [(res, None) for res in results if res.error_code == 0]
+        if waiting:
+            return _await_leaders(ctx, response, waiting, req.timeout_ms)
+    return response
 
 
-def _leaders_from_assignment(ctx: RequestContext, assignments: list[CreateTopicsRequest.CreatableReplicaAssignment]) -> list[int]:
-    live = set(ctx.server.metadata.live_brokers())
-    by_partition = {a.partition_index: a.broker_ids for a in assignments}
+def _replicas_from_assignment(ctx: RequestContext,
+                              assignments: list[CreateTopicsRequest.CreatableReplicaAssignment]) -> list[list[int]]:
+    by_partition = {a.partition_index: list(a.broker_ids) for a in assignments}
     if sorted(by_partition) != list(range(len(by_partition))):
         raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, "Partitions should be a consecutive 0-based integer sequence")
-    leaders = []
-    for p in range(len(by_partition)):
-        replicas = by_partition[p]
-        if len(replicas) != 1:
-            raise KafkaError(ErrorCode.INVALID_REPLICATION_FACTOR, "kbroker keeps one replica per partition")
-        if replicas[0] not in live:
-            raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"Unknown broker id {replicas[0]}")
-        leaders.append(replicas[0])
-    return leaders
+    out = [by_partition[p] for p in range(len(by_partition))]
+    check_assignment(out, set(ctx.server.metadata.live_brokers()))
+    return out
 
 
 def handle_delete_topics(ctx: RequestContext, req: DeleteTopicsRequest) -> DeleteTopicsResponse:
@@ -128,9 +158,10 @@ def handle_delete_topics(ctx: RequestContext, req: DeleteTopicsRequest) -> Delet
     return R(throttle_time_ms=0, responses=results)
 
 
-def handle_create_partitions(ctx: RequestContext, req: CreatePartitionsRequest) -> CreatePartitionsResponse:
+def handle_create_partitions(ctx: RequestContext, req: CreatePartitionsRequest) -> Any:
     R = CreatePartitionsResponse
     results = []
+    waiting: list[tuple[Any, range | None]] = []
     for t in req.topics:
         res = R.CreatePartitionsTopicResult(name=t.name, error_code=0, error_message=None)
         results.append(res)
@@ -139,11 +170,15 @@ def handle_create_partitions(ctx: RequestContext, req: CreatePartitionsRequest) 
                 raise KafkaError(ErrorCode.NOT_CONTROLLER)
             assignments = None if t.assignments is None else [a.broker_ids for a in t.assignments]
             ctx.server.admin.create_partitions(t.name, t.count, assignments, req.validate_only)
+            waiting.append((res, range(0, t.count)))
         except KafkaError as e:
             res.error_code = e.code
             res.error_message = e.message or None
             ctx.refused(e.code, e.message, f"topic {res.name!r}")
-    return R(throttle_time_ms=0, results=results)
+    response = R(throttle_time_ms=0, results=results)
+    if waiting and _waits_for_leaders(ctx, req.validate_only, req.timeout_ms):
+        return _await_leaders(ctx, response, waiting, req.timeout_ms)
+    return response
 
 
 def handle_delete_records(ctx: RequestContext, req: DeleteRecordsRequest) -> DeleteRecordsResponse:

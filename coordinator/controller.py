@@ -1,0 +1,684 @@
+"""KafkaController (ZooKeeper mode): the broker that won /controller owns partition leadership.
+
+It follows Kafka 2.8-3.x: on election (onControllerFailover) it reads every topic's assignment and
+partition state from ZooKeeper, tells every live broker (UpdateMetadata) and every replica
+(LeaderAndIsr), and elects leaders for partitions without one. Afterwards it reacts to broker
+registrations coming and going (/brokers/ids), new topics and partitions (/brokers/topics), and to
+requests: ControlledShutdown, AlterPartition (ISR changes from leaders; kbroker uses Kafka's
+AlterPartition path, not /isr_change_notification), ElectLeaders and partition reassignments.
+
+Concurrency: like Kafka's ControllerEventManager, every event runs on one thread, in order, so the
+context needs no lock. ZooKeeper callbacks and request handlers only enqueue; requests to brokers are
+queued per broker by the sender (broker.controller_channel) and never block this thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kazoo.exceptions import ZookeeperError
+
+from coordinator import controller_zk as czk
+from coordinator.controller_context import (
+    NO_LEADER,
+    ControllerContext,
+    Reassignment,
+    TopicPartition,
+    controlled_shutdown_leader,
+    elect_offline,
+    imbalanced_partitions,
+    initial_state,
+    preferred_leader,
+    reassign_leader,
+    without_replicas,
+)
+from coordinator.controller_requests import BrokerInfo, RequestBatch, Send
+from coordinator.zk_paths import LeaderIsrState
+from protocol.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from coordinator.zk_store import ZkMetadataStore
+
+log = logging.getLogger("kbroker.controller")
+
+PREFERRED, UNCLEAN = 0, 1  # ElectLeaders election types
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    unclean_leader_election: bool = False
+    auto_leader_rebalance: bool = True
+    leader_imbalance_check_interval_s: float = 300.0
+    leader_imbalance_per_broker_percentage: int = 10
+
+
+@dataclass
+class IsrUpdate:
+    """One partition of an AlterPartition request."""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    new_isr: list[int]
+    partition_epoch: int
+
+
+@dataclass
+class IsrResult:
+    error: ErrorCode
+    leader: int = NO_LEADER
+    leader_epoch: int = -1
+    isr: list[int] | None = None
+    partition_epoch: int = -1
+
+
+class KafkaController:
+    def __init__(self, broker_id: int, store: ZkMetadataStore, send: Send, broker_info: BrokerInfo,
+                 config: ControllerConfig, on_broker_gone: Callable[[int], None] | None = None) -> None:
+        self.broker_id = broker_id
+        self.store = store
+        self._send = send
+        self._broker_info = broker_info
+        self.config = config
+        self._on_broker_gone = on_broker_gone
+        self.ctx: ControllerContext | None = None
+        self._events: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...]]] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="controller-event-thread", daemon=True)
+        self._stopping = False
+        self._next_rebalance = 0.0
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.store.on_cluster_event = self._on_cluster_event
+        self.store.on_controller_elected = lambda epoch, version: self._put(self._failover, epoch, version)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._put(lambda: None)
+        self._thread.join(timeout=5)
+
+    @property
+    def is_active(self) -> bool:
+        return self.ctx is not None
+
+    def _put(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._events.put((fn, args))
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run fn on the event thread; its result (or NOT_CONTROLLER when not active) comes in the future."""
+        fut: Future[Any] = Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001
+                fut.set_exception(e)
+
+        self._put(run)
+        return fut
+
+    def _run(self) -> None:
+        while not self._stopping:
+            try:
+                fn, args = self._events.get(timeout=self._tick_timeout())
+            except queue.Empty:
+                self._maybe_rebalance()
+                continue
+            if self._stopping:
+                break
+            try:
+                fn(*args)
+            except czk.ControllerMovedError:
+                log.info("Controller epoch moved on in ZooKeeper: broker %d resigns", self.broker_id)
+                self._resign()
+            except ZookeeperError:
+                log.warning("ZooKeeper error in the controller; resigning until re-elected", exc_info=True)
+                self._resign()
+            except Exception:  # noqa: BLE001
+                log.exception("Controller event failed")
+            self._maybe_rebalance()
+
+    def _tick_timeout(self) -> float:
+        if self.ctx is None or not self.config.auto_leader_rebalance:
+            return 1.0
+        return max(0.05, min(1.0, self._next_rebalance - time.monotonic()))
+
+    def _on_cluster_event(self, kind: str, name: str | None) -> None:
+        if kind == "brokers":
+            self._put(self._broker_change)
+        elif kind == "topic" and name is not None:
+            self._put(self._topic_change, name)
+        elif kind == "controller":
+            self._put(self._controller_change)
+
+    # ------------------------------------------------------------ election and resignation
+
+    def _controller_change(self) -> None:
+        if self.ctx is not None and self.store.current_controller != self.broker_id:
+            log.info("Broker %d is no longer the controller", self.broker_id)
+            self._resign()
+
+    def _resign(self) -> None:
+        ctx, self.ctx = self.ctx, None
+        if ctx is not None and self._on_broker_gone is not None:
+            for b in ctx.live_brokers:
+                self._on_broker_gone(b)
+
+    def _failover(self, epoch: int, epoch_zk_version: int) -> None:
+        """Kafka's onControllerFailover."""
+        t0 = time.monotonic()
+        client = self.store.client
+        assert client is not None
+        ctx = ControllerContext(epoch, epoch_zk_version, live_brokers=czk.read_live_brokers(client))
+        for topic in czk.read_topic_names(client):
+            self._load_topic(ctx, topic)
+        self.ctx = ctx
+        batch = self._batch()
+        # New partitions get their first state; partitions whose leader is gone get a new one.
+        self._init_new_partitions(ctx.partitions(), batch)
+        self._elect_offline(batch)
+        for tp in ctx.partitions():
+            replicas = ctx.replicas(tp)
+            if tp in ctx.states:
+                batch.add_leader_and_isr([b for b in replicas if ctx.is_live(b)], tp)
+        batch.add_update_metadata(sorted(ctx.live_brokers), None)
+        batch.send(ctx, self._broker_info, self._send)
+        for tp, r in list(ctx.reassignments.items()):
+            self._continue_reassignment(tp, r)
+        self._next_rebalance = time.monotonic() + self.config.leader_imbalance_check_interval_s
+        log.info("Controller %d (epoch %d) took over in %.0f ms: %d partitions, live brokers %s",
+                 self.broker_id, epoch, (time.monotonic() - t0) * 1000, len(ctx.states), sorted(ctx.live_brokers))
+
+    def _load_topic(self, ctx: ControllerContext, topic: str) -> None:
+        client = self.store.client
+        assert client is not None
+        assignment = czk.read_assignment(client, topic)
+        if assignment is None or assignment.topic_id is None:
+            return
+        ctx.topic_ids[topic] = assignment.topic_id
+        ctx.assignments[topic] = [list(r) for r in assignment.replicas]
+        for p, st in czk.read_states(client, topic, len(assignment.replicas)).items():
+            ctx.states[(topic, p)] = st
+        for p in set(assignment.adding) | set(assignment.removing):
+            replicas = assignment.replicas[p]
+            adding, removing = assignment.adding.get(p, []), assignment.removing.get(p, [])
+            original = [b for b in replicas if b not in adding]
+            target = [b for b in replicas if b not in removing]
+            ctx.reassignments[(topic, p)] = Reassignment(original, target)
+
+    def _batch(self) -> RequestBatch:
+        return RequestBatch(self.broker_id)
+
+    # ------------------------------------------------------------ partition state changes
+
+    def _write_states(self, updates: dict[TopicPartition, LeaderIsrState]) -> dict[TopicPartition, LeaderIsrState]:
+        """Conditional writes; a partition whose znode changed meanwhile is read again and left for the caller's
+        next round (Kafka retries the same way)."""
+        ctx = self.ctx
+        client = self.store.client
+        assert ctx is not None and client is not None
+        done, stale = czk.update_leader_and_isr(client, ctx.epoch_zk_version, updates)
+        ctx.states.update(done)
+        for topic, p in stale:
+            fresh = czk.read_states(client, topic, p + 1).get(p)
+            if fresh is not None:
+                ctx.states[(topic, p)] = fresh
+            log.warning("Partition state of %s-%d changed under the controller; read it again", topic, p)
+        return done
+
+    def _init_new_partitions(self, tps: list[TopicPartition], batch: RequestBatch) -> None:
+        """NewPartition -> OnlinePartition for partitions without a state znode."""
+        ctx = self.ctx
+        client = self.store.client
+        assert ctx is not None and client is not None
+        live = set(ctx.live_brokers)
+        by_topic: dict[str, dict[int, LeaderIsrState]] = {}
+        for tp in tps:
+            if tp in ctx.states:
+                continue
+            st = initial_state(ctx.replicas(tp), live, ctx.epoch)
+            if st is None:
+                log.error("No live replica of %s-%d among %s: it stays without a leader", tp[0], tp[1], ctx.replicas(tp))
+                continue
+            by_topic.setdefault(tp[0], {})[tp[1]] = st
+        for topic, states in by_topic.items():
+            created = czk.create_states(client, ctx.epoch_zk_version, topic, states)
+            missing = set(states) - set(created)
+            if missing:
+                created.update({p: st for p, st in czk.read_states(client, topic, max(missing) + 1).items()
+                                if p in missing})
+            for p, st in created.items():
+                ctx.states[(topic, p)] = st
+                batch.add_leader_and_isr([b for b in ctx.replicas((topic, p)) if ctx.is_live(b)], (topic, p),
+                                         is_new=True)
+            if created:
+                log.info("Partitions %s of %s are online: leaders %s", sorted(created), topic,
+                         {p: st.leader for p, st in sorted(created.items())})
+
+    def _elect_offline(self, batch: RequestBatch, only: set[TopicPartition] | None = None) -> None:
+        """Kafka's triggerOnlinePartitionStateChange: a leader for every partition whose leader is not live."""
+        ctx = self.ctx
+        assert ctx is not None
+        live = {b for b in ctx.live_brokers if b not in ctx.shutting_down}
+        updates: dict[TopicPartition, LeaderIsrState] = {}
+        for tp, st in ctx.states.items():
+            if only is not None and tp not in only:
+                continue
+            if ctx.is_live(st.leader) and st.leader not in ctx.shutting_down:
+                continue
+            new = elect_offline(st, ctx.replicas(tp), live, self._unclean(tp), ctx.epoch)
+            if new is not None:
+                updates[tp] = new
+        self._apply(updates, batch, "offline partition election")
+
+    def _unclean(self, tp: TopicPartition) -> bool:
+        rec = self.store.topics.get(tp[0])
+        value = rec.configs.get("unclean.leader.election.enable") if rec is not None else None
+        if value is None:
+            value = self.store.broker_configs.get("unclean.leader.election.enable")
+        return self.config.unclean_leader_election if value is None else value.strip().lower() == "true"
+
+    def _apply(self, updates: dict[TopicPartition, LeaderIsrState], batch: RequestBatch, why: str) -> None:
+        if not updates:
+            return
+        ctx = self.ctx
+        assert ctx is not None
+        done = self._write_states(updates)
+        for tp, st in done.items():
+            batch.add_leader_and_isr([b for b in ctx.replicas(tp) if ctx.is_live(b)], tp)
+            log.info("%s-%d: leader %d, leader epoch %d, ISR %s (%s)", tp[0], tp[1], st.leader, st.leader_epoch,
+                     st.isr, why)
+
+    # ------------------------------------------------------------ brokers
+
+    def _broker_change(self) -> None:
+        """Kafka's BrokerChange: failures first (onBrokerFailure), then new and bounced brokers (onBrokerStartup)."""
+        ctx = self.ctx
+        if ctx is None:
+            return
+        assert self.store.client is not None
+        now = czk.read_live_brokers(self.store.client)
+        old = ctx.live_brokers
+        dead = {b for b in old if b not in now}
+        bounced = {b for b in old if b in now and now[b] != old[b]}
+        new = {b for b in now if b not in old}
+        if not (dead or bounced or new):
+            return
+        log.info("Brokers changed: new %s, dead %s, bounced %s", sorted(new), sorted(dead), sorted(bounced))
+        batch = self._batch()
+        gone = dead | bounced
+        if gone:
+            for b in gone:
+                ctx.live_brokers.pop(b, None)
+                ctx.shutting_down.discard(b)
+                if self._on_broker_gone is not None:
+                    self._on_broker_gone(b)
+            self._on_replicas_offline(gone, batch)
+        arrived = new | bounced
+        for b in arrived:
+            ctx.live_brokers[b] = now[b]
+        if arrived:
+            batch.add_update_metadata(sorted(arrived), None)
+            for tp in ctx.partitions():
+                hosted = [b for b in ctx.replicas(tp) if b in arrived]
+                if hosted and tp in ctx.states:
+                    batch.add_leader_and_isr(hosted, tp)
+            self._init_new_partitions([tp for tp in ctx.partitions() if tp not in ctx.states], batch)
+            self._elect_offline(batch)
+        batch.add_update_metadata(sorted(ctx.live_brokers), [])
+        batch.send(ctx, self._broker_info, self._send)
+        if arrived:
+            for tp, r in list(ctx.reassignments.items()):
+                if set(r.target) & arrived:
+                    self._continue_reassignment(tp, r)
+
+    def _on_replicas_offline(self, gone: set[int], batch: RequestBatch) -> None:
+        """Kafka's onReplicasBecomeOffline: new leaders where the leader went, then the gone replicas leave
+        every ISR (a partition left with no live ISR member keeps leader -1 until one returns)."""
+        ctx = self.ctx
+        assert ctx is not None
+        affected = {tp for tp, st in ctx.states.items() if st.leader in gone}
+        self._elect_offline(batch, only=affected)
+        updates = {tp: without_replicas(st, gone, ctx.epoch) for tp, st in ctx.states.items()
+                   if set(st.isr) & gone or st.leader in gone}
+        self._apply(updates, batch, f"brokers {sorted(gone)} offline")
+        for tp in affected | set(updates):
+            batch.update_metadata_partitions.add(tp)
+
+    # ------------------------------------------------------------ topics
+
+    def _topic_change(self, topic: str) -> None:
+        """A topic's assignment znode appeared, changed or went: new partitions come online."""
+        ctx = self.ctx
+        client = self.store.client
+        if ctx is None or client is None:
+            return
+        assignment = czk.read_assignment(client, topic)
+        if assignment is None or assignment.topic_id is None:
+            if topic in ctx.assignments:
+                log.info("Topic %s deleted", topic)
+                for p in range(len(ctx.assignments[topic])):
+                    ctx.states.pop((topic, p), None)
+                    ctx.reassignments.pop((topic, p), None)
+                del ctx.assignments[topic]
+                ctx.topic_ids.pop(topic, None)
+            return
+        if ctx.topic_ids.get(topic) not in (None, assignment.topic_id):
+            for p in range(len(ctx.assignments.get(topic, []))):
+                ctx.states.pop((topic, p), None)
+        known = ctx.assignments.get(topic, [])
+        ctx.topic_ids[topic] = assignment.topic_id
+        ctx.assignments[topic] = [list(r) for r in assignment.replicas]
+        new = [(topic, p) for p in range(len(assignment.replicas)) if (topic, p) not in ctx.states]
+        if not new and known == ctx.assignments[topic]:
+            return
+        if new:
+            existing = czk.read_states(client, topic, len(assignment.replicas))
+            for p, st in existing.items():
+                ctx.states.setdefault((topic, p), st)
+        batch = self._batch()
+        self._init_new_partitions([tp for tp in new if tp not in ctx.states], batch)
+        for tp in new:
+            if tp in ctx.states:
+                batch.add_leader_and_isr([b for b in ctx.replicas(tp) if ctx.is_live(b)], tp)
+        batch.send(ctx, self._broker_info, self._send)
+
+    # ------------------------------------------------------------ requests (called from handlers)
+
+    def controlled_shutdown(self, broker_id: int, broker_epoch: int) -> Future[tuple[ErrorCode, list[TopicPartition]]]:
+        return self._call(self._controlled_shutdown, broker_id, broker_epoch)
+
+    def _controlled_shutdown(self, broker_id: int, broker_epoch: int) -> tuple[ErrorCode, list[TopicPartition]]:
+        """Kafka's doControlledShutdown: move the leaderships of a stopping broker to other ISR members and
+        take it out of every ISR; answer with the partitions it still leads."""
+        ctx = self.ctx
+        if ctx is None:
+            return ErrorCode.NOT_CONTROLLER, []
+        if broker_id not in ctx.live_brokers:
+            return ErrorCode.BROKER_NOT_AVAILABLE, []
+        if broker_epoch != -1 and broker_epoch < ctx.live_brokers[broker_id]:
+            return ErrorCode.STALE_BROKER_EPOCH, []
+        ctx.shutting_down.add(broker_id)
+        live = set(ctx.live_brokers)
+        batch = self._batch()
+        leader_moves: dict[TopicPartition, LeaderIsrState] = {}
+        isr_removals: dict[TopicPartition, LeaderIsrState] = {}
+        for tp in ctx.partitions_on(broker_id):
+            st = ctx.states.get(tp)
+            replicas = ctx.replicas(tp)
+            if st is None or len(replicas) < 2:
+                continue
+            if st.leader == broker_id:
+                leader = controlled_shutdown_leader(replicas, st.isr, live, ctx.shutting_down)
+                if leader is not None:
+                    isr = [b for b in st.isr if b not in ctx.shutting_down]
+                    leader_moves[tp] = LeaderIsrState(leader, st.leader_epoch + 1, isr, ctx.epoch, st.version)
+            elif broker_id in st.isr and len(st.isr) > 1:
+                isr_removals[tp] = without_replicas(st, {broker_id}, ctx.epoch)
+                batch.add_stop_replica([broker_id], tp, delete=False)
+        self._apply(leader_moves, batch, f"controlled shutdown of broker {broker_id}")
+        self._apply(isr_removals, batch, f"controlled shutdown of broker {broker_id}")
+        batch.send(ctx, self._broker_info, self._send)
+        remaining = [tp for tp in ctx.partitions_on(broker_id)
+                     if tp in ctx.states and ctx.states[tp].leader == broker_id and len(ctx.replicas(tp)) > 1]
+        log.info("Controlled shutdown of broker %d: %d leaderships moved, %d remain", broker_id, len(leader_moves),
+                 len(remaining))
+        return ErrorCode.NONE, remaining
+
+    def alter_partition(self, broker_id: int, broker_epoch: int,
+                        updates: list[IsrUpdate]) -> Future[tuple[ErrorCode, list[IsrResult]]]:
+        return self._call(self._alter_partition, broker_id, broker_epoch, updates)
+
+    def _alter_partition(self, broker_id: int, broker_epoch: int,
+                         updates: list[IsrUpdate]) -> tuple[ErrorCode, list[IsrResult]]:
+        """Kafka's ZK-mode processAlterPartition: ISR changes from a leader, checked against the leader epoch
+        and the partition epoch (the state znode version), written conditionally."""
+        ctx = self.ctx
+        if ctx is None:
+            return ErrorCode.NOT_CONTROLLER, []
+        if broker_id not in ctx.live_brokers or (broker_epoch != -1 and broker_epoch != ctx.live_brokers[broker_id]):
+            return ErrorCode.STALE_BROKER_EPOCH, []
+        results: list[IsrResult] = []
+        writes: dict[TopicPartition, LeaderIsrState] = {}
+        index: dict[TopicPartition, int] = {}
+        for u in updates:
+            tp = (u.topic, u.partition)
+            st = ctx.states.get(tp)
+            res = IsrResult(ErrorCode.NONE)
+            results.append(res)
+            if st is None:
+                res.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            elif st.leader != broker_id:
+                res.error = ErrorCode.NOT_LEADER_OR_FOLLOWER
+            elif u.leader_epoch != st.leader_epoch:
+                res.error = ErrorCode.FENCED_LEADER_EPOCH
+            elif u.partition_epoch < st.version:
+                res.error = ErrorCode.INVALID_UPDATE_VERSION
+            elif sorted(u.new_isr) == sorted(st.isr):
+                res.leader, res.leader_epoch, res.isr, res.partition_epoch = st.leader, st.leader_epoch, st.isr, st.version
+            elif any(not ctx.is_eligible(b) or b not in ctx.replicas(tp) for b in u.new_isr if b != broker_id):
+                res.error = ErrorCode.INELIGIBLE_REPLICA
+            elif broker_id not in u.new_isr:
+                res.error = ErrorCode.INVALID_REQUEST
+            else:
+                writes[tp] = LeaderIsrState(st.leader, st.leader_epoch, list(u.new_isr), ctx.epoch, st.version)
+                index[tp] = len(results) - 1
+        done = self._write_states(writes)
+        batch = self._batch()
+        for tp, i in index.items():
+            res = results[i]
+            st = done.get(tp)
+            if st is None:
+                res.error = ErrorCode.INVALID_UPDATE_VERSION
+                continue
+            res.leader, res.leader_epoch, res.isr, res.partition_epoch = st.leader, st.leader_epoch, st.isr, st.version
+            log.info("%s-%d: ISR %s (AlterPartition from leader %d, partition epoch %d)", tp[0], tp[1], st.isr,
+                     broker_id, st.version)
+        batch.add_update_metadata(sorted(ctx.live_brokers), list(done))
+        batch.send(ctx, self._broker_info, self._send)
+        for tp in done:
+            r = ctx.reassignments.get(tp)
+            if r is not None:
+                self._continue_reassignment(tp, r)
+        return ErrorCode.NONE, results
+
+    def elect_leaders(self, election_type: int,
+                      partitions: list[TopicPartition] | None) -> Future[dict[TopicPartition, tuple[ErrorCode, str | None]]]:
+        return self._call(self._elect_leaders, election_type, partitions)
+
+    def _elect_leaders(self, election_type: int, partitions: list[TopicPartition] | None
+                       ) -> dict[TopicPartition, tuple[ErrorCode, str | None]]:
+        ctx = self.ctx
+        if ctx is None:
+            return {tp: (ErrorCode.NOT_CONTROLLER, None) for tp in partitions or []}
+        live = {b for b in ctx.live_brokers if b not in ctx.shutting_down}
+        out: dict[TopicPartition, tuple[ErrorCode, str | None]] = {}
+        updates: dict[TopicPartition, LeaderIsrState] = {}
+        for tp in partitions if partitions is not None else ctx.partitions():
+            st = ctx.states.get(tp)
+            replicas = ctx.replicas(tp)
+            if st is None or not replicas:
+                out[tp] = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "The partition does not exist.")
+                continue
+            if election_type == PREFERRED:
+                if st.leader == replicas[0]:
+                    out[tp] = (ErrorCode.ELECTION_NOT_NEEDED, "Leader election not needed for topic partition.")
+                    continue
+                leader = preferred_leader(replicas, st.isr, live)
+                if leader is None:
+                    out[tp] = (ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
+                               f"Failed to elect leader for partition {tp[0]}-{tp[1]} under strategy "
+                               f"PreferredReplicaPartitionLeaderElectionStrategy")
+                    continue
+                updates[tp] = LeaderIsrState(leader, st.leader_epoch + 1, list(st.isr), ctx.epoch, st.version)
+            else:
+                if st.leader in live:
+                    out[tp] = (ErrorCode.ELECTION_NOT_NEEDED, "Leader election not needed for topic partition.")
+                    continue
+                new = elect_offline(st, replicas, live, True, ctx.epoch)
+                if new is None:
+                    out[tp] = (ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+                               f"Failed to elect leader for partition {tp[0]}-{tp[1]} under strategy "
+                               f"OfflinePartitionLeaderElectionStrategy(true)")
+                    continue
+                updates[tp] = new
+        batch = self._batch()
+        done = self._write_states(updates)
+        for tp, st in done.items():
+            batch.add_leader_and_isr([b for b in ctx.replicas(tp) if ctx.is_live(b)], tp)
+            log.info("%s-%d: leader %d, leader epoch %d (%s election)", tp[0], tp[1], st.leader, st.leader_epoch,
+                     "preferred" if election_type == PREFERRED else "unclean")
+            out[tp] = (ErrorCode.NONE, None)
+        for tp in set(updates) - set(done):
+            out[tp] = (ErrorCode.UNKNOWN_SERVER_ERROR, "The partition state changed during the election; retry.")
+        batch.send(ctx, self._broker_info, self._send)
+        return out
+
+    def _maybe_rebalance(self) -> None:
+        ctx = self.ctx
+        if ctx is None or not self.config.auto_leader_rebalance or time.monotonic() < self._next_rebalance:
+            return
+        self._next_rebalance = time.monotonic() + self.config.leader_imbalance_check_interval_s
+        tps = imbalanced_partitions(ctx, self.config.leader_imbalance_per_broker_percentage)
+        if tps:
+            log.info("Auto leader rebalance: preferred leaders for %d partitions", len(tps))
+            self._elect_leaders(PREFERRED, tps)
+
+    # ------------------------------------------------------------ reassignments
+
+    def alter_reassignments(self, targets: dict[TopicPartition, list[int] | None]
+                            ) -> Future[dict[TopicPartition, tuple[ErrorCode, str | None]]]:
+        return self._call(self._alter_reassignments, targets)
+
+    def _alter_reassignments(self, targets: dict[TopicPartition, list[int] | None]
+                             ) -> dict[TopicPartition, tuple[ErrorCode, str | None]]:
+        ctx = self.ctx
+        if ctx is None:
+            return {tp: (ErrorCode.NOT_CONTROLLER, None) for tp in targets}
+        out: dict[TopicPartition, tuple[ErrorCode, str | None]] = {}
+        for tp, target in targets.items():
+            replicas = ctx.replicas(tp)
+            if not replicas or tp not in ctx.states:
+                out[tp] = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "The partition does not exist.")
+                continue
+            ongoing = ctx.reassignments.get(tp)
+            if target is None:
+                if ongoing is None:
+                    out[tp] = (ErrorCode.NO_REASSIGNMENT_IN_PROGRESS,
+                               f"Unable to find an ongoing reassignment for partition {tp[0]}-{tp[1]}")
+                    continue
+                self._finish_reassignment(tp, ongoing.original, cancelled=True)
+                out[tp] = (ErrorCode.NONE, None)
+                continue
+            problem = self._check_target(target)
+            if problem is not None:
+                out[tp] = (ErrorCode.INVALID_REPLICA_ASSIGNMENT, problem)
+                continue
+            original = ongoing.original if ongoing is not None else replicas
+            r = Reassignment(list(original), list(target))
+            self._start_reassignment(tp, r)
+            out[tp] = (ErrorCode.NONE, None)
+        return out
+
+    def _check_target(self, target: list[int]) -> str | None:
+        ctx = self.ctx
+        assert ctx is not None
+        if not target:
+            return "The replica list cannot be empty."
+        if len(set(target)) != len(target):
+            return "The proposed assignment contains duplicate replicas."
+        unknown = [b for b in target if b not in ctx.live_brokers]
+        if unknown:
+            return f"The proposed assignment contains non-live brokers: {unknown}"
+        return None
+
+    def list_reassignments(self, partitions: list[TopicPartition] | None) -> Future[dict[TopicPartition, Reassignment]]:
+        return self._call(self._list_reassignments, partitions)
+
+    def _list_reassignments(self, partitions: list[TopicPartition] | None) -> dict[TopicPartition, Reassignment]:
+        ctx = self.ctx
+        if ctx is None:
+            raise NotControllerError()
+        if partitions is None:
+            return dict(ctx.reassignments)
+        return {tp: ctx.reassignments[tp] for tp in partitions if tp in ctx.reassignments}
+
+    def _write_assignment(self, topic: str) -> None:
+        ctx = self.ctx
+        client = self.store.client
+        assert ctx is not None and client is not None
+        adding = {p: r.adding for (t, p), r in ctx.reassignments.items() if t == topic}
+        removing = {p: r.removing for (t, p), r in ctx.reassignments.items() if t == topic}
+        czk.write_assignment(client, ctx.epoch_zk_version, topic, ctx.topic_ids[topic], ctx.assignments[topic],
+                             adding, removing)
+
+    def _start_reassignment(self, tp: TopicPartition, r: Reassignment) -> None:
+        """Kafka's onPartitionReassignment, first half: RS = target + original in the assignment znode with the
+        adding and removing replicas, a leader epoch bump, and LeaderAndIsr to every replica of RS so new ones
+        start following."""
+        ctx = self.ctx
+        assert ctx is not None
+        if r.target == ctx.replicas(tp) and tp not in ctx.reassignments:
+            return
+        ctx.reassignments[tp] = r
+        ctx.assignments[tp[0]][tp[1]] = r.replicas
+        self._write_assignment(tp[0])
+        st = ctx.states[tp]
+        batch = self._batch()
+        done = self._write_states({tp: LeaderIsrState(st.leader, st.leader_epoch + 1, list(st.isr), ctx.epoch,
+                                                      st.version)})
+        if tp in done:
+            batch.add_leader_and_isr([b for b in r.replicas if ctx.is_live(b)], tp, is_new=False)
+        batch.send(ctx, self._broker_info, self._send)
+        log.info("Reassignment of %s-%d to %s started: adding %s, removing %s", tp[0], tp[1], r.target, r.adding,
+                 r.removing)
+        self._continue_reassignment(tp, r)
+
+    def _continue_reassignment(self, tp: TopicPartition, r: Reassignment) -> None:
+        ctx = self.ctx
+        assert ctx is not None
+        st = ctx.states.get(tp)
+        if st is not None and all(b in st.isr for b in r.target):
+            self._finish_reassignment(tp, r.target, cancelled=False)
+
+    def _finish_reassignment(self, tp: TopicPartition, target: list[int], cancelled: bool) -> None:
+        """Second half: every target replica is in the ISR (or the reassignment is cancelled). The leader
+        moves into the target if needed, the ISR keeps only target replicas, the removed replicas stop and
+        are deleted, and the assignment znode holds the target alone."""
+        ctx = self.ctx
+        assert ctx is not None
+        st = ctx.states[tp]
+        previous = ctx.replicas(tp)
+        removed = [b for b in previous if b not in target]
+        live = {b for b in ctx.live_brokers if b not in ctx.shutting_down}
+        isr = [b for b in st.isr if b in target] or [b for b in target if b in live][:1]
+        leader = st.leader if st.leader in target and st.leader in live else reassign_leader(target, isr, live)
+        if leader is None:
+            leader = NO_LEADER
+        batch = self._batch()
+        done = self._write_states({tp: LeaderIsrState(leader, st.leader_epoch + 1, isr, ctx.epoch, st.version)})
+        if tp not in done:
+            return  # read again; the next ISR change or request finishes it
+        ctx.reassignments.pop(tp, None)
+        ctx.assignments[tp[0]][tp[1]] = list(target)
+        self._write_assignment(tp[0])
+        batch.add_leader_and_isr([b for b in target if ctx.is_live(b)], tp)
+        batch.add_update_metadata(sorted(ctx.live_brokers), [tp])
+        for b in removed:
+            batch.add_stop_replica([b], tp, delete=True)
+        batch.send(ctx, self._broker_info, self._send)
+        log.info("Reassignment of %s-%d %s: replicas %s, leader %d, ISR %s", tp[0], tp[1],
+                 "cancelled" if cancelled else "completed", target, leader, isr)
+
+
+class NotControllerError(Exception):
+    """This broker is not the active controller."""
