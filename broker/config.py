@@ -154,6 +154,9 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey(
             "log.message.timestamp.type", _str, "CreateTime", one_of("CreateTime", "LogAppendTime"), dynamic=True
         ),
+        ConfigKey("log.message.timestamp.difference.max.ms", _long, LONG_MAX, at_least(0), dynamic=True),
+        ConfigKey("log.message.timestamp.before.max.ms", _long, LONG_MAX, at_least(0), dynamic=True),
+        ConfigKey("log.message.timestamp.after.max.ms", _long, LONG_MAX, at_least(0), dynamic=True),
         ConfigKey("log.message.format.version", _str, "3.0-IV1"),
         ConfigKey("compression.type", _str, "producer",
                   one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"), dynamic=True),

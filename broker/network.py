@@ -100,10 +100,17 @@ class RequestMemoryPool:
             self._waiters.discard(conn)
 
 
+ANONYMOUS = "User:ANONYMOUS"
+
+
 class KafkaConnection(asyncio.BufferedProtocol):
     def __init__(self, processor: Processor, conn_id: str, listener_name: str = "PLAINTEXT") -> None:
         self.processor = processor
         self.listener_name = listener_name
+        # Kafka's KafkaPrincipal as "User:<name>": ANONYMOUS on PLAINTEXT, the mapped certificate DN on SSL,
+        # the SASL authorization id once authenticated. The authorizer reads it with peer_host.
+        self.principal = ANONYMOUS
+        self.peer_host = ""
         self.apis = processor.apis
         self.conn_id = conn_id
         self.loop = processor.loop
@@ -138,6 +145,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer_host = peer[0] if peer else "?"
         # high=0: pause_writing fires whenever the kernel did not take a whole write, and
         # resume_writing once the buffer is empty, which is when sendfile may take over.
         transport.set_write_buffer_limits(high=0, low=0)  # type: ignore[attr-defined]
@@ -150,7 +158,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._pool.add(-self._held)
             self._held = 0
         self.processor.connections.pop(self.conn_id, None)
-        self.processor.server_ref.connection_closed(self.peer.rsplit(":", 1)[0])
+        self.processor.server_ref.connection_closed(self.peer_host)
         if self._drained is not None and not self._drained.done():
             self._drained.set_exception(ConnectionResetError("connection closed"))
 

@@ -26,6 +26,9 @@ TOPIC_TO_BROKER: dict[str, str] = {
     "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
     "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
     "file.delete.delay.ms": "log.segment.delete.delay.ms",
+    "message.timestamp.difference.max.ms": "log.message.timestamp.difference.max.ms",
+    "message.timestamp.before.max.ms": "log.message.timestamp.before.max.ms",
+    "message.timestamp.after.max.ms": "log.message.timestamp.after.max.ms",
     "min.insync.replicas": "min.insync.replicas",
     "compression.type": "compression.type",
     "compression.gzip.level": "compression.gzip.level",
@@ -45,7 +48,8 @@ _TOPIC_TYPES = {
     "delete.retention.ms": "long", "min.compaction.lag.ms": "long", "min.cleanable.dirty.ratio": "double",
     "file.delete.delay.ms": "long", "min.insync.replicas": "int", "compression.type": "string",
     "unclean.leader.election.enable": "boolean", "compression.gzip.level": "int", "compression.lz4.level": "int",
-    "compression.zstd.level": "int",
+    "compression.zstd.level": "int", "message.timestamp.difference.max.ms": "long",
+    "message.timestamp.before.max.ms": "long", "message.timestamp.after.max.ms": "long",
 }
 
 

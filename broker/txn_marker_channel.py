@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from broker.replica_manager import LEADER_EPOCH, error_of
+from broker.replica_manager import error_of
 from coordinator.group_coordinator import OFFSETS_TOPIC
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import WriteTxnMarkersRequest, WriteTxnMarkersResponse
@@ -104,7 +104,7 @@ class TxnMarkerChannel:
             try:
                 lg = rm.get_log(topic, partition)
                 info = lg.append_control(producer_id, producer_epoch, coordinator_epoch, commit, now,
-                                         leader_epoch=LEADER_EPOCH)
+                                         leader_epoch=lg.leader_epoch)
             except Exception as e:  # noqa: BLE001 - each partition answers with its own error code
                 code = error_of(e)
                 if code == ErrorCode.UNKNOWN_SERVER_ERROR:

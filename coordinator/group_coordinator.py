@@ -223,7 +223,7 @@ class GroupCoordinator(GroupOffsets):
         now = _now_ms()
         batch = build_batch([(k, v, [], now) for k, v in entries], producer_id=producer_id,
                             producer_epoch=producer_epoch, is_transactional=producer_id != NO_PRODUCER_ID)
-        info = lg.append_as_leader(batch, now, leader_epoch=0, from_client=False)
+        info = lg.append_as_leader(batch, now, leader_epoch=lg.leader_epoch, from_client=False)
         return lg, info
 
     async def _flush_if_needed(self, lg: Any, last_offset: int) -> None:

@@ -81,6 +81,20 @@ NO_LEADER = -1
 
 
 @dataclass
+class PartitionState:
+    """One partition's replication state as the controller decides it (Kafka's LeaderAndIsrPartitionState;
+    partition_epoch is the version of /brokers/topics/<t>/partitions/<p>/state)."""
+
+    leader: int
+    leader_epoch: int
+    isr: list[int]
+    replicas: list[int]
+    partition_epoch: int = 0
+    adding_replicas: list[int] = field(default_factory=list)
+    removing_replicas: list[int] = field(default_factory=list)
+
+
+@dataclass
 class TopicRecord:
     """A topic and the state of its partitions.
 

@@ -297,7 +297,7 @@ class TransactionCoordinator:
         try:
             lg = self.host.txn_log(p)
             batch = build_batch([(records.key_bytes(transactional_id), value, [], now)])
-            info = lg.append_as_leader(batch, now, leader_epoch=0, from_client=False)
+            info = lg.append_as_leader(batch, now, leader_epoch=lg.leader_epoch, from_client=False)
             if lg.unflushed_messages >= lg.config.flush_messages:
                 await self.host.flush_log(lg, info.last_offset)
         except KafkaStorageError as e:

@@ -1,8 +1,9 @@
 """Kafka record batch v2 (magic 2) codec.
 
 Everything here is synchronous, allocation-light and thread-safe (no shared mutable state).
-The produce path only touches batch headers (validate_batches, set_*); per-record parsing
-(decode_records) is reserved for the cleaner, the coordinators and tests.
+The produce path checks batch headers and walks every record's structure without building objects
+(validate_batches, protocol.record_walk), then patches headers in place (set_*); decoding records into
+objects (decode_records) is reserved for the cleaner, the coordinators and tests.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import gzip
 import io
 import struct
+import threading
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ import snappy
 import zstandard
 
 from protocol import primitives as _primitives
+from protocol.record_walk import WalkResult, walk_records
 
 __all__ = [
     "ATTR_COMPRESSION_MASK",
@@ -48,8 +51,11 @@ __all__ = [
     "TIMESTAMP_LOG_APPEND_TIME",
     "BatchesSummary",
     "CorruptRecordError",
+    "INVALID_TIMESTAMP",
     "InvalidRecordError",
     "Record",
+    "RecordError",
+    "RecordValidationError",
     "RecordBatchHeader",
     "build_batch",
     "compress",
@@ -71,8 +77,9 @@ __all__ = [
     "write_varint",
 ]
 
-# Kafka error codes for the two exceptions raised here (the broker maps them onto responses).
+# Kafka error codes for the exceptions raised here (the broker maps them onto responses).
 CORRUPT_MESSAGE = 2
+INVALID_TIMESTAMP = 32
 INVALID_RECORD = 87
 
 COMPRESSION_NONE = 0
@@ -143,6 +150,28 @@ class InvalidRecordError(ValueError):
     """A well-formed batch the broker refuses (bad offsets/count, control batch from a client...)."""
 
     error_code = INVALID_RECORD
+
+
+@dataclass(frozen=True, slots=True)
+class RecordError:
+    """One refused record: its index within its batch (Kafka's ProduceResponse.RecordError)."""
+
+    batch_index: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"RecordError(batchIndex={self.batch_index}, message='{self.message}')"
+
+
+class RecordValidationError(InvalidRecordError):
+    """Records of a well-formed batch refused one by one (Kafka's RecordValidationException): the producer
+    fails exactly these records. error_code is INVALID_RECORD, or INVALID_TIMESTAMP when a timestamp is out
+    of range."""
+
+    def __init__(self, error_code: int, message: str, record_errors: list[RecordError]) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+        self.record_errors = record_errors
 
 
 Buffer = bytes | bytearray | memoryview
@@ -289,13 +318,20 @@ class BatchesSummary:
         return [(h.producer_id, h.producer_epoch, h.base_sequence, h.last_offset_delta) for _, h in self.batches]
 
 
-def validate_batches(buf: Buffer, *, from_client: bool = True) -> BatchesSummary:
-    """Validate every batch of a produce payload; header + CRC work only.
+def validate_batches(buf: Buffer, *, from_client: bool = True, topic_partition: str = "", compacted: bool = False,
+                     timestamp_bounds: tuple[int, int] | None = None, log_append_time: bool = False,
+                     max_decompressed: int = DEFAULT_MAX_DECOMPRESSED) -> BatchesSummary:
+    """Validate every batch of a produce payload: header, CRC, and the structure of every record.
 
     from_client=True applies Kafka's LogValidator rules for client produce: at least one
-    record, lastOffsetDelta == recordsCount - 1, no control batches. Internal writers
-    (coordinators, the cleaner, recovery) pass False, which allows empty batches whose
-    lastOffsetDelta was preserved by compaction.
+    record, lastOffsetDelta == recordsCount - 1, record offset deltas 0, 1, 2..., no control
+    batches. Internal writers (coordinators, the cleaner, recovery) pass False, which allows
+    empty batches and gaps in offset deltas that compaction leaves.
+
+    Compressed batches are inflated (at most max_decompressed bytes) and their records walked
+    too. Records are refused one by one (RecordValidationError with each record's index) when
+    `compacted` and they have no key, or when timestamp_bounds = (low, high) is given and their
+    CreateTime lies outside it; a client batch marked LogAppendTime is refused the same way.
     """
     view = buf if isinstance(buf, memoryview) else memoryview(buf)
     end = len(view)
@@ -342,8 +378,23 @@ def validate_batches(buf: Buffer, *, from_client: bool = True) -> BatchesSummary
             raise InvalidRecordError(
                 f"batch at position {pos} has {count} records for lastOffsetDelta {header.last_offset_delta}"
             )
-        if header.compression > COMPRESSION_ZSTD:
-            raise InvalidRecordError(f"batch at position {pos} uses unknown compression codec {header.compression}")
+        codec = header.attributes & ATTR_COMPRESSION_MASK
+        if codec > COMPRESSION_ZSTD:
+            raise InvalidRecordError(f"batch at position {pos} uses unknown compression codec {codec}")
+        body: Buffer = view[pos + BATCH_HEADER_SIZE : pos + size]
+        if codec:
+            body = decompress(codec, body, max_decompressed)
+        appended_time = from_client and header.attributes & ATTR_TIMESTAMP_TYPE
+        plain_records = not header.attributes & ATTR_CONTROL
+        found = walk_records(
+            body, count, consecutive=from_client, last_offset_delta=header.last_offset_delta,
+            need_keys=compacted and plain_records, base_timestamp=header.base_timestamp,
+            ts_bounds=timestamp_bounds if plain_records and not log_append_time and not appended_time else None)
+        if isinstance(found, str):
+            raise InvalidRecordError(f"{found} (batch at position {pos} of {topic_partition or 'the request'})")
+        if found.keyless or found.bad_timestamps or appended_time:
+            _refuse_records(header, found, appended_time=bool(appended_time), log_append_time=log_append_time,
+                            timestamp_bounds=timestamp_bounds, topic_partition=topic_partition)
         summary.batches.append((pos, header))
         summary.num_records += count
         if summary.first_timestamp == NO_TIMESTAMP:
@@ -355,6 +406,53 @@ def validate_batches(buf: Buffer, *, from_client: bool = True) -> BatchesSummary
         pos += size
     summary.valid_bytes = pos
     return summary
+
+
+def _refuse_records(header: RecordBatchHeader, found: WalkResult, *, appended_time: bool, log_append_time: bool,
+                    timestamp_bounds: tuple[int, int] | None, topic_partition: str) -> None:
+    """Raise RecordValidationError naming each refused record, with Kafka's messages (LogValidator.validateRecord:
+    a missing key first, then the timestamp; at most one error per record)."""
+    errors: dict[int, RecordError] = {}
+    timestamp_error = False
+    lo, hi = timestamp_bounds if timestamp_bounds is not None else (NO_TIMESTAMP, NO_TIMESTAMP)
+    for i in found.keyless:
+        errors[i] = RecordError(i, f"Compacted topic cannot accept message without key in topic partition "
+                                   f"{topic_partition}")
+    if appended_time:
+        # A client may not claim LogAppendTime; Kafka still lets it pass on a CreateTime topic when the
+        # batch's (max) timestamp is in range.
+        ts = header.max_timestamp
+        in_range = timestamp_bounds is None or lo <= ts <= hi
+        if log_append_time or ts == NO_TIMESTAMP or not in_range:
+            for i in range(header.records_count):
+                if i in errors:
+                    continue
+                timestamp_error = True
+                if log_append_time or ts == NO_TIMESTAMP:
+                    errors[i] = RecordError(i, f"Invalid timestamp type in message with offset "
+                                               f"{header.base_offset + i}. Producer should not set timestamp "
+                                               f"type to LogAppendTime.")
+                else:
+                    errors[i] = RecordError(i, _timestamp_message(ts, header.base_offset + i, lo, hi))
+    for i, ts in found.bad_timestamps:
+        if i not in errors:
+            timestamp_error = True
+            errors[i] = RecordError(i, _timestamp_message(ts, header.base_offset + i, lo, hi))
+    if not errors:
+        return
+    ordered = [errors[i] for i in sorted(errors)]
+    if timestamp_error:
+        raise RecordValidationError(INVALID_TIMESTAMP, "One or more records have been rejected due to invalid "
+                                                       "timestamp", ordered)
+    shown = ", ".join(str(e) for e in ordered[:3])
+    raise RecordValidationError(INVALID_RECORD, f"One or more records have been rejected due to {len(ordered)} "
+                                                f"record errors in total, and only showing the first three errors "
+                                                f"at most: [{shown}]", ordered)
+
+
+def _timestamp_message(ts: int, offset: int, lo: int, hi: int) -> str:
+    return (f"Timestamp {ts} of message with offset {offset} is out of range. The timestamp should be within "
+            f"[{lo}, {hi}]")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -438,32 +536,78 @@ def decompress(codec: int, data: Buffer, max_size: int = DEFAULT_MAX_DECOMPRESSE
         if codec == COMPRESSION_SNAPPY:
             return _unsnappy(bytes(data), max_size)
         if codec == COMPRESSION_LZ4:
-            dec = lz4.frame.LZ4FrameDecompressor()
-            out = dec.decompress(bytes(data), max_length=max_size + 1)
-            if len(out) > max_size:
-                raise _too_big(codec, max_size)
-            if not dec.eof:
-                raise CorruptRecordError("truncated lz4 frame")
-            return bytes(out)
+            return _unlz4(bytes(data), max_size)
         if codec == COMPRESSION_ZSTD:
-            # Frames written by streaming encoders carry no content size, so use a reader.
-            reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(bytes(data)), read_across_frames=True)
-            chunks = []
-            total = 0
-            while True:
-                chunk = reader.read(min(1 << 20, max_size + 1 - total))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                total += len(chunk)
-                if total > max_size:
-                    raise _too_big(codec, max_size)
-            return b"".join(chunks)
+            return _unzstd(bytes(data), max_size)
     except CorruptRecordError:
         raise
     except Exception as e:  # codec libraries raise assorted types on garbage input
         raise CorruptRecordError(f"failed to decompress (codec {codec}): {e}") from e
     raise InvalidRecordError(f"unknown compression codec {codec}")
+
+
+# Produce inflates every compressed batch to walk its records, so decompression is on the hot path: output
+# buffers are sized from the frame's content size when it has one (allocating the whole bound up front costs
+# more than inflating a 16 KB batch), and zstd contexts, slow to create, are kept per thread.
+_LZ4_MAGIC = b"\x04\x22\x4d\x18"
+_LZ4_CONTENT_SIZE_FLAG = 0x08
+_zstd_local = threading.local()
+
+
+def _unlz4(data: bytes, max_size: int) -> bytes:
+    dec = lz4.frame.LZ4FrameDecompressor()
+    first = min(max_size + 1, max(len(data) * 4, 1 << 16))
+    if data[:4] == _LZ4_MAGIC and len(data) >= 14 and data[4] & _LZ4_CONTENT_SIZE_FLAG:
+        # The declared size may lie: it only sizes the first buffer, the bound still holds.
+        first = min(max_size + 1, int.from_bytes(data[6:14], "little") + 1)
+    out = dec.decompress(data, max_length=first)
+    if dec.eof:
+        if len(out) > max_size:
+            raise _too_big(COMPRESSION_LZ4, max_size)
+        return bytes(out)
+    chunks = [out]
+    total = len(out)
+    while not dec.eof:
+        if total > max_size:
+            raise _too_big(COMPRESSION_LZ4, max_size)
+        if dec.needs_input:
+            raise CorruptRecordError("truncated lz4 frame")
+        chunk = dec.decompress(b"", max_length=min(max_size + 1 - total, 1 << 20))
+        chunks.append(chunk)
+        total += len(chunk)
+    if total > max_size:
+        raise _too_big(COMPRESSION_LZ4, max_size)
+    return b"".join(chunks)
+
+
+def _unzstd(data: bytes, max_size: int) -> bytes:
+    dctx = getattr(_zstd_local, "dctx", None)
+    if dctx is None:
+        dctx = _zstd_local.dctx = zstandard.ZstdDecompressor()
+    size = zstandard.frame_content_size(data)
+    if 0 <= size <= max_size:
+        try:
+            # One frame whose header gives its size (extra frames or a wrong size: the bounded reader below).
+            out = dctx.decompress(data, allow_extra_data=False)
+            if len(out) == size:
+                return bytes(out)
+        except zstandard.ZstdError:
+            pass
+    elif size > max_size:
+        raise _too_big(COMPRESSION_ZSTD, max_size)
+    # Frames written by streaming encoders carry no content size: read them in bounded chunks.
+    reader = dctx.stream_reader(io.BytesIO(data), read_across_frames=True)
+    chunks = []
+    total = 0
+    while True:
+        chunk = reader.read(min(1 << 20, max_size + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > max_size:
+            raise _too_big(COMPRESSION_ZSTD, max_size)
+    return b"".join(chunks)
 
 
 def _gunzip(data: bytes, max_size: int) -> bytes:
@@ -562,7 +706,8 @@ def decode_records(buf: Buffer, pos: int = 0, *, max_size: int = DEFAULT_MAX_DEC
                 hk_len, p = read_varint(body, p)
                 if hk_len < 0:
                     raise CorruptRecordError("null header key")
-                hkey = bytes(body[p : p + hk_len]).decode("utf-8")
+                # Kafka does not require UTF-8 here (Java decodes leniently): keep undecodable bytes as they are.
+                hkey = bytes(body[p : p + hk_len]).decode("utf-8", "surrogateescape")
                 p += hk_len
                 hv_len, p = read_varint(body, p)
                 hval: bytes | None = None
@@ -574,7 +719,7 @@ def decode_records(buf: Buffer, pos: int = 0, *, max_size: int = DEFAULT_MAX_DEC
                 raise CorruptRecordError("record length does not match its content")
             ts = header.max_timestamp if log_append else base_ts + ts_delta
             records.append(Record(base_offset + off_delta, ts, key, value, headers, attributes))
-    except (IndexError, UnicodeDecodeError) as e:
+    except IndexError as e:
         raise CorruptRecordError(f"malformed record in batch at offset {base_offset}: {e}") from e
     return records
 
@@ -597,7 +742,7 @@ def _encode_record(out: bytearray, offset_delta: int, ts_delta: int, key: bytes 
         body += value
     write_varint(len(headers), body)
     for hkey, hval in headers:
-        kb = hkey.encode("utf-8")
+        kb = hkey.encode("utf-8", "surrogateescape")
         write_varint(len(kb), body)
         body += kb
         if hval is None:

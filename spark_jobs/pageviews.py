@@ -7,7 +7,7 @@ Input records: JSON ``{"ts": <epoch ms>, "user": "<id>", "page": "<path>"}``. Ou
     python -m spark_jobs.pageviews --bootstrap-servers HOST:PORT --input-topic T --output-topic O \\
         --checkpoint DIR [--trigger available-now|<seconds>] [--source kafka|python|auto]
 
-``--source kafka`` uses Spark's own connector (its jars must be on the classpath, e.g. ``--packages``),
+``--source kafka`` uses Spark's own connector (its jars must be on the classpath: ``--packages`` or ``--jars``),
 ``--source python`` the project's Python data source (``format("kbroker")``), and ``auto`` (the default) the
 connector when Spark finds it and the Python source otherwise.
 """
@@ -28,6 +28,27 @@ log = logging.getLogger("spark_jobs.pageviews")
 
 EVENT_SCHEMA = "ts long, user string, page string"
 KAFKA_NOT_FOUND_CONDITIONS = ("KAFKA_DATA_SOURCE_NOT_ENABLED", "DATA_SOURCE_NOT_FOUND")
+
+
+class KafkaConnectorMissing(RuntimeError):
+    """--source kafka, but Spark cannot load format('kafka'): the message is the one line a user needs."""
+
+
+CONNECTOR_MISSING = (
+    "--source kafka: Spark's Kafka connector (spark-sql-kafka-0-10) is not on the classpath; either use "
+    "--source python (this project's data source, no jars), or give the connector and its dependencies "
+    "(kafka-clients, commons-pool2, spark-token-provider-kafka-0-10) with --jars a.jar,b.jar or "
+    "--packages org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
+)
+
+
+def python_worker_env(environ: dict[str, str] | os._Environ[str], executable: str) -> dict[str, str]:
+    """PYSPARK_PYTHON / PYSPARK_DRIVER_PYTHON to set so that Spark's Python workers run this interpreter.
+
+    Spark starts its workers with `python3` from PATH; from a virtualenv that is not activated that is another
+    interpreter without pyspark/pyarrow, and the job fails a minute later with "Python worker failed to connect
+    back". A value the user set is kept."""
+    return {k: executable for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON") if not environ.get(k)}
 
 
 @dataclass
@@ -70,6 +91,10 @@ def choose_format(spark: Any, source: str) -> str:
     if source not in ("kafka", "python", "auto"):
         raise ValueError(f"--source must be kafka, python or auto, not {source!r}")
     if source == "kafka":
+        if not kafka_connector_available(spark):
+            import pyspark
+
+            raise KafkaConnectorMissing(CONNECTOR_MISSING.format(version=pyspark.__version__))
         fmt = "kafka"
         log.info("source/sink: Spark's Kafka connector (format 'kafka'), as requested")
     elif source == "python":
@@ -186,6 +211,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[JobConfig, argparse.N
         "--packages", default=None, help="spark.jars.packages, e.g. the Kafka connector's coordinates"
     )
     p.add_argument(
+        "--jars", default=None,
+        help="spark.jars: comma-separated jar files on disk, e.g. the Kafka connector and its dependencies",
+    )
+    p.add_argument(
         "--shuffle-partitions",
         type=int,
         default=None,
@@ -218,6 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg, a = parse_args(argv)
     os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
+    os.environ.update(python_worker_env(os.environ, sys.executable))
     from pyspark.sql import SparkSession
 
     b = SparkSession.builder.appName("kbroker-pageviews")
@@ -227,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         b = b.master("local[*]")
     if a.packages:
         b = b.config("spark.jars.packages", a.packages)
+    if a.jars:
+        b = b.config("spark.jars", a.jars)
     if a.shuffle_partitions:
         b = b.config("spark.sql.shuffle.partitions", str(a.shuffle_partitions))
     spark = b.getOrCreate()
@@ -240,7 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     try:
-        query = start_query(spark, cfg)
+        try:
+            query = start_query(spark, cfg)
+        except KafkaConnectorMissing as e:
+            print(f"pageviews: {e}", file=sys.stderr)
+            return 2
         while not query.awaitTermination(0.5):
             if stop_requested:
                 # Let a running micro-batch finish (up to 60 s) so it is committed, not redone after a restart.

@@ -12,6 +12,8 @@ logger = logging.getLogger("kbroker.storage")
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"
+# High watermarks of replicated partitions (ReplicaManager's highWatermarkCheckpoints in Kafka).
+REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 CLEAN_SHUTDOWN_MARKER = ".kafka_cleanshutdown"
 
 _VERSION = 0

@@ -33,6 +33,9 @@ class LogConfig:
     compression_gzip_level: int = -1
     compression_lz4_level: int = 9
     compression_zstd_level: int = 3
+    message_timestamp_difference_max_ms: int = _LONG_MAX
+    message_timestamp_before_max_ms: int = _LONG_MAX
+    message_timestamp_after_max_ms: int = _LONG_MAX
 
     # Filled in below the class: the topic config keys this class understands.
     TOPIC_CONFIG_KEYS: ClassVar[frozenset[str]]
@@ -64,6 +67,23 @@ class LogConfig:
     @property
     def log_append_time(self) -> bool:
         return self.message_timestamp_type == "LogAppendTime"
+
+    def timestamp_bounds(self, now_ms: int) -> tuple[int, int] | None:
+        """The CreateTime range a produced record must fall in, None when unbounded (the default).
+
+        Kafka 3.6+: message.timestamp.before/after.max.ms, each falling back to the deprecated
+        message.timestamp.difference.max.ms while left at its default.
+        """
+        before = self.message_timestamp_before_max_ms
+        if before == _LONG_MAX:
+            before = self.message_timestamp_difference_max_ms
+        after = self.message_timestamp_after_max_ms
+        if after == _LONG_MAX:
+            after = self.message_timestamp_difference_max_ms
+        if before == _LONG_MAX and after == _LONG_MAX:
+            return None
+        return (now_ms - before if before != _LONG_MAX else -(2**63),
+                now_ms + after if after != _LONG_MAX else _LONG_MAX)
 
     def replace(self, **changes: Any) -> LogConfig:
         return dataclasses.replace(self, **changes)
@@ -161,6 +181,9 @@ _SPECS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "compression.gzip.level": ("compression_gzip_level", _gzip_level),
     "compression.lz4.level": ("compression_lz4_level", _int(1, 17)),
     "compression.zstd.level": ("compression_zstd_level", _int(-131072, 22)),
+    "message.timestamp.difference.max.ms": ("message_timestamp_difference_max_ms", _int(0)),
+    "message.timestamp.before.max.ms": ("message_timestamp_before_max_ms", _int(0)),
+    "message.timestamp.after.max.ms": ("message_timestamp_after_max_ms", _int(0)),
 }
 
 TOPIC_CONFIG_KEYS: frozenset[str] = frozenset(_SPECS)

@@ -22,7 +22,6 @@ from protocol.control_records import build_end_txn_marker_batch, parse_end_txn_m
 from protocol.records import (
     ATTR_TIMESTAMP_TYPE,
     BatchesSummary,
-    InvalidRecordError,
     decode_records,
     max_decompressed_size,
     recompress_batches,
@@ -34,6 +33,7 @@ from protocol.records import (
 from storage.atomic_file import fsync_dir
 from storage.config import LogConfig
 from storage.errors import KafkaStorageError, OffsetOutOfRangeError, RecordTooLargeError
+from storage.leader_epoch_cache import LeaderEpochFileCache
 from storage.log_loader import (
     INDEX_SUFFIXES,
     batches_with_markers,
@@ -41,6 +41,7 @@ from storage.log_loader import (
     recover_segments,
     segment_bases,
 )
+from storage.log_replica import ReplicaLogMixin
 from storage.producer_state import (
     BatchMetadata,
     ProducerAppendInfo,
@@ -114,13 +115,16 @@ class _PendingDelete:
     segment: LogSegment
 
 
-class Log:
+class Log(ReplicaLogMixin):
     def __init__(self, dir: Path, topic: str, partition: int, config: LogConfig, segments: Sequence[LogSegment],
                  *, log_start_offset: int, log_end_offset: int, recovery_point: int) -> None:
         self.topic = topic
         self.partition = partition
         self.config = config
         self.producer_state = ProducerStateManager(dir, f"{topic}-{partition}")
+        self.leader_epoch_cache = LeaderEpochFileCache(dir, f"{topic}-{partition}")
+        self.leader_epoch = 0
+        self._hw_tracks_leo = True
         self._dir = dir
         self._lock = threading.RLock()
         self._segments: tuple[LogSegment, ...] = tuple(segments)
@@ -148,7 +152,9 @@ class Log:
 
     @classmethod
     def open(cls, dir: str | Path, topic: str, partition: int, config: LogConfig, *, recovery_point: int = 0,
-             log_start_offset: int = 0, clean_shutdown: bool) -> Log:
+             log_start_offset: int = 0, clean_shutdown: bool, high_watermark: int | None = None) -> Log:
+        """high_watermark: the checkpointed one of a replicated partition (None: the log end, as a single
+        replica has everything committed)."""
         dir = Path(dir)
         dir.mkdir(parents=True, exist_ok=True)
         rebuild = cleanup_leftover_files(dir)
@@ -181,6 +187,11 @@ class Log:
         if leo < log_start_offset:
             # DeleteRecords moved the start past everything we still have.
             log.truncate_fully_and_start_at(log_start_offset)
+        # Epochs past what recovery kept, or before the log start, name no batch any more.
+        log.leader_epoch_cache.truncate_from_end(log._leo)
+        log.leader_epoch_cache.truncate_from_start(log._log_start_offset)
+        if high_watermark is not None:
+            log._hw = max(min(high_watermark, log._leo), log._log_start_offset)
         log._load_producer_state(reload_from_clean_shutdown=clean_shutdown,
                                  rebuild_txn_indexes={b for b in recovered if b >= log._segments[0].base_offset})
         if not clean_shutdown:
@@ -272,6 +283,7 @@ class Log:
         # LogManager renames the directory of a deleted log; snapshots follow it.
         self._dir = value
         self.producer_state.dir = value
+        self.leader_epoch_cache.dir = value
 
     @property
     def log_start_offset(self) -> int:
@@ -339,10 +351,14 @@ class Log:
         from_client=False is for internal writers (coordinators): it allows control batches.
         """
         config = self.config
-        summary = validate_batches(records, from_client=from_client)
+        # Every record of every batch is walked (Kafka's LogValidator): a compacted topic refuses records
+        # without a key, and CreateTime outside message.timestamp.before/after.max.ms is refused, each record
+        # by its index in its batch (RecordValidationError -> record_errors in the Produce response).
+        summary = validate_batches(
+            records, from_client=from_client, topic_partition=self.name, compacted=config.compact,
+            timestamp_bounds=config.timestamp_bounds(now_ms) if from_client else None,
+            log_append_time=config.log_append_time, max_decompressed=max_decompressed_size(config.max_message_bytes))
         self._check_batch_sizes(summary, config)
-        if config.compact:
-            self._check_keys(records, summary)
         if config.target_codec is not None:
             # Topic compression.type names a codec: batches sent with another are rebuilt, as Kafka's LogValidator.
             rebuilt = recompress_batches(records, summary, config.target_codec, config.compression_level,
@@ -386,6 +402,8 @@ class Log:
                 duplicate = self.validate_producer_state(self, summary, first_offset)
                 if duplicate is not None:
                     return duplicate
+            if leader_epoch is not None:
+                self.leader_epoch_cache.assign(leader_epoch, first_offset)
             segment = self._maybe_roll(len(buf), now_ms, last_offset)
             try:
                 segment.append(buf, summary.batches, now_ms)
@@ -394,7 +412,8 @@ class Log:
                     f"error appending to {segment.log_path} of {self.name}: {errno.errorcode.get(e.errno or 0, e)} {e}"
                 ) from e
             self._leo = offset
-            self._hw = offset  # single replica: committed as soon as it is in the log
+            if self._hw_tracks_leo:  # the ISR is this replica alone: committed as soon as it is in the log
+                self._hw = offset
             self._appended_messages += summary.num_records
             self._update_producers(updates, completed, segment)
             self.producer_state.update_map_end_offset(offset)
@@ -481,24 +500,6 @@ class Log:
             psm.complete_txn(txn)
         if updates:
             self._first_unstable = psm.first_unstable_offset
-
-    def _check_keys(self, records: bytes | bytearray | memoryview, summary: BatchesSummary) -> None:
-        # Compacted topics need a key on every record (Kafka rejects with INVALID_RECORD).
-        for pos, h in summary.batches:
-            if h.is_control:
-                continue
-            recs = decode_records(records, pos, max_size=max_decompressed_size(self.config.max_message_bytes))
-            if len(recs) != h.records_count:
-                raise InvalidRecordError(f"batch at position {pos} holds {len(recs)} records, its header says "
-                                         f"{h.records_count}")
-            for i, rec in enumerate(recs):
-                if rec.key is None:
-                    raise InvalidRecordError(f"compacted topic {self.topic} cannot accept a record without a key")
-                # The records are decoded here anyway: hold them to Kafka's rule of consecutive offset deltas,
-                # which the cleaner relies on when it rewrites the batch.
-                if rec.offset - h.base_offset != i:
-                    raise InvalidRecordError(f"record {i} of the batch at position {pos} has offset delta "
-                                             f"{rec.offset - h.base_offset}")
 
     def _check_open(self) -> None:
         if self._closed:
@@ -646,6 +647,7 @@ class Log:
                 logger.info("Incremented log start offset of %s to %d (DeleteRecords)", self.name, offset)
                 self._delete_segments(self._start_offset_breached(), "log start offset breach")
                 self.producer_state.on_log_start_offset_incremented(self._log_start_offset)
+                self.leader_epoch_cache.truncate_from_start(self._log_start_offset)
             return self._log_start_offset
 
     def _start_offset_breached(self) -> list[LogSegment]:
@@ -688,6 +690,7 @@ class Log:
         if remaining[0].base_offset > self._log_start_offset:
             self._log_start_offset = remaining[0].base_offset
             self.producer_state.on_log_start_offset_incremented(self._log_start_offset)
+            self.leader_epoch_cache.truncate_from_start(self._log_start_offset)
         due = _now_ms() + self.config.file_delete_delay_ms
         for seg in doomed:
             logger.info("Deleting segment %d of %s (%s), log start offset now %d",
@@ -780,6 +783,7 @@ class Log:
             self._flushed_messages = self._appended_messages
             self.cleaner_checkpoint = offset
             self._first_unstable = None
+            self.leader_epoch_cache.clear()
             try:
                 self.producer_state.truncate_fully_and_start_at(offset)
             except OSError as e:
@@ -803,6 +807,8 @@ class Log:
         with self._lock:
             self._check_open()
             if offset >= self._leo:
+                # An epoch entry the leader's log does not have may still sit at the end (Kafka's truncateTo).
+                self.leader_epoch_cache.truncate_from_end(offset)
                 return
             if offset <= self._segments[0].base_offset:
                 self.truncate_fully_and_start_at(max(offset, self._log_start_offset))
@@ -816,6 +822,7 @@ class Log:
             keep[-1].truncate_to(offset)
             self._leo = keep[-1].read_next_offset()
             self._hw = min(self._hw, self._leo)
+            self.leader_epoch_cache.truncate_from_end(self._leo)
             self._recovery_point = min(self._recovery_point, self._leo)
             # Kafka's truncateAndReload: drop newer snapshots, replay from the latest one left.
             psm = self.producer_state

@@ -17,6 +17,7 @@ from storage.checkpoints import (
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
     OffsetCheckpointFile,
 )
 from storage.cleaner import LogCleaner, rewrite_empty_compressed_batches
@@ -51,11 +52,16 @@ class LogManager:
                  cleaner_enabled: bool = True, cleaner_backoff_ms: int = 15000,
                  topic_config: Callable[[str], LogConfig | None] | None = None,
                  producer_id_expiration_ms: int = 86400000,
-                 producer_id_expiration_check_interval_ms: int = 600000) -> None:
+                 producer_id_expiration_check_interval_ms: int = 600000,
+                 high_watermark_checkpoint_interval_ms: int | None = None) -> None:
         """topic_config(topic) supplies a topic's config at startup (None -> default_config).
 
         producer_id_expiration_ms is Kafka's producer.id.expiration.ms: idempotent producer state
         whose last batch is older is dropped by a check every producer_id_expiration_check_interval_ms.
+
+        high_watermark_checkpoint_interval_ms (replica.high.watermark.checkpoint.interval.ms) is set for
+        replicated brokers: high watermarks are then kept in replication-offset-checkpoint and restored on
+        start. Without it (the single-node default) a log's high watermark is its end, as before.
         """
         self.log_dirs = [Path(d) for d in log_dirs]
         self.default_config = default_config
@@ -65,6 +71,7 @@ class LogManager:
         self.cleaner_enabled = cleaner_enabled
         self.producer_id_expiration_ms = producer_id_expiration_ms
         self.producer_id_expiration_check_interval_ms = producer_id_expiration_check_interval_ms
+        self.high_watermark_checkpoint_interval_ms = high_watermark_checkpoint_interval_ms
         self._topic_config = topic_config
         self._lock = threading.RLock()
         self._logs: dict[TopicPartition, Log] = {}
@@ -90,6 +97,8 @@ class LogManager:
         recovery_points = OffsetCheckpointFile(log_dir / RECOVERY_POINT_CHECKPOINT).read()
         start_offsets = OffsetCheckpointFile(log_dir / LOG_START_OFFSET_CHECKPOINT).read()
         cleaner_offsets = OffsetCheckpointFile(log_dir / CLEANER_OFFSET_CHECKPOINT).read()
+        high_watermarks = (OffsetCheckpointFile(log_dir / REPLICATION_OFFSET_CHECKPOINT).read()
+                           if self.high_watermark_checkpoint_interval_ms is not None else None)
         started = time.monotonic()
         loaded = 0
         for child in sorted(log_dir.iterdir()):
@@ -109,7 +118,8 @@ class LogManager:
                 continue
             config = self._config_for(tp[0])
             log = Log.open(child, tp[0], tp[1], config, recovery_point=recovery_points.get(tp, 0),
-                           log_start_offset=start_offsets.get(tp, 0), clean_shutdown=clean)
+                           log_start_offset=start_offsets.get(tp, 0), clean_shutdown=clean,
+                           high_watermark=None if high_watermarks is None else high_watermarks.get(tp, 0))
             log.cleaner_checkpoint = max(cleaner_offsets.get(tp, 0), log.log_start_offset)
             if cleaner_offsets.get(tp, 0) > log.log_start_offset:
                 # Older cleaners left empty compressed batches that make librdkafka abort: none may be served.
@@ -242,6 +252,23 @@ class LogManager:
             except OSError:
                 ok = False
                 logger.exception("Failed to write checkpoints in %s", log_dir)
+        return ok and self.checkpoint_high_watermarks()
+
+    def checkpoint_high_watermarks(self) -> bool:
+        """replication-offset-checkpoint in every log dir (replicated brokers only)."""
+        if self.high_watermark_checkpoint_interval_ms is None:
+            return True
+        with self._lock:
+            by_dir: dict[Path, dict[TopicPartition, int]] = {d: {} for d in self.log_dirs}
+            for tp, log in self._logs.items():
+                by_dir.setdefault(self._log_dir_of[tp], {})[tp] = log.high_watermark
+        ok = True
+        for log_dir, hws in by_dir.items():
+            try:
+                OffsetCheckpointFile(log_dir / REPLICATION_OFFSET_CHECKPOINT).write(hws)
+            except OSError:
+                ok = False
+                logger.exception("Failed to write %s in %s", REPLICATION_OFFSET_CHECKPOINT, log_dir)
         return ok
 
     def delete_pending_files(self, now_ms: int | None = None, *, force: bool = False) -> None:
@@ -275,6 +302,9 @@ class LogManager:
             ("delete", _DELETE_POLL_MS, self.delete_pending_files),
             ("producer-expiration", self.producer_id_expiration_check_interval_ms, self.remove_expired_producers),
         ]
+        if self.high_watermark_checkpoint_interval_ms is not None:
+            tasks.append(("high-watermark-checkpoint", self.high_watermark_checkpoint_interval_ms,
+                          self.checkpoint_high_watermarks))
         next_run = {name: now + min(interval, 2**62) for name, interval, _ in tasks}
         while not self._stop.is_set():
             now = _now_ms()

@@ -11,7 +11,13 @@ from broker.apis import ApiHandler, RequestContext
 from broker.replica_manager import error_of
 from protocol.errors import ErrorCode
 from protocol.messages import ProduceRequest, ProduceResponse
-from protocol.records import ATTR_TRANSACTIONAL, BATCH_HEADER_SIZE, parse_batch_header
+from protocol.records import (
+    ATTR_TRANSACTIONAL,
+    BATCH_HEADER_SIZE,
+    RecordError,
+    RecordValidationError,
+    parse_batch_header,
+)
 from storage.errors import KafkaStorageError
 
 log = logging.getLogger("kbroker.produce")
@@ -20,9 +26,14 @@ PartitionResponse = ProduceResponse.PartitionProduceResponse
 _ATTRIBUTES_LOW_BYTE = 22  # batch attributes are the int16 at offset 21
 
 
-def _error(index: int, code: ErrorCode, message: str | None = None) -> PartitionResponse:
-    return PartitionResponse(index=index, error_code=code, base_offset=-1, log_append_time_ms=-1,
-                             log_start_offset=-1, error_message=message)
+def _error(index: int, code: ErrorCode, message: str | None = None,
+           record_errors: list[RecordError] | None = None) -> PartitionResponse:
+    return PartitionResponse(
+        index=index, error_code=code, base_offset=-1, log_append_time_ms=-1, log_start_offset=-1,
+        error_message=message,
+        record_errors=[ProduceResponse.BatchIndexAndErrorMessage(batch_index=e.batch_index,
+                                                                 batch_index_error_message=e.message)
+                       for e in record_errors] if record_errors else [])
 
 
 def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
@@ -112,7 +123,9 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
                 code = error_of(e)
                 if code == ErrorCode.UNKNOWN_SERVER_ERROR:
                     log.exception("Produce to %s-%d failed", t.name, p.index)
-                parts.append(_error(p.index, code, str(e) or None))
+                # Records refused one by one (v8+): the client fails just those and retries nothing else.
+                record_errors = e.record_errors if isinstance(e, RecordValidationError) else None
+                parts.append(_error(p.index, code, str(e) or None, record_errors))
                 continue
             if rm.needs_flush(lg):
                 to_flush.append((lg, info.last_offset))

@@ -173,13 +173,48 @@ def test_restart_with_small_batches_emits_each_window_once(
     assert sum(model(runs).values()) < len(all_events)
 
 
+def foreign_python_env(tmp_path: Path) -> dict[str, str]:
+    """An environment whose `python3`/`python` on PATH is not this interpreter, and no PYSPARK_PYTHON."""
+    shims = tmp_path / "foreign-bin"
+    shims.mkdir()
+    other = "/usr/bin/python3" if Path("/usr/bin/python3").resolve() != Path(sys.executable).resolve() else "/bin/false"
+    for name in ("python3", "python"):
+        (shims / name).symlink_to(other)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    env.update(SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=str(ROOT), PATH=f"{shims}:{env.get('PATH', '')}")
+    return env
+
+
+def test_cli_source_kafka_without_connector_says_what_is_missing_in_one_line(tmp_path) -> None:
+    args = [sys.executable, "-m", "spark_jobs.pageviews", "--bootstrap-servers", "127.0.0.1:1"]
+    args += ["--input-topic", "in", "--output-topic", "out", "--checkpoint", str(tmp_path / "ckpt")]
+    args += ["--source", "kafka", "--master", "local[1]"]
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("pageviews: ")]
+    assert len(lines) == 1, proc.stderr[-4000:]
+    assert "--source python" in lines[0] and "--jars" in lines[0] and "--packages" in lines[0]
+
+
+def test_python_worker_env() -> None:
+    assert pageviews.python_worker_env({}, "/venv/bin/python") == {
+        "PYSPARK_PYTHON": "/venv/bin/python", "PYSPARK_DRIVER_PYTHON": "/venv/bin/python"}
+    assert pageviews.python_worker_env({"PYSPARK_PYTHON": "/opt/py"}, "/venv/bin/python") == {
+        "PYSPARK_DRIVER_PYTHON": "/venv/bin/python"}
+
+
 def test_cli_auto_falls_back_to_python_source(broker, admin, topic_name, tmp_path) -> None:
-    """`python -m spark_jobs.pageviews --source auto` in its own process: picks the Python source here, says so."""
+    """`python -m spark_jobs.pageviews --source auto` in its own process: picks the Python source here, says so.
+
+    `python3` on PATH is another interpreter without pyspark (a virtualenv that is not activated): the job must
+    still run its Spark workers with its own interpreter."""
     tin = create_topic(admin, topic_name + "-in")
     tout = create_topic(admin, topic_name + "-out")
     events = [ev(1, "/a"), ev(2, "/b"), ev(3, "/a"), ev(125, "/a")]
     produce(broker.bootstrap, tin, events)
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=str(ROOT))
+    env = foreign_python_env(tmp_path)
     args = [sys.executable, "-m", "spark_jobs.pageviews", "--bootstrap-servers", broker.bootstrap]
     args += ["--input-topic", tin, "--output-topic", tout, "--checkpoint", str(tmp_path / "ckpt")]
     args += ["--trigger", "available-now", "--source", "auto", "--master", "local[2]"]
@@ -199,11 +234,12 @@ def test_choose_format(spark, caplog) -> None:
     with caplog.at_level(logging.INFO, logger="spark_jobs"):
         assert pageviews.choose_format(spark, "auto") == "kbroker"
         assert pageviews.choose_format(spark, "python") == "kbroker"
-        assert pageviews.choose_format(spark, "kafka") == "kafka"
     assert "auto chose the Python data source" in caplog.text
     assert not pageviews.kafka_connector_available(spark)
     with pytest.raises(ValueError):
         pageviews.choose_format(spark, "jdbc")
+    with pytest.raises(pageviews.KafkaConnectorMissing, match="--source python"):
+        pageviews.choose_format(spark, "kafka")
 
 
 def test_parse_args() -> None:

@@ -15,7 +15,7 @@ from protocol.records import (
 from storage.cleaner import CleanerStats, LogCleaner, clean_log
 from storage.config import LogConfig
 from storage.log import Log
-from tests.storage.storage_helpers import NOW, kv_batch, read_all
+from tests.storage.storage_helpers import NOW, kv_batch, read_all, write_legacy_segment
 
 DAY = 86_400_000
 
@@ -250,8 +250,18 @@ def _lying_offsets_batch() -> bytes:
     assert raw[first + 3] == 0
     raw[first + 3] = 46
     raw[17:21] = compute_crc(raw, 0, len(raw)).to_bytes(4, "big")
-    validate_batches(raw)  # header and CRC are fine: only the records lie
     return bytes(raw)
+
+
+def test_produce_refuses_records_outside_their_batch() -> None:
+    import pytest
+
+    from protocol.records import InvalidRecordError
+
+    raw = _lying_offsets_batch()
+    assert list(iter_batch_headers(raw))  # header and CRC are fine: only the records lie
+    with pytest.raises(InvalidRecordError, match="offset delta 23"):
+        validate_batches(raw)
 
 
 def test_compacted_append_rejects_records_outside_their_batch(make_log) -> None:
@@ -265,16 +275,19 @@ def test_compacted_append_rejects_records_outside_their_batch(make_log) -> None:
     assert log.log_end_offset == 0
 
 
-def test_cleaner_keeps_a_batch_whose_records_lie_about_offsets(make_log) -> None:
-    # Written while the topic was not compacted (no record parsing on that path), cleaned after a switch.
-    log = make_log(segment_bytes=400, file_delete_delay_ms=0, min_cleanable_dirty_ratio=0.0)
-    log.append_as_leader(_lying_offsets_batch(), NOW)
+def test_cleaner_keeps_a_batch_whose_records_lie_about_offsets(log_dir: Path) -> None:
+    # Written by an older kbroker, which walked no records of a topic that was not compacted then.
+    write_legacy_segment(log_dir, [_lying_offsets_batch()])
+    cfg = LogConfig(segment_bytes=400, file_delete_delay_ms=0, min_cleanable_dirty_ratio=0.0)
+    log = Log.open(log_dir, "topic", 0, cfg, clean_shutdown=False)
     for i in range(30):
         log.append_as_leader(kv_batch([(b"k%d" % (i % 3), b"v%d" % i)]), NOW)
     log.update_config(log.config.replace(cleanup_policy="compact"))
     assert clean_log(log, NOW, force=True) is not None  # before the fix: ValueError, log marked uncleanable
-    assert [r.key for r in read_all(log)[:2]] == [b"a", b"b"]  # the lying batch is kept as it was
-
+    try:
+        assert [r.key for r in read_all(log)[:2]] == [b"a", b"b"]  # the lying batch is kept as it was
+    finally:
+        log.close()
 
 
 def test_cleaning_merges_small_segments(make_log) -> None:

@@ -1,0 +1,84 @@
+"""A minimal blocking Kafka protocol client built on protocol.codec, for tools that must not need a client
+library: the container health check and the pytest plugin's topic creation."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Any
+
+from protocol import codec
+from protocol.messages import (
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    RequestHeader,
+)
+
+API_VERSIONS, CREATE_TOPICS = 18, 19
+TOPIC_ALREADY_EXISTS = 36
+
+
+class WireError(Exception):
+    """The broker answered with an error code (Kafka's number and name in the message)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class WireClient:
+    def __init__(self, bootstrap: str, timeout: float = 10.0, client_id: str = "kbroker-tools") -> None:
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+        self.client_id = client_id
+        self._correlation_id = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> WireClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _recv_exact(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError(f"connection closed after {len(buf)} of {n} bytes")
+            buf += chunk
+        return bytes(buf)
+
+    def request(self, api_key: int, version: int, body: Any) -> Any:
+        self._correlation_id += 1
+        header = RequestHeader(request_api_key=api_key, request_api_version=version,
+                               correlation_id=self._correlation_id, client_id=self.client_id)
+        self.sock.sendall(codec.encode_request(header, body))
+        (size,) = struct.unpack(">i", self._recv_exact(4))
+        cid, resp = codec.decode_response(api_key, version, self._recv_exact(size))
+        if cid != self._correlation_id:
+            raise ConnectionError(f"correlation id {cid} answers no request of this connection")
+        return resp
+
+    def api_versions(self) -> ApiVersionsResponse:
+        return self.request(API_VERSIONS, 3, ApiVersionsRequest(client_software_name="kbroker-tools",
+                                                                client_software_version="1"))
+
+    def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None,
+                     replication_factor: int = 1, timeout_ms: int = 10000) -> None:
+        """CreateTopics v5 to this broker (a single broker is its own controller); WireError when refused."""
+        Topic = CreateTopicsRequest.CreatableTopic
+        Config = CreateTopicsRequest.CreatableTopicConfig
+        req = CreateTopicsRequest(
+            topics=[Topic(name=name, num_partitions=partitions, replication_factor=replication_factor,
+                          assignments=[], configs=[Config(name=k, value=v) for k, v in (config or {}).items()])],
+            timeout_ms=timeout_ms, validate_only=False,
+        )
+        resp: CreateTopicsResponse = self.request(CREATE_TOPICS, 5, req)
+        for t in resp.topics:
+            if t.error_code:
+                raise WireError(t.error_code, f"CreateTopics {t.name}: error {t.error_code} {t.error_message or ''}")

@@ -1,0 +1,147 @@
+"""What a Log does as a replica of a replicated partition (Kafka's UnifiedLog follower paths).
+
+Kept beside storage/log.py so log.py stays one responsibility: the Log class mixes this in. Everything
+here runs under the Log's `_lock` like the leader append; the high watermark is one attribute written
+under the lock and read without it (a plain int: readers see the old or the new value).
+
+- A follower appends the leader's batches as they are (offsets, leader epochs, producer ids): the leader
+  epoch cache and the producer state follow them, so the replica can lead later without losing
+  idempotent producers' sequence state.
+- The high watermark: while this replica is the whole ISR (the embedded default, and any ISR of one)
+  the leader append moves it to the log end; otherwise the Partition sets it (leader: min LEO over the
+  ISR; follower: the leader's, capped at the local log end).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from protocol.records import validate_batches
+from storage.errors import KafkaStorageError
+from storage.leader_epoch_cache import LeaderEpochFileCache
+
+if TYPE_CHECKING:
+    from storage.log import LogAppendInfo
+    from storage.producer_state import ProducerStateManager
+
+logger = logging.getLogger("kbroker.storage")
+
+
+class UnexpectedAppendOffsetError(KafkaStorageError):
+    """A follower append whose first offset is below the log end (Kafka's UnexpectedAppendOffsetException)."""
+
+
+class ReplicaLogMixin:
+    # Provided by Log.
+    _lock: threading.RLock
+    _leo: int
+    _hw: int
+    _log_start_offset: int
+    _appended_messages: int
+    producer_state: ProducerStateManager
+    leader_epoch_cache: LeaderEpochFileCache
+    # The leader epoch this replica writes with while it leads (set by the broker's Partition; 0 in the
+    # single-node default, where leadership never moves).
+    leader_epoch: int
+    _hw_tracks_leo: bool
+
+    if TYPE_CHECKING:
+        def _check_open(self) -> None: ...
+        def _maybe_roll(self, size: int, now_ms: int, max_offset: int): ...  # type: ignore[no-untyped-def]
+        def _analyze_producer_state(self, buf, summary, from_client):  # type: ignore[no-untyped-def]
+            ...
+        def _update_producers(self, updates, completed, segment) -> None:  # type: ignore[no-untyped-def]
+            ...
+        @property
+        def name(self) -> str: ...
+
+    # -- follower append -----------------------------------------------------------------------
+
+    def append_as_follower(self, records: bytes | bytearray | memoryview) -> LogAppendInfo | None:
+        """Append batches fetched from the leader unchanged (their offsets and leader epochs).
+
+        Returns None for an empty record set. The leader's batches may skip offsets (compaction) but
+        never start below the log end: that raises UnexpectedAppendOffsetError.
+        """
+        from storage.log import LogAppendInfo
+
+        if len(records) == 0:
+            return None
+        summary = validate_batches(records, from_client=False)
+        buf = records[: summary.valid_bytes]
+        batches = summary.batches
+        now_ms = int(time.time() * 1000)
+        with self._lock:
+            self._check_open()
+            first_offset = batches[0][1].base_offset
+            if first_offset < self._leo:
+                raise UnexpectedAppendOffsetError(
+                    f"follower append to {self.name} starts at offset {first_offset}, below the log end {self._leo}")
+            expected = first_offset
+            for _, h in batches:
+                if h.base_offset < expected:
+                    raise UnexpectedAppendOffsetError(
+                        f"follower batches of {self.name} out of order: {h.base_offset} after {expected}")
+                expected = h.next_offset
+            last_offset = expected - 1
+            cache = self.leader_epoch_cache
+            for _, h in batches:
+                if h.partition_leader_epoch >= 0:
+                    cache.assign(h.partition_leader_epoch, h.base_offset)
+            updates, completed, _ = self._analyze_producer_state(buf, summary, False)
+            segment = self._maybe_roll(len(buf), now_ms, last_offset)
+            try:
+                segment.append(buf, batches, now_ms)
+            except OSError as e:
+                raise KafkaStorageError(
+                    f"error appending to {segment.log_path} of {self.name}: {errno.errorcode.get(e.errno or 0, e)} {e}"
+                ) from e
+            self._leo = expected
+            self._appended_messages += summary.num_records
+            self._update_producers(updates, completed, segment)
+            self.producer_state.update_map_end_offset(expected)
+        return LogAppendInfo(first_offset, last_offset, summary.max_timestamp, last_offset, -1,
+                             self._log_start_offset, summary.num_records, summary.valid_bytes)
+
+    # -- leader epochs -------------------------------------------------------------------------
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(largest epoch <= epoch, its end offset) for OffsetForLeaderEpoch; (-1, -1) when unknown."""
+        return self.leader_epoch_cache.end_offset_for(epoch, self._leo)
+
+    @property
+    def latest_epoch(self) -> int:
+        return self.leader_epoch_cache.latest_epoch
+
+    def assign_epoch_start_offset(self, epoch: int, start_offset: int) -> None:
+        """A new leader's epoch starts at its log end (Kafka's maybeAssignEpochStartOffset on makeLeader)."""
+        with self._lock:
+            self.leader_epoch_cache.assign(epoch, start_offset)
+
+    # -- high watermark ------------------------------------------------------------------------
+
+    def set_hw_tracks_leo(self, tracks: bool) -> None:
+        """True while this replica is the whole ISR: every leader append commits at once."""
+        with self._lock:
+            self._hw_tracks_leo = tracks
+            if tracks:
+                self._hw = self._leo
+
+    def maybe_increment_high_watermark(self, hw: int) -> bool:
+        """Leader: move the high watermark forward to hw (never back, never past the log end)."""
+        with self._lock:
+            hw = min(hw, self._leo)
+            if hw <= self._hw:
+                return False
+            self._hw = hw
+            return True
+
+    def update_high_watermark(self, hw: int) -> int:
+        """Follower: take the leader's high watermark, capped at the local log end; returns the new value."""
+        with self._lock:
+            self._hw = max(min(hw, self._leo), self._log_start_offset)
+            return self._hw
