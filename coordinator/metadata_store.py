@@ -47,9 +47,10 @@ def new_topic_id() -> bytes:
             return tid
 
 
-@dataclass(frozen=True)
+@dataclass
 class PartitionState:
-    """One partition's replication state, as the controller writes it (Kafka's LeaderAndIsr + assignment).
+    """One partition's replication state, as the controller writes it (Kafka's LeaderAndIsrPartitionState
+    + the assignment). Treat a state in a TopicRecord as read-only: the stores replace it.
 
     `partition_epoch` is the version of /brokers/topics/<t>/partitions/<p>/state in ZooKeeper mode (Kafka's
     zkVersion, the AlterPartition partition epoch); the embedded single node has everything at 0.
@@ -78,20 +79,6 @@ class PartitionState:
 
 # Kafka's LeaderAndIsr.NoLeader / MetadataResponse.NO_LEADER_ID.
 NO_LEADER = -1
-
-
-@dataclass
-class PartitionState:
-    """One partition's replication state as the controller decides it (Kafka's LeaderAndIsrPartitionState;
-    partition_epoch is the version of /brokers/topics/<t>/partitions/<p>/state)."""
-
-    leader: int
-    leader_epoch: int
-    isr: list[int]
-    replicas: list[int]
-    partition_epoch: int = 0
-    adding_replicas: list[int] = field(default_factory=list)
-    removing_replicas: list[int] = field(default_factory=list)
 
 
 @dataclass
