@@ -50,6 +50,15 @@ def _list(v: str) -> list[str]:
     return [x.strip() for x in v.split(",") if x.strip()]
 
 
+def _password(v: str) -> str:
+    """Kafka's Type.PASSWORD: a string never shown by DescribeConfigs."""
+    return v
+
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
 @dataclass(frozen=True)
 class ConfigKey:
     name: str
@@ -57,6 +66,10 @@ class ConfigKey:
     default: Any
     check: Callable[[Any], str | None] | None = None  # returns an error text, or None when valid
     dynamic: bool = False  # may be changed with AlterConfigs at runtime
+
+    @property
+    def sensitive(self) -> bool:
+        return self.parse is _password
 
 
 def at_least(n: float) -> Callable[[Any], str | None]:
@@ -106,7 +119,29 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("listener.security.protocol.map", _protocol_map,
                   {"PLAINTEXT": "PLAINTEXT", "SSL": "SSL", "SASL_PLAINTEXT": "SASL_PLAINTEXT", "SASL_SSL": "SASL_SSL"}),
         ConfigKey("inter.broker.listener.name", _str, None),
-        ConfigKey("security.inter.broker.protocol", _str, "PLAINTEXT", one_of("PLAINTEXT")),
+        ConfigKey("security.inter.broker.protocol", _str, "PLAINTEXT", one_of(*SECURITY_PROTOCOLS)),
+        ConfigKey("sasl.enabled.mechanisms", _list, ["GSSAPI"]),
+        ConfigKey("sasl.mechanism.inter.broker.protocol", _str, "GSSAPI"),
+        ConfigKey("sasl.jaas.config", _password, None),
+        ConfigKey("sasl.server.max.receive.size", _int, 524288, at_least(1)),
+        ConfigKey("connections.max.reauth.ms", _long, 0, at_least(0)),
+        ConfigKey("connection.failed.authentication.delay.ms", _int, 100, at_least(0)),
+        ConfigKey("ssl.protocol", _str, "TLSv1.3"),
+        ConfigKey("ssl.enabled.protocols", _list, ["TLSv1.2", "TLSv1.3"], one_of("TLSv1.2", "TLSv1.3")),
+        ConfigKey("ssl.cipher.suites", _list, []),
+        ConfigKey("ssl.client.auth", _str, "none", one_of("none", "requested", "required")),
+        ConfigKey("ssl.principal.mapping.rules", _str, "DEFAULT"),
+        ConfigKey("ssl.endpoint.identification.algorithm", _str, "https"),
+        ConfigKey("ssl.keystore.type", _str, "JKS"),
+        ConfigKey("ssl.keystore.location", _str, None),
+        ConfigKey("ssl.keystore.password", _password, None),
+        ConfigKey("ssl.key.password", _password, None),
+        ConfigKey("ssl.keystore.certificate.chain", _password, None),
+        ConfigKey("ssl.keystore.key", _password, None),
+        ConfigKey("ssl.truststore.type", _str, "JKS"),
+        ConfigKey("ssl.truststore.location", _str, None),
+        ConfigKey("ssl.truststore.password", _password, None),
+        ConfigKey("ssl.truststore.certificates", _password, None),
         ConfigKey("log.dirs", _list, None),
         ConfigKey("log.dir", _str, "/tmp/kafka-logs"),
         ConfigKey("num.network.threads", _int, 3, at_least(1)),
@@ -234,8 +269,16 @@ KAFKA_DYNAMIC_CONFIGS: frozenset[str] = frozenset({
 # DescribeConfigs v3+ config types (Kafka's ConfigDef.Type) by parser.
 CONFIG_TYPE_NAMES: dict[Callable[[str], Any], str] = {
     _bool: "boolean", _int: "int", _long: "long", _double: "double", _str: "string", _list: "list",
-    _protocol_map: "string",
+    _protocol_map: "string", _password: "password",
 }
+
+# Keys a listener may override as listener.name.<listener>.<key> (Kafka's ListenerName.configPrefix), and the
+# ones that also take a mechanism: listener.name.<listener>.<mechanism>.<key>.
+LISTENER_KEYS: frozenset[str] = frozenset(
+    {k for k in KEYS if k.startswith(("ssl.", "sasl.")) and k != "sasl.mechanism.inter.broker.protocol"}
+    | {"connections.max.reauth.ms"}
+)
+MECHANISM_KEYS: frozenset[str] = frozenset({"sasl.jaas.config", "connections.max.reauth.ms"})
 
 
 @dataclass(frozen=True)
@@ -254,7 +297,7 @@ def parse_listener(entry: str) -> Listener:
     if not 0 <= port <= 65535:
         raise ValueError(f"listener {entry!r}: port out of range")
     urlsplit(f"x://{m.group(2)}:{port}")  # rejects malformed IPv6 literals
-    return Listener(name.upper(), "PLAINTEXT", host, port)
+    return Listener(name.upper(), "", host, port)
 
 
 def read_properties(text: str) -> dict[str, str]:
@@ -284,6 +327,8 @@ class KafkaConfig:
     def __init__(self, props: dict[str, str]) -> None:
         self.originals = dict(props)
         self._values: dict[str, Any] = {}
+        # listener name (upper case) -> key (with its mechanism prefix, lower case) -> parsed value
+        self._listener_values: dict[str, dict[str, Any]] = {}
         for name, key in KEYS.items():
             self._values[name] = key.default
         for name, raw in props.items():
@@ -291,6 +336,9 @@ class KafkaConfig:
         self._derive()
 
     def set(self, name: str, raw: str) -> None:
+        if name.startswith("listener.name."):
+            self._set_listener_key(name, raw)
+            return
         key = KEYS.get(name)
         if key is None:
             raise ConfigError(f"{name}: unknown config key")
@@ -302,6 +350,39 @@ class KafkaConfig:
         if problem:
             raise ConfigError(f"{name}: invalid value {raw!r} ({problem})")
         self._values[name] = value
+
+    def _set_listener_key(self, name: str, raw: str) -> None:
+        listener, _, rest = name.removeprefix("listener.name.").partition(".")
+        base = rest
+        mechanism, _, tail = rest.partition(".")
+        if rest not in LISTENER_KEYS and mechanism.upper() in (*SASL_MECHANISMS, "GSSAPI", "OAUTHBEARER") \
+                and tail in MECHANISM_KEYS:
+            base = tail
+            rest = f"{mechanism.lower()}.{tail}"
+        key = KEYS.get(base)
+        if not listener or key is None or base not in LISTENER_KEYS:
+            raise ConfigError(f"{name}: unknown config key")
+        try:
+            value = key.parse(raw)
+        except ValueError as e:
+            raise ConfigError(f"{name}: invalid value ({e})") from None
+        problem = key.check(value) if key.check else None
+        if problem:
+            raise ConfigError(f"{name}: invalid value ({problem})")
+        self._listener_values.setdefault(listener.upper(), {})[rest] = value
+
+    def for_listener(self, listener: str, name: str, mechanism: str | None = None) -> Any:
+        """A key as Kafka resolves it for one listener: listener.name.<l>.<mechanism>.<key>, then
+        listener.name.<l>.<key>, then the plain key."""
+        own = self._listener_values.get(listener.upper(), {})
+        if mechanism is not None and f"{mechanism.lower()}.{name}" in own:
+            return own[f"{mechanism.lower()}.{name}"]
+        if name in own:
+            return own[name]
+        return self._values[name]
+
+    def security_protocol(self, listener: str) -> str:
+        return str(self._values["listener.security.protocol.map"][listener.upper()])
 
     def _derive(self) -> None:
         v = self._values
@@ -329,8 +410,20 @@ class KafkaConfig:
                 raise ConfigError(
                     f"listener.security.protocol.map: no security protocol for listener {listener.name}"
                 )
-            if proto != "PLAINTEXT":
-                raise ConfigError(f"listeners: {listener.name} uses {proto}; only PLAINTEXT is supported")
+            if proto not in SECURITY_PROTOCOLS:
+                raise ConfigError(f"listener.security.protocol.map: {listener.name} maps to unknown protocol {proto}")
+            if proto.startswith("SASL_"):
+                mechanisms = self.for_listener(listener.name, "sasl.enabled.mechanisms")
+                unsupported = [m for m in mechanisms if m not in SASL_MECHANISMS]
+                if unsupported or not mechanisms:
+                    raise ConfigError(
+                        f"sasl.enabled.mechanisms: listener {listener.name} enables {', '.join(mechanisms) or 'none'};"
+                        f" kbroker supports {', '.join(SASL_MECHANISMS)}")
+        ibl = v["inter.broker.listener.name"]
+        if ibl is not None:
+            v["inter.broker.listener.name"] = ibl = ibl.upper()
+            if ibl not in names:
+                raise ConfigError(f"inter.broker.listener.name: {ibl} is not a configured listener")
         if v["advertised.listeners"] is None:
             v["advertised.listeners"] = v["listeners"]
         for adv in v["advertised.listeners"]:
@@ -349,13 +442,17 @@ class KafkaConfig:
     def broker_id(self) -> int:
         return int(self._values["broker.id"])
 
+    def _with_protocol(self, listener: Listener) -> Listener:
+        proto = self._values["listener.security.protocol.map"].get(listener.name, "PLAINTEXT")
+        return Listener(listener.name, proto, listener.host, listener.port)
+
     @property
     def listeners(self) -> list[Listener]:
-        return [parse_listener(x) for x in self._values["listeners"]]
+        return [self._with_protocol(parse_listener(x)) for x in self._values["listeners"]]
 
     @property
     def advertised_listeners(self) -> list[Listener]:
-        return [parse_listener(x) for x in self._values["advertised.listeners"]]
+        return [self._with_protocol(parse_listener(x)) for x in self._values["advertised.listeners"]]
 
     @property
     def log_dirs(self) -> list[str]:

@@ -28,6 +28,7 @@ from broker.config import KafkaConfig, Listener
 
 if TYPE_CHECKING:
     from broker.apis import KafkaApis
+    from broker.security.listener import ListenerSecurity
 
 log = logging.getLogger("kbroker.network")
 
@@ -40,6 +41,10 @@ MAX_QUEUED_PER_CONNECTION = 64
 # requests until the backlog drains; if it does not drain within request.timeout.ms it is closed.
 MAX_UNSENT_BYTES = 16 * 1024 * 1024
 INITIAL_BUFFER = 65536
+# Over TLS fetch data cannot go through sendfile: it is read and written in chunks of this size.
+TLS_CHUNK_BYTES = 256 * 1024
+# A TLS client gets this long to complete its handshake.
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class CloseConnection(Exception):
@@ -104,14 +109,21 @@ ANONYMOUS = "User:ANONYMOUS"
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
-    def __init__(self, processor: Processor, conn_id: str, listener_name: str = "PLAINTEXT") -> None:
+    def __init__(self, processor: Processor, conn_id: str, listener_name: str = "PLAINTEXT",
+                 security: ListenerSecurity | None = None) -> None:
         self.processor = processor
         self.listener_name = listener_name
+        self.security = security
         # Kafka's KafkaPrincipal as "User:<name>": ANONYMOUS on PLAINTEXT, the mapped certificate DN on SSL,
         # the SASL authorization id once authenticated. The authorizer reads it with peer_host.
         self.principal = ANONYMOUS
         self.peer_host = ""
         self.apis = processor.apis
+        # Where request frames go: KafkaApis, or the SASL authenticator until the client has authenticated.
+        self.handle = self.apis.handle
+        # SASL v0 tokens travel as bare frames, which may be shorter than a request header.
+        self.raw_frames = False
+        self.tls = False
         self.conn_id = conn_id
         self.loop = processor.loop
         self.max_request = processor.config["socket.request.max.bytes"]
@@ -150,6 +162,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
         # resume_writing once the buffer is empty, which is when sendfile may take over.
         transport.set_write_buffer_limits(high=0, low=0)  # type: ignore[attr-defined]
         self.processor.connections[self.conn_id] = self
+        if self.security is not None:
+            self.tls = transport.get_extra_info("ssl_object") is not None
+            try:
+                self.security.on_connect(self, transport)
+            except Exception as e:  # noqa: BLE001  (no principal for this client: only this connection ends)
+                log.warning("Closing connection %s on listener %s: %s", self.peer, self.listener_name, e)
+                self.close(abort=True)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
@@ -161,6 +180,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.processor.server_ref.connection_closed(self.peer_host)
         if self._drained is not None and not self._drained.done():
             self._drained.set_exception(ConnectionResetError("connection closed"))
+            self._drained.exception()  # retrieved: no sender may be waiting on it
 
     def pause_writing(self) -> None:
         if self._drained is None or self._drained.done():
@@ -193,10 +213,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         buf = self._buf
         while self._end - self._start >= 4:
             (size,) = _SIZE.unpack_from(buf, self._start)
-            if size < 8 or size > self.max_request:
+            if (size < 8 or size > self.max_request) and not (self.raw_frames and 0 <= size <= self.max_request):
                 log.warning(
-                    "Closing connection %s: request size %d outside [8, socket.request.max.bytes=%d]",
-                    self.peer, size, self.max_request,
+                    "Closing connection %s: request size %d outside [8, %d]", self.peer, size, self.max_request,
                 )
                 self.close(abort=True)
                 return
@@ -276,7 +295,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def _process(self, frame: bytes | bytearray) -> None:
         try:
-            result = self.apis.handle(self, frame)
+            result = self.handle(self, frame)
         except CloseConnection as e:
             log.warning("Closing connection %s: %s", self.peer, e)
             self.close(abort=True)
@@ -362,13 +381,16 @@ class KafkaConnection(asyncio.BufferedProtocol):
         prev = 0
         transport = self.transport
         assert transport is not None
-        sock_fd = transport.get_extra_info("socket").fileno()
+        sock_fd = -1 if self.tls else transport.get_extra_info("socket").fileno()
         for offset, region in response.ext or ():
             if offset > prev:
                 transport.write(frame[prev:offset])
             prev = offset
             await self._wait_drained()
-            await self._sendfile(sock_fd, region)
+            if self.tls:
+                await self._copy_region(region)
+            else:
+                await self._sendfile(sock_fd, region)
         if prev < len(frame):
             transport.write(frame[prev:])
 
@@ -425,6 +447,22 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._sendfile_remaining = 0
             if waiter_fd >= 0:
                 os.close(waiter_fd)
+
+    async def _copy_region(self, region: Any) -> None:
+        """A file region over TLS: pread in chunks into the encrypting transport, one chunk in flight."""
+        position, remaining = region.position, region.size
+        while remaining > 0:
+            if self._closed:
+                raise ConnectionResetError("connection closed")
+            chunk = os.pread(region.fd, min(remaining, TLS_CHUNK_BYTES), position)
+            if not chunk:  # a truncated file: pad to keep the framing
+                self.transport.write(bytes(remaining))  # type: ignore[union-attr]
+                return
+            self.transport.write(chunk)  # type: ignore[union-attr]
+            position += len(chunk)
+            remaining -= len(chunk)
+            if remaining > 0 and self.transport.get_write_buffer_size() > TLS_CHUNK_BYTES:  # type: ignore[union-attr]
+                await self._wait_drained()
 
     def unsent_bytes(self) -> int:
         """Response bytes the client has not taken yet: the transport's buffer plus the rest of a sendfile."""
@@ -495,20 +533,34 @@ class Processor(threading.Thread):
     def wait_started(self) -> None:
         self._started.wait()
 
-    def accept(self, sock: socket.socket, listener_name: str) -> None:
-        self.loop.call_soon_threadsafe(self._adopt, sock, listener_name)
+    def accept(self, sock: socket.socket, listener_name: str, ip: str) -> None:
+        self.loop.call_soon_threadsafe(self._adopt, sock, listener_name, ip)
 
-    def _adopt(self, sock: socket.socket, listener_name: str) -> None:
+    def _adopt(self, sock: socket.socket, listener_name: str, ip: str) -> None:
         self._next_id += 1
         conn_id = f"{self.index}-{self._next_id}"
-        self.loop.create_task(self._connect(sock, conn_id, listener_name))
+        self.loop.create_task(self._connect(sock, conn_id, listener_name, ip))
 
-    async def _connect(self, sock: socket.socket, conn_id: str, listener_name: str) -> None:
+    async def _connect(self, sock: socket.socket, conn_id: str, listener_name: str, ip: str) -> None:
+        security = self.server_ref.security.get(listener_name)
+        made: list[KafkaConnection] = []
+
+        def factory() -> KafkaConnection:
+            made.append(KafkaConnection(self, conn_id, listener_name, security))
+            return made[0]
+
         try:
-            await self.loop.connect_accepted_socket(lambda: KafkaConnection(self, conn_id, listener_name), sock)
-        except OSError as e:
-            log.info("Could not set up accepted connection: %s", e)
+            if security is not None and security.ssl_context is not None:
+                await self.loop.connect_accepted_socket(factory, sock, ssl=security.ssl_context,
+                                                        ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S)
+            else:
+                await self.loop.connect_accepted_socket(factory, sock)
+        except (OSError, TimeoutError, ValueError, asyncio.CancelledError) as e:
+            # A failed TLS handshake (garbage, an untrusted client certificate) never reaches connection_made.
+            log.info("Could not set up connection from %s on listener %s: %s", ip, listener_name, e or type(e).__name__)
             sock.close()
+            if not made or made[0].transport is None:
+                self.server_ref.connection_closed(ip)
 
     def _sweep(self, idle_s: float, request_timeout_s: float) -> None:
         """Once a second: close idle connections, slow-loris senders and clients that never read."""
@@ -549,9 +601,12 @@ class Processor(threading.Thread):
 class SocketServer:
     """Acceptor on the caller's loop, round-robin hand-off to the processors."""
 
-    def __init__(self, config: KafkaConfig, apis: KafkaApis) -> None:
+    def __init__(self, config: KafkaConfig, apis: KafkaApis,
+                 security: dict[str, ListenerSecurity] | None = None) -> None:
         self.config = config
         self.apis = apis
+        # Listener name -> its TLS/SASL setup; PLAINTEXT listeners have none.
+        self.security: dict[str, ListenerSecurity] = dict(security or {})
         self.memory_pool = RequestMemoryPool(config["queued.max.request.bytes"])
         self.processors = [Processor(i, config, apis, self) for i in range(config["num.network.threads"])]
         self._sockets: list[socket.socket] = []
@@ -588,7 +643,7 @@ class SocketServer:
         self._sockets.append(sock)
         self.bound[listener.name] = sock.getsockname()[:2]
         loop.add_reader(sock.fileno(), self._on_accept, sock, listener.name)
-        log.info("Listening on %s://%s:%d", listener.name, *sock.getsockname()[:2])
+        log.info("Listening on %s://%s:%d (%s)", listener.name, *sock.getsockname()[:2], listener.security_protocol)
 
     def _on_accept(self, lsock: socket.socket, listener_name: str) -> None:
         for _ in range(64):
@@ -611,7 +666,7 @@ class SocketServer:
             sock.setblocking(False)
             proc = self.processors[self._rr % len(self.processors)]
             self._rr += 1
-            proc.accept(sock, listener_name)
+            proc.accept(sock, listener_name, ip)
 
     def connection_closed(self, ip: str) -> None:
         with self._lock:

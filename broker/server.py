@@ -17,6 +17,8 @@ from broker.inter_broker import InterBrokerChannel
 from broker.network import SocketServer
 from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotaManager
 from broker.replica_manager import ReplicaManager
+from broker.security.credentials import LocalScramStore, ScramCredentialStore, ZkScramStore
+from broker.security.listener import listener_security
 from broker.txn_marker_channel import TxnMarkerChannel
 from broker.txn_verification import TxnVerifier
 from coordinator.controller import ControllerConfig, KafkaController
@@ -62,8 +64,12 @@ class KafkaServer:
             CONSUMER_BYTE_RATE, lambda: self.metadata.client_quotas,
             config["quota.window.num"], config["quota.window.size.seconds"],
         )
+        self.scram_credentials: ScramCredentialStore = (
+            ZkScramStore(self.metadata) if isinstance(self.metadata, ZkMetadataStore)
+            else LocalScramStore(config.log_dirs[0])
+        )
         self.apis = KafkaApis(self, all_handlers())
-        self.socket_server = SocketServer(config, self.apis)
+        self.socket_server = SocketServer(config, self.apis, listener_security(config, self.scram_credentials))
         self.group_coordinator = GroupCoordinator(self, GroupConfig(
             num_partitions=config["offsets.topic.num.partitions"],
             initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
@@ -133,6 +139,7 @@ class KafkaServer:
         t0 = time.monotonic()
         loop = asyncio.get_running_loop()
         self.metadata.start()
+        self.scram_credentials.start()
         base = self.admin.base_log_config()
         c = self.config
         self.log_manager = LogManager(

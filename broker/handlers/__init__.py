@@ -16,11 +16,13 @@ def all_handlers() -> list[ApiHandler]:
         producer,
         quotas,
         replication,
+        sasl,
         topics,
         txn,
     )
 
     out: list[ApiHandler] = []
-    for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, quotas, txn, replication):
+    for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, quotas, txn, replication,
+                   sasl):
         out.extend(module.HANDLERS)
     return out

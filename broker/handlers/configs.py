@@ -44,8 +44,11 @@ def _describe_broker(ctx: RequestContext) -> list[DescribedConfig]:
         else:
             value = render_value(spec.default)
         source = synonyms[0][2] if synonyms else SOURCE_DEFAULT
+        if spec.sensitive:  # passwords and private keys: Kafka answers null with is_sensitive
+            value = None
+            synonyms = [(n, None, s) for n, _, s in synonyms]
         out.append(DescribedConfig(name, value, source, read_only=name not in KAFKA_DYNAMIC_CONFIGS,
-                                   synonyms=synonyms))
+                                   sensitive=spec.sensitive, synonyms=synonyms))
     return out
 
 

@@ -1,0 +1,1 @@
+"""Transport security (TLS, SASL) and the credentials behind it."""
