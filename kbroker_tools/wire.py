@@ -13,11 +13,13 @@ from protocol.messages import (
     ApiVersionsResponse,
     CreateTopicsRequest,
     CreateTopicsResponse,
+    MetadataRequest,
+    MetadataResponse,
     RequestHeader,
 )
 
-API_VERSIONS, CREATE_TOPICS = 18, 19
-TOPIC_ALREADY_EXISTS = 36
+METADATA, API_VERSIONS, CREATE_TOPICS = 3, 18, 19
+UNSUPPORTED_VERSION, TOPIC_ALREADY_EXISTS = 35, 36
 
 
 class WireError(Exception):
@@ -65,8 +67,29 @@ class WireClient:
         return resp
 
     def api_versions(self) -> ApiVersionsResponse:
-        return self.request(API_VERSIONS, 3, ApiVersionsRequest(client_software_name="kbroker-tools",
-                                                                client_software_version="1"))
+        resp: ApiVersionsResponse = self.request(API_VERSIONS, 3, ApiVersionsRequest(
+            client_software_name="kbroker-tools", client_software_version="1"))
+        if resp.error_code == UNSUPPORTED_VERSION:
+            # KIP-511: a broker without v3 answered in v0 framing; ask again in v0.
+            resp = self.request(API_VERSIONS, 0, ApiVersionsRequest())
+        return resp
+
+    def max_version(self, api_key: int, wanted: int) -> int:
+        """The highest version of api_key both sides speak, at most `wanted`; -1 when the broker has none."""
+        for k in self.api_versions().api_keys:
+            if k.api_key == api_key:
+                return min(wanted, k.max_version) if k.min_version <= wanted else -1
+        return -1
+
+    def metadata(self, topics: list[str] | None = None) -> MetadataResponse:
+        """Metadata v1-v12 (v10+ carries topic ids) without creating topics; topics None means all."""
+        version = self.max_version(METADATA, 12)
+        if version < 1:
+            raise WireError(35, "the broker does not support Metadata v1 or later")
+        req = MetadataRequest(
+            topics=None if topics is None else [MetadataRequest.MetadataRequestTopic(name=t) for t in topics],
+            allow_auto_topic_creation=False)
+        return self.request(METADATA, version, req)
 
     def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None,
                      replication_factor: int = 1, timeout_ms: int = 10000) -> None:

@@ -1,0 +1,5 @@
+import sys
+
+from kbroker_tools.admin.main import main
+
+sys.exit(main())

@@ -1,0 +1,287 @@
+"""kbroker-admin console-producer / console-consumer / get-offsets: Kafka's console tools and GetOffsetShell."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import signal
+import sys
+import time
+from typing import Any
+
+from kbroker_tools.admin.common import (
+    CommandError,
+    add_connection_args,
+    admin_client,
+    client_conf,
+    parse_key_values,
+    read_properties_file,
+    require_client,
+    result,
+)
+
+
+def run(name: str, argv: list[str]) -> int:
+    if name == "console-producer":
+        return producer(argv)
+    if name == "console-consumer":
+        return consumer(argv)
+    return get_offsets(argv)
+
+
+def _unescape(s: str) -> str:
+    """`--property key.separator=\\t` arrives as backslash-t from a shell: mean the tab, as Kafka does."""
+    return s.encode("latin-1", "backslashreplace").decode("unicode_escape")
+
+
+def _props(items: list[str] | None) -> dict[str, str]:
+    return {k: _unescape(v) for k, v in parse_key_values_raw(items).items()}
+
+
+def parse_key_values_raw(items: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or ():
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise CommandError(f"--property {item!r}: expected key=value")
+        out[k.strip()] = v
+    return out
+
+
+def _true(props: dict[str, str], key: str, default: bool = False) -> bool:
+    v = props.get(key)
+    return default if v is None else v.strip().lower() == "true"
+
+
+# ---------------------------------------------------------------- console-producer
+
+
+def producer(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="kbroker-admin console-producer",
+                                 description="Read records from standard input, one per line, and produce them.")
+    ap.add_argument("--bootstrap-server", required=True)
+    ap.add_argument("--topic", required=True)
+    ap.add_argument("--property", action="append", metavar="KEY=VALUE",
+                    help="parse.key, key.separator (default tab), parse.headers, headers.delimiter, "
+                         "headers.separator, headers.key.separator, null.marker, ignore.error")
+    ap.add_argument("--producer-property", action="append", metavar="KEY=VALUE")
+    ap.add_argument("--producer.config", dest="producer_config", metavar="FILE")
+    ap.add_argument("--request-required-acks", default="-1")
+    ap.add_argument("--compression-codec", nargs="?", const="gzip", default=None)
+    ap.add_argument("--sync", action="store_true", help="wait for each record's acknowledgement")
+    args = ap.parse_args(argv)
+    require_client()
+    from confluent_kafka import Producer
+
+    props = _props(args.property)
+    conf = client_conf(args, {"acks": args.request_required_acks})
+    conf.update(read_properties_file(args.producer_config))
+    conf.update(parse_key_values(args.producer_property, "--producer-property"))
+    if args.compression_codec:
+        conf["compression.type"] = args.compression_codec
+    parse_key, key_sep = _true(props, "parse.key"), props.get("key.separator", "\t")
+    parse_headers = _true(props, "parse.headers")
+    h_delim, h_sep, h_kv = (props.get("headers.delimiter", "\t"), props.get("headers.separator", ","),
+                            props.get("headers.key.separator", ":"))
+    null_marker, ignore_error = props.get("null.marker"), _true(props, "ignore.error")
+    errors: list[str] = []
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    p = Producer(conf)
+    for lineno, raw in enumerate(sys.stdin, 1):
+        line = raw.rstrip("\n")
+        headers: list[tuple[str, bytes | None]] = []
+        if parse_headers:
+            hdr, sep, line = line.partition(h_delim)
+            if not sep:
+                if not ignore_error:
+                    raise CommandError(f"line {lineno}: no headers delimiter {h_delim!r}")
+                line = hdr
+            else:
+                for item in hdr.split(h_sep) if hdr else []:
+                    hk, _, hv = item.partition(h_kv)
+                    headers.append((hk, None if hv == null_marker else hv.encode()))
+        key: str | None = None
+        if parse_key:
+            key, sep, value = line.partition(key_sep)
+            if not sep:
+                if not ignore_error:
+                    raise CommandError(f"line {lineno}: no key separator {key_sep!r} in {line!r}")
+                key, value = None, line
+        else:
+            value = line
+        if null_marker is not None:
+            key = None if key == null_marker else key
+        p.produce(args.topic, value=None if value == null_marker else value.encode(),
+                  key=None if key is None else key.encode(), headers=headers or None, on_delivery=delivered)
+        if args.sync:
+            p.flush(30)
+        else:
+            p.poll(0)
+    if p.flush(30):
+        raise CommandError("some records were not acknowledged within 30 s")
+    if errors:
+        raise CommandError(f"{len(errors)} records failed, the first: {errors[0]}")
+    return 0
+
+
+# ---------------------------------------------------------------- console-consumer
+
+
+def consumer(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="kbroker-admin console-consumer",
+                                 description="Print the records of a topic to standard output.")
+    ap.add_argument("--bootstrap-server", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--topic")
+    src.add_argument("--include", metavar="REGEX", help="every topic matching the regular expression")
+    ap.add_argument("--group", help="consumer group (default: a new console-consumer-NNNNN group)")
+    ap.add_argument("--from-beginning", action="store_true")
+    ap.add_argument("--partition", type=int, help="read only this partition (no group)")
+    ap.add_argument("--offset", default=None, help="with --partition: earliest, latest or an offset")
+    ap.add_argument("--max-messages", type=int)
+    ap.add_argument("--timeout-ms", type=int, help="exit when no record arrives for this long")
+    ap.add_argument("--property", action="append", metavar="KEY=VALUE",
+                    help="print.key, print.value, print.timestamp, print.partition, print.offset, print.headers, "
+                         "key.separator, line.separator, headers.separator, null.literal")
+    ap.add_argument("--consumer-property", action="append", metavar="KEY=VALUE")
+    ap.add_argument("--consumer.config", dest="consumer_config", metavar="FILE")
+    ap.add_argument("--isolation-level", choices=("read_uncommitted", "read_committed"))
+    args = ap.parse_args(argv)
+    require_client()
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
+
+    props = _props(args.property)
+    generated = args.group is None
+    group = args.group or f"console-consumer-{random.randint(10000, 99999)}"
+    conf = client_conf(args, {"group.id": group, "enable.auto.commit": not generated,
+                              "auto.offset.reset": "earliest" if args.from_beginning else "latest"})
+    conf.pop("client.id", None)
+    conf.update(read_properties_file(args.consumer_config))
+    conf.update(parse_key_values(args.consumer_property, "--consumer-property"))
+    if args.isolation_level:
+        conf["isolation.level"] = args.isolation_level
+    c = Consumer(conf)
+    if args.partition is not None:
+        if not args.topic:
+            raise CommandError("--partition needs --topic")
+        where = args.offset or ("earliest" if args.from_beginning else "latest")
+        offset = {"earliest": OFFSET_BEGINNING, "latest": OFFSET_END}.get(where)
+        c.assign([TopicPartition(args.topic, args.partition, offset if offset is not None else int(where))])
+    elif args.offset is not None:
+        raise CommandError("--offset needs --partition")
+    else:
+        c.subscribe([args.topic] if args.topic else [f"^{args.include}"])
+    stop: list[int] = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    count, last = 0, time.monotonic()
+    out = sys.stdout.buffer
+    try:
+        while not stop and (args.max_messages is None or count < args.max_messages):
+            msg = c.poll(0.2)
+            if msg is None:
+                if args.timeout_ms is not None and (time.monotonic() - last) * 1000 >= args.timeout_ms:
+                    break
+                continue
+            if msg.error() is not None:
+                if msg.error().code() == -191:  # _PARTITION_EOF
+                    continue
+                raise CommandError(str(msg.error()))
+            last = time.monotonic()
+            out.write(format_record(msg, props))
+            out.flush()
+            count += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        c.close()
+        print(f"Processed a total of {count} messages", file=sys.stderr)
+    return 0
+
+
+def format_record(msg: Any, props: dict[str, str]) -> bytes:
+    """Kafka's DefaultMessageFormatter: timestamp, partition, offset, headers, key, value, in that order."""
+    sep = props.get("key.separator", "\t").encode()
+    line_sep = props.get("line.separator", "\n").encode()
+    null = props.get("null.literal", "null").encode()
+    parts: list[bytes] = []
+    if _true(props, "print.timestamp"):
+        ts_type, ts = msg.timestamp()
+        name = {1: "CreateTime", 2: "LogAppendTime"}.get(ts_type)
+        parts.append(f"{name}:{ts}".encode() if name else b"NO_TIMESTAMP")
+    if _true(props, "print.partition"):
+        parts.append(f"Partition:{msg.partition()}".encode())
+    if _true(props, "print.offset"):
+        parts.append(f"Offset:{msg.offset()}".encode())
+    if _true(props, "print.headers"):
+        hs = msg.headers() or []
+        hsep = props.get("headers.separator", ",").encode()
+        parts.append(hsep.join(k.encode() + b":" + (null if v is None else v) for k, v in hs) if hs
+                     else b"NO_HEADERS")
+    if _true(props, "print.key"):
+        parts.append(null if msg.key() is None else msg.key())
+    if _true(props, "print.value", True):
+        parts.append(null if msg.value() is None else msg.value())
+    return sep.join(parts) + line_sep
+
+
+# ---------------------------------------------------------------- get-offsets
+
+
+TIME_NAMES = {"latest": -1, "earliest": -2, "max-timestamp": -3}
+
+
+def _partition_filter(spec: str | None) -> set[int] | None:
+    if not spec:
+        return None
+    out: set[int] = set()
+    for item in spec.split(","):
+        lo, sep, hi = item.strip().partition("-")
+        out |= set(range(int(lo), int(hi) + 1)) if sep else {int(lo)}
+    return out
+
+
+def get_offsets(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="kbroker-admin get-offsets",
+                                 description="Offsets of topic partitions: latest, earliest, max-timestamp or by time.")
+    add_connection_args(ap)
+    ap.add_argument("--topic", help="topic name or regular expression (default: all topics)")
+    ap.add_argument("--partitions", help="comma-separated partition ids or ranges, e.g. 0,2-4")
+    ap.add_argument("--time", default="-1",
+                    help="-1 or latest (default), -2 or earliest, -3 or max-timestamp, or a timestamp in ms")
+    ap.add_argument("--exclude-internal-topics", action="store_true")
+    args = ap.parse_args(argv)
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    try:
+        when = TIME_NAMES[args.time] if args.time in TIME_NAMES else int(args.time)
+    except ValueError:
+        raise CommandError(f"--time {args.time!r}: expected -1, -2, -3, latest, earliest, max-timestamp or ms") from None
+    spec = {-1: OffsetSpec.latest(), -2: OffsetSpec.earliest(), -3: OffsetSpec.max_timestamp()}.get(when)
+    if spec is None:
+        if when < 0:
+            raise CommandError(f"--time {when}: not supported")
+        spec = OffsetSpec.for_timestamp(when)
+    admin = admin_client(args)
+    md = admin.list_topics(timeout=30)
+    rx = re.compile(args.topic) if args.topic else None
+    wanted = _partition_filter(args.partitions)
+    tps = [TopicPartition(t, p) for t, tm in md.topics.items()
+           if (rx is None or t == args.topic or rx.fullmatch(t))
+           and not (args.exclude_internal_topics and t.startswith("__"))
+           for p in tm.partitions if wanted is None or p in wanted]
+    if not tps:
+        return 0
+    futures = admin.list_offsets({tp: spec for tp in tps}, request_timeout=30)
+    rows = []
+    for tp, fut in futures.items():
+        info = result(fut, f"listing offsets of {tp.topic}-{tp.partition}")
+        rows.append((tp.topic, tp.partition, info.offset))
+    for t, p, o in sorted(rows):
+        print(f"{t}:{p}:{o if o >= 0 else ''}")
+    return 0

@@ -1,0 +1,46 @@
+"""kbroker-admin COMMAND [flags]: Kafka's tools under one command, with their flags and output columns."""
+
+from __future__ import annotations
+
+import sys
+
+from kbroker_tools.admin.common import CommandError
+
+COMMANDS = {
+    "topics": ("kbroker_tools.admin.topics", "kafka-topics: create, list, describe, alter, delete topics"),
+    "consumer-groups": ("kbroker_tools.admin.groups", "kafka-consumer-groups: list, describe with lag, "
+                        "reset offsets, delete"),
+    "configs": ("kbroker_tools.admin.configs", "kafka-configs: describe and alter topic, broker, client configs"),
+    "console-producer": ("kbroker_tools.admin.console", "kafka-console-producer: lines from stdin to a topic"),
+    "console-consumer": ("kbroker_tools.admin.console", "kafka-console-consumer: records of a topic to stdout"),
+    "get-offsets": ("kbroker_tools.admin.console", "kafka-get-offsets: offsets of partitions by time"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: kbroker-admin COMMAND [flags]  (COMMAND --help for its flags)", "", "commands:"]
+    lines += [f"  {name:<18} {desc}" for name, (_, desc) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"kbroker-admin: unknown command {name!r}\n{usage()}", file=sys.stderr)
+        return 2
+    import importlib
+
+    module = importlib.import_module(COMMANDS[name][0])
+    try:
+        return int(module.run(name, rest) or 0)
+    except CommandError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `... | head`
+        return 0
