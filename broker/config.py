@@ -254,7 +254,8 @@ KAFKA_DYNAMIC_CONFIGS: frozenset[str] = frozenset({
     "log.cleaner.delete.retention.ms", "log.cleaner.min.compaction.lag.ms", "log.segment.delete.delay.ms",
     "log.cleaner.min.cleanable.ratio", "log.cleanup.policy", "unclean.leader.election.enable", "min.insync.replicas",
     "compression.type", "compression.gzip.level", "compression.lz4.level", "compression.zstd.level",
-    "log.message.timestamp.type",
+    "log.message.timestamp.type", "log.message.timestamp.difference.max.ms", "log.message.timestamp.before.max.ms",
+    "log.message.timestamp.after.max.ms",
     # DynamicThreadPool.ReconfigurableConfigs
     "num.io.threads", "num.network.threads", "num.recovery.threads.per.data.dir", "background.threads",
     "num.replica.fetchers",

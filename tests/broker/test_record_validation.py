@@ -8,7 +8,7 @@ import time
 
 import pytest
 from confluent_kafka import KafkaError
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from protocol import records as R
 from protocol.errors import ErrorCode
@@ -169,3 +169,24 @@ def test_client_batches_may_not_claim_log_append_time(broker, topic_name: str) -
     assert resp.error_code == ErrorCode.INVALID_TIMESTAMP
     assert [e.batch_index for e in resp.record_errors] == [0, 1]
     assert "Producer should not set timestamp type to LogAppendTime" in resp.record_errors[0].batch_index_error_message
+
+
+def test_broker_level_timestamp_bounds_apply_to_topics_without_their_own(broker, topic_name: str) -> None:
+    _create(broker.bootstrap, topic_name)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+
+    def set_after(value: str | None) -> None:
+        op = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
+        entry = ConfigEntry("log.message.timestamp.after.max.ms", value, incremental_operation=op)
+        res = ConfigResource(ConfigResource.Type.BROKER, "0", incremental_configs=[entry])
+        for f in admin.incremental_alter_configs([res]).values():
+            f.result(T)
+
+    future = R.build_batch([(b"k", b"v", (), _now() + 2 * HOUR)])
+    set_after(str(HOUR))
+    try:
+        resp = _produce_raw(broker.bootstrap, topic_name, future)
+        assert resp.error_code == ErrorCode.INVALID_TIMESTAMP and [e.batch_index for e in resp.record_errors] == [0]
+    finally:
+        set_after(None)
+    assert _produce_raw(broker.bootstrap, topic_name, future).error_code == 0
