@@ -14,14 +14,18 @@ import itertools
 import logging
 import struct
 import threading
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 
 from protocol import codec
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import RequestHeader
+
+if TYPE_CHECKING:
+    from broker.security.client import ClientSecurity
 
 log = logging.getLogger("kbroker.inter_broker")
 
@@ -40,6 +44,8 @@ class _Connection:
         self.pending: dict[int, tuple[int, int, asyncio.Future[Any]]] = {}
         self.closed = False
         self.reader_task: asyncio.Task[None] | None = None
+        # With a SASL session lifetime the other broker closes the connection after it: it is replaced before.
+        self.retire_at: float | None = None
 
     async def read_loop(self) -> None:
         try:
@@ -76,7 +82,9 @@ class _Connection:
 
 
 class InterBrokerChannel:
-    def __init__(self, broker_id: int, endpoint_of: EndpointLookup, request_timeout_ms: int = 30000) -> None:
+    def __init__(self, broker_id: int, endpoint_of: EndpointLookup, request_timeout_ms: int = 30000,
+                 security: ClientSecurity | None = None) -> None:
+        self.security = security
         self.client_id = f"kbroker-broker-{broker_id}"
         self.endpoint_of = endpoint_of
         self.request_timeout = request_timeout_ms / 1000
@@ -148,7 +156,9 @@ class InterBrokerChannel:
     async def _connection(self, broker_id: int) -> _Connection:
         conn = self._conns.get(broker_id)
         if conn is not None and not conn.closed:
-            return conn
+            if conn.retire_at is None or time.monotonic() < conn.retire_at or conn.pending:
+                return conn
+            conn.fail(ConnectionError(f"SASL session with broker {broker_id} ends: reconnecting"))
         waiting = self._connecting.get(broker_id)
         if waiting is not None:
             return await asyncio.shield(waiting)
@@ -159,11 +169,19 @@ class InterBrokerChannel:
         self._connecting[broker_id] = fut
         try:
             host, port = endpoint
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), self.request_timeout)
+            lifetime_ms = 0
+            if self.security is None:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), self.request_timeout)
+            else:
+                reader, writer, lifetime_ms = await asyncio.wait_for(
+                    self.security.connect(host, port, self.client_id), self.request_timeout)
             conn = _Connection(broker_id, reader, writer)
+            if lifetime_ms > 0:
+                conn.retire_at = time.monotonic() + lifetime_ms * 0.8 / 1000
             conn.reader_task = self.loop.create_task(conn.read_loop())
             self._conns[broker_id] = conn
-            log.info("Connected to broker %d at %s:%d", broker_id, host, port)
+            log.info("Connected to broker %d at %s:%d (%s)", broker_id, host, port,
+                     self.security.protocol if self.security is not None else "PLAINTEXT")
             fut.set_result(conn)
             return conn
         except (TimeoutError, OSError) as e:

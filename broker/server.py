@@ -17,6 +17,7 @@ from broker.inter_broker import InterBrokerChannel
 from broker.network import SocketServer
 from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotaManager
 from broker.replica_manager import ReplicaManager
+from broker.security.client import ClientSecurity, inter_broker_listener
 from broker.security.credentials import LocalScramStore, ScramCredentialStore, ZkScramStore
 from broker.security.listener import listener_security
 from broker.txn_marker_channel import TxnMarkerChannel
@@ -80,7 +81,10 @@ class KafkaServer:
             offsets_retention_check_ms=config["offsets.retention.check.interval.ms"],
             offset_metadata_max_bytes=config["offset.metadata.max.bytes"],
         ))
-        self.inter_broker = InterBrokerChannel(self.broker_id, self._inter_broker_endpoint, config["request.timeout.ms"])
+        ib_listener = inter_broker_listener(config)
+        self.inter_broker = InterBrokerChannel(
+            self.broker_id, self._inter_broker_endpoint, config["request.timeout.ms"],
+            ClientSecurity(config, ib_listener) if config.security_protocol(ib_listener) != "PLAINTEXT" else None)
         self.txn_markers = TxnMarkerChannel(self)
         self.txn_verifier = TxnVerifier(self)
         self.txn_coordinator = TransactionCoordinator(self, TxnConfig(
@@ -365,7 +369,7 @@ class KafkaServer:
                                                         partitions)
 
     def _inter_broker_endpoint(self, broker_id: int) -> tuple[str, int] | None:
-        listener = self.config["inter.broker.listener.name"] or self.config.advertised_listeners[0].name
+        listener = inter_broker_listener(self.config)
         for b, host, port, _ in self.metadata.broker_endpoints(listener):
             if b == broker_id:
                 return host, port

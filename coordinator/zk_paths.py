@@ -114,11 +114,12 @@ def cluster_id_doc(cluster_id: str) -> bytes:
     return dumps({"version": "1", "id": cluster_id})
 
 
-def broker_registration_doc(endpoints: dict[str, tuple[str, int]], rack: str | None = None) -> bytes:
+def broker_registration_doc(endpoints: dict[str, tuple[str, int]], rack: str | None = None,
+                            protocols: dict[str, str] | None = None) -> bytes:
     """Kafka's /brokers/ids/<id> JSON (version 5): one NAME://host:port endpoint per advertised listener."""
     host, port = endpoints.get("PLAINTEXT", next(iter(endpoints.values())))
     doc: dict[str, Any] = {
-        "listener_security_protocol_map": {name: "PLAINTEXT" for name in endpoints},
+        "listener_security_protocol_map": {name: (protocols or {}).get(name, "PLAINTEXT") for name in endpoints},
         "endpoints": [f"{name}://{_host_literal(h)}:{p}" for name, (h, p) in endpoints.items()],
         "jmx_port": -1,
         "host": host,

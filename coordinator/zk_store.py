@@ -287,7 +287,8 @@ class ZkMetadataStore:
     def _register(self) -> None:
         assert self.client is not None and self._endpoints is not None
         path = zp.broker_path(self.broker_id)
-        doc = zp.broker_registration_doc(self._endpoints, self._rack)
+        protocols = self.config["listener.security.protocol.map"]
+        doc = zp.broker_registration_doc(self._endpoints, self._rack, protocols)
         try:
             _, stat = self.client.create(path, doc, ephemeral=True, include_data=True)
             self.broker_epoch = stat.czxid
