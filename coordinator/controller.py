@@ -185,6 +185,11 @@ class KafkaController:
         batch = self._batch()
         # New partitions get their first state; partitions whose leader is gone get a new one.
         self._init_new_partitions(ctx.partitions(), batch)
+        # Brokers that died while no controller was watching (often the previous controller itself) leave
+        # the ISRs now, as if their failure had been seen.
+        gone = {b for st in ctx.states.values() for b in (*st.isr, st.leader) if b >= 0 and not ctx.is_live(b)}
+        if gone:
+            self._on_replicas_offline(gone, batch)
         self._elect_offline(batch)
         for tp in ctx.partitions():
             replicas = ctx.replicas(tp)

@@ -521,8 +521,10 @@ class ZkMetadataStore:
             if st is None:
                 out.append(PartitionState.unknown(replicas))
             else:
-                # Replicas from the assignment znode: the controller's requests may lag a reassignment by a moment.
-                out.append(PartitionState(st.leader, st.leader_epoch, list(st.isr), list(replicas), st.partition_epoch,
+                # The controller's replicas (its UpdateMetadata is what Kafka's metadata cache serves); the
+                # assignment znode's until it has spoken (seeded states carry none).
+                out.append(PartitionState(st.leader, st.leader_epoch, list(st.isr), list(st.replicas or replicas),
+                                          st.partition_epoch,
                                           assignment.adding.get(p, []), assignment.removing.get(p, []),
                                           st.controller_epoch))
         return out

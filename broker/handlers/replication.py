@@ -90,10 +90,11 @@ def _leader_and_isr(ctx: RequestContext, req: LeaderAndIsrRequest) -> LeaderAndI
     if become is not None:
         errors = become(req.controller_id, req.controller_epoch, states)
     else:
-        # Until the replica manager follows leaders itself: a leader needs its local log.
+        # Until the replica manager follows leaders itself: every replica named here gets its local log
+        # (Kafka's makeLeader / makeFollower create it too).
         errors = {}
         for topic, p, st in states:
-            if st.leader == server.broker_id and topic in server.metadata.topics:
+            if server.broker_id in st.replicas and topic in server.metadata.topics:
                 try:
                     server.admin.ensure_log(topic, p)
                 except Exception as e:  # noqa: BLE001

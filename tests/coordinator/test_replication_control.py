@@ -1,0 +1,387 @@
+"""The replication control plane on three real brokers sharing a real ZooKeeper, driven by real clients:
+replica assignment, the controller's partition states in ZooKeeper, Metadata with replicas / ISR /
+offline replicas / leader epochs, controller failover after kill -9, LEADER_NOT_AVAILABLE without a live
+ISR member, controlled shutdown, reassignments, ElectLeaders and DescribeLogDirs.
+
+The tests share one ZooKeeper and one cluster and run in file order (later ones kill and stop brokers).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import ElectionType
+from confluent_kafka import KafkaError as CKError
+from confluent_kafka import TopicPartition as CKTopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaAdminClient, TopicPartition
+from kazoo.client import KazooClient
+
+from coordinator import zk_paths as zp
+from tests.broker_process import BrokerProcess
+from tests.zookeeper import ZooKeeperServer, zookeeper_missing
+
+pytestmark = pytest.mark.skipif(zookeeper_missing() is not None, reason=zookeeper_missing() or "")
+
+SESSION_MS = 3000
+BROKERS = (1, 2, 3)
+
+
+def overrides(zk: ZooKeeperServer, broker_id: int) -> dict[str, str]:
+    return {
+        "zookeeper.connect": zk.connect,
+        "broker.id": str(broker_id),
+        "zookeeper.session.timeout.ms": str(SESSION_MS),
+        "zookeeper.connection.timeout.ms": "5000",
+        "num.partitions": "1",
+        "controlled.shutdown.retry.backoff.ms": "200",
+        # The preferred-leader tests ask for elections themselves.
+        "auto.leader.rebalance.enable": "false",
+    }
+
+
+class Cluster:
+    def __init__(self, zk: ZooKeeperServer, base: Path) -> None:
+        self.brokers = {b: BrokerProcess(base / f"b{b}", overrides(zk, b)) for b in BROKERS}
+
+    def __getitem__(self, broker_id: int) -> BrokerProcess:
+        return self.brokers[broker_id]
+
+    def alive(self) -> list[BrokerProcess]:
+        return [b for b in self.brokers.values() if b.alive()]
+
+    def stop(self) -> None:
+        for b in self.brokers.values():
+            try:
+                b.stop()
+            except RuntimeError:
+                b.kill()
+
+
+@pytest.fixture(scope="module")
+def cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(zookeeper, tmp_path_factory.mktemp("replcluster"))
+    for b in BROKERS:
+        c[b].start()  # broker 1 first: the controller
+    wait_for(lambda: all(set(ck_metadata(c[b]).brokers) == set(BROKERS) for b in BROKERS), "three brokers registered")
+    _ALIVE[:] = c.brokers.values()
+    yield c
+    c.stop()
+
+
+def wait_for(cond: Any, what: str, timeout: float = 15.0) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            if cond():
+                return time.monotonic() - t0
+        except Exception:  # noqa: BLE001  (a broker still starting or already gone: ask again)
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
+
+
+def ck_admin(b: BrokerProcess) -> AdminClient:
+    return AdminClient({"bootstrap.servers": b.bootstrap})
+
+
+def ck_metadata(b: BrokerProcess, topic: str = "__probe_absent") -> Any:
+    return ck_admin(b).list_topics(topic=topic, timeout=10)
+
+
+def kp_admin(b: BrokerProcess) -> KafkaAdminClient:
+    return KafkaAdminClient(bootstrap_servers=b.bootstrap, request_timeout_ms=10000)
+
+
+def kp_partitions(b: BrokerProcess, topic: str) -> dict[int, dict[str, Any]]:
+    admin = kp_admin(b)
+    try:
+        (t,) = admin.describe_topics([topic])
+    finally:
+        admin.close()
+    return {p["partition_index"]: p for p in t["partitions"]}
+
+
+def zk_state(zk: KazooClient, topic: str, p: int) -> dict[str, Any]:
+    return zp.loads(zk.get(zp.partition_state_path(topic, p))[0])
+
+
+def controller_of(zk: KazooClient) -> int:
+    return int(zp.loads(zk.get(zp.CONTROLLER)[0])["brokerid"])
+
+
+def create(b: BrokerProcess, topic: str, partitions: int = 3, rf: int = 3,
+           assignment: dict[int, list[int]] | None = None) -> None:
+    new = (NewTopic(topic, len(assignment), replica_assignment=[assignment[p] for p in sorted(assignment)]) if assignment
+           else NewTopic(topic, partitions, rf))
+    admin = ck_admin(b)  # kept referenced: the handle must outlive the future
+    admin.create_topics([new], operation_timeout=10)[topic].result(15)
+    n = len(assignment) if assignment else partitions
+    # CreateTopics answers once the receiving broker knows the leaders; the others hear it a moment later.
+    wait_for(lambda: all(_has_leaders(cluster_b, topic, n) for cluster_b in _ALIVE if cluster_b.alive()), f"{topic} leaders everywhere")
+
+
+_ALIVE: list[BrokerProcess] = []
+
+
+def _has_leaders(b: BrokerProcess, topic: str, n: int) -> bool:
+    t = ck_metadata(b, topic).topics.get(topic)
+    return t is not None and len(t.partitions) == n and all(t.partitions[p].leader >= 0 for p in range(n))
+
+
+# ---------------------------------------------------------------- creation and metadata
+
+
+def test_rf3_topic_has_replicas_isr_and_leaders_in_metadata_and_zookeeper(cluster: Cluster, zk_client: KazooClient) -> None:
+    topic = "rf3"
+    create(cluster[2], topic, partitions=6, rf=3)
+
+    assignment = zp.parse_topic_assignment(zk_client.get(zp.topic_path(topic))[0])
+    assert len(assignment.replicas) == 6
+    assert all(sorted(r) == [1, 2, 3] for r in assignment.replicas)
+    # Kafka's round-robin: the first replicas (preferred leaders) spread over all three brokers
+    assert {r[0] for r in assignment.replicas} == {1, 2, 3}
+    epoch = int(zk_client.get(zp.CONTROLLER_EPOCH)[0])
+    for p, replicas in enumerate(assignment.replicas):
+        state = zk_state(zk_client, topic, p)
+        assert state["leader"] == replicas[0]
+        assert sorted(state["isr"]) == [1, 2, 3]
+        assert state["leader_epoch"] == 0 and state["controller_epoch"] == epoch
+
+    # librdkafka through every broker (CreateTopics answered once leaders were known: no waiting here)
+    for b in BROKERS:
+        t = ck_metadata(cluster[b], topic).topics[topic]
+        assert t.error is None
+        for p, replicas in enumerate(assignment.replicas):
+            pm = t.partitions[p]
+            assert pm.error is None
+            assert (pm.leader, pm.replicas, sorted(pm.isrs)) == (replicas[0], replicas, [1, 2, 3])
+
+    # kafka-python's describe_topics: leader epochs and no offline replicas
+    for p, info in kp_partitions(cluster[3], topic).items():
+        assert info["error_code"] == 0
+        assert info["leader_id"] == assignment.replicas[p][0]
+        assert info["replica_nodes"] == assignment.replicas[p]
+        assert sorted(info["isr_nodes"]) == [1, 2, 3]
+        assert info["leader_epoch"] == 0
+        assert info["offline_replicas"] == []
+
+
+def test_replication_factor_above_live_brokers_is_refused(cluster: Cluster) -> None:
+    admin = ck_admin(cluster[1])
+    fut = admin.create_topics([NewTopic("rf4", 1, 4)], operation_timeout=10)["rf4"]
+    with pytest.raises(Exception) as e:
+        fut.result(15)
+    assert e.value.args[0].code() == CKError.INVALID_REPLICATION_FACTOR
+    assert "larger than available brokers: 3" in e.value.args[0].str()
+
+
+def test_explicit_assignment_and_create_partitions(cluster: Cluster, zk_client: KazooClient) -> None:
+    topic = "explicit"
+    create(cluster[1], topic, assignment={0: [3, 1], 1: [2, 3]})
+    t = ck_metadata(cluster[2], topic).topics[topic]
+    assert [(t.partitions[p].leader, t.partitions[p].replicas) for p in (0, 1)] == [(3, [3, 1]), (2, [2, 3])]
+
+    from confluent_kafka.admin import NewPartitions  # noqa: PLC0415
+
+    admin = ck_admin(cluster[1])
+    admin.create_partitions([NewPartitions(topic, 4)], operation_timeout=10)[topic].result(15)
+    assignment = zp.parse_topic_assignment(zk_client.get(zp.topic_path(topic))[0])
+    assert len(assignment.replicas) == 4 and all(len(r) == 2 for r in assignment.replicas)
+    wait_for(lambda: all(_has_leaders(cluster[b], topic, 4) for b in BROKERS), "new partitions everywhere")
+    for b in BROKERS:
+        parts = ck_metadata(cluster[b], topic).topics[topic].partitions
+        assert len(parts) == 4 and all(parts[p].leader == assignment.replicas[p][0] for p in range(4))
+
+    bad = admin.create_topics(
+        [NewTopic("dup-replicas", 1, replica_assignment=[[1, 1]])], operation_timeout=10)["dup-replicas"]
+    with pytest.raises(Exception) as e:
+        bad.result(15)
+    assert e.value.args[0].code() == CKError.INVALID_REPLICA_ASSIGNMENT
+
+
+# ---------------------------------------------------------------- DescribeLogDirs
+
+
+def test_describe_log_dirs_through_two_clients(cluster: Cluster) -> None:
+    admin = kp_admin(cluster[1])
+    try:
+        result = admin.describe_log_dirs(topic_partitions={"rf3": list(range(6))})
+    finally:
+        admin.close()
+    by_broker = {r["broker"]: r["log_dirs"] for r in result}
+    assert set(by_broker) == set(BROKERS)
+    for b, dirs in by_broker.items():
+        (d,) = dirs
+        assert d["error_code"] == 0 and d["log_dir"] == str((cluster[b].data_dir / "logs").resolve())
+        assert {(t["name"], p["partition_index"]) for t in d["topics"] for p in t["partitions"]} == {
+            ("rf3", p) for p in range(6)}
+
+    from protocol.messages import DescribeLogDirsRequest  # noqa: PLC0415
+    from tests.clients import RawClient  # noqa: PLC0415
+
+    for b in BROKERS:
+        with RawClient(cluster[b].bootstrap) as raw:
+            resp = raw.request(35, 4, DescribeLogDirsRequest(topics=None))
+        assert resp.error_code == 0
+        (d,) = resp.results
+        assert d.error_code == 0 and d.log_dir == str((cluster[b].data_dir / "logs").resolve())
+        assert d.total_bytes > 0 and 0 <= d.usable_bytes <= d.total_bytes
+        parts = {(t.name, p.partition_index) for t in d.topics for p in t.partitions}
+        # every broker holds a replica of each rf3 partition (created when LeaderAndIsr named it)
+        assert {("rf3", p) for p in range(6)} <= parts
+
+
+# ---------------------------------------------------------------- reassignment and preferred leaders
+
+
+def test_reassignment_reorders_and_elect_leaders_restores_preferred(cluster: Cluster, zk_client: KazooClient) -> None:
+    topic = "rf3"
+    current = zp.parse_topic_assignment(zk_client.get(zp.topic_path(topic))[0]).replicas[0]
+    leader = current[0]
+    reordered = current[1:] + current[:1]  # same replicas, another preferred leader
+    admin = kp_admin(cluster[2])
+    try:
+        admin.alter_partition_reassignments({TopicPartition(topic, 0): reordered})
+        # every target replica is in the ISR already: the reassignment completes at once
+        wait_for(lambda: zp.parse_topic_assignment(zk_client.get(zp.topic_path(topic))[0]).replicas[0] == reordered,
+                 "assignment reordered")
+        assert admin.list_partition_reassignments() == {}
+        # the leader did not move (it is still a replica), so it is not the preferred one now
+        assert zk_state(zk_client, topic, 0)["leader"] == leader
+    finally:
+        admin.close()
+
+    epoch = zk_state(zk_client, topic, 0)["leader_epoch"]
+    ck = ck_admin(cluster[3])
+    result = ck.elect_leaders(ElectionType.PREFERRED, [CKTopicPartition(topic, 0),
+                                                                        CKTopicPartition(topic, 1)])
+    errors = result.result(15)
+    assert errors[CKTopicPartition(topic, 0)] is None
+    assert errors[CKTopicPartition(topic, 1)].code() == CKError.ELECTION_NOT_NEEDED
+    state = zk_state(zk_client, topic, 0)
+    assert state["leader"] == reordered[0] and state["leader_epoch"] == epoch + 1
+    wait_for(lambda: all(ck_metadata(cluster[b], topic).topics[topic].partitions[0].leader == reordered[0]
+                         for b in BROKERS), "new preferred leader in every broker's metadata")
+
+
+def test_reassignment_removes_a_replica_and_its_log(cluster: Cluster, zk_client: KazooClient) -> None:
+    topic = "shrink"
+    create(cluster[1], topic, assignment={0: [1, 2, 3]})
+    wait_for(lambda: (cluster[3].data_dir / "logs" / f"{topic}-0").is_dir(), "broker 3 holds a replica")
+    admin = kp_admin(cluster[1])
+    try:
+        admin.alter_partition_reassignments({TopicPartition(topic, 0): [1, 2]})
+        wait_for(lambda: zp.parse_topic_assignment(zk_client.get(zp.topic_path(topic))[0]).replicas == [[1, 2]],
+                 "assignment without broker 3")
+        assert sorted(zk_state(zk_client, topic, 0)["isr"]) == [1, 2]
+        # StopReplica(delete) reached broker 3: its log is gone
+        wait_for(lambda: not (cluster[3].data_dir / "logs" / f"{topic}-0").exists(), "broker 3's replica deleted")
+        def shrunk(b: int) -> bool:
+            pm = ck_metadata(cluster[b], topic).topics[topic].partitions[0]
+            return bool(pm.replicas == [1, 2] and sorted(pm.isrs) == [1, 2])
+
+        wait_for(lambda: all(shrunk(b) for b in BROKERS), "every broker's metadata without broker 3")
+
+        # Adding broker 3 back: the new replica must join the ISR before the reassignment completes
+        admin.alter_partition_reassignments({TopicPartition(topic, 0): [1, 2, 3]})
+        doc = zp.parse_topic_assignment(zk_client.get(zp.topic_path(topic))[0])
+        ongoing = admin.list_partition_reassignments()
+        if ongoing:  # until followers replicate, broker 3 never catches up: the reassignment stays pending
+            info = ongoing[TopicPartition(topic, 0)]
+            assert info["replicas"] == [1, 2, 3] and info["adding_replicas"] == [3]
+            assert info["removing_replicas"] == []
+            assert doc.adding == {0: [3]} and doc.replicas == [[1, 2, 3]]
+            # cancelled: back to [1, 2]
+            admin.alter_partition_reassignments({TopicPartition(topic, 0): None})
+            wait_for(lambda: zp.parse_topic_assignment(zk_client.get(zp.topic_path(topic))[0]).replicas == [[1, 2]],
+                     "reassignment cancelled")
+            assert admin.list_partition_reassignments() == {}
+    finally:
+        admin.close()
+
+
+# ---------------------------------------------------------------- failures
+
+
+def test_killed_controller_fails_over_and_its_partitions_get_new_leaders(cluster: Cluster,
+                                                                          zk_client: KazooClient) -> None:
+    single = "single-on-1"
+    create(cluster[1], single, assignment={0: [1]})
+    assert controller_of(zk_client) == 1
+    before = {p: zk_state(zk_client, "rf3", p) for p in range(6)}
+    led_by_1 = [p for p, s in before.items() if s["leader"] == 1]
+    assert led_by_1
+
+    t0 = time.monotonic()
+    cluster[1].kill()
+
+    def failed_over() -> bool:
+        if controller_of(zk_client) == 1:
+            return False
+        t = ck_metadata(cluster[2], "rf3").topics["rf3"]
+        return all(t.partitions[p].leader in (2, 3) for p in range(6))
+
+    wait_for(failed_over, "a new controller and new leaders", timeout=SESSION_MS / 1000 + 10)
+    elapsed = time.monotonic() - t0
+    print(f"leader failover after kill -9 of the controller: {elapsed:.2f} s (session timeout {SESSION_MS} ms)")
+    assert elapsed < SESSION_MS / 1000 + 4
+    assert controller_of(zk_client) in (2, 3)
+    for p in range(6):
+        state = zk_state(zk_client, "rf3", p)
+        assert 1 not in state["isr"] and state["leader"] in (2, 3)
+        if p in led_by_1:
+            assert state["leader_epoch"] == before[p]["leader_epoch"] + 1
+    # kafka-python sees broker 1's replicas offline
+    for info in kp_partitions(cluster[3], "rf3").values():
+        assert info["offline_replicas"] == [1] and 1 not in info["isr_nodes"]
+
+    # No live ISR member: LEADER_NOT_AVAILABLE with leader -1 (the dead broker stays the last ISR member)
+    pm = ck_metadata(cluster[2], single).topics[single].partitions[0]
+    assert pm.error is not None and pm.error.code() == CKError.LEADER_NOT_AVAILABLE
+    assert pm.leader == -1
+    info = kp_partitions(cluster[3], single)[0]
+    assert info["error_code"] == 5 and info["leader_id"] == -1 and info["offline_replicas"] == [1]
+    state = zk_state(zk_client, single, 0)
+    assert state["leader"] == -1 and state["isr"] == [1]
+
+
+def test_returning_broker_leads_its_single_replica_partition_again(cluster: Cluster, zk_client: KazooClient) -> None:
+    single = "single-on-1"
+    cluster[1].start(timeout=SESSION_MS / 1000 + 20)
+    wait_for(lambda: ck_metadata(cluster[2], single).topics[single].partitions[0].leader == 1,
+             "broker 1 leads its partition again", timeout=SESSION_MS / 1000 + 10)
+    assert zk_state(zk_client, single, 0)["isr"] == [1]
+    # the controller stayed where it moved
+    assert controller_of(zk_client) in (2, 3)
+
+
+def test_controlled_shutdown_moves_leaderships_first(cluster: Cluster, zk_client: KazooClient) -> None:
+    import re  # noqa: PLC0415
+
+    controller = controller_of(zk_client)
+    victim = next(p for p in range(6) if zk_state(zk_client, "rf3", p)["leader"] in (2, 3))
+    leader = zk_state(zk_client, "rf3", victim)["leader"]
+    led = [p for p in range(6) if zk_state(zk_client, "rf3", p)["leader"] == leader]
+    t0 = time.monotonic()
+    cluster[leader].stop()
+    stopped = time.monotonic() - t0
+    # The controller moved the leaderships while the broker was still registered and serving.
+    moves = re.findall(rf"Controlled shutdown of broker {leader}: (\d+) leaderships moved", cluster[controller].read_log())
+    assert moves and int(moves[0]) >= len(led), moves
+    log = cluster[leader].read_log()
+    shutting = log.index(f"Shutting down broker {leader}")
+    assert "Controlled shutdown" in log[shutting:] and log.index("Closed the ZooKeeper session") > shutting
+    for p in led:
+        state = zk_state(zk_client, "rf3", p)
+        assert state["leader"] not in (leader, -1) and leader not in state["isr"]
+    print(f"controlled shutdown of broker {leader} took {stopped:.2f} s; {len(led)} rf3 leaderships moved")
+    others = [b for b in BROKERS if b != leader]
+    wait_for(lambda: all(ck_metadata(cluster[others[0]], "rf3").topics["rf3"].partitions[p].leader in others
+                         for p in led), "new leaders in metadata")
+    cluster[leader].start()
+    wait_for(lambda: set(ck_metadata(cluster[leader]).brokers) == set(BROKERS), "broker back")
