@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kbroker.controller")
 
 PREFERRED, UNCLEAN = 0, 1  # ElectLeaders election types
+RETRY_FAILOVER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ class KafkaController:
         self._thread = threading.Thread(target=self._run, name="controller-event-thread", daemon=True)
         self._stopping = False
         self._next_rebalance = 0.0
+        # (controller epoch, /controller_epoch version) while this broker holds /controller
+        self._seat: tuple[int, int] | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -139,13 +142,30 @@ class KafkaController:
                 fn(*args)
             except czk.ControllerMovedError:
                 log.info("Controller epoch moved on in ZooKeeper: broker %d resigns", self.broker_id)
+                self._seat = None
                 self._resign()
-            except ZookeeperError:
-                log.warning("ZooKeeper error in the controller; resigning until re-elected", exc_info=True)
+            except ZookeeperError as e:
+                # Connection trouble: the seat (/controller) is still ours unless the session expires, and
+                # then the store elects again. Start over from ZooKeeper once it answers.
+                seat = self._seat
+                log.warning("ZooKeeper error in the controller (%s); taking over again in %.1f s", type(e).__name__,
+                            RETRY_FAILOVER_S)
                 self._resign()
+                if seat is not None:
+                    self._retry_failover(*seat)
             except Exception:  # noqa: BLE001
                 log.exception("Controller event failed")
             self._maybe_rebalance()
+
+    def _retry_failover(self, epoch: int, epoch_zk_version: int) -> None:
+        def again() -> None:
+            if (self.store.current_controller == self.broker_id and self.ctx is None and not self._stopping
+                    and self._seat == (epoch, epoch_zk_version)):
+                self._failover(epoch, epoch_zk_version)
+
+        timer = threading.Timer(RETRY_FAILOVER_S, lambda: self._put(again))
+        timer.daemon = True
+        timer.start()
 
     def _tick_timeout(self) -> float:
         if self.ctx is None or not self.config.auto_leader_rebalance:
@@ -163,8 +183,10 @@ class KafkaController:
     # ------------------------------------------------------------ election and resignation
 
     def _controller_change(self) -> None:
-        if self.ctx is not None and self.store.current_controller != self.broker_id:
-            log.info("Broker %d is no longer the controller", self.broker_id)
+        if self.store.current_controller != self.broker_id:
+            if self.ctx is not None:
+                log.info("Broker %d is no longer the controller", self.broker_id)
+            self._seat = None
             self._resign()
 
     def _resign(self) -> None:
@@ -176,6 +198,7 @@ class KafkaController:
     def _failover(self, epoch: int, epoch_zk_version: int) -> None:
         """Kafka's onControllerFailover."""
         t0 = time.monotonic()
+        self._seat = (epoch, epoch_zk_version)
         client = self.store.client
         assert client is not None
         ctx = ControllerContext(epoch, epoch_zk_version, live_brokers=czk.read_live_brokers(client))

@@ -9,6 +9,8 @@ from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import (
     DescribeClusterRequest,
     DescribeClusterResponse,
+    DescribeTopicPartitionsRequest,
+    DescribeTopicPartitionsResponse,
     MetadataRequest,
     MetadataResponse,
 )
@@ -135,7 +137,59 @@ def handle_describe_cluster(ctx: RequestContext, req: DescribeClusterRequest) ->
     )
 
 
+# Kafka's max.request.partition.size.limit: the most partitions one DescribeTopicPartitions answer holds.
+MAX_PARTITIONS_PER_ANSWER = 2000
+
+
+def handle_describe_topic_partitions(ctx: RequestContext, req: DescribeTopicPartitionsRequest
+                                     ) -> DescribeTopicPartitionsResponse:
+    """KIP-966's paginated DescribeTopicPartitions: topics sorted by name from the cursor on, at most
+    response_partition_limit partitions, then a cursor to the next one."""
+    R = DescribeTopicPartitionsResponse
+    store = ctx.server.metadata
+    topics = store.topics
+    names = sorted({t.name for t in req.topics}) if req.topics else sorted(topics)
+    cursor = req.cursor
+    if cursor is not None:
+        if req.topics and cursor.topic_name not in names:
+            return R(topics=[R.DescribeTopicPartitionsResponseTopic(
+                error_code=ErrorCode.INVALID_REQUEST, name=cursor.topic_name, partitions=[])])
+        names = [n for n in names if n >= cursor.topic_name]
+    limit = max(1, min(req.response_partition_limit, MAX_PARTITIONS_PER_ANSWER))
+    live = set(store.live_brokers())
+    out: list[R.DescribeTopicPartitionsResponseTopic] = []
+    next_cursor: R.Cursor | None = None
+    for name in names:
+        rec = topics.get(name)
+        if rec is None:
+            out.append(R.DescribeTopicPartitionsResponseTopic(
+                error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name, partitions=[]))
+            continue
+        first = cursor.partition_index if cursor is not None and name == cursor.topic_name else 0
+        parts = []
+        for i in range(max(0, first), rec.num_partitions):
+            if limit == 0:
+                next_cursor = R.Cursor(topic_name=name, partition_index=i)
+                break
+            pm = partition_metadata(i, rec.partitions[i], live)
+            parts.append(R.DescribeTopicPartitionsResponsePartition(
+                error_code=pm.error_code, partition_index=i, leader_id=pm.leader_id, leader_epoch=pm.leader_epoch,
+                replica_nodes=pm.replica_nodes, isr_nodes=pm.isr_nodes, eligible_leader_replicas=[],
+                last_known_elr=[], offline_replicas=pm.offline_replicas))
+            limit -= 1
+        out.append(R.DescribeTopicPartitionsResponseTopic(
+            error_code=0, name=name, topic_id=rec.topic_id, is_internal=name in INTERNAL_TOPICS, partitions=parts,
+            topic_authorized_operations=TOPIC_OPERATIONS))
+        if next_cursor is not None:
+            break
+        if limit == 0 and name != names[-1]:
+            next_cursor = R.Cursor(topic_name=names[names.index(name) + 1], partition_index=0)
+            break
+    return R(throttle_time_ms=0, topics=out, next_cursor=next_cursor)
+
+
 HANDLERS = [
     ApiHandler(3, 0, 12, handle_metadata),
+    ApiHandler(75, 0, 0, handle_describe_topic_partitions),
     ApiHandler(60, 0, 1, handle_describe_cluster),
 ]

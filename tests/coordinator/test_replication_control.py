@@ -171,6 +171,28 @@ def test_rf3_topic_has_replicas_isr_and_leaders_in_metadata_and_zookeeper(cluste
         assert info["offline_replicas"] == []
 
 
+def test_describe_topic_partitions_pages_with_a_cursor(cluster: Cluster, zk_client: KazooClient) -> None:
+    assignment = zp.parse_topic_assignment(zk_client.get(zp.topic_path("rf3"))[0]).replicas
+    admin = kp_admin(cluster[2])
+    try:
+        first = admin.describe_topic_partitions(["rf3", "absent-topic"], response_partition_limit=4)
+        assert first["next_cursor"] == {"topic_name": "rf3", "partition_index": 4}
+        absent, rf3 = first["topics"]  # sorted by name
+        assert absent["name"] == "absent-topic" and absent["error_code"] == 3
+        assert [p["partition_index"] for p in rf3["partitions"]] == [0, 1, 2, 3]
+        rest = admin.describe_topic_partitions(["rf3"], cursor=first["next_cursor"])
+        assert rest["next_cursor"] is None
+        parts = rf3["partitions"] + rest["topics"][0]["partitions"]
+    finally:
+        admin.close()
+    assert [p["partition_index"] for p in parts] == list(range(6))
+    for p in parts:
+        i = p["partition_index"]
+        assert (p["error_code"], p["leader_id"], p["leader_epoch"]) == (0, assignment[i][0], 0)
+        assert p["replica_nodes"] == assignment[i] and sorted(p["isr_nodes"]) == [1, 2, 3]
+        assert p["offline_replicas"] == []
+
+
 def test_replication_factor_above_live_brokers_is_refused(cluster: Cluster) -> None:
     admin = ck_admin(cluster[1])
     fut = admin.create_topics([NewTopic("rf4", 1, 4)], operation_timeout=10)["rf4"]
