@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from broker import metrics
 from broker.network import CloseConnection, KafkaConnection, Response
 from broker.refusals import REFUSALS
 from protocol import codec
@@ -87,16 +89,23 @@ class KafkaApis:
         # bytes after an all-topics MetadataRequest v12, and Kafka serves it.
         del end
         ctx = RequestContext(self.server, conn, header)
+        started = time.perf_counter()
         result = handler.fn(ctx, request)
-        if result is None:
-            return None
         if isinstance(result, Coroutine):
-            return self._complete_later(header, result)
-        return self._encode(header, result)
+            metrics.shard().busy_s += time.perf_counter() - started
+            return self._complete_later(header, result, started)
+        response = None if result is None else self._encode(header, result)
+        shard = metrics.shard()
+        elapsed = time.perf_counter() - started
+        shard.busy_s += elapsed
+        shard.request_done(api_key, elapsed)
+        return response
 
-    async def _complete_later(self, header: RequestHeader, pending: Awaitable[Any]) -> Response | None:
+    async def _complete_later(self, header: RequestHeader, pending: Awaitable[Any], started: float) -> Response | None:
         body = await pending
-        return None if body is None else self._encode(header, body)
+        response = None if body is None else self._encode(header, body)
+        metrics.shard().request_done(header.request_api_key, time.perf_counter() - started)
+        return response
 
     @staticmethod
     def _encode(header: RequestHeader, body: Any) -> Response:

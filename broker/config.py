@@ -239,6 +239,9 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("quota.window.num", _int, 11, at_least(1)),
         ConfigKey("quota.window.size.seconds", _int, 1, at_least(1)),
         ConfigKey("group.coordinator.rebalance.protocols", _list, ["classic"], one_of("classic")),
+        # kbroker's own: Prometheus metrics over HTTP (unset = off), where Kafka would run the JMX exporter agent.
+        ConfigKey("metrics.port", _int, None, between(0, 65535)),
+        ConfigKey("metrics.host", _str, "0.0.0.0"),
     ]
 }
 

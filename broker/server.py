@@ -14,6 +14,7 @@ from broker.config import KafkaConfig
 from broker.controller_channel import ControllerChannelManager
 from broker.handlers import all_handlers
 from broker.inter_broker import InterBrokerChannel
+from broker.metrics import MetricsExporter
 from broker.network import SocketServer
 from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotaManager
 from broker.replica_manager import ReplicaManager
@@ -117,6 +118,7 @@ class KafkaServer:
                 on_broker_gone=channel.remove_broker,
             )
         self._stopped = asyncio.Event()
+        self.metrics_exporter: MetricsExporter | None = None
         self._ids_cache: tuple[dict[str, TopicRecord], dict[bytes, str]] | None = None
 
     def advertised_endpoints(self) -> dict[str, tuple[str, int]]:
@@ -180,6 +182,9 @@ class KafkaServer:
             self.controller.start()  # before registering: the election may make this broker the controller
         self.socket_server.start_processors()
         self.socket_server.bind(loop)
+        if self.config["metrics.port"] is not None:
+            self.metrics_exporter = MetricsExporter(self)
+            self.metrics_exporter.start()
         host, port = self.advertised_endpoint()
         await loop.run_in_executor(None, self.metadata.register_broker, self.advertised_endpoints())
         log.info(
@@ -238,6 +243,8 @@ class KafkaServer:
 
     async def shutdown(self) -> None:
         log.info("Shutting down broker %d", self.broker_id)
+        if self.metrics_exporter is not None:
+            self.metrics_exporter.stop()
         await self.controlled_shutdown()
         self.socket_server.stop_accepting()
         loop = asyncio.get_running_loop()

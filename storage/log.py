@@ -33,6 +33,7 @@ from protocol.records import (
 from storage.atomic_file import fsync_dir
 from storage.config import LogConfig
 from storage.errors import KafkaStorageError, OffsetOutOfRangeError, RecordTooLargeError
+from storage.flush_stats import FLUSH_STATS
 from storage.leader_epoch_cache import LeaderEpochFileCache
 from storage.log_loader import (
     INDEX_SUFFIXES,
@@ -741,6 +742,7 @@ class Log(ReplicaLogMixin):
                 segments = self._segments
                 dir_dirty, self._dir_dirty = self._dir_dirty, False
             start = self._recovery_point
+            flush_started = time.perf_counter()
             try:
                 for i, seg in enumerate(segments):
                     seg_end = segments[i + 1].base_offset if i + 1 < len(segments) else flush_to
@@ -760,6 +762,7 @@ class Log(ReplicaLogMixin):
                 with self._lock:
                     self._dir_dirty = self._dir_dirty or dir_dirty
                 raise KafkaStorageError(f"error flushing {self.name}: {e}") from e
+            FLUSH_STATS.record((time.perf_counter() - flush_started) * 1000)
             ok = True
         finally:
             with self._flush_cond:

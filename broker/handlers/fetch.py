@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+from broker import metrics
 from broker.apis import ApiHandler, RequestContext
 from broker.replica_manager import LEADER_EPOCH, error_of
 from protocol.errors import ErrorCode, KafkaError
@@ -153,6 +154,8 @@ def _apply_quota(ctx: RequestContext, response: FetchResponse, nbytes: int) -> F
     quota = ctx.server.fetch_quota
     throttle = quota.record_and_get_throttle_ms(ctx.client_id, nbytes)
     if throttle <= 0:
+        if nbytes:
+            metrics.shard().fetched(response)
         return response
     quota.unrecord(ctx.client_id, nbytes)
     ctx.conn.mute_for(throttle)

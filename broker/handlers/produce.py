@@ -6,6 +6,7 @@ import inspect
 import logging
 from typing import Any
 
+from broker import metrics
 from broker.admin_manager import INTERNAL_TOPICS
 from broker.apis import ApiHandler, RequestContext
 from broker.replica_manager import error_of
@@ -91,6 +92,7 @@ def _produce_error(code: ErrorCode, version: int) -> ErrorCode:
 def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], ErrorCode]) -> Any:
     rm = ctx.server.replica_manager
     acks = req.acks
+    counters = metrics.shard()
     to_flush: list[tuple[Any, int]] = []
     topics: list[ProduceResponse.TopicProduceResponse] = []
     for t in req.topic_data:
@@ -127,6 +129,7 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
                 record_errors = e.record_errors if isinstance(e, RecordValidationError) else None
                 parts.append(_error(p.index, code, str(e) or None, record_errors))
                 continue
+            counters.produced(t.name, info.num_records, len(p.records))
             if rm.needs_flush(lg):
                 to_flush.append((lg, info.last_offset))
             parts.append(

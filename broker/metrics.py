@@ -1,0 +1,322 @@
+"""Broker metrics in Prometheus text format on `metrics.port`, named as the JMX exporter's common Kafka rules name
+Kafka's MBeans (kafka.server<type=BrokerTopicMetrics, name=BytesInPerSec, topic=t> -> kafka_server_brokertopicmetrics_
+bytesin_total{topic="t"}).
+
+Concurrency model: request paths never lock and never look up a labelled metric. Each thread that handles requests
+(the network processors) owns a `Shard` of plain ints and lists, found through a thread-local; only that thread
+writes it. The exporter (prometheus_client's HTTP thread) sums the shards at scrape time, reads gauges from the
+server's objects then, and asks the group coordinator's loop for committed offsets. One registry, one collector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from protocol import codec
+from storage.flush_stats import BUCKETS_MS as FLUSH_BUCKETS_MS
+from storage.flush_stats import FLUSH_STATS
+
+if TYPE_CHECKING:
+    from broker.server import KafkaServer
+
+log = logging.getLogger("kbroker.metrics")
+
+# Upper bounds (ms) of the request latency histogram buckets; the last bucket is +Inf.
+REQUEST_BUCKETS_MS: tuple[float, ...] = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
+_NUM_API_KEYS = 100
+
+
+class Shard:
+    """One thread's counters. Written only by its thread, read (racily, but each value is one int) by the exporter."""
+
+    __slots__ = ("requests", "time_ms_sum", "time_buckets", "busy_s", "topic_in", "topic_out")
+
+    def __init__(self) -> None:
+        self.requests = [0] * _NUM_API_KEYS
+        self.time_ms_sum = [0.0] * _NUM_API_KEYS
+        self.time_buckets: list[list[int] | None] = [None] * _NUM_API_KEYS
+        self.busy_s = 0.0  # time spent handling requests on this thread
+        self.topic_in: dict[str, list[int]] = {}  # topic -> [messages, bytes]
+        self.topic_out: dict[str, list[int]] = {}  # topic -> [bytes]
+
+    def request_done(self, api_key: int, elapsed_s: float) -> None:
+        if not 0 <= api_key < _NUM_API_KEYS:
+            return
+        ms = elapsed_s * 1000
+        self.requests[api_key] += 1
+        self.time_ms_sum[api_key] += ms
+        buckets = self.time_buckets[api_key]
+        if buckets is None:
+            buckets = self.time_buckets[api_key] = [0] * (len(REQUEST_BUCKETS_MS) + 1)
+        buckets[bisect.bisect_left(REQUEST_BUCKETS_MS, ms)] += 1
+
+    def produced(self, topic: str, messages: int, nbytes: int) -> None:
+        c = self.topic_in.get(topic)
+        if c is None:
+            c = self.topic_in[topic] = [0, 0]
+        c[0] += messages
+        c[1] += nbytes
+
+    def fetched(self, response: Any) -> None:
+        """Bytes of record data in a fetch response that goes out (Kafka's BytesOutPerSec)."""
+        out = self.topic_out
+        for t in response.responses:
+            n = 0
+            for p in t.partitions:
+                r = p.records
+                if r:
+                    n += r.size if hasattr(r, "size") else len(r)
+            if n:
+                c = out.get(t.topic)
+                if c is None:
+                    c = out[t.topic] = [0]
+                c[0] += n
+
+
+_local = threading.local()
+_shards: list[tuple[str, Shard]] = []
+_shards_lock = threading.Lock()
+
+
+def shard() -> Shard:
+    """This thread's shard (created and registered on first use; after that one attribute lookup)."""
+    try:
+        return _local.shard  # type: ignore[no-any-return]
+    except AttributeError:
+        s = _local.shard = Shard()
+        with _shards_lock:
+            _shards.append((threading.current_thread().name, s))
+        return s
+
+
+def _api_name(api_key: int) -> str:
+    cls = codec.REQUESTS.get(api_key)
+    return cls.__name__.removesuffix("Request") if cls is not None else str(api_key)
+
+
+class KafkaCollector:
+    """prometheus_client collector: every family computed at scrape time from the shards and the server."""
+
+    def __init__(self, server: KafkaServer) -> None:
+        self.server = server
+        self._idle_marks: dict[str, tuple[float, float]] = {}  # thread -> (wall time, busy_s) at the last scrape
+        self._started = time.monotonic()
+
+    def describe(self) -> list[Any]:
+        return []  # no fixed set of families: do not let the registry call collect() at registration
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        with _shards_lock:
+            shards = list(_shards)
+        yield from self._topic_families(shards, CounterMetricFamily)
+        yield from self._request_families(shards, CounterMetricFamily)
+        yield from self._network_families(shards, GaugeMetricFamily)
+        yield from self._log_families(GaugeMetricFamily)
+        yield from self._group_families(GaugeMetricFamily)
+
+    # -- BrokerTopicMetrics ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _topic_families(shards: list[tuple[str, Shard]], Counter: Any) -> Iterator[Any]:
+        msgs, bytes_in, bytes_out = {}, {}, {}
+        for _, s in shards:
+            for topic, (m, b) in list(s.topic_in.items()):
+                msgs[topic] = msgs.get(topic, 0) + m
+                bytes_in[topic] = bytes_in.get(topic, 0) + b
+            for topic, (b,) in list(s.topic_out.items()):
+                bytes_out[topic] = bytes_out.get(topic, 0) + b
+        for name, doc, values in (
+            ("kafka_server_brokertopicmetrics_messagesin", "Records appended, per topic", msgs),
+            ("kafka_server_brokertopicmetrics_bytesin", "Record bytes produced, per topic", bytes_in),
+            ("kafka_server_brokertopicmetrics_bytesout", "Record bytes fetched, per topic", bytes_out),
+        ):
+            fam = Counter(name, doc, labels=["topic"])
+            for topic in sorted(values):
+                fam.add_metric([topic], values[topic])
+            yield fam
+
+    # -- RequestMetrics ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _request_families(shards: list[tuple[str, Shard]], Counter: Any) -> Iterator[Any]:
+        from prometheus_client.core import HistogramMetricFamily
+
+        requests = Counter("kafka_network_requestmetrics_requests", "Requests answered, per API", labels=["request"])
+        latency = HistogramMetricFamily("kafka_network_requestmetrics_totaltimems",
+                                        "Time from request decode to response encoded, ms, per API",
+                                        labels=["request"])
+        for key in range(_NUM_API_KEYS):
+            count = sum(s.requests[key] for _, s in shards)
+            if not count:
+                continue
+            name = _api_name(key)
+            requests.add_metric([name], count)
+            buckets = [0] * (len(REQUEST_BUCKETS_MS) + 1)
+            total_ms = 0.0
+            for _, s in shards:
+                b = s.time_buckets[key]
+                if b is not None:
+                    for i, v in enumerate(b):
+                        buckets[i] += v
+                total_ms += s.time_ms_sum[key]
+            latency.add_metric([name], _cumulative(REQUEST_BUCKETS_MS, buckets), total_ms)
+        yield requests
+        yield latency
+
+    # -- SocketServer, RequestChannel --------------------------------------------------------------------------
+
+    def _network_families(self, shards: list[tuple[str, Shard]], Gauge: Any) -> Iterator[Any]:
+        processors = self.server.socket_server.processors
+        queue = Gauge("kafka_network_requestchannel_requestqueuesize",
+                      "Requests waiting behind one in flight on their connection")
+        conns = Gauge("kafka_server_socket_server_metrics_connection_count", "Open connections",
+                      labels=["listener", "networkProcessor"])
+        idle = Gauge("kafka_network_processor_idlepercent",
+                     "Share of time a network processor did not spend handling requests since the last scrape",
+                     labels=["networkProcessor"])
+        queued = 0
+        by_thread = dict(shards)
+        now = time.monotonic()
+        ratios = []
+        for p in processors:
+            counts: dict[str, int] = {}
+            for c in list(p.connections.values()):
+                counts[c.listener_name] = counts.get(c.listener_name, 0) + 1
+                queued += len(c._pending)  # a deque's len: safe to read from another thread
+            for listener in sorted(counts):
+                conns.add_metric([listener, str(p.index)], counts[listener])
+            s = by_thread.get(p.name)
+            busy = s.busy_s if s is not None else 0.0
+            last_wall, last_busy = self._idle_marks.get(p.name, (self._started, 0.0))
+            wall = now - last_wall
+            ratio = 1.0 if wall <= 0 else min(1.0, max(0.0, 1.0 - (busy - last_busy) / wall))
+            self._idle_marks[p.name] = (now, busy)
+            idle.add_metric([str(p.index)], ratio)
+            ratios.append(ratio)
+        queue.add_metric([], queued)
+        avg = Gauge("kafka_network_socketserver_networkprocessoravgidlepercent",
+                    "Average idle share of the network processors")
+        avg.add_metric([], sum(ratios) / len(ratios) if ratios else 1.0)
+        yield queue
+        yield conns
+        yield idle
+        yield avg
+
+    # -- Log, LogFlushStats, ReplicaManager, KafkaController ---------------------------------------------------
+
+    def _log_families(self, Gauge: Any) -> Iterator[Any]:
+        from prometheus_client.core import HistogramMetricFamily
+
+        labels = ["topic", "partition"]
+        size = Gauge("kafka_log_log_size", "Bytes of the partition's log segments", labels=labels)
+        segments = Gauge("kafka_log_log_numlogsegments", "Segments of the partition's log", labels=labels)
+        leo = Gauge("kafka_log_log_logendoffset", "Log end offset", labels=labels)
+        start = Gauge("kafka_log_log_logstartoffset", "Log start offset", labels=labels)
+        producers = 0
+        logs = []
+        log_manager = getattr(self.server, "log_manager", None)
+        if log_manager is not None:
+            logs = sorted(log_manager.logs(), key=lambda lg: (lg.topic, lg.partition))
+        for lg in logs:
+            key = [lg.topic, str(lg.partition)]
+            segs = lg.segments
+            size.add_metric(key, sum(s.size for s in segs))
+            segments.add_metric(key, len(segs))
+            leo.add_metric(key, lg.log_end_offset)
+            start.add_metric(key, lg.log_start_offset)
+            producers += len(lg.producer_state)
+        yield from (size, segments, leo, start)
+        pids = Gauge("kafka_server_replicamanager_produceridcount", "Producer ids with state in this broker's logs")
+        pids.add_metric([], producers)
+        partitions = Gauge("kafka_server_replicamanager_partitioncount", "Partitions on this broker")
+        partitions.add_metric([], len(logs))
+        # One replica per partition: nothing can be under-replicated or offline until replication exists.
+        under = Gauge("kafka_server_replicamanager_underreplicatedpartitions", "Partitions with replicas out of sync")
+        under.add_metric([], 0)
+        offline = Gauge("kafka_controller_kafkacontroller_offlinepartitionscount", "Partitions without a leader")
+        offline.add_metric([], 0)
+        yield from (pids, partitions, under, offline)
+        count, sum_ms, buckets = FLUSH_STATS.snapshot()
+        flush = HistogramMetricFamily("kafka_log_logflushstats_logflushrateandtimems", "Log flush (fsync) time, ms")
+        flush.add_metric([], _cumulative(FLUSH_BUCKETS_MS, buckets), sum_ms)
+        yield flush
+
+    # -- consumer groups (named as kafka_exporter names them: the broker has no lag MBean) ----------------------
+
+    def _group_families(self, Gauge: Any) -> Iterator[Any]:
+        labels = ["consumergroup", "topic", "partition"]
+        current = Gauge("kafka_consumergroup_current_offset", "Committed offset per group and partition", labels=labels)
+        lag = Gauge("kafka_consumergroup_lag", "High watermark minus committed offset", labels=labels)
+        rows = self._committed_offsets()
+        rm = self.server.replica_manager
+        for group, topic, partition, offset in sorted(rows):
+            key = [group, topic, str(partition)]
+            current.add_metric(key, offset)
+            try:
+                hw = rm.get_log(topic, partition).high_watermark
+            except Exception:  # noqa: BLE001 - a deleted topic's offsets linger until expiry: no lag to show
+                continue
+            lag.add_metric(key, max(0, hw - offset))
+        yield current
+        yield lag
+
+    def _committed_offsets(self) -> list[tuple[str, str, int, int]]:
+        gc = self.server.group_coordinator
+        loop = gc.loop
+        if not loop.is_running():
+            return []
+
+        async def snapshot() -> list[tuple[str, str, int, int]]:
+            return [(g.group_id, tp[0], tp[1], o.offset) for g in gc.groups.values() for tp, o in g.offsets.items()]
+
+        try:
+            return asyncio.run_coroutine_threadsafe(snapshot(), loop).result(5)
+        except Exception as e:  # noqa: BLE001 - a scrape without group lag beats a failed scrape
+            log.warning("Metrics scrape: could not read committed offsets from the group coordinator: %s", e)
+            return []
+
+
+def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
+    out, running = [], 0
+    for bound, n in zip((*bounds, float("inf")), counts, strict=True):
+        running += n
+        out.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+    return out
+
+
+class MetricsExporter:
+    """The HTTP endpoint on metrics.host:metrics.port (prometheus_client's server on a daemon thread)."""
+
+    def __init__(self, server: KafkaServer) -> None:
+        self.server = server
+        self._httpd: Any = None
+        self._thread: threading.Thread | None = None
+        self.port: int | None = None
+
+    def start(self) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(KafkaCollector(self.server))  # type: ignore[arg-type]
+        host = self.server.config["metrics.host"]
+        port = self.server.config["metrics.port"]
+        try:
+            self._httpd, self._thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot bind metrics.port to {host}:{port}: {e.strerror}") from None
+        self.port = self._httpd.server_address[1]
+        log.info("Serving Prometheus metrics on http://%s:%d/metrics", host, self.port)
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
