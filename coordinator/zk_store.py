@@ -531,6 +531,12 @@ class ZkMetadataStore:
 
     # ------------------------------------------------------------ partition states from the controller
 
+    def ensure_topics_known(self, names: set[str]) -> None:
+        """Read topics this broker has not seen yet (the controller's request can overtake our watch)."""
+        for name in sorted(names - set(self.topics)):
+            if self.client is not None and self.client.connected:
+                self._resync_topic(name)
+
     def apply_partition_states(self, controller_epoch: int, states: list[tuple[str, int, PartitionState]]) -> bool:
         """Partition states from the controller's LeaderAndIsr / UpdateMetadata. False (nothing applied) when
         the request comes from an older controller than one already heard from (STALE_CONTROLLER_EPOCH)."""

@@ -85,6 +85,7 @@ def _leader_and_isr(ctx: RequestContext, req: LeaderAndIsrRequest) -> LeaderAndI
                     req.controller_epoch, code.name)
         return _leader_and_isr_response(req, v, states, {}, code)
     server = ctx.server
+    server.metadata.ensure_topics_known({t for t, _, _ in states})
     rm = server.replica_manager
     become = getattr(rm, "become_leader_or_follower", None)
     if become is not None:
