@@ -45,15 +45,53 @@ def produce(bootstrap: str, tps: list[tuple[str, int]], n: int, values: list[byt
         del p
 
 
+def produce_transactional(bootstrap: str, tps: list[tuple[str, int]], n: int, values: list[bytes],
+                          conf: dict[str, Any], timeout: float, commit_every: int) -> tuple[float, int]:
+    """Like produce, in transactions of `commit_every` messages (the last one may be shorter), each committed
+    (commit_transaction waits for every message of the transaction to be acknowledged)."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, **PRODUCE_BASE, "queue.buffering.max.kbytes": 1 << 20,
+                  "queue.buffering.max.messages": 2_000_000, "transactional.id": f"bench-{time.monotonic_ns()}",
+                  **conf})
+    p.list_topics(tps[0][0], timeout=10)
+    p.init_transactions(30)  # outside the timed region, like the connection
+    ntp, nval = len(tps), len(values)
+    deadline = time.monotonic() + timeout
+    prod = p.produce
+    t0 = time.perf_counter()
+    i = 0
+    committed = 0
+    try:
+        while i < n and time.monotonic() < deadline:
+            p.begin_transaction()
+            end = min(n, i + commit_every)
+            while i < end:
+                t, part = tps[i % ntp]
+                try:
+                    prod(t, values[i % nval], partition=part)
+                    i += 1
+                except BufferError:
+                    p.poll(0.001)
+                    if time.monotonic() > deadline:
+                        break
+            p.commit_transaction(max(1.0, deadline - time.monotonic()))
+            committed = i
+        return time.perf_counter() - t0, n - committed
+    finally:
+        del p
+
+
 def consume_confluent(bootstrap: str, tps: list[tuple[str, int]], n: int, timeout: float,
-                      offsets: dict[tuple[str, int], int] | None = None) -> tuple[float, int, int]:
+                      offsets: dict[tuple[str, int], int] | None = None,
+                      conf: dict[str, Any] | None = None) -> tuple[float, int, int]:
     """Read n messages from offset 0 of the partitions; returns (seconds from assign to the n-th message, messages,
     bytes). The client is connected (metadata fetched) before the clock starts."""
     from confluent_kafka import Consumer, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{time.monotonic_ns()}",
                   "enable.auto.commit": False, "fetch.queue.backoff.ms": 10, "log_level": 3,
-                  "enable.partition.eof": False})
+                  "enable.partition.eof": False, **(conf or {})})
     try:
         c.list_topics(tps[0][0], timeout=10)  # connected and metadata known before the clock starts
         t0 = time.perf_counter()
