@@ -93,8 +93,8 @@ def test_markers_from_the_coordinator_broker_reach_the_data_broker(cluster: Clus
     assert read_ck(cluster.b2.bootstrap, tps, len(committed), True) == committed
     assert read_ck(cluster.b2.bootstrap, tps, len(everything), False) == everything
     ends = end_offsets(txns)
-    assert list_offsets(cluster.b2.bootstrap, TOPIC, range(PARTITIONS), 1) == {p: ends[(TOPIC, p)]
-                                                                                for p in range(PARTITIONS)}
+    want = {p: ends[(TOPIC, p)] for p in range(PARTITIONS)}
+    wait_until(lambda: _lso(cluster.b2) == want, timeout=15, interval=0.05, what=f"LSO at {want}")
     # The markers are on broker 2's disk; broker 1 (which wrote them, as the coordinator) holds no replica.
     for p in range(PARTITIONS):
         assert _control_batches(cluster.b2, TOPIC, p) == len(OUTCOMES)

@@ -15,7 +15,7 @@ import pytest
 from tests.broker.test_produce_consume import create_topic
 from tests.broker.test_transactions_eos import EosRun, prepare
 from tests.broker_process import BrokerProcess
-from tests.clients import Msg, ck_produce
+from tests.clients import Msg, ck_produce, wait_until
 from tests.java.test_java_client import JARS, JAVA_LOG, _missing, find_jar_dir
 from tests.txn_support import (
     READERS,
@@ -101,7 +101,9 @@ def test_java_commit_and_abort_read_by_every_client(classpath: str, broker: Brok
     txns = plan_transactions("java", layout, 20, outcomes)
     ends = end_offsets(txns)
     for t, n in layout.items():
-        assert list_offsets(broker.bootstrap, t, range(n), 1) == {p: ends[(t, p)] for p in range(n)}
+        want = {p: ends[(t, p)] for p in range(n)}
+        wait_until(lambda t=t, n=n, want=want: list_offsets(broker.bootstrap, t, range(n), 1) == want, timeout=15,
+                   interval=0.05, what=f"LSO of {t} at {want}")
 
     committed = expected_reads(txns, outcomes, committed_only=True)
     everything = expected_reads(txns, outcomes, committed_only=False)
