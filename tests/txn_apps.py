@@ -14,6 +14,9 @@
 
 from __future__ import annotations
 
+import faulthandler
+import os
+import signal
 import sys
 import time
 from typing import Any
@@ -51,14 +54,19 @@ def _rewind(consumer: Consumer) -> None:
 
 
 def eos(bootstrap: str, input_topic: str, output_topic: str, group: str, transactional_id: str) -> None:
+    # metadata.recovery.strategy=none: with librdkafka 2.16's default (rebootstrap) a producer whose only broker
+    # was down re-bootstraps, and send_offsets_to_transaction may then never send its TxnOffsetCommit nor time out
+    # (seen in about one run in three of the broker kill -9; see /work/txn-findings.md).
     common: dict[str, Any] = {"bootstrap.servers": bootstrap, "socket.timeout.ms": 10000,
-                              "reconnect.backoff.max.ms": 500}
+                              "reconnect.backoff.max.ms": 500, "metadata.recovery.strategy": "none"}
     consumer = Consumer({**common, "group.id": group, "isolation.level": "read_committed",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest",
                          "session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "max.poll.interval.ms": 20000,
                          "fetch.wait.max.ms": 100})
+    # TXN_APP_DEBUG=eos,protocol turns on librdkafka's debug log (on stdout with the rest)
+    debug = {"debug": os.environ["TXN_APP_DEBUG"]} if os.environ.get("TXN_APP_DEBUG") else {}
     producer = Producer({**common, "transactional.id": transactional_id, "transaction.timeout.ms": 20000,
-                         "linger.ms": 5})
+                         "linger.ms": 5, **debug})
     producer.init_transactions(60)
     consumer.subscribe([input_topic])
     while True:
@@ -100,6 +108,8 @@ def eos(bootstrap: str, input_topic: str, output_topic: str, group: str, transac
 
 
 def main(argv: list[str]) -> None:
+    # kill -USR1 prints every thread's Python stack: what a stuck application waits for
+    faulthandler.register(signal.SIGUSR1, file=sys.stdout, all_threads=True)
     mode, args = argv[0], argv[1:]
     if mode == "hang":
         hang(args[0], args[1], int(args[2]), args[3], int(args[4]), int(args[5]))

@@ -9,6 +9,7 @@ with `EosRun` below.
 from __future__ import annotations
 
 import collections
+import signal
 import subprocess
 import threading
 import time
@@ -47,8 +48,9 @@ class EosRun:
     of progress points (fractions of the input committed)."""
 
     def __init__(self, broker: BrokerProcess, start_app: Callable[[], subprocess.Popen[str]], group: str,
-                 input_topic: str, output_topic: str) -> None:
+                 input_topic: str, output_topic: str, dump_signal: int = signal.SIGUSR1) -> None:
         self.broker, self.start_app, self.group = broker, start_app, group
+        self.dump_signal = dump_signal  # makes the application print its threads' stacks
         self.input, self.output = input_topic, output_topic
         self.app: subprocess.Popen[str] | None = None
         self.lines: list[str] = []
@@ -92,9 +94,14 @@ class EosRun:
         try:
             self._spawn()
             while True:
-                assert time.monotonic() < deadline, (
-                    f"not done after {DEADLINE}s: {self.progress()} of {INPUTS} committed; app starts "
-                    f"{self.app_starts}; last app lines: {self.lines[-15:]}")
+                if time.monotonic() > deadline:
+                    if self.app is not None and self.app.poll() is None:
+                        self.app.send_signal(self.dump_signal)
+                        time.sleep(1)
+                    raise AssertionError(
+                        f"not done after {DEADLINE}s: {self.progress()} of {INPUTS} committed; app starts "
+                        f"{self.app_starts}; last app lines:\n" + "\n".join(self.lines[-60:])
+                        + f"\n--- broker log (tail):\n{self.broker.read_log()[-3000:]}")
                 done = self.progress()
                 if done == INPUTS:
                     break

@@ -49,7 +49,7 @@ def cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
     c.b2.start()
     wait_for(lambda: broker_ids(c.b1) == {1, 2} and broker_ids(c.b2) == {1, 2}, "both brokers registered")
     admin = AdminClient({"bootstrap.servers": c.b1.bootstrap})
-    admin.create_topics([NewTopic(TOPIC, replica_assignment=[[2]] * PARTITIONS)])[TOPIC].result(15)
+    admin.create_topics([NewTopic(TOPIC, PARTITIONS, replica_assignment=[[2]] * PARTITIONS)])[TOPIC].result(15)
     wait_for(lambda: _leaders(c.b1, TOPIC) == [2] * PARTITIONS == _leaders(c.b2, TOPIC), "data led by broker 2")
     yield c
     c.stop()

@@ -5,6 +5,7 @@ transaction with require_stable, and exactly-once consume-transform-produce unde
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,7 +161,7 @@ def test_exactly_once_java_app_and_broker_kill_9(classpath: str, tmp_path: Path,
                                              group=group, txnid=txn_id),
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
 
-        run = EosRun(b, start, group, input_topic, output_topic)
+        run = EosRun(b, start, group, input_topic, output_topic, dump_signal=signal.SIGQUIT)  # jstack-like dump
         run.run(app_kill_points=[0.15, 0.35, 0.8], broker_kill_point=0.55)
         assert run.app_kills == 3 and run.broker_kills == 1
         run.check_output()
