@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from broker import metrics
 from broker.network import CloseConnection, KafkaConnection, Response
 from broker.refusals import REFUSALS
+from broker.security.acls import (
+    CLUSTER_NAME,
+    OPERATION_NAMES,
+    RESOURCE_TYPE_NAMES,
+    AclOperation,
+    ResourceType,
+)
 from protocol import codec
 from protocol.errors import ErrorCode
 from protocol.messages import ApiVersionsResponse, RequestHeader
@@ -41,6 +48,42 @@ class RequestContext:
         """Put a refusal of this request (or of one resource of it) in the broker log, rate-limited."""
         api = f"{api_name(self.header.request_api_key)} v{self.api_version}"
         REFUSALS.refused(self.client_id, self.conn.peer, api, code, reason, resource)
+
+    # Authorization (broker.security.authorizer). `ctx.server.authorizer` is None without
+    # authorizer.class.name: handlers test it once per request and skip every check.
+
+    @property
+    def client_host(self) -> str:
+        """The client's address as Kafka's ACL hosts name it (InetAddress.getHostAddress: no port)."""
+        return self.conn.peer_host
+
+    def authorized(self, op: AclOperation, rtype: ResourceType, name: str = CLUSTER_NAME,
+                   log_denied: bool = True) -> bool:
+        authz = self.server.authorizer
+        if authz is None or authz.authorize(self.conn.principal, self.client_host, op, rtype, name):
+            return True
+        if log_denied:
+            self.refused(_DENIED_CODES[rtype], f"{self.conn.principal} may not {OPERATION_NAMES[op]}",
+                         f"{RESOURCE_TYPE_NAMES[rtype]} {name!r}")
+        return False
+
+    def authorized_names(self, op: AclOperation, rtype: ResourceType, names: Iterable[str | None],
+                         log_denied: bool = True) -> set[str]:
+        """The names (each checked once) the principal may do op on: Kafka's AuthHelper.filterByAuthorized."""
+        return {n for n in set(names) if n is not None and self.authorized(op, rtype, n, log_denied)}
+
+    def authorized_operations(self, rtype: ResourceType, name: str = CLUSTER_NAME) -> int:
+        authz = self.server.authorizer
+        assert authz is not None
+        return authz.authorized_operations(self.conn.principal, self.client_host, rtype, name)
+
+
+_DENIED_CODES = {
+    ResourceType.TOPIC: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+    ResourceType.GROUP: ErrorCode.GROUP_AUTHORIZATION_FAILED,
+    ResourceType.CLUSTER: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+    ResourceType.TRANSACTIONAL_ID: ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+}
 
 
 def api_name(api_key: int) -> str:

@@ -110,6 +110,25 @@ def _protocol_map(v: str) -> dict[str, str]:
     return out
 
 
+AUTHORIZER_CLASS_NAMES = (
+    "kafka.security.authorizer.AclAuthorizer",
+    "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+)
+
+
+def _super_users(v: str) -> frozenset[str]:
+    """super.users: principals separated by semicolons (User:alice;User:bob)."""
+    out = set()
+    for item in (x.strip() for x in v.split(";")):
+        if not item:
+            continue
+        ptype, sep, name = item.partition(":")
+        if not sep or not ptype or not name:
+            raise ValueError(f"expected principalType:principalName but got {item!r}")
+        out.add(item)
+    return frozenset(out)
+
+
 KEYS: dict[str, ConfigKey] = {
     k.name: k
     for k in [
@@ -242,6 +261,10 @@ KEYS: dict[str, ConfigKey] = {
         # kbroker's own: Prometheus metrics over HTTP (unset = off), where Kafka would run the JMX exporter agent.
         ConfigKey("metrics.port", _int, None, between(0, 65535)),
         ConfigKey("metrics.host", _str, "0.0.0.0"),
+        # Authorization (broker.security.authorizer): Kafka's ACL authorizer class names turn it on.
+        ConfigKey("authorizer.class.name", _str, "", one_of("", *AUTHORIZER_CLASS_NAMES)),
+        ConfigKey("super.users", _super_users, frozenset()),
+        ConfigKey("allow.everyone.if.no.acl.found", _bool, False),
     ]
 }
 
@@ -273,7 +296,7 @@ KAFKA_DYNAMIC_CONFIGS: frozenset[str] = frozenset({
 # DescribeConfigs v3+ config types (Kafka's ConfigDef.Type) by parser.
 CONFIG_TYPE_NAMES: dict[Callable[[str], Any], str] = {
     _bool: "boolean", _int: "int", _long: "long", _double: "double", _str: "string", _list: "list",
-    _protocol_map: "string", _password: "password",
+    _protocol_map: "string", _password: "password", _super_users: "string",
 }
 
 # Keys a listener may override as listener.name.<listener>.<key> (Kafka's ListenerName.configPrefix), and the
@@ -485,6 +508,8 @@ def render_value(value: Any) -> str | None:
         return "true" if value else "false"
     if isinstance(value, list):
         return ",".join(str(x) for x in value)
+    if isinstance(value, frozenset):
+        return ";".join(sorted(str(x) for x in value))
     if isinstance(value, dict):
         return ",".join(f"{k}:{v}" for k, v in value.items())
     return str(value)

@@ -18,6 +18,8 @@ from broker.metrics import MetricsExporter
 from broker.network import SocketServer
 from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotaManager
 from broker.replica_manager import ReplicaManager
+from broker.security.acls_store import LocalAclStore, ZkAclStore
+from broker.security.authorizer import AclAuthorizer
 from broker.security.client import ClientSecurity, inter_broker_listener
 from broker.security.credentials import LocalScramStore, ScramCredentialStore, ZkScramStore
 from broker.security.listener import listener_security
@@ -50,6 +52,13 @@ class KafkaServer:
         else:
             self.metadata = LocalMetadataStore(config.log_dirs[0], self.broker_id)
         self.io_pool = ThreadPoolExecutor(config["num.io.threads"], thread_name_prefix="kafka-io")
+        # None without authorizer.class.name: handlers then skip every authorization check.
+        self.authorizer: AclAuthorizer | None = None
+        if config["authorizer.class.name"]:
+            metadata = self.metadata
+            store = (ZkAclStore(metadata.zk_client) if isinstance(metadata, ZkMetadataStore)
+                     else LocalAclStore(config.log_dirs[0]))
+            self.authorizer = AclAuthorizer(store, config["super.users"], config["allow.everyone.if.no.acl.found"])
         self.log_manager: LogManager
         self.admin = AdminManager(self)
         self.replica_manager = ReplicaManager(self, self.io_pool)
@@ -146,6 +155,8 @@ class KafkaServer:
         loop = asyncio.get_running_loop()
         self.metadata.start()
         self.scram_credentials.start()
+        if self.authorizer is not None:
+            await loop.run_in_executor(None, self.authorizer.start)
         base = self.admin.base_log_config()
         c = self.config
         self.log_manager = LogManager(
@@ -257,6 +268,8 @@ class KafkaServer:
             self.controller_channel.stop()
         self.inter_broker.stop()
         self.controller_requests.shutdown(wait=True)
+        if self.authorizer is not None:
+            self.authorizer.stop()
         self.io_pool.shutdown(wait=True)
         await loop.run_in_executor(None, self.log_manager.shutdown)
         self.metadata.stop()

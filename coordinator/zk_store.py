@@ -701,6 +701,10 @@ class ZkMetadataStore:
 
     # ------------------------------------------------------------ writes: memory follows ZooKeeper
 
+    def zk_client(self) -> KazooClient:
+        """The live session, for other stores that keep their state in the same ZooKeeper (ACLs)."""
+        return self._zk()
+
     def _zk(self) -> KazooClient:
         client = self.client
         if client is None or not client.connected:

@@ -7,6 +7,7 @@ from broker.apis import ApiHandler
 
 def all_handlers() -> list[ApiHandler]:
     from broker.handlers import (
+        acls,
         api_versions,
         configs,
         fetch,
@@ -23,6 +24,6 @@ def all_handlers() -> list[ApiHandler]:
 
     out: list[ApiHandler] = []
     for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, quotas, txn, replication,
-                   sasl):
+                   sasl, acls):
         out.extend(module.HANDLERS)
     return out

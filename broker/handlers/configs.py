@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from broker.apis import ApiHandler, RequestContext
 from broker.config import CONFIG_TYPE_NAMES, KAFKA_DYNAMIC_CONFIGS, KEYS, render_value
+from broker.security.acls import AclOperation, ResourceType
 from broker.topic_config import (
     CONFIG_TYPES,
     SOURCE_DEFAULT,
@@ -72,6 +73,18 @@ def _resource(resource_type: int, name: str) -> str:
     return f"{kind} {name!r}"
 
 
+def _authorize(ctx: RequestContext, op: AclOperation, resource_type: int, name: str) -> None:
+    """Kafka's ConfigHelper/ZkAdminManager checks: op on the topic, or on the cluster for broker resources."""
+    if ctx.server.authorizer is None:
+        return
+    if resource_type == TOPIC:
+        if not ctx.authorized(op, ResourceType.TOPIC, name):
+            raise KafkaError(ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"Not authorized to access topic {name}")
+    elif resource_type in (BROKER, BROKER_LOGGER):
+        if not ctx.authorized(op, ResourceType.CLUSTER):
+            raise KafkaError(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "Not authorized to access the cluster")
+
+
 def _check_broker_resource(ctx: RequestContext, name: str, allow_default: bool) -> None:
     if name == "" and allow_default:
         return
@@ -89,6 +102,7 @@ def handle_describe_configs(ctx: RequestContext, req: DescribeConfigsRequest) ->
         )
         results.append(out)
         try:
+            _authorize(ctx, AclOperation.DESCRIBE_CONFIGS, res.resource_type, res.resource_name)
             if res.resource_type == TOPIC:
                 rec = ctx.server.metadata.topics.get(res.resource_name)
                 if rec is None:
@@ -155,6 +169,7 @@ def handle_alter_configs(ctx: RequestContext, req: AlterConfigsRequest) -> Alter
                                            resource_name=res.resource_name)
         out.append(r)
         try:
+            _authorize(ctx, AclOperation.ALTER_CONFIGS, res.resource_type, res.resource_name)
             _current(ctx, res.resource_type, res.resource_name)  # existence check
             _apply(ctx, res.resource_type, res.resource_name, {c.name: c.value for c in res.configs}, req.validate_only)
         except KafkaError as e:
@@ -174,6 +189,7 @@ def handle_incremental_alter_configs(
                                            resource_name=res.resource_name)
         out.append(r)
         try:
+            _authorize(ctx, AclOperation.ALTER_CONFIGS, res.resource_type, res.resource_name)
             configs = _current(ctx, res.resource_type, res.resource_name)
             for c in res.configs:
                 if c.config_operation == SET:

@@ -10,6 +10,7 @@ from typing import Any
 from broker import metrics
 from broker.apis import ApiHandler, RequestContext
 from broker.replica_manager import LEADER_EPOCH, error_of
+from broker.security.acls import AclOperation, ResourceType
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import (
     FetchRequest,
@@ -69,6 +70,16 @@ class _FetchPlan:
                 last_key = topic_key
             self.topics[-1][2].append(p)
         self.num_partitions = len(chosen)
+        # Topics this principal may not read (Kafka answers their partitions TOPIC_AUTHORIZATION_FAILED).
+        self.denied: set[str] = set()
+        if ctx.server.authorizer is not None:
+            names = {name for _, name, _ in self.topics if name is not None}
+            if _replica_id(ctx, req) >= 0:
+                # A follower's fetch: ClusterAction on the cluster, or nothing at all.
+                if not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER):
+                    self.denied = names
+            else:
+                self.denied = names - ctx.authorized_names(AclOperation.READ, ResourceType.TOPIC, names)
 
     def keys(self) -> list[tuple[str, int]]:
         return [(name, p.partition) for _, name, parts in self.topics if name is not None for p in parts]
@@ -90,6 +101,10 @@ class _FetchPlan:
             for p in partitions:
                 if name is None:
                     parts.append(_error(p.partition, ErrorCode.UNKNOWN_TOPIC_ID))
+                    has_error = True
+                    continue
+                if name in self.denied:
+                    parts.append(_error(p.partition, ErrorCode.TOPIC_AUTHORIZATION_FAILED))
                     has_error = True
                     continue
                 try:
@@ -130,6 +145,12 @@ class _FetchPlan:
                     has_error = True
             responses.append(FetchResponse.FetchableTopicResponse(topic=name or "", topic_id=t.topic_id, partitions=parts))
         return FetchResponse(throttle_time_ms=0, error_code=0, session_id=0, responses=responses), total, has_error
+
+
+def _replica_id(ctx: RequestContext, req: FetchRequest) -> int:
+    if ctx.api_version >= 15:
+        return req.replica_state.replica_id if req.replica_state is not None else -1
+    return req.replica_id
 
 
 def _error(partition: int, code: ErrorCode) -> PartitionData:
@@ -197,11 +218,19 @@ EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -2, -1, -3, -4
 def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOffsetsResponse:
     rm = ctx.server.replica_manager
     v = ctx.api_version
+    allowed = (ctx.authorized_names(AclOperation.DESCRIBE, ResourceType.TOPIC, (t.name for t in req.topics))
+               if ctx.server.authorizer is not None else None)
     topics = []
     for t in req.topics:
         parts = []
         for p in t.partitions:
             resp = ListOffsetsResponse.ListOffsetsPartitionResponse(partition_index=p.partition_index)
+            if allowed is not None and t.name not in allowed:
+                resp.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                resp.offset = -1
+                resp.timestamp = -1
+                parts.append(resp)
+                continue
             try:
                 check_leader_epoch(p.current_leader_epoch, rm.leader_epoch(t.name, p.partition_index))
                 lg = rm.get_log(t.name, p.partition_index)
@@ -244,11 +273,23 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
 def handle_offset_for_leader_epoch(ctx: RequestContext, req: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpochResponse:
     rm = ctx.server.replica_manager
     R = OffsetForLeaderEpochResponse
+    allowed: set[str] | None = None
+    cluster_denied = False
+    if ctx.server.authorizer is not None:
+        if ctx.api_version >= 3 and req.replica_id >= 0:
+            cluster_denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
+        else:
+            allowed = ctx.authorized_names(AclOperation.DESCRIBE, ResourceType.TOPIC, (t.topic for t in req.topics))
     topics = []
     for t in req.topics:
         parts = []
         for p in t.partitions:
             out = R.EpochEndOffset(partition=p.partition, leader_epoch=-1, end_offset=-1)
+            if cluster_denied or (allowed is not None and t.topic not in allowed):
+                out.error_code = (ErrorCode.CLUSTER_AUTHORIZATION_FAILED if cluster_denied
+                                  else ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+                parts.append(out)
+                continue
             try:
                 epoch = rm.leader_epoch(t.topic, p.partition)
                 check_leader_epoch(p.current_leader_epoch, epoch)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from broker.apis import ApiHandler, RequestContext
+from broker.security.acls import SUPPORTED_OPERATIONS, AclOperation, ResourceType, bit_field
 from coordinator.group_coordinator import partition_for
 from coordinator.group_metadata import GroupState, OffsetAndMetadata
 from protocol.errors import ErrorCode, KafkaError
@@ -38,8 +39,20 @@ from protocol.messages import (
 )
 
 GROUP_KEY, TRANSACTION_KEY = 0, 1
-# No ACLs: every group operation is allowed (READ 3, DELETE 6, DESCRIBE 8).
-GROUP_OPERATIONS = sum(1 << op for op in (3, 6, 8))
+# Without an authorizer every group operation is allowed (READ, DESCRIBE, DELETE).
+GROUP_OPERATIONS = bit_field(SUPPORTED_OPERATIONS[ResourceType.GROUP])
+READ, DESCRIBE, DELETE = AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE
+GROUP, TOPIC = ResourceType.GROUP, ResourceType.TOPIC
+
+
+def _group_denied(ctx: RequestContext, op: AclOperation, group_id: str) -> bool:
+    return ctx.server.authorizer is not None and not ctx.authorized(op, GROUP, group_id)
+
+
+def _topics_denied(ctx: RequestContext, op: AclOperation, names: list[str]) -> set[str]:
+    if ctx.server.authorizer is None:
+        return set()
+    return set(names) - ctx.authorized_names(op, TOPIC, names)
 
 
 def _client_host(ctx: RequestContext) -> str:
@@ -57,6 +70,11 @@ def _find_one(ctx: RequestContext, key: str, key_type: int) -> tuple[ErrorCode, 
         return ErrorCode.INVALID_GROUP_ID, None, -1, "", -1
     if key_type == TRANSACTION_KEY and not key:
         return ErrorCode.INVALID_REQUEST, "an empty transactional id has no coordinator", -1, "", -1
+    if server.authorizer is not None:
+        if key_type == GROUP_KEY and not ctx.authorized(DESCRIBE, GROUP, key):
+            return ErrorCode.GROUP_AUTHORIZATION_FAILED, None, -1, "", -1
+        if key_type == TRANSACTION_KEY and not ctx.authorized(DESCRIBE, ResourceType.TRANSACTIONAL_ID, key):
+            return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, None, -1, "", -1
     try:
         rec = server.ensure_offsets_topic() if key_type == GROUP_KEY else server.ensure_transaction_state_topic()
     except KafkaError as e:
@@ -85,6 +103,10 @@ def handle_find_coordinator(ctx: RequestContext, req: FindCoordinatorRequest) ->
 
 async def handle_join_group(ctx: RequestContext, req: JoinGroupRequest) -> JoinGroupResponse:
     gc = ctx.server.group_coordinator
+    if _group_denied(ctx, READ, req.group_id):
+        return JoinGroupResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, generation_id=-1,
+                                 protocol_name=None if ctx.api_version >= 7 else "", leader="", member_id="",
+                                 members=[])
     r = await gc.call(
         gc.join_group, req.group_id, req.member_id, req.group_instance_id, ctx.api_version >= 4, ctx.client_id,
         _client_host(ctx), req.rebalance_timeout_ms if ctx.api_version >= 1 else req.session_timeout_ms,
@@ -106,6 +128,9 @@ async def handle_join_group(ctx: RequestContext, req: JoinGroupRequest) -> JoinG
 
 async def handle_sync_group(ctx: RequestContext, req: SyncGroupRequest) -> SyncGroupResponse:
     gc = ctx.server.group_coordinator
+    if _group_denied(ctx, READ, req.group_id):
+        return SyncGroupResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, protocol_type=None,
+                                 protocol_name=None, assignment=b"")
     assignments = {a.member_id: bytes(a.assignment) for a in req.assignments}
     err, assignment, ptype, pname = await gc.call(
         gc.sync_group, req.group_id, req.generation_id, req.member_id, req.group_instance_id,
@@ -116,12 +141,16 @@ async def handle_sync_group(ctx: RequestContext, req: SyncGroupRequest) -> SyncG
 
 async def handle_heartbeat(ctx: RequestContext, req: HeartbeatRequest) -> HeartbeatResponse:
     gc = ctx.server.group_coordinator
+    if _group_denied(ctx, READ, req.group_id):
+        return HeartbeatResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
     err = await gc.call(gc.heartbeat, req.group_id, req.generation_id, req.member_id, req.group_instance_id)
     return HeartbeatResponse(error_code=err)
 
 
 async def handle_leave_group(ctx: RequestContext, req: LeaveGroupRequest) -> LeaveGroupResponse:
     gc = ctx.server.group_coordinator
+    if _group_denied(ctx, READ, req.group_id):
+        return LeaveGroupResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, members=[])
     if ctx.api_version < 3:
         leaving = [(req.member_id, None)]
     else:
@@ -141,16 +170,31 @@ async def handle_leave_group(ctx: RequestContext, req: LeaveGroupRequest) -> Lea
 
 async def handle_offset_commit(ctx: RequestContext, req: OffsetCommitRequest) -> OffsetCommitResponse:
     gc = ctx.server.group_coordinator
+    R = OffsetCommitResponse
+    if _group_denied(ctx, READ, req.group_id):
+        return R(topics=[R.OffsetCommitResponseTopic(name=t.name, partitions=[
+            R.OffsetCommitResponsePartition(partition_index=p.partition_index,
+                                            error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
+            for p in t.partitions]) for t in req.topics])
+    denied = _topics_denied(ctx, READ, [t.name for t in req.topics])
     now = int(time.time() * 1000)
     offsets: dict[tuple[str, int], OffsetAndMetadata] = {}
     for t in req.topics:
+        if t.name in denied:
+            continue
         for p in t.partitions:
             ts = p.commit_timestamp if ctx.api_version == 1 and p.commit_timestamp >= 0 else now
             offsets[(t.name, p.partition_index)] = OffsetAndMetadata(
                 p.committed_offset, p.committed_leader_epoch, p.committed_metadata or "", ts)
     generation = req.generation_id_or_member_epoch if ctx.api_version >= 1 else -1
-    results = await gc.call(gc.commit_offsets, req.group_id, generation, req.member_id, req.group_instance_id, offsets)
-    R = OffsetCommitResponse
+    results: dict[tuple[str, int], ErrorCode] = {}
+    if offsets or not denied:
+        results = await gc.call(gc.commit_offsets, req.group_id, generation, req.member_id, req.group_instance_id,
+                                offsets)
+    for t in req.topics:
+        if t.name in denied:
+            for p in t.partitions:
+                results[(t.name, p.partition_index)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
     return R(topics=[
         R.OffsetCommitResponseTopic(name=t.name, partitions=[
             R.OffsetCommitResponsePartition(partition_index=p.partition_index,
@@ -164,13 +208,26 @@ async def _fetch_group(ctx: RequestContext, group_id: str, topics: list[tuple[st
                        require_stable: bool
                        ) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, int, int, str, ErrorCode]]]]]:
     gc = ctx.server.group_coordinator
-    wanted = None if topics is None else [(t, p) for t, ps in topics for p in ps]
+    if _group_denied(ctx, DESCRIBE, group_id):
+        return ErrorCode.GROUP_AUTHORIZATION_FAILED, []
+    denied = _topics_denied(ctx, DESCRIBE, [t for t, _ in topics]) if topics is not None else set()
+    wanted = None if topics is None else [(t, p) for t, ps in topics if t not in denied for p in ps]
     err, found = await gc.call(gc.fetch_offsets, group_id, wanted, require_stable)
     if err:
         return err, []
     by_topic: dict[str, list[tuple[int, int, int, str, ErrorCode]]] = {}
-    order = [(t, p) for t, ps in topics for p in ps] if topics is not None else sorted(found)
+    if topics is not None:
+        order = [(t, p) for t, ps in topics for p in ps]
+    else:
+        order = sorted(found)
+        if ctx.server.authorizer is not None:
+            # All of the group's offsets: those of topics the principal may not describe are left out.
+            allowed = ctx.authorized_names(DESCRIBE, TOPIC, {t for t, _ in order}, log_denied=False)
+            order = [(t, p) for t, p in order if t in allowed]
     for t, p in order:
+        if t in denied:
+            by_topic.setdefault(t, []).append((p, -1, -1, "", ErrorCode.TOPIC_AUTHORIZATION_FAILED))
+            continue
         o = found.get((t, p))
         if o is None:
             by_topic.setdefault(t, []).append((p, -1, -1, "", ErrorCode.NONE))
@@ -210,11 +267,18 @@ async def handle_offset_fetch(ctx: RequestContext, req: OffsetFetchRequest) -> O
 
 async def handle_offset_delete(ctx: RequestContext, req: OffsetDeleteRequest) -> OffsetDeleteResponse:
     gc = ctx.server.group_coordinator
-    tps = [(t.name, p.partition_index) for t in req.topics for p in t.partitions]
-    err, results = await gc.call(gc.delete_offsets, req.group_id, tps)
     R = OffsetDeleteResponse
+    if _group_denied(ctx, DELETE, req.group_id):
+        return R(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
+    denied = _topics_denied(ctx, READ, [t.name for t in req.topics])
+    tps = [(t.name, p.partition_index) for t in req.topics if t.name not in denied for p in t.partitions]
+    err, results = await gc.call(gc.delete_offsets, req.group_id, tps)
     if err:
         return R(error_code=err)
+    for t in req.topics:
+        if t.name in denied:
+            for p in t.partitions:
+                results[(t.name, p.partition_index)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
     return R(error_code=0, topics=[
         R.OffsetDeleteResponseTopic(name=t.name, partitions=[
             R.OffsetDeleteResponsePartition(partition_index=p.partition_index,
@@ -230,9 +294,18 @@ async def handle_describe_groups(ctx: RequestContext, req: DescribeGroupsRequest
     gc = ctx.server.group_coordinator
     R = DescribeGroupsResponse
     out = []
+    authz = ctx.server.authorizer
     for gid in req.groups:
+        if authz is not None and not ctx.authorized(DESCRIBE, GROUP, gid):
+            out.append(R.DescribedGroup(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, group_id=gid, group_state="",
+                                        protocol_type="", protocol_data="", members=[],
+                                        authorized_operations=-(2**31)))
+            continue
         err, g = await gc.call(gc.describe_group, gid)
-        ops = GROUP_OPERATIONS if req.include_authorized_operations else -(2**31)
+        if not req.include_authorized_operations:
+            ops = -(2**31)
+        else:
+            ops = GROUP_OPERATIONS if authz is None else ctx.authorized_operations(GROUP, gid)
         if err or g is None:
             out.append(R.DescribedGroup(error_code=err, group_id=gid, group_state=GroupState.DEAD.value,
                                         protocol_type="", protocol_data="", members=[], authorized_operations=ops))
@@ -257,6 +330,10 @@ async def handle_describe_groups(ctx: RequestContext, req: DescribeGroupsRequest
 async def handle_list_groups(ctx: RequestContext, req: ListGroupsRequest) -> ListGroupsResponse:
     gc = ctx.server.group_coordinator
     err, groups = await gc.call(gc.list_groups)
+    if ctx.server.authorizer is not None and not ctx.authorized(DESCRIBE, ResourceType.CLUSTER, log_denied=False):
+        # Kafka: Describe on the cluster lists every group, otherwise only the groups one may describe.
+        allowed = ctx.authorized_names(DESCRIBE, GROUP, (g.group_id for g in groups), log_denied=False)
+        groups = [g for g in groups if g.group_id in allowed]
     states = {s.lower() for s in req.states_filter} if ctx.api_version >= 4 else set()
     types = {t.lower() for t in req.types_filter} if ctx.api_version >= 5 else set()
     R = ListGroupsResponse
@@ -271,7 +348,11 @@ async def handle_list_groups(ctx: RequestContext, req: ListGroupsRequest) -> Lis
 
 async def handle_delete_groups(ctx: RequestContext, req: DeleteGroupsRequest) -> DeleteGroupsResponse:
     gc = ctx.server.group_coordinator
-    results = await gc.call(gc.delete_groups, list(req.groups_names))
+    denied = set()
+    if ctx.server.authorizer is not None:
+        denied = set(req.groups_names) - ctx.authorized_names(DELETE, GROUP, req.groups_names)
+    results = await gc.call(gc.delete_groups, [g for g in req.groups_names if g not in denied])
+    results.update({g: ErrorCode.GROUP_AUTHORIZATION_FAILED for g in denied})
     R = DeleteGroupsResponse
     return R(results=[R.DeletableGroupResult(group_id=g, error_code=results[g]) for g in req.groups_names])
 

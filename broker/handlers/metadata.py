@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from broker.admin_manager import INTERNAL_TOPICS, validate_topic_name
 from broker.apis import ApiHandler, RequestContext
+from broker.security.acls import SUPPORTED_OPERATIONS, AclOperation, ResourceType, bit_field
 from coordinator.metadata_store import NO_LEADER, PartitionState, TopicRecord
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import (
@@ -15,10 +16,23 @@ from protocol.messages import (
     MetadataResponse,
 )
 
-# No ACLs: every operation is allowed. Bit sets of Kafka's AclOperation codes.
-TOPIC_OPERATIONS = sum(1 << op for op in (3, 4, 5, 6, 7, 8, 10, 11))
-CLUSTER_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
+# Without an authorizer every operation is allowed (Kafka's AuthHelper.authorizedOperations).
+TOPIC_OPERATIONS = bit_field(SUPPORTED_OPERATIONS[ResourceType.TOPIC])
+CLUSTER_OPERATIONS = bit_field(SUPPORTED_OPERATIONS[ResourceType.CLUSTER])
 NOT_REQUESTED = -(2**31)
+
+
+def _topic_operations(ctx: RequestContext, name: str) -> int:
+    return TOPIC_OPERATIONS if ctx.server.authorizer is None else ctx.authorized_operations(ResourceType.TOPIC, name)
+
+
+def cluster_operations(ctx: RequestContext) -> int:
+    """Kafka: the cluster's authorized operations, or none at all without Describe on the cluster."""
+    if ctx.server.authorizer is None:
+        return CLUSTER_OPERATIONS
+    if not ctx.authorized(AclOperation.DESCRIBE, ResourceType.CLUSTER, log_denied=False):
+        return 0
+    return ctx.authorized_operations(ResourceType.CLUSTER)
 
 
 def partition_metadata(i: int, ps: PartitionState, live: frozenset[int] | set[int]
@@ -40,8 +54,7 @@ def partition_metadata(i: int, ps: PartitionState, live: frozenset[int] | set[in
     )
 
 
-def topic_metadata(rec: TopicRecord, include_ops: bool,
-                   live: frozenset[int] | set[int]) -> MetadataResponse.MetadataResponseTopic:
+def topic_metadata(rec: TopicRecord, ops: int, live: frozenset[int] | set[int]) -> MetadataResponse.MetadataResponseTopic:
     parts = [partition_metadata(i, ps, live) for i, ps in enumerate(rec.partitions)]
     return MetadataResponse.MetadataResponseTopic(
         error_code=0,
@@ -49,7 +62,7 @@ def topic_metadata(rec: TopicRecord, include_ops: bool,
         topic_id=rec.topic_id,
         is_internal=rec.name in INTERNAL_TOPICS,
         partitions=parts,
-        topic_authorized_operations=TOPIC_OPERATIONS if include_ops else NOT_REQUESTED,
+        topic_authorized_operations=ops,
     )
 
 
@@ -62,10 +75,21 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
     store = server.metadata
     v = ctx.api_version
     include_ops = bool(req.include_topic_authorized_operations)
+    authz = server.authorizer
     live = set(store.live_brokers())
+
+    def described(rec: TopicRecord) -> MetadataResponse.MetadataResponseTopic:
+        return topic_metadata(rec, _topic_operations(ctx, rec.name) if include_ops else NOT_REQUESTED, live)
+
     topics: list[MetadataResponse.MetadataResponseTopic] = []
     if req.topics is None or (v == 0 and not req.topics):
-        topics = [topic_metadata(rec, include_ops, live) for rec in list(store.topics.values())]
+        records = list(store.topics.values())
+        if authz is not None:
+            # All topics: those the principal may not describe are left out, not reported.
+            allowed = ctx.authorized_names(AclOperation.DESCRIBE, ResourceType.TOPIC, (r.name for r in records),
+                                           log_denied=False)
+            records = [r for r in records if r.name in allowed]
+        topics = [described(rec) for rec in records]
     else:
         auto = req.allow_auto_topic_creation if v >= 4 else True
         names_by_id = server.topic_names_by_id() if v >= 12 else {}
@@ -79,16 +103,29 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
                 rec = store.topics.get(name) if name is not None else None
                 if rec is None:
                     topics.append(_error_topic(None, ErrorCode.UNKNOWN_TOPIC_ID, t.topic_id))
+                elif authz is not None and not ctx.authorized(AclOperation.DESCRIBE, ResourceType.TOPIC, rec.name):
+                    # Topic ids are not secret, names are: Kafka answers without the name.
+                    topics.append(_error_topic(None, ErrorCode.TOPIC_AUTHORIZATION_FAILED, t.topic_id))
                 else:
-                    topics.append(topic_metadata(rec, include_ops, live))
+                    topics.append(described(rec))
+                continue
+            if authz is not None and not ctx.authorized(AclOperation.DESCRIBE, ResourceType.TOPIC, t.name):
+                # Whether the topic exists is not disclosed either.
+                topics.append(_error_topic(t.name, ErrorCode.TOPIC_AUTHORIZATION_FAILED))
                 continue
             rec = store.topics.get(t.name)
             if rec is None:
+                if (authz is not None and auto and server.config["auto.create.topics.enable"]
+                        and validate_topic_name(t.name) is None and t.name not in INTERNAL_TOPICS
+                        and not ctx.authorized(AclOperation.CREATE, ResourceType.CLUSTER, log_denied=False)
+                        and not ctx.authorized(AclOperation.CREATE, ResourceType.TOPIC, t.name)):
+                    topics.append(_error_topic(t.name, ErrorCode.TOPIC_AUTHORIZATION_FAILED))
+                    continue
                 rec, code = _maybe_create(ctx, t.name, auto)
                 if rec is None:
                     topics.append(_error_topic(t.name, code))
                     continue
-            topics.append(topic_metadata(rec, include_ops, live))
+            topics.append(described(rec))
     brokers = [
         MetadataResponse.MetadataResponseBroker(node_id=b, host=h, port=p, rack=r) for b, h, p, r in server.brokers(ctx.conn.listener_name)
     ]
@@ -98,7 +135,8 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
         cluster_id=store.cluster_id,
         controller_id=server.controller_id(),
         topics=topics,
-        cluster_authorized_operations=CLUSTER_OPERATIONS if req.include_cluster_authorized_operations else NOT_REQUESTED,
+        cluster_authorized_operations=cluster_operations(ctx) if req.include_cluster_authorized_operations
+        else NOT_REQUESTED,
     )
 
 
@@ -133,7 +171,8 @@ def handle_describe_cluster(ctx: RequestContext, req: DescribeClusterRequest) ->
         cluster_id=server.metadata.cluster_id,
         controller_id=server.controller_id(),
         brokers=brokers,
-        cluster_authorized_operations=CLUSTER_OPERATIONS if req.include_cluster_authorized_operations else NOT_REQUESTED,
+        cluster_authorized_operations=cluster_operations(ctx) if req.include_cluster_authorized_operations
+        else NOT_REQUESTED,
     )
 
 

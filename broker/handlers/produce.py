@@ -10,6 +10,7 @@ from broker import metrics
 from broker.admin_manager import INTERNAL_TOPICS
 from broker.apis import ApiHandler, RequestContext
 from broker.replica_manager import error_of
+from broker.security.acls import AclOperation, ResourceType
 from protocol.errors import ErrorCode
 from protocol.messages import ProduceRequest, ProduceResponse
 from protocol.records import (
@@ -38,14 +39,39 @@ def _error(index: int, code: ErrorCode, message: str | None = None,
 
 
 def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
+    failed: dict[tuple[str, int], ErrorCode] = {}
+    if ctx.server.authorizer is not None:
+        refused = _authorize(ctx, req, failed)
+        if refused is not None:
+            return refused if req.acks != 0 else None
     if req.transactional_id is not None and ctx.server.config["transaction.partition.verification.enable"]:
-        to_verify = _first_transactional_batches(ctx, req)
+        to_verify = _first_transactional_batches(ctx, req, failed)
         if to_verify is not None:
-            return _verify_then_append(ctx, req, *to_verify)
-    return _append_all(ctx, req, {})
+            return _verify_then_append(ctx, req, failed, *to_verify)
+    return _append_all(ctx, req, failed)
 
 
-def _first_transactional_batches(ctx: RequestContext, req: ProduceRequest
+def _authorize(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], ErrorCode]
+               ) -> ProduceResponse | None:
+    """Kafka's KafkaApis.handleProduceRequest: Write on the transactional id for transactional records (else
+    the whole request fails), Write on each topic (else its partitions fail)."""
+    txn_id = req.transactional_id
+    if txn_id is not None and any(_is_transactional(p.records) for t in req.topic_data for p in t.partition_data
+                                  if p.records is not None):
+        if not ctx.authorized(AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, txn_id):
+            code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            return ProduceResponse(throttle_time_ms=0, responses=[
+                ProduceResponse.TopicProduceResponse(name=t.name, partition_responses=[
+                    _error(p.index, code) for p in t.partition_data]) for t in req.topic_data])
+    allowed = ctx.authorized_names(AclOperation.WRITE, ResourceType.TOPIC, (t.name for t in req.topic_data))
+    for t in req.topic_data:
+        if t.name not in allowed:
+            for p in t.partition_data:
+                failed[(t.name, p.index)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    return None
+
+
+def _first_transactional_batches(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], ErrorCode]
                                  ) -> tuple[int, int, list[tuple[str, int]]] | None:
     """(producer id, epoch, partitions) whose transactional batches would open the producer's transaction
     there, so the coordinator must confirm them first (KIP-890); None when every partition already has it."""
@@ -54,7 +80,7 @@ def _first_transactional_batches(ctx: RequestContext, req: ProduceRequest
     producer = (-1, -1)
     for t in req.topic_data:
         for p in t.partition_data:
-            if not p.records or len(p.records) < BATCH_HEADER_SIZE:
+            if not p.records or len(p.records) < BATCH_HEADER_SIZE or (t.name, p.index) in failed:
                 continue
             h = parse_batch_header(p.records)
             if not h.is_transactional:
@@ -69,11 +95,11 @@ def _first_transactional_batches(ctx: RequestContext, req: ProduceRequest
     return (*producer, tps) if tps else None
 
 
-async def _verify_then_append(ctx: RequestContext, req: ProduceRequest, producer_id: int, producer_epoch: int,
-                              tps: list[tuple[str, int]]) -> Any:
+async def _verify_then_append(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], ErrorCode],
+                              producer_id: int, producer_epoch: int, tps: list[tuple[str, int]]) -> Any:
     assert req.transactional_id is not None
-    failed = await ctx.server.txn_verifier.verify(req.transactional_id, producer_id, producer_epoch, tps)
-    failed = {tp: _produce_error(code, ctx.api_version) for tp, code in failed.items()}
+    unverified = await ctx.server.txn_verifier.verify(req.transactional_id, producer_id, producer_epoch, tps)
+    failed = {**failed, **{tp: _produce_error(code, ctx.api_version) for tp, code in unverified.items()}}
     result = _append_all(ctx, req, failed)
     return (await result) if inspect.isawaitable(result) else result
 
@@ -111,7 +137,8 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
                 parts.append(_error(p.index, ErrorCode.CORRUPT_MESSAGE, "empty record set"))
                 continue
             if failed and (t.name, p.index) in failed:
-                parts.append(_error(p.index, failed[(t.name, p.index)],
+                code = failed[(t.name, p.index)]
+                parts.append(_error(p.index, code, None if code == ErrorCode.TOPIC_AUTHORIZATION_FAILED else
                                     "the partition is not part of the producer's ongoing transaction"))
                 continue
             if req.transactional_id is None and _is_transactional(p.records):

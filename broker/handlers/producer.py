@@ -8,6 +8,7 @@ import logging
 
 from broker.apis import ApiHandler, RequestContext
 from broker.handlers.txn import abortable_error, fenced_error
+from broker.security.acls import AclOperation, ResourceType
 from coordinator.producer_ids import ProducerIdsExhausted
 from protocol.errors import ErrorCode
 from protocol.messages import InitProducerIdRequest, InitProducerIdResponse
@@ -16,6 +17,10 @@ log = logging.getLogger("kbroker.producer")
 
 
 async def handle_init_producer_id(ctx: RequestContext, req: InitProducerIdRequest) -> InitProducerIdResponse:
+    if ctx.server.authorizer is not None:
+        code = _authorize(ctx, req.transactional_id)
+        if code != ErrorCode.NONE:
+            return InitProducerIdResponse(error_code=code, producer_id=-1, producer_epoch=-1)
     if req.transactional_id is not None:
         return await _init_transactional(ctx, req)
     loop = asyncio.get_running_loop()
@@ -32,6 +37,22 @@ async def handle_init_producer_id(ctx: RequestContext, req: InitProducerIdReques
     return InitProducerIdResponse(error_code=0, producer_id=pid, producer_epoch=0)
 
 
+def _authorize(ctx: RequestContext, transactional_id: str | None) -> ErrorCode:
+    """Kafka's KafkaApis.handleInitProducerIdRequest: Write on the transactional id; without one, IdempotentWrite
+    on the cluster or Write on at least one topic (KIP-679: any producer allowed to write may be idempotent)."""
+    if transactional_id is not None:
+        if not ctx.authorized(AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id):
+            return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        return ErrorCode.NONE
+    authz = ctx.server.authorizer
+    assert authz is not None
+    if (ctx.authorized(AclOperation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, log_denied=False)
+            or authz.authorize_by_resource_type(ctx.conn.principal, ctx.client_host, AclOperation.WRITE,
+                                                ResourceType.TOPIC)):
+        return ErrorCode.NONE
+    ctx.refused(ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                f"{ctx.conn.principal} has neither IdempotentWrite on the cluster nor Write on any topic")
+    return ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 
 
 async def _init_transactional(ctx: RequestContext, req: InitProducerIdRequest) -> InitProducerIdResponse:

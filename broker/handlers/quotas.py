@@ -6,6 +6,7 @@ import math
 
 from broker.apis import ApiHandler, RequestContext
 from broker.quotas import KNOWN_KEYS, SUPPORTED_KEYS
+from broker.security.acls import AclOperation, ResourceType
 from protocol.errors import ErrorCode
 from protocol.messages import (
     AlterClientQuotasRequest,
@@ -33,6 +34,8 @@ def _matches(entity: str | None, components: list[DescribeClientQuotasRequest.Co
 
 def handle_describe_client_quotas(ctx: RequestContext, req: DescribeClientQuotasRequest) -> DescribeClientQuotasResponse:
     R = DescribeClientQuotasResponse
+    if not ctx.authorized(AclOperation.DESCRIBE_CONFIGS, ResourceType.CLUSTER):
+        return R(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=None, entries=None)
     for c in req.components:
         if c.match_type not in (MATCH_EXACT, MATCH_DEFAULT, MATCH_SPECIFIED):
             ctx.refused(ErrorCode.INVALID_REQUEST, f"unknown match type {c.match_type}")
@@ -56,11 +59,15 @@ def handle_describe_client_quotas(ctx: RequestContext, req: DescribeClientQuotas
 def handle_alter_client_quotas(ctx: RequestContext, req: AlterClientQuotasRequest) -> AlterClientQuotasResponse:
     R = AlterClientQuotasResponse
     store = ctx.server.metadata
+    allowed = ctx.authorized(AclOperation.ALTER_CONFIGS, ResourceType.CLUSTER)
     out = []
     for entry in req.entries:
         entity_data = [R.EntityData(entity_type=e.entity_type, entity_name=e.entity_name) for e in entry.entity]
         result = R.EntryData(error_code=0, error_message=None, entity=entity_data)
         out.append(result)
+        if not allowed:
+            result.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            continue
         if len(entry.entity) != 1 or entry.entity[0].entity_type != CLIENT_ID:
             result.error_code = ErrorCode.INVALID_REQUEST
             result.error_message = "kbroker supports quotas for client-id entities only"

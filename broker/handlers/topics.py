@@ -10,6 +10,7 @@ from typing import Any
 from broker.admin_manager import check_assignment
 from broker.apis import ApiHandler, RequestContext
 from broker.replica_manager import error_of
+from broker.security.acls import AclOperation, ResourceType
 from broker.topic_config import describe_topic
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import (
@@ -57,6 +58,17 @@ def _waits_for_leaders(ctx: RequestContext, validate_only: bool, timeout_ms: int
     return ctx.server.controller is not None and not validate_only and timeout_ms > 0
 
 
+def _denied(ctx: RequestContext, op: AclOperation, names: list[str | None]) -> set[str]:
+    """The topics of the request the principal may not do op on (none without an authorizer)."""
+    if ctx.server.authorizer is None:
+        return set()
+    return {n for n in names if n is not None} - ctx.authorized_names(op, ResourceType.TOPIC, names)
+
+
+def _topic_denied() -> KafkaError:
+    return KafkaError(ErrorCode.TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
+
+
 def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> Any:
     admin = ctx.server.admin
     R = CreateTopicsResponse
@@ -64,10 +76,20 @@ def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> Any:
     seen: dict[str, int] = {}
     for t in req.topics:
         seen[t.name] = seen.get(t.name, 0) + 1
+    denied: set[str] = set()
+    no_configs: set[str] = set()
+    if ctx.server.authorizer is not None:
+        names: list[str | None] = [t.name for t in req.topics]
+        # Kafka: Create on the cluster covers every topic; otherwise Create on each topic.
+        if not ctx.authorized(AclOperation.CREATE, ResourceType.CLUSTER, log_denied=False):
+            denied = _denied(ctx, AclOperation.CREATE, names)
+        no_configs = _denied(ctx, AclOperation.DESCRIBE_CONFIGS, names)
     for t in req.topics:
         res = R.CreatableTopicResult(name=t.name, error_code=0, error_message=None)
         results.append(res)
         try:
+            if t.name in denied:
+                raise _topic_denied()
             if _not_controller(ctx):
                 raise KafkaError(ErrorCode.NOT_CONTROLLER)
             if seen[t.name] > 1:
@@ -90,7 +112,11 @@ def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> Any:
                 res.topic_id = rec.topic_id
             res.num_partitions = n
             res.replication_factor = rf
-            if ctx.api_version >= 5:
+            if ctx.api_version >= 5 and t.name in no_configs:
+                # Created, but the principal may not see its configs (Kafka's topic_config_error_code).
+                res.topic_config_error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                res.configs = []
+            elif ctx.api_version >= 5:
                 res.configs = [
                     R.CreatableTopicConfigs(
                         name=d.name, value=d.value, read_only=False, config_source=d.source,
@@ -134,6 +160,7 @@ def handle_delete_topics(ctx: RequestContext, req: DeleteTopicsRequest) -> Delet
     else:
         wanted = [(n, bytes(16)) for n in req.topic_names]
     ids = ctx.server.topic_names_by_id()
+    authz = ctx.server.authorizer
     results = []
     for name, topic_id in wanted:
         res = R.DeletableTopicResult(name=name, topic_id=topic_id, error_code=0)
@@ -145,8 +172,12 @@ def handle_delete_topics(ctx: RequestContext, req: DeleteTopicsRequest) -> Delet
                 name = ids.get(topic_id)
                 if name is None:
                     raise KafkaError(ErrorCode.UNKNOWN_TOPIC_ID)
+                if authz is not None and not ctx.authorized(AclOperation.DESCRIBE, ResourceType.TOPIC, name):
+                    raise _topic_denied()  # the name stays undisclosed, the id is not secret
                 res.name = name
-            else:
+            if authz is not None and not ctx.authorized(AclOperation.DELETE, ResourceType.TOPIC, name):
+                raise _topic_denied()
+            if topic_id == bytes(16):
                 rec = ctx.server.metadata.topics.get(name)
                 if rec is not None:
                     res.topic_id = rec.topic_id
@@ -160,12 +191,15 @@ def handle_delete_topics(ctx: RequestContext, req: DeleteTopicsRequest) -> Delet
 
 def handle_create_partitions(ctx: RequestContext, req: CreatePartitionsRequest) -> Any:
     R = CreatePartitionsResponse
+    denied = _denied(ctx, AclOperation.ALTER, [t.name for t in req.topics])
     results = []
     waiting: list[tuple[Any, range | None]] = []
     for t in req.topics:
         res = R.CreatePartitionsTopicResult(name=t.name, error_code=0, error_message=None)
         results.append(res)
         try:
+            if t.name in denied:
+                raise _topic_denied()
             if _not_controller(ctx):
                 raise KafkaError(ErrorCode.NOT_CONTROLLER)
             assignments = None if t.assignments is None else [a.broker_ids for a in t.assignments]
@@ -184,11 +218,16 @@ def handle_create_partitions(ctx: RequestContext, req: CreatePartitionsRequest) 
 def handle_delete_records(ctx: RequestContext, req: DeleteRecordsRequest) -> DeleteRecordsResponse:
     R = DeleteRecordsResponse
     rm = ctx.server.replica_manager
+    denied = _denied(ctx, AclOperation.DELETE, [t.name for t in req.topics])
     topics = []
     for t in req.topics:
         parts = []
         for p in t.partitions:
             res = R.DeleteRecordsPartitionResult(partition_index=p.partition_index, low_watermark=-1, error_code=0)
+            if t.name in denied:
+                res.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                parts.append(res)
+                continue
             try:
                 lg = rm.get_log(t.name, p.partition_index)
                 offset = p.offset

@@ -13,6 +13,7 @@ from collections import defaultdict
 
 from broker.apis import ApiHandler, RequestContext
 from broker.replica_manager import error_of
+from broker.security.acls import AclOperation, ResourceType
 from coordinator.group_coordinator import OFFSETS_TOPIC, partition_for
 from coordinator.group_metadata import OffsetAndMetadata
 from protocol.errors import ErrorCode
@@ -37,6 +38,28 @@ from protocol.messages import (
 
 TopicPartition = tuple[str, int]
 APR = AddPartitionsToTxnResponse
+WRITE, READ, DESCRIBE = AclOperation.WRITE, AclOperation.READ, AclOperation.DESCRIBE
+TXN_ID, GROUP, TOPIC = ResourceType.TRANSACTIONAL_ID, ResourceType.GROUP, ResourceType.TOPIC
+
+
+def _denied(ctx: RequestContext, op: AclOperation, rtype: ResourceType, name: str) -> bool:
+    return ctx.server.authorizer is not None and not ctx.authorized(op, rtype, name)
+
+
+def _unwritable_partitions(ctx: RequestContext, transactional_id: str, tps: list[TopicPartition]
+                           ) -> dict[TopicPartition, ErrorCode] | None:
+    """Kafka's AddPartitionsToTxn checks: Write on the transactional id (else every partition fails), Write on
+    each topic (else its partitions fail and the others are not attempted). None when all is allowed."""
+    if ctx.server.authorizer is None:
+        return None
+    if not ctx.authorized(WRITE, TXN_ID, transactional_id):
+        return {tp: ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED for tp in tps}
+    topics = [t for t, _ in tps]
+    denied = set(topics) - ctx.authorized_names(WRITE, TOPIC, topics)
+    if not denied:
+        return None
+    return {(t, p): ErrorCode.TOPIC_AUTHORIZATION_FAILED if t in denied else ErrorCode.OPERATION_NOT_ATTEMPTED
+            for t, p in tps}
 
 
 def fenced_error(code: ErrorCode, version: int, first_version_with_fenced: int) -> ErrorCode:
@@ -70,14 +93,24 @@ async def handle_add_partitions_to_txn(ctx: RequestContext, req: AddPartitionsTo
     v = ctx.api_version
     if v <= 3:
         tps = [(t.name, p) for t in req.v3_and_below_topics for p in t.partitions]
+        refused = _unwritable_partitions(ctx, req.v3_and_below_transactional_id, tps)
+        if refused is not None:
+            return APR(throttle_time_ms=0, results_by_topic_v3_and_below=_topic_results(refused))
         results = await tc.call(tc.add_partitions, req.v3_and_below_transactional_id, req.v3_and_below_producer_id,
                                 req.v3_and_below_producer_epoch, tps, False)
         results = {tp: fenced_error(code, v, 2) for tp, code in results.items()}
         return APR(throttle_time_ms=0, results_by_topic_v3_and_below=_topic_results(results))
     # v4+: brokers verifying (KIP-890) or adding partitions for several transactions in one request.
+    if ctx.server.authorizer is not None and not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER):
+        return APR(throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, results_by_transaction=[])
     out = []
     for txn in req.transactions:
         tps = [(t.name, p) for t in txn.topics for p in t.partitions]
+        refused = _unwritable_partitions(ctx, txn.transactional_id, tps)
+        if refused is not None:
+            out.append(APR.AddPartitionsToTxnResult(transactional_id=txn.transactional_id,
+                                                    topic_results=_topic_results(refused)))
+            continue
         results = await tc.call(tc.add_partitions, txn.transactional_id, txn.producer_id, txn.producer_epoch, tps,
                                 txn.verify_only)
         results = {tp: abortable_error(code, v, 5) for tp, code in results.items()}
@@ -91,6 +124,10 @@ async def handle_add_partitions_to_txn(ctx: RequestContext, req: AddPartitionsTo
 
 async def handle_add_offsets_to_txn(ctx: RequestContext, req: AddOffsetsToTxnRequest) -> AddOffsetsToTxnResponse:
     server = ctx.server
+    if _denied(ctx, WRITE, TXN_ID, req.transactional_id):
+        return AddOffsetsToTxnResponse(error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+    if _denied(ctx, READ, GROUP, req.group_id):
+        return AddOffsetsToTxnResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
     try:
         offsets = server.ensure_offsets_topic()
     except Exception as e:  # noqa: BLE001
@@ -109,6 +146,8 @@ async def handle_add_offsets_to_txn(ctx: RequestContext, req: AddOffsetsToTxnReq
 
 async def handle_end_txn(ctx: RequestContext, req: EndTxnRequest) -> EndTxnResponse:
     tc = ctx.server.txn_coordinator
+    if _denied(ctx, WRITE, TXN_ID, req.transactional_id):
+        return EndTxnResponse(error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     code = await tc.call(tc.end_transaction, req.transactional_id, req.producer_id, req.producer_epoch,
                          req.committed)
     code = abortable_error(fenced_error(code, ctx.api_version, 2), ctx.api_version, 4)
@@ -128,13 +167,25 @@ async def handle_txn_offset_commit(ctx: RequestContext, req: TxnOffsetCommitRequ
             offsets[(t.name, p.partition_index)] = OffsetAndMetadata(
                 p.committed_offset, p.committed_leader_epoch, p.committed_metadata or "", now, None)
     results: dict[TopicPartition, ErrorCode] = {}
+    refused: ErrorCode | None = None
+    if _denied(ctx, WRITE, TXN_ID, req.transactional_id):
+        refused = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    elif _denied(ctx, READ, GROUP, req.group_id):
+        refused = ErrorCode.GROUP_AUTHORIZATION_FAILED
+    if refused is not None:
+        results, offsets = {tp: refused for tp in offsets}, {}
+    elif ctx.server.authorizer is not None:
+        topics = {t for t, _ in offsets}
+        denied = topics - ctx.authorized_names(READ, TOPIC, topics)
+        results = {tp: ErrorCode.TOPIC_AUTHORIZATION_FAILED for tp in offsets if tp[0] in denied}
+        offsets = {tp: o for tp, o in offsets.items() if tp[0] not in denied}
     if offsets:
         code = await _verify_offsets_partition(ctx, req)
         if code != ErrorCode.NONE:
-            results = {tp: code for tp in offsets}
+            results.update({tp: code for tp in offsets})
         else:
-            results = await gc.call(gc.txn_commit_offsets, req.group_id, req.producer_id, req.producer_epoch,
-                                    req.generation_id, req.member_id, req.group_instance_id, offsets)
+            results.update(await gc.call(gc.txn_commit_offsets, req.group_id, req.producer_id, req.producer_epoch,
+                                         req.generation_id, req.member_id, req.group_instance_id, offsets))
     by_topic: dict[str, list[TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition]] = defaultdict(list)
     for (topic, partition), code in results.items():
         code = abortable_error(code, ctx.api_version, 4)
@@ -169,12 +220,16 @@ async def handle_write_txn_markers(ctx: RequestContext, req: WriteTxnMarkersRequ
     server = ctx.server
     loop = asyncio.get_running_loop()
     R = WriteTxnMarkersResponse
+    refused = server.authorizer is not None and not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
     out = []
     for m in req.markers:
         tps = [(t.name, p) for t in m.topics for p in t.partition_indexes]
-        results = await loop.run_in_executor(
-            server.io_pool, server.txn_markers.append_markers, m.producer_id, m.producer_epoch, m.coordinator_epoch,
-            m.transaction_result, tps)
+        if refused:
+            results = {tp: ErrorCode.CLUSTER_AUTHORIZATION_FAILED for tp in tps}
+        else:
+            results = await loop.run_in_executor(
+                server.io_pool, server.txn_markers.append_markers, m.producer_id, m.producer_epoch,
+                m.coordinator_epoch, m.transaction_result, tps)
         by_topic: dict[str, list[R.WritableTxnMarkerPartitionResult]] = defaultdict(list)
         for (topic, partition), code in results.items():
             by_topic[topic].append(R.WritableTxnMarkerPartitionResult(partition_index=partition, error_code=code))
@@ -189,10 +244,18 @@ async def handle_write_txn_markers(ctx: RequestContext, req: WriteTxnMarkersRequ
 def handle_describe_producers(ctx: RequestContext, req: DescribeProducersRequest) -> DescribeProducersResponse:
     rm = ctx.server.replica_manager
     R = DescribeProducersResponse
+    denied: set[str] = set()
+    if ctx.server.authorizer is not None:
+        names = [t.name for t in req.topics]
+        denied = set(names) - ctx.authorized_names(READ, TOPIC, names)
     topics = []
     for t in req.topics:
         parts = []
         for p in t.partition_indexes:
+            if t.name in denied:
+                parts.append(R.PartitionResponse(partition_index=p, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                                                 active_producers=[]))
+                continue
             try:
                 lg = rm.get_log(t.name, p)
             except Exception as e:  # noqa: BLE001
@@ -217,8 +280,22 @@ def handle_describe_producers(ctx: RequestContext, req: DescribeProducersRequest
 async def handle_describe_transactions(ctx: RequestContext, req: DescribeTransactionsRequest
                                        ) -> DescribeTransactionsResponse:
     tc = ctx.server.txn_coordinator
-    states = await tc.call(tc.describe_transactions, list(req.transactional_ids))
-    return DescribeTransactionsResponse(throttle_time_ms=0, transaction_states=states)
+    R = DescribeTransactionsResponse
+    ids = list(req.transactional_ids)
+    denied: set[str] = set()
+    if ctx.server.authorizer is not None:
+        denied = set(ids) - ctx.authorized_names(DESCRIBE, TXN_ID, ids)
+    states = await tc.call(tc.describe_transactions, [i for i in ids if i not in denied]) if len(denied) < len(ids) else []
+    if ctx.server.authorizer is not None:
+        for state in states:
+            # Kafka lists only the partitions of topics the principal may describe.
+            allowed = ctx.authorized_names(DESCRIBE, TOPIC, (t.topic for t in state.topics), log_denied=False)
+            state.topics = [t for t in state.topics if t.topic in allowed]
+    states += [R.TransactionState(error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, transactional_id=i,
+                                  transaction_state="", transaction_timeout_ms=0, transaction_start_time_ms=-1,
+                                  producer_id=-1, producer_epoch=-1, topics=[])
+               for i in ids if i in denied]
+    return R(throttle_time_ms=0, transaction_states=states)
 
 
 async def handle_list_transactions(ctx: RequestContext, req: ListTransactionsRequest) -> ListTransactionsResponse:
@@ -226,6 +303,10 @@ async def handle_list_transactions(ctx: RequestContext, req: ListTransactionsReq
     duration = req.duration_filter if ctx.api_version >= 1 else -1
     code, unknown, states = await tc.call(tc.list_transactions, list(req.state_filters),
                                           list(req.producer_id_filters), duration)
+    if ctx.server.authorizer is not None:
+        # Kafka lists only the transactional ids the principal may describe.
+        allowed = ctx.authorized_names(DESCRIBE, TXN_ID, (s.transactional_id for s in states), log_denied=False)
+        states = [s for s in states if s.transactional_id in allowed]
     return ListTransactionsResponse(throttle_time_ms=0, error_code=code, unknown_state_filters=unknown,
                                     transaction_states=states)
 
