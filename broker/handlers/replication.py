@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from broker.apis import ApiHandler, RequestContext
+from broker.security.acls import AclOperation, ResourceType
 from coordinator.controller import IsrUpdate, KafkaController, NotControllerError
 from coordinator.metadata_store import PartitionState
 from protocol.errors import ErrorCode
@@ -41,6 +42,13 @@ from protocol.messages import (
 
 log = logging.getLogger("kbroker.replication")
 T = TypeVar("T")
+DENIED = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+
+
+def _cluster_denied(ctx: RequestContext, op: AclOperation) -> bool:
+    """Kafka's checks for these APIs: ClusterAction for broker-to-broker ones (the brokers' principal must be a
+    super user or hold it), Alter or Describe on the cluster for the admin ones."""
+    return ctx.server.authorizer is not None and not ctx.authorized(op, ResourceType.CLUSTER)
 
 
 async def _in_order(ctx: RequestContext, fn: Callable[..., T], *args: Any) -> T:
@@ -128,6 +136,8 @@ def _leader_and_isr_response(req: LeaderAndIsrRequest, v: int, states: list[tupl
 
 
 async def handle_leader_and_isr(ctx: RequestContext, req: LeaderAndIsrRequest) -> LeaderAndIsrResponse:
+    if _cluster_denied(ctx, AclOperation.CLUSTER_ACTION):
+        return LeaderAndIsrResponse(error_code=DENIED)
     return await _in_order(ctx, _leader_and_isr, ctx, req)
 
 
@@ -153,6 +163,8 @@ def _update_metadata(ctx: RequestContext, req: UpdateMetadataRequest) -> UpdateM
 
 
 async def handle_update_metadata(ctx: RequestContext, req: UpdateMetadataRequest) -> UpdateMetadataResponse:
+    if _cluster_denied(ctx, AclOperation.CLUSTER_ACTION):
+        return UpdateMetadataResponse(error_code=DENIED)
     return await _in_order(ctx, _update_metadata, ctx, req)
 
 
@@ -196,6 +208,8 @@ def _stop_replica(ctx: RequestContext, req: StopReplicaRequest) -> StopReplicaRe
 
 
 async def handle_stop_replica(ctx: RequestContext, req: StopReplicaRequest) -> StopReplicaResponse:
+    if _cluster_denied(ctx, AclOperation.CLUSTER_ACTION):
+        return StopReplicaResponse(error_code=DENIED)
     return await _in_order(ctx, _stop_replica, ctx, req)
 
 
@@ -209,6 +223,8 @@ def _active_controller(ctx: RequestContext) -> KafkaController | None:
 
 async def handle_controlled_shutdown(ctx: RequestContext, req: ControlledShutdownRequest) -> ControlledShutdownResponse:
     R = ControlledShutdownResponse
+    if _cluster_denied(ctx, AclOperation.CLUSTER_ACTION):
+        return R(error_code=DENIED)
     controller = _active_controller(ctx)
     if controller is None:
         return R(error_code=ErrorCode.NOT_CONTROLLER)
@@ -220,6 +236,8 @@ async def handle_controlled_shutdown(ctx: RequestContext, req: ControlledShutdow
 async def handle_alter_partition(ctx: RequestContext, req: AlterPartitionRequest) -> AlterPartitionResponse:
     R = AlterPartitionResponse
     v = ctx.api_version
+    if _cluster_denied(ctx, AclOperation.CLUSTER_ACTION):
+        return R(error_code=DENIED)
     controller = _active_controller(ctx)
     if controller is None:
         return R(error_code=ErrorCode.NOT_CONTROLLER)
@@ -259,7 +277,10 @@ async def handle_elect_leaders(ctx: RequestContext, req: ElectLeadersRequest) ->
     requested = None if req.topic_partitions is None else [
         (t.topic, p) for t in req.topic_partitions for p in t.partitions]
     controller = _active_controller(ctx)
-    if controller is None:
+    denied = _cluster_denied(ctx, AclOperation.ALTER)
+    if denied:
+        results = {tp: (DENIED, None) for tp in requested or []}
+    elif controller is None:
         results = {tp: (ErrorCode.NOT_CONTROLLER, None) for tp in requested or []}
     else:
         results = await asyncio.wrap_future(controller.elect_leaders(election_type, requested))
@@ -269,13 +290,15 @@ async def handle_elect_leaders(ctx: RequestContext, req: ElectLeadersRequest) ->
     by_topic: dict[str, list[R.PartitionResult]] = {}
     for (topic, p), (code, message) in sorted(results.items()):
         by_topic.setdefault(topic, []).append(R.PartitionResult(partition_id=p, error_code=code, error_message=message))
-    return R(error_code=0, replica_election_results=[
+    return R(error_code=DENIED if denied else 0, replica_election_results=[
         R.ReplicaElectionResult(topic=t, partition_result=ps) for t, ps in by_topic.items()])
 
 
 async def handle_alter_partition_reassignments(ctx: RequestContext, req: AlterPartitionReassignmentsRequest
                                                ) -> AlterPartitionReassignmentsResponse:
     R = AlterPartitionReassignmentsResponse
+    if _cluster_denied(ctx, AclOperation.ALTER):
+        return R(error_code=DENIED, error_message=None)
     controller = _active_controller(ctx)
     if controller is None:
         return R(error_code=ErrorCode.NOT_CONTROLLER, error_message="This broker is not the controller.")
@@ -294,6 +317,8 @@ async def handle_alter_partition_reassignments(ctx: RequestContext, req: AlterPa
 async def handle_list_partition_reassignments(ctx: RequestContext, req: ListPartitionReassignmentsRequest
                                               ) -> ListPartitionReassignmentsResponse:
     R = ListPartitionReassignmentsResponse
+    if _cluster_denied(ctx, AclOperation.DESCRIBE):
+        return R(error_code=DENIED, error_message=None)
     controller = _active_controller(ctx)
     if controller is None:
         return R(error_code=ErrorCode.NOT_CONTROLLER, error_message="This broker is not the controller.")
@@ -315,6 +340,8 @@ async def handle_list_partition_reassignments(ctx: RequestContext, req: ListPart
 
 def handle_describe_log_dirs(ctx: RequestContext, req: DescribeLogDirsRequest) -> DescribeLogDirsResponse:
     R = DescribeLogDirsResponse
+    if _cluster_denied(ctx, AclOperation.DESCRIBE):
+        return R(throttle_time_ms=0, error_code=DENIED, results=[])
     lm = ctx.server.log_manager
     wanted: dict[str, set[int]] | None = None
     if req.topics is not None:

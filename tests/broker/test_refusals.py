@@ -67,12 +67,11 @@ def test_invalid_config_and_unknown_resource_type_kafka_python(broker, topic_nam
 
 
 def test_unsupported_version_logged_raw(broker):
-    from protocol.messages import ApiVersionsRequest, DescribeAclsRequest
+    from protocol.messages import ApiVersionsRequest, CreateDelegationTokenRequest
 
     with RawClient(broker.bootstrap) as raw:
-        raw.send_bytes(raw.frame(29, 1, DescribeAclsRequest(resource_type_filter=1, resource_name_filter=None,
-                                                            pattern_type_filter=3, principal_filter=None,
-                                                            host_filter=None, operation=1, permission_type=1),
+        # Delegation tokens are not supported (and never advertised).
+        raw.send_bytes(raw.frame(38, 1, CreateDelegationTokenRequest(renewers=[], max_lifetime_ms=-1),
                                  client_id="refusal-raw"))
         raw.recv_frame()
         # KIP-511: an ApiVersions version from the future gets the v0 answer, and a line.
@@ -83,7 +82,8 @@ def test_unsupported_version_logged_raw(broker):
         raw.recv_frame()
     lines = wait_until(lambda: len(refusal_lines(broker, "'refusal-raw'")) >= 2 and
                        refusal_lines(broker, "'refusal-raw'"), what="both refusals")
-    assert any("DescribeAcls v1" in ln and "UNSUPPORTED_VERSION" in ln and "not supported" in ln for ln in lines)
+    assert any("CreateDelegationToken v1" in ln and "UNSUPPORTED_VERSION" in ln and "not supported" in ln
+               for ln in lines)
     assert any("ApiVersions v9" in ln and "UNSUPPORTED_VERSION" in ln and "0-4" in ln for ln in lines)
 
 
