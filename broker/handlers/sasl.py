@@ -15,6 +15,7 @@ from typing import Any
 
 from broker.apis import ApiHandler, RequestContext
 from broker.security import scram
+from broker.security.acls import AclOperation, ResourceType
 from broker.security.credentials import CredentialChanges
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -43,6 +44,9 @@ def handle_sasl_authenticate(ctx: RequestContext, req: SaslAuthenticateRequest) 
 def handle_describe_user_scram_credentials(ctx: RequestContext, req: DescribeUserScramCredentialsRequest
                                            ) -> DescribeUserScramCredentialsResponse:
     R = DescribeUserScramCredentialsResponse
+    if not ctx.authorized(AclOperation.DESCRIBE, ResourceType.CLUSTER):
+        return R(throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                 error_message="Not authorized to describe SCRAM credentials", results=[])
     stored = ctx.server.scram_credentials.credentials
     if not req.users:
         wanted = sorted(stored)
@@ -120,6 +124,10 @@ def handle_alter_user_scram_credentials(ctx: RequestContext, req: AlterUserScram
     store = ctx.server.scram_credentials
     errors, changes = validate_scram_alterations(req, store.credentials)
     users = list(dict.fromkeys([d.name for d in req.deletions] + [u.name for u in req.upsertions]))
+    if not ctx.authorized(AclOperation.ALTER, ResourceType.CLUSTER):
+        # Kafka checks Alter on the cluster before anything else: every user gets the refusal.
+        denied = (ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "Not authorized to alter SCRAM credentials")
+        errors, changes = {user: denied for user in users}, {}
     for user, (code, message) in errors.items():
         ctx.refused(code, message, f"user {user!r}")
 

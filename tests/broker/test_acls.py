@@ -77,10 +77,10 @@ def produce_error(bootstrap: str, topic: str, **conf: object) -> int:
     return info.value.errors[0].code()  # type: ignore[no-any-return]
 
 
-def consume_error(bootstrap: str, topic: str, group: str) -> int:
+def consume_error(bootstrap: str, topic: str, group: str, **conf: object) -> int:
     """The first error a subscribed confluent consumer reports (authorization errors are fatal for it)."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                  "session.timeout.ms": 6000})
+                  "session.timeout.ms": 6000, **conf})
     try:
         c.subscribe([topic])
         deadline = time.monotonic() + 20
@@ -104,9 +104,9 @@ def init_producer_id_error(bootstrap: str) -> int:
     return resp.error_code  # type: ignore[no-any-return]
 
 
-def group_consume(bootstrap: str, topic: str, group: str, count: int) -> list[bytes]:
+def group_consume(bootstrap: str, topic: str, group: str, count: int, **conf: object) -> list[bytes]:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                  "session.timeout.ms": 6000, "enable.auto.commit": False})
+                  "session.timeout.ms": 6000, "enable.auto.commit": False, **conf})
     out: list[bytes] = []
     try:
         c.subscribe([topic])
