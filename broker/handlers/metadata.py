@@ -188,6 +188,14 @@ def handle_describe_topic_partitions(ctx: RequestContext, req: DescribeTopicPart
     store = ctx.server.metadata
     topics = store.topics
     names = sorted({t.name for t in req.topics}) if req.topics else sorted(topics)
+    denied: set[str] = set()
+    if ctx.server.authorizer is not None:
+        # As Metadata: listed topics one may not describe are left out, named ones answer the refusal.
+        allowed = ctx.authorized_names(AclOperation.DESCRIBE, ResourceType.TOPIC, names, log_denied=bool(req.topics))
+        if req.topics:
+            denied = set(names) - allowed
+        else:
+            names = [n for n in names if n in allowed]
     cursor = req.cursor
     if cursor is not None:
         if req.topics and cursor.topic_name not in names:
@@ -200,9 +208,10 @@ def handle_describe_topic_partitions(ctx: RequestContext, req: DescribeTopicPart
     next_cursor: R.Cursor | None = None
     for name in names:
         rec = topics.get(name)
-        if rec is None:
+        if name in denied or rec is None:
             out.append(R.DescribeTopicPartitionsResponseTopic(
-                error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name, partitions=[]))
+                error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED if name in denied
+                else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name, partitions=[]))
             continue
         first = cursor.partition_index if cursor is not None and name == cursor.topic_name else 0
         parts = []
@@ -218,7 +227,7 @@ def handle_describe_topic_partitions(ctx: RequestContext, req: DescribeTopicPart
             limit -= 1
         out.append(R.DescribeTopicPartitionsResponseTopic(
             error_code=0, name=name, topic_id=rec.topic_id, is_internal=name in INTERNAL_TOPICS, partitions=parts,
-            topic_authorized_operations=TOPIC_OPERATIONS))
+            topic_authorized_operations=_topic_operations(ctx, name)))
         if next_cursor is not None:
             break
         if limit == 0 and name != names[-1]:

@@ -330,6 +330,15 @@ def test_metadata_hides_undescribable_topics(lenient: BrokerProcess, clean: Admi
         by_name = {t.name: t for t in all_topics.topics}
         assert hidden not in by_name
         assert by_name[shown].topic_authorized_operations == (1 << 3) | (1 << 8)  # Read, and Describe it implies
+        # DescribeTopicPartitions (KIP-966) the same way.
+        from protocol.messages import DescribeTopicPartitionsRequest as DTP
+
+        named = raw.request(75, 0, DTP(topics=[DTP.TopicRequest(name=hidden), DTP.TopicRequest(name=shown)],
+                                       response_partition_limit=100))
+        assert [(t.name, t.error_code, len(t.partitions)) for t in named.topics] == [(hidden, 29, 0), (shown, 0, 1)]
+        listed = raw.request(75, 0, DTP(topics=[], response_partition_limit=100))
+        listed_names = {t.name for t in listed.topics}
+        assert shown in listed_names and hidden not in listed_names
     create_acls(clean, [allow(ResourceType.BROKER, "kafka-cluster", AclOperation.DESCRIBE),
                         allow(ResourceType.BROKER, "kafka-cluster", AclOperation.ALTER)])
     with RawClient(lenient.bootstrap) as raw:
