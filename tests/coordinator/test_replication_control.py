@@ -32,6 +32,9 @@ BROKERS = (1, 2, 3)
 
 
 def overrides(zk: ZooKeeperServer, broker_id: int) -> dict[str, str]:
+    # Broker 1, the first controller, leaves preferred leaders to the ElectLeaders test; brokers 2 and 3
+    # (controllers after broker 1 is killed) rebalance every second.
+    rebalance = "false" if broker_id == 1 else "true"
     return {
         "zookeeper.connect": zk.connect,
         "broker.id": str(broker_id),
@@ -39,8 +42,9 @@ def overrides(zk: ZooKeeperServer, broker_id: int) -> dict[str, str]:
         "zookeeper.connection.timeout.ms": "5000",
         "num.partitions": "1",
         "controlled.shutdown.retry.backoff.ms": "200",
-        # The preferred-leader tests ask for elections themselves.
-        "auto.leader.rebalance.enable": "false",
+        "auto.leader.rebalance.enable": rebalance,
+        "leader.imbalance.check.interval.seconds": "1",
+        "leader.imbalance.per.broker.percentage": "0",
     }
 
 
@@ -407,3 +411,22 @@ def test_controlled_shutdown_moves_leaderships_first(cluster: Cluster, zk_client
                          for p in led), "new leaders in metadata")
     cluster[leader].start()
     wait_for(lambda: set(ck_metadata(cluster[leader]).brokers) == set(BROKERS), "broker back")
+
+
+def test_auto_leader_rebalance_moves_leaders_to_preferred_replicas(cluster: Cluster, zk_client: KazooClient) -> None:
+    assert controller_of(zk_client) in (2, 3)  # auto.leader.rebalance.enable=true, checked every second
+    topic, p = "rebalance", 0
+    create(cluster[2], topic, assignment={0: [1, 2, 3]})
+    assert zk_state(zk_client, topic, p)["leader"] == 1
+    preferred = 2
+    target = [2, 3, 1]  # the same replicas, broker 2 preferred: broker 1 stays leader until the rebalance
+    admin = kp_admin(cluster[2])
+    try:
+        admin.alter_partition_reassignments({TopicPartition(topic, p): target})
+    finally:
+        admin.close()
+    elapsed = wait_for(lambda: zk_state(zk_client, topic, p)["leader"] == preferred,
+                       "the controller's rebalance to the preferred replica", timeout=10)
+    assert elapsed < 5
+    wait_for(lambda: ck_metadata(cluster[preferred], topic).topics[topic].partitions[p].leader == preferred,
+             "the preferred leader in metadata")
