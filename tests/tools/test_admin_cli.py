@@ -110,8 +110,12 @@ def test_console_tools_groups_and_offsets_against_kbroker(broker):
         from tests.clients import wait_until
 
         def stable() -> bool:
-            r = admin("consumer-groups", "--bootstrap-server", b, "--describe", "--group", "busy", "--state")
-            return table(r.stdout)[1][-2:] == ["Stable", "1"]
+            # Until the member has joined, the group does not exist and describe says so (exit status 1).
+            r = subprocess.run([sys.executable, "-m", "kbroker_tools.admin", "consumer-groups", "--bootstrap-server",
+                                b, "--describe", "--group", "busy", "--state"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=120)
+            assert "Traceback" not in r.stderr, r.stderr
+            return r.returncode == 0 and table(r.stdout)[1][-2:] == ["Stable", "1"]
 
         wait_until(stable, timeout=60, interval=0.5, what="a Stable group with one member")
         refused = admin("consumer-groups", "--bootstrap-server", b, "--reset-offsets", "--group", "busy",
