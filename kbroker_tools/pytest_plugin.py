@@ -34,7 +34,8 @@ from typing import Any
 
 import pytest
 
-from kbroker_tools.wire import TOPIC_ALREADY_EXISTS, WireClient, WireError
+# kbroker_tools.wire (and the protocol codec behind it) is imported when a fixture first needs it: a plugin that
+# every pytest run of the environment loads must not make runs that never use the broker slower to start.
 
 # Test-sized defaults (a user's --kbroker-override wins): consumer groups form at once and the internal topics
 # are created with few partitions, so the first group or transaction of a session does not create 50 logs.
@@ -150,6 +151,8 @@ class KafkaBroker:
             raise RuntimeError(f"kbroker failed to start in-process: {self._inline_error!r}")
 
     def _wait_ready(self, deadline: float) -> None:
+        from kbroker_tools.wire import WireClient
+
         while True:
             if self._proc is not None and self._proc.poll() is not None:
                 raise RuntimeError(f"kbroker exited with {self._proc.returncode}:\n{self.read_log()[-4000:]}")
@@ -212,6 +215,8 @@ class KafkaBroker:
     # ------------------------------------------------------------ topics
 
     def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        from kbroker_tools.wire import TOPIC_ALREADY_EXISTS, WireClient, WireError
+
         with WireClient(self.bootstrap_servers, client_id="kbroker-pytest") as c:
             try:
                 c.create_topic(name, partitions, {k: str(v) for k, v in (config or {}).items()})
