@@ -1,16 +1,35 @@
-"""ReplicaManager: the partitions this broker leads, appends, reads and the flush policy."""
+"""ReplicaManager: the partitions this broker hosts, appends, reads, replication state and the flush policy.
+
+Two kinds of partitions live here:
+- Partitions the controller told about (LeaderAndIsr -> become_leader_or_follower): a broker/partition.py
+  Partition each, leader or follower, with its leader epoch, ISR and high watermark.
+- Every other local partition (the embedded single-node default, and brokers whose controller has not
+  spoken yet) is led by this broker when the metadata says so, at leader epoch 0 with ISR [self]: no
+  Partition object, no per-request work beyond one dict lookup.
+
+Role changes are serialized by `_state_lock` (Kafka's replicaStateChangeLock); a Partition guards its own
+state. acks=all produce waits in a purgatory of its own until the high watermark passes the batch
+(Kafka's DelayedProduce); both purgatories are notified when a high watermark moves.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
+from broker.partition import Partition
 from broker.purgatory import FetchPurgatory
+from broker.replica_fetcher import ReplicaFetcherManager
+from coordinator.group_coordinator import OFFSETS_TOPIC
+from coordinator.metadata_store import PartitionState
+from coordinator.transaction_coordinator import TRANSACTION_STATE_TOPIC
 from protocol.errors import ErrorCode, KafkaError
+from protocol.messages import AlterPartitionRequest, AlterPartitionResponse
 from storage.errors import KafkaStorageError
 
 if TYPE_CHECKING:
@@ -19,8 +38,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kbroker.replica")
 
-# Leader epoch of every partition: one replica, never re-elected.
+# Leader epoch of partitions without a Partition (the single-node default): one replica, never re-elected.
 LEADER_EPOCH = 0
+ALTER_PARTITION_VERSION = 1  # topic names (ZooKeeper mode before topic ids in AlterPartition)
+
+TopicPartition = tuple[str, int]
 
 
 def error_of(exc: Exception) -> ErrorCode:
@@ -32,16 +54,32 @@ def error_of(exc: Exception) -> ErrorCode:
     return ErrorCode.UNKNOWN_SERVER_ERROR
 
 
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 class ReplicaManager:
     def __init__(self, server: KafkaServer, io_pool: Executor) -> None:
         self.server = server
         self.io_pool = io_pool
         self.purgatory = FetchPurgatory()
+        self.produce_purgatory = FetchPurgatory()
+        self.partitions: dict[TopicPartition, Partition] = {}
+        self.controller_epoch = -1
+        self._state_lock = threading.RLock()
+        self._fetchers: ReplicaFetcherManager | None = None
+        self._isr_task_started = False
 
     # ------------------------------------------------------------ lookup
 
+    def get_partition(self, topic: str, partition: int) -> Partition | None:
+        return self.partitions.get((topic, partition))
+
     def get_log(self, topic: str, partition: int) -> Log:
         """The local log of a partition this broker leads, or KafkaError with Kafka's code."""
+        p = self.partitions.get((topic, partition))
+        if p is not None:
+            return p.leader_log()
         rec = self.server.metadata.topics.get(topic)
         if rec is None or not 0 <= partition < rec.num_partitions:
             raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
@@ -52,34 +90,308 @@ class ReplicaManager:
             lg = self.server.admin.ensure_log(topic, partition)
         return lg
 
+    def leads(self, topic: str, partition: int) -> bool | None:
+        """Whether this broker leads a partition the controller told about; None for the others."""
+        p = self.partitions.get((topic, partition))
+        return None if p is None else p.is_leader
+
     def leader_epoch(self, topic: str, partition: int) -> int:
-        """The partition's leader epoch as the controller last said (0 on the embedded single node)."""
+        """This replica's leader epoch, else the controller's last word in the metadata (0 on the single node)."""
+        p = self.partitions.get((topic, partition))
+        if p is not None:
+            return p.leader_epoch
         rec = self.server.metadata.topics.get(topic)
         if rec is None or not 0 <= partition < rec.num_partitions:
             return LEADER_EPOCH
         return rec.partitions[partition].leader_epoch
 
+    def check_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int) -> None:
+        """FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH for a client whose leader epoch is not ours."""
+        if current_leader_epoch < 0:
+            return
+        p = self.partitions.get((topic, partition))
+        if p is not None:
+            p.check_leader_epoch(current_leader_epoch)
+            return
+        epoch = self.leader_epoch(topic, partition)
+        if current_leader_epoch > epoch:
+            raise KafkaError(ErrorCode.UNKNOWN_LEADER_EPOCH)
+        if current_leader_epoch < epoch:
+            raise KafkaError(ErrorCode.FENCED_LEADER_EPOCH)
+
+    def min_insync_replicas(self, topic: str) -> int:
+        rec = self.server.metadata.topics.get(topic)
+        value = rec.configs.get("min.insync.replicas") if rec is not None else None
+        return int(value if value is not None else self.server.config["min.insync.replicas"])
+
     # ------------------------------------------------------------ produce
 
     def append(self, topic: str, partition: int, records: Any, required_acks: int) -> Any:
-        lg = self.get_log(topic, partition)
-        if required_acks == -1:
-            rec = self.server.metadata.topics[topic]
-            min_isr = int(rec.configs.get("min.insync.replicas", self.server.config["min.insync.replicas"]))
-            if min_isr > 1:
-                # One replica is the whole ISR, so acks=all cannot meet a larger minimum.
-                raise KafkaError(
-                    ErrorCode.NOT_ENOUGH_REPLICAS,
-                    f"The size of the current ISR 1 is insufficient to satisfy the min.isr requirement of {min_isr}",
-                )
+        p = self.partitions.get((topic, partition))
+        if p is None:
+            lg = self.get_log(topic, partition)
+            epoch = LEADER_EPOCH
+            if required_acks == -1:
+                min_isr = self.min_insync_replicas(topic)
+                if min_isr > 1:
+                    # One replica is the whole ISR, so acks=all cannot meet a larger minimum.
+                    raise KafkaError(
+                        ErrorCode.NOT_ENOUGH_REPLICAS,
+                        f"The size of the current ISR 1 is insufficient to satisfy the min.isr requirement of {min_isr}",
+                    )
+        else:
+            lg = p.leader_log()
+            epoch = p.leader_epoch
+            if required_acks == -1:
+                p.check_enough_replicas(self.min_insync_replicas(topic))
         try:
-            info = lg.append_as_leader(records, int(time.time() * 1000), leader_epoch=LEADER_EPOCH)
+            info = lg.append_as_leader(records, int(time.time() * 1000), leader_epoch=epoch)
         except KafkaStorageError as e:
             log.error("Append to %s-%d at offset %d failed (KAFKA_STORAGE_ERROR): %s",
                       topic, partition, lg.log_end_offset, e)
             raise
         self.purgatory.notify((topic, partition))
         return lg, info
+
+    async def wait_for_replication(self, pending: list[tuple[str, int, int]],
+                                   timeout_ms: int) -> dict[TopicPartition, ErrorCode]:
+        """acks=all (Kafka's DelayedProduce): wait until each partition's high watermark reaches its required
+        offset, the partition has an answer (not leader any more, ISR below min.insync.replicas) or timeout."""
+        deadline = time.monotonic() + max(timeout_ms, 0) / 1000
+        result: dict[TopicPartition, ErrorCode] = {}
+        waiting = list(pending)
+        while True:
+            waiter = self.produce_purgatory.watch([(t, p) for t, p, _ in waiting])
+            try:
+                still = []
+                for t, p, required in waiting:
+                    part = self.partitions.get((t, p))
+                    if part is None:
+                        status: ErrorCode | None = ErrorCode.NONE
+                    else:
+                        status = part.replication_status(required, self.min_insync_replicas(t))
+                    if status is None:
+                        still.append((t, p, required))
+                    else:
+                        result[(t, p)] = status
+                waiting = still
+                left = deadline - time.monotonic()
+                if not waiting:
+                    return result
+                if left <= 0:
+                    for t, p, _ in waiting:
+                        result[(t, p)] = ErrorCode.REQUEST_TIMED_OUT
+                    return result
+                timer = asyncio.get_running_loop().call_later(left, _expire, waiter.future)
+                try:
+                    await waiter.future
+                finally:
+                    timer.cancel()
+            finally:
+                self.produce_purgatory.unwatch(waiter)
+
+    async def wait_for_high_watermark(self, lg: Log, required_offset: int, timeout_ms: int) -> ErrorCode:
+        """The coordinators' acks=all: their internal-topic writes count once replicated."""
+        if lg.high_watermark >= required_offset:
+            return ErrorCode.NONE
+        tp = (lg.topic, lg.partition)
+        return (await self.wait_for_replication([(tp[0], tp[1], required_offset)], timeout_ms)).get(
+            tp, ErrorCode.NONE)
+
+    def _high_watermark_moved(self, tp: TopicPartition) -> None:
+        self.purgatory.notify(tp)
+        self.produce_purgatory.notify(tp)
+
+    # ------------------------------------------------------------ leader side of replication
+
+    def record_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int, leader_leo: int) -> None:
+        moved, expand = p.update_follower_fetch_state(replica_id, fetch_offset, leader_leo, _now_ms())
+        if moved:
+            self._high_watermark_moved((p.topic, p.partition))
+        if expand is not None:
+            log.info("%s: follower %d caught up at offset %d, proposing ISR %s", p.name, replica_id, fetch_offset,
+                     list(expand))
+            self._submit_alter_partition(p, expand)
+
+    def _submit_alter_partition(self, p: Partition, new_isr: tuple[int, ...]) -> None:
+        loop = self.server.inter_broker.loop
+        asyncio.run_coroutine_threadsafe(self._alter_partition(p, new_isr), loop)
+
+    async def _alter_partition(self, p: Partition, new_isr: tuple[int, ...]) -> None:
+        """Propose an ISR to the controller (AlterPartition, Kafka's AlterPartitionManager); the Partition
+        takes it once committed. Errors leave the ISR as it was: the next check proposes again."""
+        req = AlterPartitionRequest(
+            broker_id=self.server.broker_id,
+            broker_epoch=int(getattr(self.server.metadata, "broker_epoch", -1)),
+            topics=[AlterPartitionRequest.TopicData(topic_name=p.topic, partitions=[
+                AlterPartitionRequest.PartitionData(partition_index=p.partition, leader_epoch=p.leader_epoch,
+                                                    new_isr=list(new_isr), partition_epoch=p.partition_epoch)])])
+        try:
+            controller = self.server.metadata.controller_id()
+            resp: AlterPartitionResponse = await self.server.inter_broker.send(
+                controller, 56, ALTER_PARTITION_VERSION, req)
+        except (ConnectionError, KafkaError) as e:
+            log.warning("%s: AlterPartition to the controller failed: %s", p.name, e)
+            await asyncio.sleep(0.1)
+            p.clear_pending_isr()
+            return
+        code = ErrorCode(resp.error_code)
+        answer = next((pd for t in resp.topics for pd in t.partitions
+                       if t.topic_name == p.topic and pd.partition_index == p.partition), None)
+        if code == ErrorCode.NONE and answer is not None:
+            code = ErrorCode(answer.error_code)
+        if code != ErrorCode.NONE or answer is None:
+            log.warning("%s: AlterPartition to ISR %s answered %s", p.name, list(new_isr), code.name)
+            p.clear_pending_isr()
+            return
+        if p.apply_isr(answer.leader_epoch, list(answer.isr), answer.partition_epoch):
+            self._high_watermark_moved((p.topic, p.partition))
+        else:
+            self.produce_purgatory.notify((p.topic, p.partition))
+
+    def _start_isr_checks(self) -> None:
+        if self._isr_task_started:
+            return
+        self._isr_task_started = True
+        loop = self.server.inter_broker.loop
+        interval = max(self.server.config["replica.lag.time.max.ms"] / 2000, 0.05)
+
+        def tick() -> None:
+            try:
+                self._shrink_isrs()
+            finally:
+                loop.call_later(interval, tick)
+
+        loop.call_soon_threadsafe(lambda: loop.call_later(interval, tick))
+
+    def _shrink_isrs(self) -> None:
+        """Kafka's maybeShrinkIsr: followers not caught up within replica.lag.time.max.ms leave the ISR."""
+        now = _now_ms()
+        lag = self.server.config["replica.lag.time.max.ms"]
+        for p in list(self.partitions.values()):
+            new_isr = p.isr_to_shrink(now, lag)
+            if new_isr is not None:
+                log.info("%s: shrinking ISR %s -> %s (followers behind for more than %d ms)", p.name,
+                         list(p.isr), list(new_isr), lag)
+                self._submit_alter_partition(p, new_isr)
+
+    # ------------------------------------------------------------ LeaderAndIsr / StopReplica
+
+    def become_leader_or_follower(self, controller_id: int, controller_epoch: int,
+                                  states: list[tuple[str, int, PartitionState]]) -> dict[TopicPartition, ErrorCode]:
+        """Apply the controller's LeaderAndIsr (Kafka's becomeLeaderOrFollower)."""
+        result: dict[TopicPartition, ErrorCode] = {}
+        with self._state_lock:
+            if controller_epoch < self.controller_epoch:
+                log.warning("Ignoring LeaderAndIsr from controller %d with epoch %d: the latest is %d",
+                            controller_id, controller_epoch, self.controller_epoch)
+                return {(t, p): ErrorCode.STALE_CONTROLLER_EPOCH for t, p, _ in states}
+            self.controller_epoch = controller_epoch
+            leaders: list[tuple[Partition, PartitionState]] = []
+            followers: list[tuple[Partition, PartitionState]] = []
+            for topic, index, state in states:
+                tp = (topic, index)
+                if self.server.broker_id not in state.replicas:
+                    result[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                p = self.partitions.get(tp)
+                if p is not None and state.leader_epoch < p.leader_epoch:
+                    log.warning("Ignoring LeaderAndIsr for %s-%d at leader epoch %d: ours is %d", topic, index,
+                                state.leader_epoch, p.leader_epoch)
+                    result[tp] = ErrorCode.STALE_CONTROLLER_EPOCH
+                    continue
+                try:
+                    if p is None:
+                        p = Partition(topic, index, self.server.broker_id, self._local_log(topic, index))
+                        self.partitions = {**self.partitions, tp: p}
+                except Exception as e:  # noqa: BLE001 - a partition without a log answers its own error
+                    log.error("Cannot open the log of %s-%d: %s", topic, index, e)
+                    result[tp] = ErrorCode.KAFKA_STORAGE_ERROR
+                    continue
+                (leaders if state.leader == self.server.broker_id else followers).append((p, state))
+                result[tp] = ErrorCode.NONE
+            if leaders:
+                self._make_leaders(leaders)
+            if followers:
+                self._make_followers(followers)
+            self._start_isr_checks()
+        return result
+
+    def _local_log(self, topic: str, partition: int) -> Log:
+        lg = self.server.log_manager.get_log(topic, partition)
+        if lg is not None:
+            return lg
+        rec = self.server.metadata.topics.get(topic)
+        config = self.server.admin.log_config_for(rec) if rec is not None else None
+        return self.server.log_manager.get_or_create_log(topic, partition, config)
+
+    def _make_leaders(self, leaders: list[tuple[Partition, PartitionState]]) -> None:
+        if self._fetchers is not None:
+            self._fetchers.remove_partitions([(p.topic, p.partition) for p, _ in leaders])
+        now = _now_ms()
+        for p, state in leaders:
+            if p.make_leader(state, now):
+                self._on_leadership(p, True)
+            self._high_watermark_moved((p.topic, p.partition))
+
+    def _make_followers(self, followers: list[tuple[Partition, PartitionState]]) -> None:
+        fetchers = self._fetcher_manager()
+        changed = []
+        for p, state in followers:
+            was_leader = p.is_leader
+            if p.make_follower(state) or was_leader:
+                changed.append(p)
+            if was_leader:
+                self._on_leadership(p, False)
+            # Waiting acks=all produce and fetches learn they lost the leadership.
+            self._high_watermark_moved((p.topic, p.partition))
+        fetchers.remove_partitions([(p.topic, p.partition) for p in changed])
+        fetchers.add_partitions([p for p in changed if p.leader_id >= 0])
+
+    def _on_leadership(self, p: Partition, leader: bool) -> None:
+        """The coordinators follow the leadership of their internal topic's partitions."""
+        if p.topic == OFFSETS_TOPIC:
+            gc = self.server.group_coordinator
+            gc.load_partition(p.partition) if leader else gc.unload_partition(p.partition)
+        elif p.topic == TRANSACTION_STATE_TOPIC:
+            tc = self.server.txn_coordinator
+            tc.load_partition(p.partition, p.leader_epoch) if leader else tc.unload_partition(p.partition)
+
+    def stop_replicas(self, partitions: list[TopicPartition], delete: bool) -> dict[TopicPartition, ErrorCode]:
+        """The controller's StopReplica: stop fetching and leading; delete the logs when asked."""
+        result: dict[TopicPartition, ErrorCode] = {}
+        with self._state_lock:
+            if self._fetchers is not None:
+                self._fetchers.remove_partitions(partitions)
+            remaining = dict(self.partitions)
+            for tp in partitions:
+                p = remaining.pop(tp, None)
+                if p is not None and p.is_leader:
+                    self._on_leadership(p, False)
+                if p is not None:
+                    p.leader_id = -1
+                result[tp] = ErrorCode.NONE
+            self.partitions = remaining
+            for tp in partitions:
+                self._high_watermark_moved(tp)
+                if delete:
+                    try:
+                        self.server.log_manager.delete_log(*tp)
+                    except OSError as e:
+                        log.error("Deleting the log of %s-%d failed: %s", tp[0], tp[1], e)
+                        result[tp] = ErrorCode.KAFKA_STORAGE_ERROR
+        return result
+
+    def _fetcher_manager(self) -> ReplicaFetcherManager:
+        if self._fetchers is None:
+            self._fetchers = ReplicaFetcherManager(self.server, self)
+        return self._fetchers
+
+    def shutdown(self) -> None:
+        if self._fetchers is not None:
+            self._fetchers.shutdown()
+
+    # ------------------------------------------------------------ flush
 
     def needs_flush(self, lg: Log) -> bool:
         return bool(lg.unflushed_messages >= lg.config.flush_messages)
@@ -92,3 +404,8 @@ class ReplicaManager:
     def flush_in_background(self, logs: Iterable[tuple[Log, int]]) -> None:
         for lg, offset in logs:
             self.io_pool.submit(lg.flush, offset + 1)
+
+
+def _expire(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

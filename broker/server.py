@@ -169,6 +169,9 @@ class KafkaServer:
             cleaner_backoff_ms=c["log.cleaner.backoff.ms"],
             topic_config=self._topic_log_config,
             producer_id_expiration_ms=c["producer.id.expiration.ms"],
+            # Replicated brokers keep high watermarks across restarts; the single node has no followers.
+            high_watermark_checkpoint_interval_ms=(c["replica.high.watermark.checkpoint.interval.ms"]
+                                                   if c["zookeeper.connect"] else None),
         )
         await loop.run_in_executor(None, self.log_manager.startup)
         await loop.run_in_executor(None, self._claim_first_producer_id_block)
@@ -261,6 +264,8 @@ class KafkaServer:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.socket_server.stop_processors)
         self.replica_manager.purgatory.notify_all()
+        self.replica_manager.produce_purgatory.notify_all()
+        self.replica_manager.shutdown()
         self.txn_coordinator.stop()
         self.group_coordinator.stop()
         if self.controller is not None:
@@ -337,6 +342,9 @@ class KafkaServer:
         return self.replica_manager.get_log(OFFSETS_TOPIC, partition)
 
     def leads_offsets_partition(self, partition: int) -> bool:
+        leads = self.replica_manager.leads(OFFSETS_TOPIC, partition)
+        if leads is not None:
+            return leads
         rec = self.metadata.topics.get(OFFSETS_TOPIC)
         if rec is None:
             return True  # created on demand, by this broker
@@ -348,6 +356,9 @@ class KafkaServer:
 
     async def flush_log(self, lg, offset: int) -> None:  # type: ignore[no-untyped-def]
         await asyncio.wrap_future(self.io_pool.submit(lg.flush, offset + 1))
+
+    async def wait_replicated(self, lg, offset: int) -> ErrorCode:  # type: ignore[no-untyped-def]
+        return await self.replica_manager.wait_for_high_watermark(lg, offset, self.config["offsets.commit.timeout.ms"])
 
     # ------------------------------------------------------------ transaction coordinator host
 
@@ -372,6 +383,9 @@ class KafkaServer:
         return self.replica_manager.get_log(TRANSACTION_STATE_TOPIC, partition)
 
     def leads_txn_partition(self, partition: int) -> bool:
+        leads = self.replica_manager.leads(TRANSACTION_STATE_TOPIC, partition)
+        if leads is not None:
+            return leads
         rec = self.metadata.topics.get(TRANSACTION_STATE_TOPIC)
         if rec is None:
             return True  # created on demand, by this broker

@@ -23,7 +23,7 @@ from coordinator import group_records as records
 from coordinator.group_loader import LoadedEntry, LoadedMarker, LoadedRecord, read_entries
 from coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata
 from coordinator.group_offsets import GroupOffsets
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, KafkaError
 from protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, build_batch
 
 log = logging.getLogger("kbroker.group")
@@ -56,6 +56,8 @@ class CoordinatorHost(Protocol):
     def topic_partition_exists(self, topic: str, partition: int) -> bool: ...
 
     def flush_log(self, lg: Any, offset: int) -> Awaitable[None]: ...
+
+    def wait_replicated(self, lg: Any, offset: int) -> Awaitable[ErrorCode]: ...  # high watermark >= offset
 
 
 @dataclass
@@ -111,6 +113,42 @@ class GroupCoordinator(GroupOffsets):
         self.loading = set(partitions)
         self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._load_all(partitions)))
         self.loop.call_soon_threadsafe(self._schedule_sweeps)
+
+    def load_partition(self, p: int) -> None:
+        """This broker became leader of __consumer_offsets-p: load its groups (Kafka's onElection).
+        Callable from any thread; requests for its groups answer COORDINATOR_LOAD_IN_PROGRESS meanwhile."""
+        def begin() -> None:
+            if p in self.loading:
+                return
+            self.loading.add(p)
+            self.loop.create_task(self._load_all([p]))
+        self.loop.call_soon_threadsafe(begin)
+
+    def unload_partition(self, p: int) -> None:
+        """This broker is no longer leader of __consumer_offsets-p: forget its groups (Kafka's onResignation);
+        their members find the new coordinator with NOT_COORDINATOR."""
+        self.loop.call_soon_threadsafe(self._unload, p)
+
+    def _unload(self, p: int) -> None:
+        self.loading.discard(p)
+        gone = [g for gid, g in self.groups.items() if self.offsets_partition(gid) == p]
+        for g in gone:
+            del self.groups[g.group_id]
+            if g.rebalance_timer is not None:
+                g.rebalance_timer.cancel()
+            for m in g.members.values():
+                if m.heartbeat_timer is not None:
+                    m.heartbeat_timer.cancel()
+                for fut in (m.join_future, m.sync_future):
+                    if fut is not None and not fut.done():
+                        fut.set_result(JoinResult(ErrorCode.NOT_COORDINATOR, m.member_id)
+                                       if fut is m.join_future else (ErrorCode.NOT_COORDINATOR, b""))
+        names = {g.group_id for g in gone}
+        for pid in list(self.txn_groups):
+            self.txn_groups[pid] -= names
+            if not self.txn_groups[pid]:
+                del self.txn_groups[pid]
+        log.info("Unloaded %d groups of %s-%d", len(gone), OFFSETS_TOPIC, p)
 
     def stop(self) -> None:
         if self.loop.is_running():
@@ -230,6 +268,11 @@ class GroupCoordinator(GroupOffsets):
         """Wait until durable per the log's flush policy."""
         if lg.unflushed_messages >= lg.config.flush_messages:
             await self.host.flush_log(lg, last_offset)
+        if lg.high_watermark <= last_offset:
+            # A replicated __consumer_offsets partition: the write counts once the ISR has it (acks=all).
+            code = await self.host.wait_replicated(lg, last_offset + 1)
+            if code != ErrorCode.NONE:
+                raise KafkaError(code, f"{lg.name} did not replicate offset {last_offset}: {code.name}")
 
     async def _store_group(self, g: GroupMetadata) -> None:
         lg, info = self._write(g.group_id, [(records.group_key(g.group_id), records.group_value(g))])

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from coordinator import group_records as records
 from coordinator.group_loader import LoadedRecord
 from coordinator.group_metadata import GroupMetadata, GroupState, OffsetAndMetadata, TopicPartition
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, KafkaError
 from protocol.records import NO_PRODUCER_ID
 
 if TYPE_CHECKING:
@@ -35,7 +35,10 @@ def _now_ms() -> int:
 def append_error(e: BaseException) -> ErrorCode:
     """Kafka's mapping of a failed __consumer_offsets append to the commit's error (GroupMetadataManager)."""
     code = ErrorCode(getattr(e, "error_code", ErrorCode.COORDINATOR_NOT_AVAILABLE))
-    if code in (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.NOT_ENOUGH_REPLICAS):
+    if isinstance(e, KafkaError):
+        code = e.code
+    if code in (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.NOT_ENOUGH_REPLICAS,
+                ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND, ErrorCode.REQUEST_TIMED_OUT):
         return ErrorCode.COORDINATOR_NOT_AVAILABLE
     if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.KAFKA_STORAGE_ERROR):
         return ErrorCode.NOT_COORDINATOR

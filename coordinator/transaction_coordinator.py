@@ -65,6 +65,8 @@ class TxnCoordinatorHost(Protocol):
 
     def flush_log(self, lg: Any, offset: int) -> Awaitable[None]: ...
 
+    def wait_replicated(self, lg: Any, offset: int) -> Awaitable[ErrorCode]: ...  # high watermark >= offset
+
     def generate_producer_id(self) -> Awaitable[int]: ...
 
     def partition_exists(self, topic: str, partition: int) -> bool: ...
@@ -152,6 +154,28 @@ class TransactionCoordinator:
             self._schedule(self.config.remove_expired_interval_ms, self._expire_tick)
 
         self.loop.call_soon_threadsafe(begin)
+
+    def load_partition(self, p: int, coordinator_epoch: int) -> None:
+        """This broker became leader of __transaction_state-p at coordinator_epoch (the partition's leader
+        epoch): load its transactional ids and finish the Prepare* ones (Kafka's onElection)."""
+        def begin() -> None:
+            if p in self.loading and self.coordinator_epochs.get(p) == coordinator_epoch:
+                return
+            self.loading.add(p)
+            self.coordinator_epochs[p] = coordinator_epoch
+            self._spawn(self._load_all([p]))
+        self.loop.call_soon_threadsafe(begin)
+
+    def unload_partition(self, p: int) -> None:
+        """No longer leader of __transaction_state-p: forget its transactional ids (Kafka's onResignation)."""
+        def drop() -> None:
+            self.loading.discard(p)
+            self.coordinator_epochs.pop(p, None)
+            gone = [tid for tid in self.txns if self.partition_for(tid) == p]
+            for tid in gone:
+                del self.txns[tid]
+            log.info("Unloaded %d transactional ids of %s-%d", len(gone), TRANSACTION_STATE_TOPIC, p)
+        self.loop.call_soon_threadsafe(drop)
 
     def stop(self) -> None:
         """Cancel the marker tasks and timers and end the loop; state is in __transaction_state already, and
@@ -300,6 +324,14 @@ class TransactionCoordinator:
             info = lg.append_as_leader(batch, now, leader_epoch=lg.leader_epoch, from_client=False)
             if lg.unflushed_messages >= lg.config.flush_messages:
                 await self.host.flush_log(lg, info.last_offset)
+            if lg.high_watermark <= info.last_offset:
+                # Replicated __transaction_state: the state counts once the ISR has it (Kafka's acks=all).
+                code = await self.host.wait_replicated(lg, info.last_offset + 1)
+                if code != ErrorCode.NONE:
+                    log.warning("Writing transactional id %s to %s-%d: %s", transactional_id,
+                                TRANSACTION_STATE_TOPIC, p, code.name)
+                    return (ErrorCode.NOT_COORDINATOR if code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+                            else ErrorCode.COORDINATOR_NOT_AVAILABLE)
         except KafkaStorageError as e:
             log.error("Writing transactional id %s to %s-%d failed: %s", transactional_id, TRANSACTION_STATE_TOPIC,
                       p, e)

@@ -29,15 +29,6 @@ AbortedTransaction = FetchResponse.AbortedTransaction
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 
 
-def check_leader_epoch(current_leader_epoch: int, leader_epoch: int = LEADER_EPOCH) -> None:
-    """Kafka's leader epoch fencing for a client that knows the epoch (-1 means it does not)."""
-    if current_leader_epoch < 0 or current_leader_epoch == leader_epoch:
-        return
-    if current_leader_epoch > leader_epoch:
-        raise KafkaError(ErrorCode.UNKNOWN_LEADER_EPOCH)
-    raise KafkaError(ErrorCode.FENCED_LEADER_EPOCH)
-
-
 # Response bytes per partition besides its records (the fixed PartitionData fields, a topic entry, tagged
 # fields), with room to spare: the records budget leaves this much per partition under the 32-bit frame size.
 _PARTITION_OVERHEAD = 128
@@ -80,6 +71,8 @@ class _FetchPlan:
                     self.denied = names
             else:
                 self.denied = names - ctx.authorized_names(AclOperation.READ, ResourceType.TOPIC, names)
+        # A follower broker replicating (Kafka's replica id); consumers send -1.
+        self.replica_id = _replica_id(ctx, req)
 
     def keys(self) -> list[tuple[str, int]]:
         return [(name, p.partition) for _, name, parts in self.topics if name is not None for p in parts]
@@ -108,7 +101,15 @@ class _FetchPlan:
                     has_error = True
                     continue
                 try:
-                    check_leader_epoch(p.current_leader_epoch, rm.leader_epoch(name, p.partition))
+                    if self.replica_id >= 0:
+                        part, size = self._follower_read(name, p, remaining if remaining > 0 or min_one else 0)
+                        parts.append(part)
+                        if size:
+                            remaining -= size
+                            total += size
+                            min_one = False
+                        continue
+                    rm.check_leader_epoch(name, p.partition, p.current_leader_epoch)
                     lg = rm.get_log(name, p.partition)
                     hw = lg.high_watermark
                     lso = lg.last_stable_offset
@@ -145,6 +146,34 @@ class _FetchPlan:
                     has_error = True
             responses.append(FetchResponse.FetchableTopicResponse(topic=name or "", topic_id=t.topic_id, partitions=parts))
         return FetchResponse(throttle_time_ms=0, error_code=0, session_id=0, responses=responses), total, has_error
+
+    def _follower_read(self, name: str, p: FetchRequest.FetchPartition, budget: int) -> tuple[PartitionData, int]:
+        """A follower's fetch: up to the log end, its position recorded (Kafka's Partition.fetchRecords for a
+        replica); a last fetched epoch the leader's log does not agree with gets the diverging epoch."""
+        rm = self.ctx.server.replica_manager
+        part = rm.get_partition(name, p.partition)
+        if part is None:
+            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        lg = part.leader_log()
+        part.check_leader_epoch(p.current_leader_epoch)
+        if p.last_fetched_epoch >= 0:
+            epoch, end = lg.end_offset_for_epoch(p.last_fetched_epoch)
+            if epoch < p.last_fetched_epoch or end < p.fetch_offset:
+                return PartitionData(partition_index=p.partition, error_code=0, high_watermark=lg.high_watermark,
+                                     last_stable_offset=lg.last_stable_offset, log_start_offset=lg.log_start_offset,
+                                     diverging_epoch=FetchResponse.EpochEndOffset(epoch=epoch, end_offset=end),
+                                     preferred_read_replica=-1, records=b""), 0
+        leo = lg.log_end_offset
+        records: Any = b""
+        size = 0
+        if budget > 0:
+            info = lg.read(p.fetch_offset, max(0, min(p.partition_max_bytes, budget)), min_one_message=True)
+            if info.records is not None and info.records.size > 0:
+                records, size = info.records, info.records.size
+        rm.record_follower_fetch(part, self.replica_id, p.fetch_offset, leo)
+        return PartitionData(partition_index=p.partition, error_code=0, high_watermark=lg.high_watermark,
+                             last_stable_offset=lg.last_stable_offset, log_start_offset=lg.log_start_offset,
+                             preferred_read_replica=-1, records=records), size
 
 
 def _replica_id(ctx: RequestContext, req: FetchRequest) -> int:
@@ -232,7 +261,7 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
                 parts.append(resp)
                 continue
             try:
-                check_leader_epoch(p.current_leader_epoch, rm.leader_epoch(t.name, p.partition_index))
+                rm.check_leader_epoch(t.name, p.partition_index, p.current_leader_epoch)
                 lg = rm.get_log(t.name, p.partition_index)
                 ts = p.timestamp
                 if ts == EARLIEST_LOCAL:
@@ -242,7 +271,12 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
                 if ts < MAX_TIMESTAMP:
                     raise KafkaError(ErrorCode.INVALID_REQUEST, f"unsupported timestamp {ts}")
                 # read_committed consumers see up to the last stable offset (Kafka's lastFetchableOffset).
-                fetchable = lg.last_stable_offset if req.isolation_level == READ_COMMITTED else lg.high_watermark
+                if req.replica_id >= 0:
+                    fetchable = lg.log_end_offset  # a follower's question: the whole local log
+                elif req.isolation_level == READ_COMMITTED:
+                    fetchable = lg.last_stable_offset
+                else:
+                    fetchable = lg.high_watermark
                 if ts == LATEST:
                     found: tuple[int, int] | None = (fetchable, -1)
                 else:
@@ -291,13 +325,14 @@ def handle_offset_for_leader_epoch(ctx: RequestContext, req: OffsetForLeaderEpoc
                 parts.append(out)
                 continue
             try:
-                epoch = rm.leader_epoch(t.topic, p.partition)
-                check_leader_epoch(p.current_leader_epoch, epoch)
+                rm.check_leader_epoch(t.topic, p.partition, p.current_leader_epoch)
                 lg = rm.get_log(t.topic, p.partition)
-                if p.leader_epoch <= epoch:
-                    # Until leader epochs are kept per batch (the leader epoch cache), the log end answers.
-                    out.leader_epoch = epoch
-                    out.end_offset = lg.log_end_offset
+                if lg.latest_epoch < 0 and rm.get_partition(t.topic, p.partition) is None:
+                    # A log written before leader epochs were recorded: all of it is epoch 0's.
+                    if 0 <= p.leader_epoch <= LEADER_EPOCH:
+                        out.leader_epoch, out.end_offset = LEADER_EPOCH, lg.log_end_offset
+                else:
+                    out.leader_epoch, out.end_offset = lg.end_offset_for_epoch(p.leader_epoch)
                 out.error_code = 0
             except Exception as e:  # noqa: BLE001
                 out.error_code = error_of(e)

@@ -120,6 +120,8 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
     acks = req.acks
     counters = metrics.shard()
     to_flush: list[tuple[Any, int]] = []
+    # acks=all partitions whose high watermark has not reached the batch yet: (topic, partition, required offset)
+    delayed: list[tuple[str, int, int]] = []
     topics: list[ProduceResponse.TopicProduceResponse] = []
     for t in req.topic_data:
         parts: list[PartitionResponse] = []
@@ -159,6 +161,8 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
             counters.produced(t.name, info.num_records, len(p.records))
             if rm.needs_flush(lg):
                 to_flush.append((lg, info.last_offset))
+            if acks == -1 and info.last_offset >= lg.high_watermark:
+                delayed.append((t.name, p.index, info.last_offset + 1))
             parts.append(
                 PartitionResponse(
                     index=p.index,
@@ -182,6 +186,8 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
         if to_flush:
             rm.flush_in_background(to_flush)
         return None
+    if delayed:
+        return _after_replication(rm, to_flush, delayed, response, req.timeout_ms)
     if to_flush:
         return _after_flush(rm, to_flush, response)
     return response
@@ -206,6 +212,20 @@ async def _after_flush(rm: Any, to_flush: list[tuple[Any, int]], response: Produ
             for i, p in enumerate(t.partition_responses):
                 if (t.name, p.index) in failed:
                     t.partition_responses[i] = _error(p.index, ErrorCode.KAFKA_STORAGE_ERROR, "fsync failed")
+    return response
+
+
+async def _after_replication(rm: Any, to_flush: list[tuple[Any, int]], delayed: list[tuple[str, int, int]],
+                             response: ProduceResponse, timeout_ms: int) -> ProduceResponse:
+    """acks=all on a replicated partition: answer once the ISR has the batch (Kafka's DelayedProduce)."""
+    if to_flush:
+        response = await _after_flush(rm, to_flush, response)
+    codes = await rm.wait_for_replication(delayed, timeout_ms)
+    for t in response.responses:
+        for i, p in enumerate(t.partition_responses):
+            code = codes.get((t.name, p.index))
+            if code and p.error_code == 0:
+                t.partition_responses[i] = _error(p.index, code)
     return response
 
 

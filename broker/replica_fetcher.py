@@ -1,0 +1,354 @@
+"""Replica fetchers: followers copy their leaders' logs (Kafka's ReplicaFetcherManager / ReplicaFetcherThread).
+
+Each (leader broker, fetcher id) pair gets one thread with its own event loop; a partition goes to fetcher
+hash(topic, partition) % num.replica.fetchers of its leader. A fetcher first truncates each new partition
+(KIP-101/KIP-279: OffsetForLeaderEpoch with the follower's latest epoch, truncate to where the leader's log
+agrees, repeated until both name the same epoch), then fetches with replica_id = this broker's id from the
+log end, appending the leader's batches unchanged and taking its high watermark. A Fetch answer naming a
+diverging epoch truncates the same way.
+
+`_lock` is held while a response is applied and by remove_partitions, so once a partition is removed (it
+became leader, or moved) no fetched batch lands in its log any more (Kafka's partitionMapLock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import uvloop
+
+from protocol.errors import ErrorCode, KafkaError
+from protocol.messages import (
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
+)
+from protocol.records import BATCH_HEADER_SIZE, LOG_OVERHEAD, parse_batch_header
+from storage.leader_epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+
+if TYPE_CHECKING:
+    from broker.partition import Partition
+    from broker.replica_manager import ReplicaManager
+    from broker.server import KafkaServer
+    from storage.log import Log
+
+log = logging.getLogger("kbroker.replica_fetcher")
+
+FETCH_VERSION = 12  # replica_id, last_fetched_epoch and diverging_epoch, topics by name
+OFFSET_FOR_LEADER_EPOCH_VERSION = 4
+LIST_OFFSETS_VERSION = 4
+TopicPartition = tuple[str, int]
+
+
+@dataclass(slots=True)
+class PartitionFetchState:
+    partition: Partition
+    leader_epoch: int
+    truncating: bool = True
+    delayed_until: float = 0.0
+
+
+def truncation_offset(lg: Log, leader_epoch: int, leader_end_offset: int) -> tuple[int, bool]:
+    """Where a follower truncates given the leader's (epoch, end offset) for the follower's latest epoch
+    (Kafka's AbstractFetcherThread.getOffsetTruncationState): (offset, whether truncation is complete)."""
+    leo = lg.log_end_offset
+    if leader_end_offset == UNDEFINED_EPOCH_OFFSET:
+        # The leader knows no such epoch (or the follower has none): keep what is known committed.
+        return min(lg.high_watermark, leo), True
+    if leader_epoch == UNDEFINED_EPOCH:
+        return min(leader_end_offset, leo), True
+    epoch, end = lg.end_offset_for_epoch(leader_epoch)
+    if epoch == UNDEFINED_EPOCH or end == UNDEFINED_EPOCH_OFFSET:
+        return min(leader_end_offset, leo), True
+    if epoch == leader_epoch:
+        return min(leader_end_offset, end, leo), True
+    # The follower's largest epoch below the leader's answer: truncate there and ask again with it.
+    return min(end, leo), False
+
+
+def whole_batches(records: bytes | memoryview) -> memoryview:
+    """The records up to the last complete batch (a leader may cut its answer at replica.fetch.max.bytes)."""
+    view = memoryview(records)
+    pos, end = 0, len(view)
+    while end - pos >= BATCH_HEADER_SIZE:
+        size = parse_batch_header(view, pos).batch_length + LOG_OVERHEAD
+        if pos + size > end:
+            break
+        pos += size
+    return view[:pos]
+
+
+class ReplicaFetcherThread:
+    def __init__(self, server: KafkaServer, rm: ReplicaManager, source_broker: int, fetcher_id: int) -> None:
+        self.server = server
+        self.rm = rm
+        self.source_broker = source_broker
+        self.fetcher_id = fetcher_id
+        self.name = f"ReplicaFetcherThread-{fetcher_id}-{source_broker}"
+        c = server.config
+        self.max_wait_ms: int = c["replica.fetch.wait.max.ms"]
+        self.min_bytes: int = c["replica.fetch.min.bytes"]
+        self.max_bytes: int = c["replica.fetch.response.max.bytes"]
+        self.partition_max_bytes: int = c["replica.fetch.max.bytes"]
+        self.backoff: float = c["replica.fetch.backoff.ms"] / 1000
+        self.partitions: dict[TopicPartition, PartitionFetchState] = {}
+        self._lock = threading.Lock()
+        self._running = True
+        self.loop = uvloop.new_event_loop()
+        self._wake = asyncio.Event()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    # -- control (any thread) ------------------------------------------------------------------
+
+    def add(self, p: Partition) -> None:
+        with self._lock:
+            self.partitions[(p.topic, p.partition)] = PartitionFetchState(p, p.leader_epoch)
+        self.loop.call_soon_threadsafe(self._wake.set)
+
+    def remove(self, tps: list[TopicPartition]) -> None:
+        with self._lock:
+            for tp in tps:
+                self.partitions.pop(tp, None)
+
+    def initiate_shutdown(self) -> None:
+        """Stop after the request in flight (whose answer no longer touches a removed partition)."""
+        self._running = False
+        if not self.loop.is_closed():
+            try:
+                self.loop.call_soon_threadsafe(self._wake.set)
+            except RuntimeError:
+                pass  # closed meanwhile
+
+    def shutdown(self) -> None:
+        self.initiate_shutdown()
+        self._thread.join(timeout=5)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._fetch_loop())
+        finally:
+            self.loop.close()
+
+    async def _fetch_loop(self) -> None:
+        while self._running:
+            now = time.monotonic()
+            with self._lock:
+                states = [s for s in self.partitions.values() if s.delayed_until <= now]
+                idle = not self.partitions
+            if not states:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), None if idle else self.backoff / 4)
+                except TimeoutError:
+                    pass
+                continue
+            try:
+                truncating = [s for s in states if s.truncating]
+                if truncating:
+                    await self._truncate(truncating)
+                    continue
+                await self._fetch(states)
+            except (ConnectionError, KafkaError, OSError) as e:
+                log.warning("%s: fetch from broker %d failed: %s", self.name, self.source_broker, e)
+                await asyncio.sleep(self.backoff)
+            except Exception:
+                log.exception("%s: unexpected error", self.name)
+                await asyncio.sleep(self.backoff)
+
+    def _current(self, s: PartitionFetchState) -> bool:
+        """Still ours at the same epoch (checked under _lock before touching the log)."""
+        p = s.partition
+        return self.partitions.get((p.topic, p.partition)) is s and p.leader_epoch == s.leader_epoch
+
+    def _delay(self, s: PartitionFetchState) -> None:
+        s.delayed_until = time.monotonic() + self.backoff
+
+    # -- truncation ----------------------------------------------------------------------------
+
+    async def _truncate(self, states: list[PartitionFetchState]) -> None:
+        R = OffsetForLeaderEpochRequest
+        by_topic: dict[str, list[OffsetForLeaderEpochRequest.OffsetForLeaderPartition]] = {}
+        for s in states:
+            p = s.partition
+            by_topic.setdefault(p.topic, []).append(R.OffsetForLeaderPartition(
+                partition=p.partition, current_leader_epoch=s.leader_epoch, leader_epoch=p.log.latest_epoch))
+        req = R(replica_id=self.server.broker_id,
+                topics=[R.OffsetForLeaderTopic(topic=t, partitions=ps) for t, ps in by_topic.items()])
+        resp: OffsetForLeaderEpochResponse = await self.server.inter_broker.send(
+            self.source_broker, 23, OFFSET_FOR_LEADER_EPOCH_VERSION, req)
+        answers = {(t.topic, pr.partition): pr for t in resp.topics for pr in t.partitions}
+        with self._lock:
+            for s in states:
+                p = s.partition
+                if not self._current(s):
+                    continue
+                a = answers.get((p.topic, p.partition))
+                if a is None or a.error_code != ErrorCode.NONE:
+                    log.info("%s: OffsetForLeaderEpoch for %s answered %s", self.name, p.name,
+                             ErrorCode(a.error_code).name if a is not None else "nothing")
+                    self._delay(s)
+                    continue
+                self._apply_truncation(s, a.leader_epoch, a.end_offset)
+
+    def _apply_truncation(self, s: PartitionFetchState, leader_epoch: int, leader_end_offset: int) -> None:
+        p = s.partition
+        lg = p.log
+        offset, done = truncation_offset(lg, leader_epoch, leader_end_offset)
+        if offset < lg.log_end_offset:
+            log.info("%s: truncating %s from %d to %d (leader epoch %d ends at %d)", self.name, p.name,
+                     lg.log_end_offset, offset, leader_epoch, leader_end_offset)
+            lg.truncate_to(offset)
+        else:
+            # No batch to drop, but an epoch entry the leader does not have may end the cache.
+            lg.leader_epoch_cache.truncate_from_end(offset)
+        s.truncating = not done
+
+    # -- fetching ------------------------------------------------------------------------------
+
+    async def _fetch(self, states: list[PartitionFetchState]) -> None:
+        F = FetchRequest
+        by_topic: dict[str, list[FetchRequest.FetchPartition]] = {}
+        for s in states:
+            p = s.partition
+            lg = p.log
+            by_topic.setdefault(p.topic, []).append(F.FetchPartition(
+                partition=p.partition, current_leader_epoch=s.leader_epoch, fetch_offset=lg.log_end_offset,
+                last_fetched_epoch=lg.latest_epoch, log_start_offset=lg.log_start_offset,
+                partition_max_bytes=self.partition_max_bytes))
+        req = F(replica_id=self.server.broker_id, max_wait_ms=self.max_wait_ms, min_bytes=self.min_bytes,
+                max_bytes=self.max_bytes, isolation_level=0, session_id=0, session_epoch=-1,
+                topics=[F.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()])
+        resp: FetchResponse = await self.server.inter_broker.send(self.source_broker, 1, FETCH_VERSION, req)
+        if resp.error_code != ErrorCode.NONE:
+            raise KafkaError(ErrorCode(resp.error_code), "fetch request refused")
+        out_of_range: list[PartitionFetchState] = []
+        with self._lock:
+            answers = {(t.topic, pd.partition_index): pd for t in resp.responses for pd in t.partitions}
+            for s in states:
+                p = s.partition
+                pd = answers.get((p.topic, p.partition))
+                if pd is None or not self._current(s):
+                    continue
+                code = ErrorCode(pd.error_code)
+                if code == ErrorCode.NONE:
+                    self._apply_fetched(s, pd)
+                elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                    out_of_range.append(s)
+                else:
+                    # FENCED / UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER...: the controller's next
+                    # LeaderAndIsr settles it; retry after the backoff meanwhile.
+                    log.info("%s: fetch of %s answered %s", self.name, p.name, code.name)
+                    self._delay(s)
+        for s in out_of_range:
+            await self._handle_out_of_range(s)
+
+    def _apply_fetched(self, s: PartitionFetchState, pd: FetchResponse.PartitionData) -> None:
+        p = s.partition
+        lg = p.log
+        diverging = pd.diverging_epoch
+        if diverging is not None and diverging.epoch >= 0 and diverging.end_offset >= 0:
+            self._apply_truncation(s, diverging.epoch, diverging.end_offset)
+            return
+        if pd.records:
+            records = whole_batches(pd.records)
+            if len(records):
+                lg.append_as_follower(records)
+        lg.update_high_watermark(pd.high_watermark)
+
+    async def _handle_out_of_range(self, s: PartitionFetchState) -> None:
+        """The leader does not have our log end: behind its log start (start over there) or, after an
+        unclean election, past its end (truncate to it)."""
+        p = s.partition
+        leader_end = await self._leader_offset(p, -1)
+        leader_start = await self._leader_offset(p, -2)
+        with self._lock:
+            if not self._current(s) or leader_end < 0 or leader_start < 0:
+                self._delay(s)
+                return
+            lg = p.log
+            if lg.log_end_offset > leader_end:
+                log.warning("%s: %s log end %d is past the leader's %d: truncating", self.name, p.name,
+                            lg.log_end_offset, leader_end)
+                lg.truncate_to(leader_end)
+            elif lg.log_end_offset < leader_start:
+                log.warning("%s: %s log end %d is below the leader's log start %d: starting over there", self.name,
+                            p.name, lg.log_end_offset, leader_start)
+                lg.truncate_fully_and_start_at(leader_start)
+
+    async def _leader_offset(self, p: Partition, timestamp: int) -> int:
+        L = ListOffsetsRequest
+        req = L(replica_id=self.server.broker_id, isolation_level=0, topics=[L.ListOffsetsTopic(
+            name=p.topic, partitions=[L.ListOffsetsPartition(partition_index=p.partition,
+                                                             current_leader_epoch=p.leader_epoch,
+                                                             timestamp=timestamp)])])
+        resp: ListOffsetsResponse = await self.server.inter_broker.send(self.source_broker, 2,
+                                                                        LIST_OFFSETS_VERSION, req)
+        for t in resp.topics:
+            for pr in t.partitions:
+                if pr.error_code == ErrorCode.NONE:
+                    return int(pr.offset)
+        return -1
+
+
+class ReplicaFetcherManager:
+    """Fetcher threads by (leader broker, fetcher id); threads without partitions stop."""
+
+    def __init__(self, server: KafkaServer, rm: ReplicaManager) -> None:
+        self.server = server
+        self.rm = rm
+        self.num_fetchers: int = server.config["num.replica.fetchers"]
+        self._lock = threading.Lock()
+        self._fetchers: dict[tuple[int, int], ReplicaFetcherThread] = {}
+        self._assigned: dict[TopicPartition, tuple[int, int]] = {}
+
+    def _fetcher_id(self, topic: str, partition: int) -> int:
+        return (31 * zlib.crc32(topic.encode()) + partition) % self.num_fetchers
+
+    def add_partitions(self, partitions: list[Partition]) -> None:
+        with self._lock:
+            for p in partitions:
+                key = (p.leader_id, self._fetcher_id(p.topic, p.partition))
+                fetcher = self._fetchers.get(key)
+                if fetcher is None:
+                    fetcher = self._fetchers[key] = ReplicaFetcherThread(self.server, self.rm, *key)
+                    log.info("Started %s", fetcher.name)
+                fetcher.add(p)
+                self._assigned[(p.topic, p.partition)] = key
+                log.info("%s: fetching from broker %d at leader epoch %d from offset %d", p.name, p.leader_id,
+                         p.leader_epoch, p.log.log_end_offset)
+
+    def remove_partitions(self, tps: list[TopicPartition]) -> None:
+        with self._lock:
+            by_fetcher: dict[tuple[int, int], list[TopicPartition]] = {}
+            for tp in tps:
+                key = self._assigned.pop(tp, None)
+                if key is not None:
+                    by_fetcher.setdefault(key, []).append(tp)
+            for key, group in by_fetcher.items():
+                self._fetchers[key].remove(group)
+            idle = [k for k, f in self._fetchers.items() if not f.partitions]
+            stopping = [self._fetchers.pop(k) for k in idle]
+        for f in stopping:
+            f.initiate_shutdown()
+            log.info("Stopping %s: no partitions left", f.name)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            fetchers = list(self._fetchers.values())
+            self._fetchers.clear()
+            self._assigned.clear()
+        for f in fetchers:
+            f.shutdown()
