@@ -339,6 +339,10 @@ class ReplicaFetcherManager:
                     by_fetcher.setdefault(key, []).append(tp)
             for key, group in by_fetcher.items():
                 self._fetchers[key].remove(group)
+
+    def shutdown_idle_fetchers(self) -> None:
+        """After a LeaderAndIsr moved partitions around (Kafka's shutdownIdleFetcherThreads)."""
+        with self._lock:
             idle = [k for k, f in self._fetchers.items() if not f.partitions]
             stopping = [self._fetchers.pop(k) for k in idle]
         for f in stopping:

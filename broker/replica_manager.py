@@ -227,9 +227,8 @@ class ReplicaManager:
                 AlterPartitionRequest.PartitionData(partition_index=p.partition, leader_epoch=p.leader_epoch,
                                                     new_isr=list(new_isr), partition_epoch=p.partition_epoch)])])
         try:
-            controller = self.server.metadata.controller_id()
-            resp: AlterPartitionResponse = await self.server.inter_broker.send(
-                controller, 56, ALTER_PARTITION_VERSION, req)
+            resp: AlterPartitionResponse = await self.server.inter_broker.send_to_controller(
+                56, ALTER_PARTITION_VERSION, req)
         except (ConnectionError, KafkaError) as e:
             log.warning("%s: AlterPartition to the controller failed: %s", p.name, e)
             await asyncio.sleep(0.1)
@@ -328,6 +327,7 @@ class ReplicaManager:
     def _make_leaders(self, leaders: list[tuple[Partition, PartitionState]]) -> None:
         if self._fetchers is not None:
             self._fetchers.remove_partitions([(p.topic, p.partition) for p, _ in leaders])
+            self._fetchers.shutdown_idle_fetchers()
         now = _now_ms()
         for p, state in leaders:
             if p.make_leader(state, now):
@@ -347,6 +347,7 @@ class ReplicaManager:
             self._high_watermark_moved((p.topic, p.partition))
         fetchers.remove_partitions([(p.topic, p.partition) for p in changed])
         fetchers.add_partitions([p for p in changed if p.leader_id >= 0])
+        fetchers.shutdown_idle_fetchers()
 
     def _on_leadership(self, p: Partition, leader: bool) -> None:
         """The coordinators follow the leadership of their internal topic's partitions."""
@@ -363,6 +364,7 @@ class ReplicaManager:
         with self._state_lock:
             if self._fetchers is not None:
                 self._fetchers.remove_partitions(partitions)
+                self._fetchers.shutdown_idle_fetchers()
             remaining = dict(self.partitions)
             for tp in partitions:
                 p = remaining.pop(tp, None)

@@ -1,0 +1,278 @@
+"""Replication's data path with three real brokers on a real ZooKeeper: acks=all and min.insync.replicas, a
+follower catching up 100,000 records and rejoining the ISR, a diverged follower truncating to the new leader's
+epoch boundary, and idempotent producers keeping their sequence state across a leader change.
+
+The tests share one cluster and run in file order; each leaves all three brokers running.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from protocol.errors import ErrorCode
+from protocol.messages import ProduceRequest
+from protocol.records import build_batch
+from storage.config import LogConfig
+from storage.log import Log
+from tests.broker_process import BrokerProcess
+from tests.clients import RawClient
+from tests.storage.storage_helpers import read_all
+from tests.zookeeper import ZooKeeperServer, zookeeper_missing
+
+pytestmark = pytest.mark.skipif(zookeeper_missing() is not None, reason=zookeeper_missing() or "")
+
+SESSION_MS = 4000
+LAG_MS = 2000
+
+
+class Cluster:
+    def __init__(self, zk: ZooKeeperServer, base: Path) -> None:
+        self.brokers = {
+            i: BrokerProcess(base / f"b{i}", {
+                "zookeeper.connect": zk.connect, "broker.id": str(i),
+                "zookeeper.session.timeout.ms": str(SESSION_MS), "zookeeper.connection.timeout.ms": "5000",
+                "replica.lag.time.max.ms": str(LAG_MS), "replica.fetch.backoff.ms": "200",
+                "auto.leader.rebalance.enable": "false", "offsets.topic.replication.factor": "3",
+            }) for i in (1, 2, 3)
+        }
+
+    def __getitem__(self, i: int) -> BrokerProcess:
+        return self.brokers[i]
+
+    def live(self) -> list[BrokerProcess]:
+        return [b for b in self.brokers.values() if b.alive()]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(b.bootstrap for b in self.live())
+
+    def partition(self, topic: str, p: int = 0) -> Any:
+        md = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(topic=topic, timeout=10)
+        return md.topics[topic].partitions[p]
+
+    def wait_isr(self, topic: str, isr: set[int], leader: int | None = None, timeout: float = 60.0) -> None:
+        def ok() -> bool:
+            part = self.partition(topic)
+            return set(part.isrs) == isr and (leader is None or part.leader == leader)
+        wait_for(ok, f"{topic}-0 ISR {sorted(isr)} (leader {leader})", timeout)
+
+    def restart(self, i: int) -> None:
+        self.brokers[i].start()
+        wait_for(lambda: i in AdminClient({"bootstrap.servers": self.brokers[i].bootstrap})
+                 .list_topics(timeout=5).brokers, f"broker {i} registered")
+
+    def stop(self) -> None:
+        for b in self.brokers.values():
+            if b.proc is not None:
+                os.kill(b.proc.pid, signal.SIGCONT)
+            b.kill()
+
+
+@pytest.fixture(scope="module")
+def cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(zookeeper, tmp_path_factory.mktemp("replication"))
+    try:
+        for b in c.brokers.values():
+            b.start()
+        wait_for(lambda: len(AdminClient({"bootstrap.servers": c.bootstrap}).list_topics(timeout=5).brokers) == 3,
+                 "three brokers registered")
+        yield c
+    finally:
+        c.stop()
+
+
+def wait_for(cond, what: str, timeout: float = 30.0) -> float:  # type: ignore[no-untyped-def]
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            if cond():
+                return time.monotonic() - t0
+        except Exception:  # noqa: BLE001  (a broker still starting or gone: ask again)
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
+
+
+def create_topic(c: Cluster, name: str, replicas: list[int], **configs: str) -> None:
+    admin = AdminClient({"bootstrap.servers": c.bootstrap})
+    for f in admin.create_topics([NewTopic(name, num_partitions=1, replica_assignment=[replicas], config=configs)]).values():
+        f.result(20)
+    c.wait_isr(name, set(replicas), leader=replicas[0])
+
+
+def raw_produce(b: BrokerProcess, topic: str, values: list[bytes], acks: int = -1) -> tuple[int, int]:
+    """One Produce v9 to the broker: (error code, base offset)."""
+    batch = build_batch([(None, v, [], int(time.time() * 1000)) for v in values])
+    req = ProduceRequest(transactional_id=None, acks=acks, timeout_ms=10000, topic_data=[
+        ProduceRequest.TopicProduceData(name=topic, partition_data=[
+            ProduceRequest.PartitionProduceData(index=0, records=batch)])])
+    with RawClient(b.bootstrap) as client:
+        resp = client.request(0, 9, req)
+    pr = resp.responses[0].partition_responses[0]
+    return pr.error_code, pr.base_offset
+
+
+def consume(c: Cluster, topic: str, count: int, timeout: float = 60.0) -> list[tuple[int, bytes]]:
+    consumer = Consumer({"bootstrap.servers": c.bootstrap, "group.id": "replication-tests",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        out: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < count and time.monotonic() < deadline:
+            for m in consumer.consume(10000, 0.5):
+                if m.error() is None:
+                    out.append((m.offset(), m.value()))
+        return out
+    finally:
+        consumer.close()
+
+
+def local_copy(b: BrokerProcess, topic: str, dest: Path) -> Log:
+    """Open a copy of a broker's log of topic-0 (the broker keeps writing to its own)."""
+    shutil.copytree(b.data_dir / "logs" / f"{topic}-0", dest / f"{topic}-0")
+    return Log.open(dest / f"{topic}-0", topic, 0, LogConfig(), clean_shutdown=False)
+
+
+# ---------------------------------------------------------------- acks=all and min.insync.replicas
+
+
+def test_acks_all_waits_for_the_isr_and_refuses_below_min_insync(cluster: Cluster) -> None:
+    create_topic(cluster, "acks-all", [1, 2, 3], **{"min.insync.replicas": "2"})
+    code, base = raw_produce(cluster[1], "acks-all", [b"a", b"b"])
+    assert (code, base) == (ErrorCode.NONE, 0)
+    # The answer came once the followers had the batch: the high watermark is past it.
+    assert [v for _, v in consume(cluster, "acks-all", 2)] == [b"a", b"b"]
+
+    cluster[2].kill()
+    cluster[3].kill()
+    cluster.wait_isr("acks-all", {1}, leader=1, timeout=30)
+    code, _ = raw_produce(cluster[1], "acks-all", [b"c"])
+    assert code == ErrorCode.NOT_ENOUGH_REPLICAS
+    # acks=1 does not ask for the ISR.
+    assert raw_produce(cluster[1], "acks-all", [b"d"], acks=1) == (ErrorCode.NONE, 2)
+
+    cluster.restart(2)
+    cluster.restart(3)
+    cluster.wait_isr("acks-all", {1, 2, 3}, leader=1)
+    assert raw_produce(cluster[1], "acks-all", [b"e"]) == (ErrorCode.NONE, 3)
+
+
+# ---------------------------------------------------------------- catching up
+
+
+def test_offline_follower_catches_up_100k_records_and_rejoins_the_isr(cluster: Cluster, tmp_path: Path) -> None:
+    create_topic(cluster, "catch-up", [1, 2, 3], **{"min.insync.replicas": "2"})
+    cluster[3].kill()
+    cluster.wait_isr("catch-up", {1, 2}, leader=1, timeout=30)
+
+    n = 100_000
+    errors: list[Any] = []
+    p = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 20,
+                  "batch.num.messages": 10000, "queue.buffering.max.messages": 200000})
+    for i in range(n):
+        p.produce("catch-up", b"%d" % i, partition=0, on_delivery=lambda e, m: errors.append(e) if e else None)
+        if i % 20000 == 0:
+            p.poll(0)
+    assert p.flush(60) == 0 and not errors, errors[:3]
+
+    t0 = time.monotonic()
+    cluster.restart(3)
+    cluster.wait_isr("catch-up", {1, 2, 3}, leader=1, timeout=90)
+    print(f"follower 3 caught up {n} records and rejoined the ISR in {time.monotonic() - t0:.1f} s")
+    # Rejoining needs its log end at the high watermark: every record is there, at the leader's offsets.
+    log = local_copy(cluster[3], "catch-up", tmp_path)
+    try:
+        assert log.log_end_offset == n
+        recs = read_all(log)
+        assert [r.offset for r in recs] == list(range(n))
+        assert [r.value for r in recs[:3]] == [b"0", b"1", b"2"] and recs[-1].value == b"%d" % (n - 1)
+    finally:
+        log.close()
+
+
+# ---------------------------------------------------------------- divergence
+
+
+def test_diverged_follower_truncates_to_the_new_leaders_epoch_boundary(cluster: Cluster, tmp_path: Path) -> None:
+    create_topic(cluster, "diverge", [1, 2])
+    assert raw_produce(cluster[1], "diverge", [b"v%d" % i for i in range(10)]) == (ErrorCode.NONE, 0)
+    # Broker 2 stops fetching; the leader takes 5 records only it will ever have, and dies before the
+    # ISR shrinks (replica.lag.time.max.ms), so broker 2 is elected cleanly.
+    b1, b2 = cluster[1], cluster[2]
+    assert b2.proc is not None
+    os.kill(b2.proc.pid, signal.SIGSTOP)
+    try:
+        assert raw_produce(b1, "diverge", [b"lost%d" % i for i in range(5)], acks=1) == (ErrorCode.NONE, 10)
+        b1.kill()
+    finally:
+        os.kill(b2.proc.pid, signal.SIGCONT)
+    cluster.wait_isr("diverge", {2}, leader=2, timeout=60)
+    assert raw_produce(b2, "diverge", [b"new%d" % i for i in range(3)]) == (ErrorCode.NONE, 10)
+
+    cluster.restart(1)
+    cluster.wait_isr("diverge", {1, 2}, leader=2)
+    log = local_copy(b1, "diverge", tmp_path)
+    try:
+        values = [r.value for r in read_all(log)]
+        assert values == [b"v%d" % i for i in range(10)] + [b"new%d" % i for i in range(3)]
+        epochs = log.leader_epoch_cache.entries
+        assert [e.start_offset for e in epochs] == [0, 10] and epochs[1].epoch > epochs[0].epoch
+    finally:
+        log.close()
+    assert "truncating diverge-0 from 15 to 10" in b1.read_log()
+
+
+# ---------------------------------------------------------------- idempotent producers across failover
+
+
+def test_idempotent_producer_keeps_its_sequence_state_across_a_leader_change(cluster: Cluster) -> None:
+    create_topic(cluster, "idem", [2, 3, 1], **{"min.insync.replicas": "2"})
+    n = 3000
+    errors: list[Any] = []
+    acked: list[int] = []
+    p = Producer({"bootstrap.servers": cluster.bootstrap, "enable.idempotence": True, "acks": "all",
+                  "linger.ms": 2, "message.timeout.ms": 60000, "retry.backoff.ms": 100})
+
+    def on_delivery(err: Any, m: Any) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            acked.append(int(m.value()))
+
+    def produce() -> None:
+        for i in range(n):
+            p.produce("idem", b"%d" % i, partition=0, on_delivery=on_delivery)
+            p.poll(0)
+            if i % 100 == 0:
+                time.sleep(0.02)
+        p.flush(90)
+
+    t = threading.Thread(target=produce)
+    t.start()
+    wait_for(lambda: len(acked) >= n // 3, "a third acknowledged", 30)
+    cluster[2].kill()  # the leader, with batches in flight
+    t.join(120)
+    assert not t.is_alive()
+    assert not errors, errors[:3]
+    assert len(acked) == n
+    values = [v for _, v in consume(cluster, "idem", n)]
+    assert values == [b"%d" % i for i in range(n)]  # no duplicate, no gap, in order
+    c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "replication-tests"})
+    try:
+        assert c.get_watermark_offsets(TopicPartition("idem", 0), timeout=10) == (0, n)
+    finally:
+        c.close()
+    cluster.restart(2)
+    cluster.wait_isr("idem", {1, 2, 3})
