@@ -117,7 +117,7 @@ public final class SecurityCompat {
         }
         ok("produced %d", count);
         int seen = 0;
-        try (KafkaConsumer<byte[], byte[]> consumer = consumer("java-sec-" + topic)) {
+        try (KafkaConsumer<byte[], byte[]> consumer = consumer(args.getOrDefault("group", "java-sec-" + topic))) {
             consumer.subscribe(Collections.singletonList(topic));
             long deadline = System.currentTimeMillis() + 60000;
             while (seen < count && System.currentTimeMillis() < deadline) {
