@@ -70,7 +70,16 @@ class RequestContext:
     def authorized_names(self, op: AclOperation, rtype: ResourceType, names: Iterable[str | None],
                          log_denied: bool = True) -> set[str]:
         """The names (each checked once) the principal may do op on: Kafka's AuthHelper.filterByAuthorized."""
-        return {n for n in set(names) if n is not None and self.authorized(op, rtype, n, log_denied)}
+        authz = self.server.authorizer
+        wanted = {n for n in names if n is not None}
+        if authz is None:
+            return wanted
+        allowed = authz.authorized_names(self.conn.principal, self.client_host, op, rtype, wanted)
+        if log_denied and len(allowed) < len(wanted):
+            for name in wanted - allowed:
+                self.refused(_DENIED_CODES[rtype], f"{self.conn.principal} may not {OPERATION_NAMES[op]}",
+                             f"{RESOURCE_TYPE_NAMES[rtype]} {name!r}")
+        return allowed
 
     def authorized_operations(self, rtype: ResourceType, name: str = CLUSTER_NAME) -> int:
         authz = self.server.authorizer

@@ -93,6 +93,10 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
     else:
         auto = req.allow_auto_topic_creation if v >= 4 else True
         names_by_id = server.topic_names_by_id() if v >= 12 else {}
+        describable: set[str] = set()
+        if authz is not None:
+            wanted = [t.name if t.name is not None else names_by_id.get(t.topic_id) for t in req.topics]
+            describable = ctx.authorized_names(AclOperation.DESCRIBE, ResourceType.TOPIC, wanted)
         for t in req.topics:
             if v < 12 and (t.name is None or (v >= 10 and t.topic_id != bytes(16))):
                 # As Kafka: topic ids in Metadata requests need v12 (v10-11 carry the field but not the feature).
@@ -103,13 +107,13 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
                 rec = store.topics.get(name) if name is not None else None
                 if rec is None:
                     topics.append(_error_topic(None, ErrorCode.UNKNOWN_TOPIC_ID, t.topic_id))
-                elif authz is not None and not ctx.authorized(AclOperation.DESCRIBE, ResourceType.TOPIC, rec.name):
+                elif authz is not None and rec.name not in describable:
                     # Topic ids are not secret, names are: Kafka answers without the name.
                     topics.append(_error_topic(None, ErrorCode.TOPIC_AUTHORIZATION_FAILED, t.topic_id))
                 else:
                     topics.append(described(rec))
                 continue
-            if authz is not None and not ctx.authorized(AclOperation.DESCRIBE, ResourceType.TOPIC, t.name):
+            if authz is not None and t.name not in describable:
                 # Whether the topic exists is not disclosed either.
                 topics.append(_error_topic(t.name, ErrorCode.TOPIC_AUTHORIZATION_FAILED))
                 continue
