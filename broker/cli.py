@@ -108,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from broker.server import KafkaServer
 
-    server = KafkaServer(config)
+    try:
+        server = KafkaServer(config)
+    except ConfigError as e:  # listener security (key material, JAAS configs) is checked when it is built
+        print(f"kbroker: invalid configuration: {e}", file=sys.stderr)
+        return 2
     try:
         uvloop.run(server.run_until_stopped())
     except OSError as e:
