@@ -148,20 +148,39 @@ def run_user_suite(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedPro
                                         "filterwarnings = ignore::DeprecationWarning\n")
     out = tmp_path / "out"
     out.mkdir()
-    # The plugin is loaded by name here: the entry point registers it only once the package is installed
-    # (the checkout under test may not be the installed one).
-    env = dict(os.environ, KBROKER_PLUGIN_OUT=str(out), PYTHONPATH=str(ROOT))
-    args = [sys.executable, "-m", "pytest", "-p", "kbroker_tools.pytest_plugin", "-p", "no:cacheprovider",
-            "-q", "--kbroker-override", "log.segment.bytes=1048576", *extra]
+    # The plugin of this checkout is loaded by name with entry-point autoloading off: an installed kbroker's
+    # entry point would register the same module a second time (and may belong to another checkout).
+    env = dict(os.environ, KBROKER_PLUGIN_OUT=str(out), PYTHONPATH=str(ROOT), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    args = [sys.executable, "-m", "pytest", "-p", "kbroker_tools.pytest_plugin", "-p", "xdist.plugin",
+            "-p", "no:cacheprovider", "-q", "--kbroker-override", "log.segment.bytes=1048576", *extra]
     proc = subprocess.run(args, cwd=project, env=env, capture_output=True, text=True, timeout=300)
     return proc, out
 
 
-def test_plugin_is_registered_as_a_pytest11_entry_point():
+def test_entry_point_loads_the_plugin_without_any_flag(tmp_path):
+    """pyproject's pytest11 entry point, as an installed distribution declares it: pytest finds the fixtures."""
     import tomllib
 
-    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert meta["project"]["entry-points"]["pytest11"]["kbroker"] == "kbroker_tools.pytest_plugin"
+    entry_points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
+    assert entry_points == {"kbroker": "kbroker_tools.pytest_plugin"}
+    site = tmp_path / "site"
+    dist = site / "kbroker_entrypoint_check-0.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kbroker-entrypoint-check\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[pytest11]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points.items()))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "test_plain.py").write_text(
+        "def test_topic(kafka_broker, kafka_topic):\n"
+        "    assert kafka_broker.bootstrap_servers.startswith('127.0.0.1:') and kafka_topic\n")
+    # An installed kbroker declares the same entry point name: pytest registers the first and skips the other.
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_DISABLE_PLUGIN_AUTOLOAD"}
+    env["PYTHONPATH"] = f"{site}:{ROOT}"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "1 passed" in r.stdout and "kbroker: the kafka_broker fixture's broker (subprocess)" in r.stdout
 
 
 def test_fixtures_in_xdist_workers_with_four_clients(tmp_path):
