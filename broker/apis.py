@@ -17,6 +17,7 @@ from broker.security.acls import (
     RESOURCE_TYPE_NAMES,
     AclOperation,
     ResourceType,
+    java_host_address,
 )
 from protocol import codec
 from protocol.errors import ErrorCode
@@ -55,7 +56,8 @@ class RequestContext:
     @property
     def client_host(self) -> str:
         """The client's address as Kafka's ACL hosts name it (InetAddress.getHostAddress: no port)."""
-        return self.conn.peer_host
+        host = self.conn.peer_host
+        return host if ":" not in host else java_host_address(host)
 
     def authorized(self, op: AclOperation, rtype: ResourceType, name: str = CLUSTER_NAME,
                    log_denied: bool = True) -> bool:

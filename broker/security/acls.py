@@ -101,6 +101,22 @@ IMPLIED_BY: dict[AclOperation, frozenset[AclOperation]] = {
 }
 
 
+def java_host_address(ip: str) -> str:
+    """An address as Java's InetAddress.getHostAddress writes it, which is what Kafka matches ACL hosts against:
+    IPv6 in eight uncompressed groups (0:0:0:0:0:0:0:1), IPv4-mapped IPv6 as plain IPv4."""
+    if ":" not in ip:
+        return ip
+    import ipaddress
+
+    try:
+        addr = ipaddress.IPv6Address(ip.split("%", 1)[0])
+    except ValueError:
+        return ip
+    if addr.ipv4_mapped is not None:
+        return str(addr.ipv4_mapped)
+    return ":".join(f"{int(group, 16):x}" for group in addr.exploded.split(":"))
+
+
 def bit_field(operations: list[AclOperation] | tuple[AclOperation, ...]) -> int:
     """Kafka's Utils.to32BitField."""
     out = 0
