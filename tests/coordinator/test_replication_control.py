@@ -331,6 +331,58 @@ def test_reassignment_removes_a_replica_and_its_log(cluster: Cluster, zk_client:
         admin.close()
 
 
+# ---------------------------------------------------------------- requests from brokers to the controller
+
+
+def test_alter_partition_and_controlled_shutdown_requests_are_checked_by_the_controller(
+        cluster: Cluster, zk_client: KazooClient) -> None:
+    """What a leader's ISR change (AlterPartition v2) and a stopping broker's ControlledShutdown get answered,
+    sent as a broker sends them."""
+    from protocol.messages import (  # noqa: PLC0415
+        AlterPartitionRequest,
+        ControlledShutdownRequest,
+    )
+    from tests.clients import RawClient  # noqa: PLC0415
+
+    topic = "isr-change"
+    create(cluster[1], topic, assignment={0: [2, 3, 1]})
+    controller = controller_of(zk_client)
+    other = next(b for b in BROKERS if b != controller)
+    epoch_of = {b: zk_client.exists(zp.broker_path(b)).czxid for b in BROKERS}
+    data, stat = zk_client.get(zp.partition_state_path(topic, 0))
+    state = zp.loads(data)
+    topic_id = zp.parse_topic_assignment(zk_client.get(zp.topic_path(topic))[0]).topic_id
+
+    def alter(broker_epoch: int, leader_epoch: int, isr: list[int], partition_epoch: int, to: int) -> Any:
+        req = AlterPartitionRequest(broker_id=2, broker_epoch=broker_epoch, topics=[AlterPartitionRequest.TopicData(
+            topic_id=topic_id, partitions=[AlterPartitionRequest.PartitionData(
+                partition_index=0, leader_epoch=leader_epoch, new_isr=isr, partition_epoch=partition_epoch)])])
+        with RawClient(cluster[to].bootstrap) as raw:
+            return raw.request(56, 2, req)
+
+    assert alter(epoch_of[2], state["leader_epoch"], [2, 3], stat.version, other).error_code == 41  # NOT_CONTROLLER
+    assert alter(epoch_of[2] - 1, state["leader_epoch"], [2, 3], stat.version, controller).error_code == 77
+    fenced = alter(epoch_of[2], state["leader_epoch"] + 1, [2, 3], stat.version, controller)
+    assert fenced.topics[0].partitions[0].error_code == 74  # FENCED_LEADER_EPOCH
+    ok = alter(epoch_of[2], state["leader_epoch"], [2, 3], stat.version, controller)
+    (res,) = ok.topics[0].partitions
+    assert ok.error_code == 0 and res.error_code == 0
+    assert (res.leader_id, res.leader_epoch, res.isr, res.partition_epoch) == (2, state["leader_epoch"], [2, 3],
+                                                                               stat.version + 1)
+    new, new_stat = zk_client.get(zp.partition_state_path(topic, 0))
+    assert zp.loads(new)["isr"] == [2, 3] and new_stat.version == stat.version + 1
+    stale = alter(epoch_of[2], state["leader_epoch"], [2], stat.version - 1, controller)
+    assert stale.topics[0].partitions[0].error_code == 95  # INVALID_UPDATE_VERSION
+    wait_for(lambda: sorted(ck_metadata(cluster[1], topic).topics[topic].partitions[0].isrs) == [2, 3],
+             "the smaller ISR in every broker's metadata (UpdateMetadata)")
+
+    with RawClient(cluster[other].bootstrap) as raw:
+        assert raw.request(7, 3, ControlledShutdownRequest(broker_id=3, broker_epoch=epoch_of[3])).error_code == 41
+    with RawClient(cluster[controller].bootstrap) as raw:
+        resp = raw.request(7, 3, ControlledShutdownRequest(broker_id=3, broker_epoch=epoch_of[3] - 1))
+    assert resp.error_code == 77  # STALE_BROKER_EPOCH: an older registration of broker 3
+
+
 # ---------------------------------------------------------------- failures
 
 
@@ -390,9 +442,10 @@ def test_controlled_shutdown_moves_leaderships_first(cluster: Cluster, zk_client
     import re  # noqa: PLC0415
 
     controller = controller_of(zk_client)
-    victim = next(p for p in range(6) if zk_state(zk_client, "rf3", p)["leader"] in (2, 3))
-    leader = zk_state(zk_client, "rf3", victim)["leader"]
+    # The other of brokers 2 and 3, so the controller (and its auto rebalance, for the next test) stays put.
+    leader = next(b for b in (2, 3) if b != controller)
     led = [p for p in range(6) if zk_state(zk_client, "rf3", p)["leader"] == leader]
+    assert led
     t0 = time.monotonic()
     cluster[leader].stop()
     stopped = time.monotonic() - t0
