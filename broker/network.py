@@ -41,7 +41,10 @@ MAX_QUEUED_PER_CONNECTION = 64
 # requests until the backlog drains; if it does not drain within request.timeout.ms it is closed.
 MAX_UNSENT_BYTES = 16 * 1024 * 1024
 INITIAL_BUFFER = 65536
-# Over TLS fetch data cannot go through sendfile: it is read and written in chunks of this size.
+# Over TLS fetch data cannot go through sendfile: responses with up to TLS_INLINE_FILE_BYTES of it are read
+# into the frame whole, larger ones are read and written in chunks of TLS_CHUNK_BYTES, with at most about a
+# chunk waiting in the transport.
+TLS_INLINE_FILE_BYTES = 1024 * 1024
 TLS_CHUNK_BYTES = 256 * 1024
 # A TLS client gets this long to complete its handshake.
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
@@ -363,7 +366,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if not ext:
             self.transport.write(response.frame)  # type: ignore[union-attr]
             return True
-        if sum(region.size for _, region in ext) > INLINE_FILE_BYTES:
+        if sum(region.size for _, region in ext) > (TLS_INLINE_FILE_BYTES if self.tls else INLINE_FILE_BYTES):
             return False
         frame = response.frame
         parts: list[bytes | bytearray | memoryview] = []
@@ -386,10 +389,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if offset > prev:
                 transport.write(frame[prev:offset])
             prev = offset
-            await self._wait_drained()
             if self.tls:
                 await self._copy_region(region)
             else:
+                await self._wait_drained()
                 await self._sendfile(sock_fd, region)
         if prev < len(frame):
             transport.write(frame[prev:])
