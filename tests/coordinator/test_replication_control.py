@@ -483,3 +483,47 @@ def test_auto_leader_rebalance_moves_leaders_to_preferred_replicas(cluster: Clus
     assert elapsed < 5
     wait_for(lambda: ck_metadata(cluster[preferred], topic).topics[topic].partitions[p].leader == preferred,
              "the preferred leader in metadata")
+
+
+def test_unclean_leader_election_by_topic_config_and_by_elect_leaders(cluster: Cluster,
+                                                                      zk_client: KazooClient) -> None:
+    controller = controller_of(zk_client)
+    x = next(b for b in (2, 3) if b != controller)
+    auto, manual = "unclean-auto", "unclean-manual"
+    admin = ck_admin(cluster[controller])
+    futures = admin.create_topics([
+        NewTopic(auto, 1, replica_assignment=[[1, x]], config={"unclean.leader.election.enable": "true"}),
+        NewTopic(manual, 1, replica_assignment=[[1, x]]),
+    ], operation_timeout=10)
+    for f in futures.values():
+        f.result(15)
+    wait_for(lambda: all(zk_state(zk_client, t, 0)["leader"] == 1 for t in (auto, manual)), "broker 1 leads both")
+
+    cluster[x].kill()  # the follower goes first: the ISR is [1] alone
+    wait_for(lambda: all(zk_state(zk_client, t, 0)["isr"] == [1] for t in (auto, manual)),
+             f"broker {x} out of the ISRs", timeout=SESSION_MS / 1000 + 10)
+    cluster[1].kill()  # then the last ISR member: no leader, and no clean candidate
+    wait_for(lambda: all(zk_state(zk_client, t, 0)["leader"] == -1 for t in (auto, manual)),
+             "both without a leader", timeout=SESSION_MS / 1000 + 10)
+
+    cluster[x].start(timeout=SESSION_MS / 1000 + 20)
+    # unclean.leader.election.enable=true on the topic: the returning out-of-sync replica may lead
+    wait_for(lambda: zk_state(zk_client, auto, 0)["leader"] == x, f"broker {x} leads {auto}",
+             timeout=SESSION_MS / 1000 + 10)
+    assert zk_state(zk_client, auto, 0)["isr"] == [x]
+    # without it the partition stays offline
+    pm = ck_metadata(cluster[controller], manual).topics[manual].partitions[0]
+    assert pm.leader == -1 and pm.error is not None and pm.error.code() == CKError.LEADER_NOT_AVAILABLE
+    assert zk_state(zk_client, manual, 0) == {**zk_state(zk_client, manual, 0), "leader": -1, "isr": [1]}
+
+    # until an operator asks for an unclean election
+    kp = kp_admin(cluster[controller])
+    try:
+        kp.elect_leaders(1, {manual: [0]})
+    finally:
+        kp.close()
+    state = zk_state(zk_client, manual, 0)
+    assert state["leader"] == x and state["isr"] == [x]
+    wait_for(lambda: ck_metadata(cluster[controller], manual).topics[manual].partitions[0].leader == x,
+             "the unclean leader in metadata")
+    cluster[1].start(timeout=SESSION_MS / 1000 + 20)
