@@ -295,3 +295,58 @@ def test_credentials_survive_restart(tmp_path: Path, pki: Pki, topic_name: str) 
         assert "f-pw" not in (tmp_path / "logs" / "kbroker-scram-credentials.json").read_text()
     finally:
         b.stop()
+
+
+@pytest.fixture(scope="module")
+def plain_only(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[SecureBroker]:
+    """SASL_PLAINTEXT offers only PLAIN: a client asking for SCRAM gets UNSUPPORTED_SASL_MECHANISM."""
+    b = SecureBroker(tmp_path_factory.mktemp("plain-only"), pki,
+                     {"listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN"})
+    b.start()
+    yield b
+    b.stop()
+
+
+@pytest.mark.parametrize("mechanism,password,logged", [
+    ("PLAIN", "wrong", "Authentication failed: Invalid username or password"),
+    ("SCRAM-SHA-512", "alice-secret", "UnsupportedSaslMechanism"),
+])
+def test_bad_credentials_and_mechanism_aiokafka(plain_only: SecureBroker, mechanism: str, password: str,
+                                                logged: str, caplog: pytest.LogCaptureFixture,
+                                                topic_name: str) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaConnectionError
+
+    async def start() -> None:
+        p = AIOKafkaProducer(bootstrap_servers=plain_only.addr("SASL_PLAINTEXT"), security_protocol="SASL_PLAINTEXT",
+                             sasl_mechanism=mechanism, sasl_plain_username="alice", sasl_plain_password=password,
+                             request_timeout_ms=5000)
+        try:
+            await asyncio.wait_for(p.start(), 30)
+        finally:
+            await p.stop()
+
+    with pytest.raises(KafkaConnectionError):
+        asyncio.run(start())
+    assert any(logged in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records][-5:]
+    _healthy(plain_only, topic_name)
+
+
+def test_unsupported_mechanism_kafka_python(plain_only: SecureBroker, caplog: pytest.LogCaptureFixture,
+                                           topic_name: str) -> None:
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaTimeoutError
+
+    p = KafkaProducer(bootstrap_servers=plain_only.addr("SASL_PLAINTEXT"), security_protocol="SASL_PLAINTEXT",
+                      sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="carol", sasl_plain_password="x",
+                      request_timeout_ms=3000, max_block_ms=3000, reconnect_backoff_max_ms=200, api_version=(3, 9))
+    try:
+        with pytest.raises(KafkaTimeoutError):
+            p.send(topic_name, b"x").get(timeout=5)
+    finally:
+        p.close(timeout=1)
+    assert any("UnsupportedSaslMechanism" in r.getMessage() for r in caplog.records), \
+        [r.getMessage() for r in caplog.records][-5:]
+    _healthy(plain_only, topic_name)
