@@ -35,6 +35,9 @@ _PARTITION_OVERHEAD = 128
 _RESPONSE_OVERHEAD = 4096
 
 
+_NONE_DENIED: frozenset[str] = frozenset()
+
+
 class _FetchPlan:
     """The partitions of one fetch request, resolved to names, each once, in request order.
 
@@ -61,18 +64,18 @@ class _FetchPlan:
                 last_key = topic_key
             self.topics[-1][2].append(p)
         self.num_partitions = len(chosen)
+        # A follower broker replicating (Kafka's replica id); consumers send -1.
+        self.replica_id = _replica_id(ctx, req)
         # Topics this principal may not read (Kafka answers their partitions TOPIC_AUTHORIZATION_FAILED).
-        self.denied: set[str] = set()
+        self.denied: frozenset[str] | set[str] = _NONE_DENIED
         if ctx.server.authorizer is not None:
             names = {name for _, name, _ in self.topics if name is not None}
-            if _replica_id(ctx, req) >= 0:
+            if self.replica_id >= 0:
                 # A follower's fetch: ClusterAction on the cluster, or nothing at all.
                 if not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER):
                     self.denied = names
             else:
                 self.denied = names - ctx.authorized_names(AclOperation.READ, ResourceType.TOPIC, names)
-        # A follower broker replicating (Kafka's replica id); consumers send -1.
-        self.replica_id = _replica_id(ctx, req)
 
     def keys(self) -> list[tuple[str, int]]:
         return [(name, p.partition) for _, name, parts in self.topics if name is not None for p in parts]
@@ -88,6 +91,7 @@ class _FetchPlan:
         total = 0
         has_error = False
         committed_only = req.isolation_level == READ_COMMITTED
+        denied = self.denied
         responses = []
         for t, name, partitions in self.topics:
             parts = []
@@ -96,7 +100,7 @@ class _FetchPlan:
                     parts.append(_error(p.partition, ErrorCode.UNKNOWN_TOPIC_ID))
                     has_error = True
                     continue
-                if name in self.denied:
+                if denied and name in denied:
                     parts.append(_error(p.partition, ErrorCode.TOPIC_AUTHORIZATION_FAILED))
                     has_error = True
                     continue
