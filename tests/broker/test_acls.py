@@ -495,3 +495,34 @@ def test_strict_store_survives_restart(strict: BrokerProcess) -> None:
         ("Topic", "PREFIXED", "app-"), ("Group", "LITERAL", "app-group"), ("Cluster", "LITERAL", "kafka-cluster")}
     assert "ACL authorizer started: 3 ACLs on 3 resource patterns" in strict.read_log()
     wait_until(lambda: "app-orders" in admin(strict.bootstrap).list_topics(timeout=10).topics)
+
+
+def test_broker_to_broker_apis_need_cluster_action(lenient: BrokerProcess, clean: AdminClient,
+                                                   topic_name: str) -> None:
+    from protocol.messages import FetchRequest, LeaderAndIsrRequest, WriteTxnMarkersRequest
+
+    create_topic(clean, topic_name)
+    create_acls(clean, [allow(ResourceType.BROKER, "kafka-cluster", AclOperation.ALL),
+                        deny(ResourceType.BROKER, "kafka-cluster", AclOperation.CLUSTER_ACTION)])
+    W = WriteTxnMarkersRequest
+    with RawClient(lenient.bootstrap) as raw:
+        # A follower's fetch (replica id 7): every partition refused.
+        fetch = raw.request(1, 12, FetchRequest(replica_id=7, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20,
+                                                topics=[FetchRequest.FetchTopic(topic=topic_name, partitions=[
+                                                    FetchRequest.FetchPartition(partition=0, fetch_offset=0,
+                                                                                partition_max_bytes=1 << 20)])]))
+        assert [p.error_code for p in fetch.responses[0].partitions] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+        # The same fetch as a consumer reads (Read comes from allow.everyone.if.no.acl.found).
+        consumer = raw.request(1, 12, FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20,
+                                                   topics=[FetchRequest.FetchTopic(topic=topic_name, partitions=[
+                                                       FetchRequest.FetchPartition(partition=0, fetch_offset=0,
+                                                                                   partition_max_bytes=1 << 20)])]))
+        assert [p.error_code for p in consumer.responses[0].partitions] == [0]
+        markers = raw.request(27, 1, W(markers=[W.WritableTxnMarker(
+            producer_id=1, producer_epoch=0, transaction_result=True, coordinator_epoch=0,
+            topics=[W.WritableTxnMarkerTopic(name=topic_name, partition_indexes=[0])])]))
+        assert [p.error_code for p in markers.markers[0].topics[0].partitions] == [
+            KafkaError.CLUSTER_AUTHORIZATION_FAILED]
+        lai = raw.request(4, 5, LeaderAndIsrRequest(controller_id=0, controller_epoch=1, broker_epoch=0,
+                                                    topic_states=[], live_leaders=[]))
+        assert lai.error_code == KafkaError.CLUSTER_AUTHORIZATION_FAILED
