@@ -341,8 +341,8 @@ class ReplicaManager:
             was_leader = p.is_leader
             if p.make_follower(state) or was_leader:
                 changed.append(p)
-            if was_leader:
-                self._on_leadership(p, False)
+            # Also when it was not leader here: coordinators may have loaded it at startup from older metadata.
+            self._on_leadership(p, False)
             # Waiting acks=all produce and fetches learn they lost the leadership.
             self._high_watermark_moved((p.topic, p.partition))
         fetchers.remove_partitions([(p.topic, p.partition) for p in changed])

@@ -358,6 +358,8 @@ class KafkaServer:
         await asyncio.wrap_future(self.io_pool.submit(lg.flush, offset + 1))
 
     async def wait_replicated(self, lg, offset: int) -> ErrorCode:  # type: ignore[no-untyped-def]
+        # A coordinator's write: followers parked in a long-poll fetch take it now, not at replica.fetch.wait.max.ms.
+        self.replica_manager.purgatory.notify((lg.topic, lg.partition))
         return await self.replica_manager.wait_for_high_watermark(lg, offset, self.config["offsets.commit.timeout.ms"])
 
     # ------------------------------------------------------------ transaction coordinator host

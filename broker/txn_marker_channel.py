@@ -60,9 +60,23 @@ class TxnMarkerChannel:
 
     async def _write_here(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
                           tps: list[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
+        return await self.append_markers_replicated(producer_id, producer_epoch, coordinator_epoch, commit, tps)
+
+    async def append_markers_replicated(self, producer_id: int, producer_epoch: int, coordinator_epoch: int,
+                                        commit: bool, tps: list[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
+        """append_markers, answered once replicated partitions' ISRs have the markers (Kafka writes them with
+        acks=all): a marker lost in a leader change would leave the transaction open there."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self.server.io_pool, self.append_markers, producer_id, producer_epoch, coordinator_epoch, commit, tps)
+        required: dict[TopicPartition, int] = {}
+        results = await loop.run_in_executor(self.server.io_pool, self.append_markers, producer_id, producer_epoch,
+                                             coordinator_epoch, commit, tps, required)
+        if required:
+            codes = await self.server.replica_manager.wait_for_replication(
+                [(t, p, offset) for (t, p), offset in required.items()], self.server.config["request.timeout.ms"])
+            for tp, code in codes.items():
+                if code != ErrorCode.NONE:
+                    results[tp] = code
+        return results
 
     async def _write_remote(self, leader: int, producer_id: int, producer_epoch: int, coordinator_epoch: int,
                             commit: bool, tps: list[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
@@ -92,8 +106,10 @@ class TxnMarkerChannel:
     # ------------------------------------------------------------ partition side
 
     def append_markers(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
-                       tps: list[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
-        """Append the control batch to each local partition (blocking: run on the io pool)."""
+                       tps: list[TopicPartition], required: dict[TopicPartition, int] | None = None,
+                       ) -> dict[TopicPartition, ErrorCode]:
+        """Append the control batch to each local partition (blocking: run on the io pool). required collects,
+        for partitions whose high watermark is not past the marker yet, the offset it must reach."""
         server = self.server
         rm = server.replica_manager
         results: dict[TopicPartition, ErrorCode] = {}
@@ -113,6 +129,8 @@ class TxnMarkerChannel:
                 results[(topic, partition)] = code
                 continue
             rm.purgatory.notify((topic, partition))
+            if required is not None and lg.high_watermark <= info.last_offset:
+                required[(topic, partition)] = info.last_offset + 1
             if rm.needs_flush(lg):
                 to_flush.append((lg, info.last_offset))
             if topic == OFFSETS_TOPIC:

@@ -148,7 +148,8 @@ class GroupCoordinator(GroupOffsets):
             self.txn_groups[pid] -= names
             if not self.txn_groups[pid]:
                 del self.txn_groups[pid]
-        log.info("Unloaded %d groups of %s-%d", len(gone), OFFSETS_TOPIC, p)
+        if gone:
+            log.info("Unloaded %d groups of %s-%d", len(gone), OFFSETS_TOPIC, p)
 
     def stop(self) -> None:
         if self.loop.is_running():

@@ -174,7 +174,8 @@ class TransactionCoordinator:
             gone = [tid for tid in self.txns if self.partition_for(tid) == p]
             for tid in gone:
                 del self.txns[tid]
-            log.info("Unloaded %d transactional ids of %s-%d", len(gone), TRANSACTION_STATE_TOPIC, p)
+            if gone:
+                log.info("Unloaded %d transactional ids of %s-%d", len(gone), TRANSACTION_STATE_TOPIC, p)
         self.loop.call_soon_threadsafe(drop)
 
     def stop(self) -> None:

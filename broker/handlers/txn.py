@@ -7,7 +7,6 @@ coordinator.TransactionCoordinator, the partition side of markers broker.TxnMark
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import defaultdict
 
@@ -218,7 +217,6 @@ async def _verify_offsets_partition(ctx: RequestContext, req: TxnOffsetCommitReq
 
 async def handle_write_txn_markers(ctx: RequestContext, req: WriteTxnMarkersRequest) -> WriteTxnMarkersResponse:
     server = ctx.server
-    loop = asyncio.get_running_loop()
     R = WriteTxnMarkersResponse
     refused = server.authorizer is not None and not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
     out = []
@@ -227,9 +225,8 @@ async def handle_write_txn_markers(ctx: RequestContext, req: WriteTxnMarkersRequ
         if refused:
             results = {tp: ErrorCode.CLUSTER_AUTHORIZATION_FAILED for tp in tps}
         else:
-            results = await loop.run_in_executor(
-                server.io_pool, server.txn_markers.append_markers, m.producer_id, m.producer_epoch,
-                m.coordinator_epoch, m.transaction_result, tps)
+            results = await server.txn_markers.append_markers_replicated(
+                m.producer_id, m.producer_epoch, m.coordinator_epoch, m.transaction_result, tps)
         by_topic: dict[str, list[R.WritableTxnMarkerPartitionResult]] = defaultdict(list)
         for (topic, partition), code in results.items():
             by_topic[topic].append(R.WritableTxnMarkerPartitionResult(partition_index=partition, error_code=code))

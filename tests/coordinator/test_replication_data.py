@@ -20,6 +20,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from coordinator.group_coordinator import partition_for
 from protocol.errors import ErrorCode
 from protocol.messages import ProduceRequest
 from protocol.records import build_batch
@@ -123,6 +124,17 @@ def raw_produce(b: BrokerProcess, topic: str, values: list[bytes], acks: int = -
     return pr.error_code, pr.base_offset
 
 
+def produce_when_leader(b: BrokerProcess, topic: str, values: list[bytes]) -> tuple[int, int]:
+    """raw_produce, retried while the broker has not yet heard it leads (Metadata may come first)."""
+    result: list[tuple[int, int]] = []
+
+    def attempt() -> bool:
+        result[:] = [raw_produce(b, topic, values)]
+        return result[0][0] != ErrorCode.NOT_LEADER_OR_FOLLOWER
+    wait_for(attempt, f"broker to lead {topic}-0", 20)
+    return result[0]
+
+
 def consume(c: Cluster, topic: str, count: int, timeout: float = 60.0) -> list[tuple[int, bytes]]:
     consumer = Consumer({"bootstrap.servers": c.bootstrap, "group.id": "replication-tests",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
@@ -150,7 +162,7 @@ def local_copy(b: BrokerProcess, topic: str, dest: Path) -> Log:
 
 def test_acks_all_waits_for_the_isr_and_refuses_below_min_insync(cluster: Cluster) -> None:
     create_topic(cluster, "acks-all", [1, 2, 3], **{"min.insync.replicas": "2"})
-    code, base = raw_produce(cluster[1], "acks-all", [b"a", b"b"])
+    code, base = produce_when_leader(cluster[1], "acks-all", [b"a", b"b"])
     assert (code, base) == (ErrorCode.NONE, 0)
     # The answer came once the followers had the batch: the high watermark is past it.
     assert [v for _, v in consume(cluster, "acks-all", 2)] == [b"a", b"b"]
@@ -158,6 +170,7 @@ def test_acks_all_waits_for_the_isr_and_refuses_below_min_insync(cluster: Cluste
     cluster[2].kill()
     cluster[3].kill()
     cluster.wait_isr("acks-all", {1}, leader=1, timeout=30)
+    time.sleep(0.5)  # the leader applies the shrunk ISR from the controller's AlterPartition answer
     code, _ = raw_produce(cluster[1], "acks-all", [b"c"])
     assert code == ErrorCode.NOT_ENOUGH_REPLICAS
     # acks=1 does not ask for the ISR.
@@ -207,7 +220,7 @@ def test_offline_follower_catches_up_100k_records_and_rejoins_the_isr(cluster: C
 
 def test_diverged_follower_truncates_to_the_new_leaders_epoch_boundary(cluster: Cluster, tmp_path: Path) -> None:
     create_topic(cluster, "diverge", [1, 2])
-    assert raw_produce(cluster[1], "diverge", [b"v%d" % i for i in range(10)]) == (ErrorCode.NONE, 0)
+    assert produce_when_leader(cluster[1], "diverge", [b"v%d" % i for i in range(10)]) == (ErrorCode.NONE, 0)
     # Broker 2 stops fetching; the leader takes 5 records only it will ever have, and dies before the
     # ISR shrinks (replica.lag.time.max.ms), so broker 2 is elected cleanly.
     b1, b2 = cluster[1], cluster[2]
@@ -219,7 +232,7 @@ def test_diverged_follower_truncates_to_the_new_leaders_epoch_boundary(cluster: 
     finally:
         os.kill(b2.proc.pid, signal.SIGCONT)
     cluster.wait_isr("diverge", {2}, leader=2, timeout=60)
-    assert raw_produce(b2, "diverge", [b"new%d" % i for i in range(3)]) == (ErrorCode.NONE, 10)
+    assert produce_when_leader(b2, "diverge", [b"new%d" % i for i in range(3)]) == (ErrorCode.NONE, 10)
 
     cluster.restart(1)
     cluster.wait_isr("diverge", {1, 2}, leader=2)
@@ -276,3 +289,34 @@ def test_idempotent_producer_keeps_its_sequence_state_across_a_leader_change(clu
         c.close()
     cluster.restart(2)
     cluster.wait_isr("idem", {1, 2, 3})
+
+
+# ---------------------------------------------------------------- the group coordinator moves with its partition
+
+
+def test_committed_offsets_move_with_their_offsets_partition(cluster: Cluster) -> None:
+    create_topic(cluster, "grp", [1, 2, 3])
+    assert produce_when_leader(cluster[1], "grp", [b"m%d" % i for i in range(10)]) == (ErrorCode.NONE, 0)
+    group = "moving-group"
+
+    def committed() -> int:
+        c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group, "enable.auto.commit": False})
+        try:
+            return int(c.committed([TopicPartition("grp", 0)], timeout=5)[0].offset)
+        finally:
+            c.close()
+
+    c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[TopicPartition("grp", 0, 7)], asynchronous=False)
+    finally:
+        c.close()
+    assert committed() == 7
+    offsets_partition = partition_for(group, 50)
+    coordinator = cluster.partition("__consumer_offsets", offsets_partition).leader
+    cluster[coordinator].kill()
+    # A new leader of the partition loads the group from its replica of the log.
+    wait_for(lambda: cluster.partition("__consumer_offsets", offsets_partition).leader not in (coordinator, -1),
+             "a new leader of the group's __consumer_offsets partition", 60)
+    assert wait_for(lambda: committed() == 7, "the committed offset from the new coordinator", 30) >= 0
+    cluster.restart(coordinator)
