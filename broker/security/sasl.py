@@ -104,6 +104,7 @@ class SaslServerAuthenticator:
         self.reauthenticating = False
         self.authenticate_version = -1
         self.expires_at: float | None = None  # monotonic seconds; None: the session never expires
+        self._detail = ""  # why a SASL exchange failed, for the log only
         self._max_request = conn.max_request
         conn.max_request = min(conn.max_request, settings.max_receive)
         conn.handle = self.handle
@@ -169,8 +170,9 @@ class SaslServerAuthenticator:
         except SaslAuthenticationError as e:
             return None, str(e)
         except SaslError as e:
+            # The client learns only that its credentials are wrong; the broker log says why.
+            self._detail = str(e)
             what = "re-authentication" if self.reauthenticating else "authentication"
-            log.info("SASL %s failed for %s on %s: %s", self.mechanism, self.conn.peer, self.settings.listener, e)
             return None, f"Authentication failed during {what} due to invalid credentials with SASL mechanism " \
                          f"{self.mechanism}"
 
@@ -242,7 +244,10 @@ class SaslServerAuthenticator:
         self.state = FAILED
         conn = self.conn
         conn.stop_reading()
-        log.info("SASL authentication failed for %s on listener %s: %s", conn.peer, self.settings.listener, reason)
+        user = getattr(self.server, "authorization_id", "") or "?"
+        detail = f" ({self._detail})" if self._detail else ""
+        log.info("SASL %s authentication failed for %s (user %s) on listener %s: %s%s", self.mechanism or "-",
+                 conn.peer, user, self.settings.listener, reason, detail)
 
         async def answer_and_close() -> None:
             # Kafka's connection.failed.authentication.delay.ms: slow down password guessing.
