@@ -202,6 +202,9 @@ class ZkAclStore:
     def update(self, pattern: ResourcePattern, change: Callable[[Entries], Entries]) -> Entries:
         from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+        if "/" in pattern.name:
+            # The name is a znode name under /kafka-acl/<Type>: a slash would make it a path (Kafka fails too).
+            raise ValueError(f"ACLs of resource names containing '/' cannot be kept in ZooKeeper: {pattern.name!r}")
         zk = self._client()
         path = acl_path(pattern)
         for _ in range(MAX_UPDATE_RETRIES):

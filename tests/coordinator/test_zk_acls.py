@@ -87,8 +87,12 @@ def test_change_on_one_broker_is_enforced_by_the_other_within_a_second(
 
     bob = CreateAclsRequest.AclCreation(resource_type=2, resource_name="zk-acl-", resource_pattern_type=4,
                                         principal="User:bob", host="*", operation=3, permission_type=3)
+    slash = CreateAclsRequest.AclCreation(resource_type=3, resource_name="a/b", resource_pattern_type=3,
+                                          principal="User:bob", host="*", operation=3, permission_type=3)
     with RawClient(b1.bootstrap) as raw:
-        assert [r.error_code for r in raw.request(30, 3, CreateAclsRequest(creations=[bob])).results] == [0]
+        results = raw.request(30, 3, CreateAclsRequest(creations=[bob, slash])).results
+    assert [r.error_code for r in results] == [0, -1] and "'/'" in (results[1].error_message or "")
+    assert not zk_client.exists("/kafka-acl/Group/a")
     assert topic_error(b1, "zk-acl-topic") == 29
     assert seconds_until(lambda: topic_error(b2, "zk-acl-topic") == 29) < 1.0
     expected = AclBinding(ResourceType.TOPIC, "zk-acl-", ResourcePatternType.PREFIXED, "User:bob", "*",
