@@ -190,6 +190,14 @@ class Partition:
                  partition_epoch, self.log.high_watermark)
         return moved
 
+    def stop(self) -> None:
+        """StopReplica: neither leader nor follower until the next LeaderAndIsr."""
+        with self.lock:
+            self.leader_id = -1
+            self.remotes = {}
+            self.pending_isr = None
+            self.log.set_hw_tracks_leo(False)
+
     def clear_pending_isr(self) -> None:
         with self.lock:
             self.pending_isr = None

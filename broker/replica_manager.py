@@ -367,11 +367,13 @@ class ReplicaManager:
                 self._fetchers.shutdown_idle_fetchers()
             remaining = dict(self.partitions)
             for tp in partitions:
-                p = remaining.pop(tp, None)
-                if p is not None and p.is_leader:
-                    self._on_leadership(p, False)
+                # Without delete the replica stays hosted, neither leading nor fetching (Kafka keeps it in
+                # allPartitions), so the metadata's older word cannot make it a leader again.
+                p = remaining.pop(tp, None) if delete else remaining.get(tp)
                 if p is not None:
-                    p.leader_id = -1
+                    if p.is_leader:
+                        self._on_leadership(p, False)
+                    p.stop()
                 result[tp] = ErrorCode.NONE
             self.partitions = remaining
             for tp in partitions:

@@ -320,3 +320,38 @@ def test_committed_offsets_move_with_their_offsets_partition(cluster: Cluster) -
              "a new leader of the group's __consumer_offsets partition", 60)
     assert wait_for(lambda: committed() == 7, "the committed offset from the new coordinator", 30) >= 0
     cluster.restart(coordinator)
+
+
+# ---------------------------------------------------------------- transactions across a leader change
+
+
+def test_transactional_producer_continues_after_its_partitions_leader_dies(cluster: Cluster) -> None:
+    create_topic(cluster, "txn-moves", [3, 1, 2], **{"min.insync.replicas": "2"})
+    p = Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": "replicated-txn", "acks": "all",
+                  "transaction.timeout.ms": 60000, "message.timeout.ms": 60000})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(100):
+        p.produce("txn-moves", b"t1-%d" % i, partition=0)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    for i in range(50):
+        p.produce("txn-moves", b"t2-%d" % i, partition=0)
+    p.flush(30)
+    cluster[3].kill()  # the partition's leader, with the producer's open transaction in its log
+    for i in range(50, 100):
+        p.produce("txn-moves", b"t2-%d" % i, partition=0)
+    p.commit_transaction(60)
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "replication-tests-txn",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    try:
+        consumer.assign([TopicPartition("txn-moves", 0, 0)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(got) < 200 and time.monotonic() < deadline:
+            got += [m.value() for m in consumer.consume(1000, 0.5) if m.error() is None]
+    finally:
+        consumer.close()
+    assert got == [b"t1-%d" % i for i in range(100)] + [b"t2-%d" % i for i in range(100)]
+    cluster.restart(3)
+    cluster.wait_isr("txn-moves", {1, 2, 3})
