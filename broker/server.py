@@ -56,9 +56,10 @@ class KafkaServer:
         self.authorizer: AclAuthorizer | None = None
         if config["authorizer.class.name"]:
             metadata = self.metadata
-            store = (ZkAclStore(metadata.zk_client) if isinstance(metadata, ZkMetadataStore)
-                     else LocalAclStore(config.log_dirs[0]))
-            self.authorizer = AclAuthorizer(store, config["super.users"], config["allow.everyone.if.no.acl.found"])
+            acl_store = (ZkAclStore(metadata.zk_client) if isinstance(metadata, ZkMetadataStore)
+                         else LocalAclStore(config.log_dirs[0]))
+            self.authorizer = AclAuthorizer(acl_store, config["super.users"],
+                                            config["allow.everyone.if.no.acl.found"])
         self.log_manager: LogManager
         self.admin = AdminManager(self)
         self.replica_manager = ReplicaManager(self, self.io_pool)

@@ -82,7 +82,7 @@ async def handle_create_acls(ctx: RequestContext, req: CreateAclsRequest) -> Cre
         ctx.refused(ErrorCode.SECURITY_DISABLED, NO_AUTHORIZER)
         return R(results=[R.AclCreationResult(error_code=ErrorCode.SECURITY_DISABLED, error_message=NO_AUTHORIZER)
                           for _ in req.creations])
-    results: list[R.AclCreationResult] = []
+    results: list[CreateAclsResponse.AclCreationResult] = []
     valid: list[tuple[int, ResourcePattern, AccessControlEntry]] = []
     for i, c in enumerate(req.creations):
         pattern = ResourcePattern(resource_type(c.resource_type), c.resource_name, pattern_type(c.resource_pattern_type))

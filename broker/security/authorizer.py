@@ -196,7 +196,7 @@ class AclAuthorizer:
     # ------------------------------------------------------------ ACL management
 
     def acls(self, flt: AclBindingFilter) -> list[tuple[ResourcePattern, AccessControlEntry]]:
-        out = []
+        out: list[tuple[ResourcePattern, AccessControlEntry]] = []
         for pattern, entries in self._snapshot.acls.items():
             if flt.matches_pattern(pattern):
                 out.extend((pattern, e) for e in entries if flt.matches_entry(e))
@@ -259,8 +259,8 @@ class AclAuthorizer:
                 except Exception as e:  # noqa: BLE001
                     log.warning("Deleting ACLs of %s failed: %s", pattern, e)
                     error = str(e) or type(e).__name__
-                for e, i in removed.items():
-                    results[i].append((pattern, e, error))
+                for entry, i in removed.items():
+                    results[i].append((pattern, entry, error))
                 if removed and error is None:
                     log.info("Deleted %d ACLs of %s", len(removed), pattern)
         return results
