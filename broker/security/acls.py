@@ -196,12 +196,7 @@ def binding_problem(resource: ResourcePattern, entry: AccessControlEntry) -> str
         return f"The only valid name for the CLUSTER resource is {CLUSTER_NAME}"
     if not resource.name:
         return "Invalid empty resource name"
-    problem = principal_problem(entry.principal)
-    if problem:
-        return problem
-    if not entry.host:
-        return "host must not be empty (use * for every host)"
-    return None
+    return principal_problem(entry.principal)
 
 
 @dataclass(frozen=True, slots=True)
