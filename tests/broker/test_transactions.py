@@ -130,14 +130,19 @@ def test_last_stable_offset_while_a_transaction_is_open(broker: BrokerProcess, t
 # ---------------------------------------------------------------- offsets sent to a transaction
 
 
-def _offset_fetch(bootstrap: str, group: str, topic: str, partition: int, require_stable: bool) -> tuple[int, int]:
+def _offset_fetch(broker: BrokerProcess, group: str, topic: str, partition: int,
+                  require_stable: bool) -> tuple[int, int]:
     """Raw OffsetFetch v7: (error code, committed offset) of one partition."""
     from protocol.messages import OffsetFetchRequest
 
     req = OffsetFetchRequest(group_id=group, require_stable=require_stable, topics=[
         OffsetFetchRequest.OffsetFetchRequestTopic(name=topic, partition_indexes=[partition])])
-    with RawClient(bootstrap) as raw:
-        resp = raw.request(9, 7, req)
+    try:
+        with RawClient(broker.bootstrap) as raw:
+            resp = raw.request(9, 7, req)
+    except TimeoutError:
+        raise AssertionError(f"OffsetFetch (require_stable={require_stable}) not answered within 10 s; broker log "
+                             f"tail:\n{broker.read_log()[-3000:]}") from None
     assert resp.error_code == 0, resp
     [pr] = resp.topics[0].partitions
     return pr.error_code, pr.committed_offset
@@ -146,7 +151,7 @@ def _offset_fetch(bootstrap: str, group: str, topic: str, partition: int, requir
 def _wait_stable(broker: BrokerProcess, group: str, topic: str, offset: int) -> None:
     """EndTxn is answered once the transaction log says PrepareCommit/PrepareAbort (as Kafka): the marker that
     settles the pending offsets follows shortly after."""
-    wait_until(lambda: _offset_fetch(broker.bootstrap, group, topic, 0, require_stable=True) == (0, offset),
+    wait_until(lambda: _offset_fetch(broker, group, topic, 0, require_stable=True) == (0, offset),
                timeout=15, interval=0.05, what=f"committed offset {offset} without pending offsets")
 
 
@@ -178,8 +183,8 @@ def test_send_offsets_to_transaction_confluent(broker: BrokerProcess, topic_name
         ck_send(p, [Planned(output, 0, b"out-0")])
         p.send_offsets_to_transaction([TopicPartition(topic_name, 0, 5)], member.consumer_group_metadata(), 30)
 
-        assert _offset_fetch(broker.bootstrap, group, topic_name, 0, require_stable=False) == (0, -1)
-        assert _offset_fetch(broker.bootstrap, group, topic_name, 0, require_stable=True) == \
+        assert _offset_fetch(broker, group, topic_name, 0, require_stable=False) == (0, -1)
+        assert _offset_fetch(broker, group, topic_name, 0, require_stable=True) == \
             (ErrorCode.UNSTABLE_OFFSET_COMMIT, -1)
 
         # librdkafka asks with require_stable when read_committed and retries UNSTABLE_OFFSET_COMMIT
@@ -206,7 +211,7 @@ def test_send_offsets_to_transaction_confluent(broker: BrokerProcess, topic_name
         p.begin_transaction()
         ck_send(p, [Planned(output, 0, b"out-1")])
         p.send_offsets_to_transaction([TopicPartition(topic_name, 0, 8)], member.consumer_group_metadata(), 30)
-        assert _offset_fetch(broker.bootstrap, group, topic_name, 0, require_stable=False) == (0, 5)
+        assert _offset_fetch(broker, group, topic_name, 0, require_stable=False) == (0, 5)
         p.abort_transaction(30)
         _wait_stable(broker, group, topic_name, 5)
     finally:
@@ -224,7 +229,7 @@ def test_send_offsets_to_transaction_python_clients(broker: BrokerProcess, topic
 
     def check(pending: bool) -> None:
         if pending:
-            seen.append(_offset_fetch(broker.bootstrap, group, topic_name, 0, require_stable=True))
+            seen.append(_offset_fetch(broker, group, topic_name, 0, require_stable=True))
         else:
             _wait_stable(broker, group, topic_name, 4)
             seen.append((0, 4))
