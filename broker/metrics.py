@@ -238,12 +238,18 @@ class KafkaCollector:
         pids.add_metric([], producers)
         partitions = Gauge("kafka_server_replicamanager_partitioncount", "Partitions on this broker")
         partitions.add_metric([], len(logs))
-        # One replica per partition: nothing can be under-replicated or offline until replication exists.
+        # Until leaders track their followers, nothing is counted as under-replicated.
         under = Gauge("kafka_server_replicamanager_underreplicatedpartitions", "Partitions with replicas out of sync")
         under.add_metric([], 0)
+        # Controller gauges, as Kafka: non-zero only on the active controller (never on the embedded single node).
+        controller = getattr(self.server, "controller", None)
+        active = controller is not None and controller.is_active
         offline = Gauge("kafka_controller_kafkacontroller_offlinepartitionscount", "Partitions without a leader")
-        offline.add_metric([], 0)
-        yield from (pids, partitions, under, offline)
+        offline.add_metric([], controller.offline_partitions if active else 0)
+        active_count = Gauge("kafka_controller_kafkacontroller_activecontrollercount",
+                             "1 on the broker that is the controller")
+        active_count.add_metric([], 1 if active else 0)
+        yield from (pids, partitions, under, offline, active_count)
         count, sum_ms, buckets = FLUSH_STATS.snapshot()
         flush = HistogramMetricFamily("kafka_log_logflushstats_logflushrateandtimems", "Log flush (fsync) time, ms")
         flush.add_metric([], _cumulative(FLUSH_BUCKETS_MS, buckets), sum_ms)

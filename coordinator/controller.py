@@ -96,6 +96,8 @@ class KafkaController:
         self._next_rebalance = 0.0
         # (controller epoch, /controller_epoch version) while this broker holds /controller
         self._seat: tuple[int, int] | None = None
+        # Kafka's OfflinePartitionsCount (partitions without a live leader), as of the last event
+        self.offline_partitions = 0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -156,6 +158,12 @@ class KafkaController:
             except Exception:  # noqa: BLE001
                 log.exception("Controller event failed")
             self._maybe_rebalance()
+            self._update_metrics()
+
+    def _update_metrics(self) -> None:
+        ctx = self.ctx
+        self.offline_partitions = 0 if ctx is None else sum(
+            1 for st in ctx.states.values() if not ctx.is_live(st.leader))
 
     def _retry_failover(self, epoch: int, epoch_zk_version: int) -> None:
         def again() -> None:

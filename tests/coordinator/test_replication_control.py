@@ -22,7 +22,7 @@ from kafka import KafkaAdminClient, TopicPartition
 from kazoo.client import KazooClient
 
 from coordinator import zk_paths as zp
-from tests.broker_process import BrokerProcess
+from tests.broker_process import BrokerProcess, free_port
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
 
 pytestmark = pytest.mark.skipif(zookeeper_missing() is not None, reason=zookeeper_missing() or "")
@@ -50,7 +50,10 @@ def overrides(zk: ZooKeeperServer, broker_id: int) -> dict[str, str]:
 
 class Cluster:
     def __init__(self, zk: ZooKeeperServer, base: Path) -> None:
-        self.brokers = {b: BrokerProcess(base / f"b{b}", overrides(zk, b)) for b in BROKERS}
+        self.metrics_ports = {b: free_port() for b in BROKERS}
+        self.brokers = {b: BrokerProcess(base / f"b{b}", {**overrides(zk, b), "metrics.host": "127.0.0.1",
+                                                          "metrics.port": str(self.metrics_ports[b])})
+                        for b in BROKERS}
 
     def __getitem__(self, broker_id: int) -> BrokerProcess:
         return self.brokers[broker_id]
@@ -86,7 +89,11 @@ def wait_for(cond: Any, what: str, timeout: float = 15.0) -> float:
         except Exception:  # noqa: BLE001  (a broker still starting or already gone: ask again)
             pass
         time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
+    try:
+        last = cond()
+    except Exception as e:  # noqa: BLE001
+        last = e
+    raise AssertionError(f"timed out after {timeout}s waiting for: {what} (last: {last!r})")
 
 
 def ck_admin(b: BrokerProcess) -> AdminClient:
@@ -108,6 +115,21 @@ def kp_partitions(b: BrokerProcess, topic: str) -> dict[int, dict[str, Any]]:
     finally:
         admin.close()
     return {p["partition_index"]: p for p in t["partitions"]}
+
+
+def controller_gauges(cluster: Cluster, b: int) -> tuple[float, float]:
+    """(ActiveControllerCount, OfflinePartitionsCount) from a broker's Prometheus endpoint."""
+    import re  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    url = f"http://127.0.0.1:{cluster.metrics_ports[b]}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+
+    def gauge(name: str) -> float:
+        return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))  # type: ignore[union-attr]
+
+    return (gauge("kafka_controller_kafkacontroller_activecontrollercount"),
+            gauge("kafka_controller_kafkacontroller_offlinepartitionscount"))
 
 
 def zk_state(zk: KazooClient, topic: str, p: int) -> dict[str, Any]:
@@ -132,9 +154,19 @@ def create(b: BrokerProcess, topic: str, partitions: int = 3, rf: int = 3,
 _ALIVE: list[BrokerProcess] = []
 
 
+def raw_metadata(b: BrokerProcess, topic: str | None = None) -> Any:
+    """Metadata asked of broker b itself (librdkafka and kafka-python ask whichever broker they like)."""
+    from protocol.messages import MetadataRequest  # noqa: PLC0415
+    from tests.clients import RawClient  # noqa: PLC0415
+
+    topics = None if topic is None else [MetadataRequest.MetadataRequestTopic(name=topic)]
+    with RawClient(b.bootstrap) as raw:
+        return raw.request(3, 12, MetadataRequest(topics=topics, allow_auto_topic_creation=False))
+
+
 def _has_leaders(b: BrokerProcess, topic: str, n: int) -> bool:
-    t = ck_metadata(b, topic).topics.get(topic)
-    return t is not None and len(t.partitions) == n and all(t.partitions[p].leader >= 0 for p in range(n))
+    (t,) = raw_metadata(b, topic).topics
+    return len(t.partitions) == n and all(p.leader_id >= 0 and p.error_code == 0 for p in t.partitions)
 
 
 # ---------------------------------------------------------------- creation and metadata
@@ -414,18 +446,28 @@ def test_killed_controller_fails_over_and_its_partitions_get_new_leaders(cluster
         assert 1 not in state["isr"] and state["leader"] in (2, 3)
         if p in led_by_1:
             assert state["leader_epoch"] == before[p]["leader_epoch"] + 1
-    # kafka-python sees broker 1's replicas offline
-    for info in kp_partitions(cluster[3], "rf3").values():
-        assert info["offline_replicas"] == [1] and 1 not in info["isr_nodes"]
+    # kafka-python sees broker 1's replicas offline (once broker 3 has the controller's UpdateMetadata)
+    wait_for(lambda: all(info["offline_replicas"] == [1] and 1 not in info["isr_nodes"]
+                         for info in kp_partitions(cluster[3], "rf3").values()), "broker 1 offline in metadata")
 
     # No live ISR member: LEADER_NOT_AVAILABLE with leader -1 (the dead broker stays the last ISR member)
     pm = ck_metadata(cluster[2], single).topics[single].partitions[0]
     assert pm.error is not None and pm.error.code() == CKError.LEADER_NOT_AVAILABLE
     assert pm.leader == -1
+    wait_for(lambda: kp_partitions(cluster[3], single)[0]["leader_epoch"] == 1, "broker 3 has the new state")
     info = kp_partitions(cluster[3], single)[0]
     assert info["error_code"] == 5 and info["leader_id"] == -1 and info["offline_replicas"] == [1]
     state = zk_state(zk_client, single, 0)
     assert state["leader"] == -1 and state["isr"] == [1]
+    # The new controller counts it offline (Kafka's OfflinePartitionsCount); the other broker is not active.
+    new_controller = controller_of(zk_client)
+
+    def gauges_match() -> bool:
+        offline = sum(1 for t in raw_metadata(cluster[new_controller]).topics for pm in t.partitions if pm.leader_id < 0)
+        return offline >= 1 and controller_gauges(cluster, new_controller) == (1, offline)
+
+    wait_for(gauges_match, "the controller's gauges: active, and the partitions without a leader")
+    assert controller_gauges(cluster, 5 - new_controller) == (0, 0)
 
 
 def test_returning_broker_leads_its_single_replica_partition_again(cluster: Cluster, zk_client: KazooClient) -> None:
@@ -463,7 +505,8 @@ def test_controlled_shutdown_moves_leaderships_first(cluster: Cluster, zk_client
     wait_for(lambda: all(ck_metadata(cluster[others[0]], "rf3").topics["rf3"].partitions[p].leader in others
                          for p in led), "new leaders in metadata")
     cluster[leader].start()
-    wait_for(lambda: set(ck_metadata(cluster[leader]).brokers) == set(BROKERS), "broker back")
+    wait_for(lambda: all(set(ck_metadata(cluster[b]).brokers) == set(BROKERS) for b in BROKERS),
+             "broker back in every broker's metadata")
 
 
 def test_auto_leader_rebalance_moves_leaders_to_preferred_replicas(cluster: Cluster, zk_client: KazooClient) -> None:
