@@ -2,6 +2,7 @@ import static java.nio.charset.StandardCharsets.UTF_8;
 
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.Collection;
 import java.util.Collections;
 import java.util.HashMap;
 import java.util.LinkedHashMap;
@@ -13,6 +14,13 @@ import java.util.concurrent.Future;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
 
+import org.apache.kafka.clients.admin.AbortTransactionSpec;
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.ProducerState;
+import org.apache.kafka.clients.admin.TransactionDescription;
+import org.apache.kafka.clients.admin.TransactionListing;
+import org.apache.kafka.clients.admin.TransactionState;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.ConsumerRecords;
@@ -42,6 +50,8 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  * <li>{@code fence}: two producers with one transactional id; the older one must be fenced.</li>
  * <li>{@code offsets}: sendOffsetsToTransaction with a group member's metadata; a read_committed consumer's
  *     committed() (OffsetFetch with require_stable) waits for the commit; an abort leaves the offsets.</li>
+ * <li>{@code admin}: listTransactions, describeTransactions and describeProducers of an open transaction, then
+ *     Admin.abortTransaction (KIP-664: WriteTxnMarkers from the admin client) of a second one.</li>
  * <li>{@code eos}: the exactly-once consume-transform-produce loop, until killed ({@code COMMITTED n} lines).</li>
  * </ul>
  * Prints {@code OK ...} per passed check and {@code DONE <scenario>} at the end; a failure prints {@code FAIL}
@@ -73,6 +83,7 @@ public final class TxnCompat {
                 case "fence": t.fence(); break;
                 case "offsets": t.offsets(); break;
                 case "eos": t.eos(); break;
+                case "admin": t.admin(); break;
                 default: throw new Check("unknown scenario " + scenario);
             }
         } catch (Throwable e) {
@@ -265,6 +276,62 @@ public final class TxnCompat {
                 System.out.println("ABORTED " + e);
             }
             System.out.flush();
+        }
+    }
+
+    void admin() throws Exception {
+        String topic = args.get("topic");
+        String txnId = args.get("txnid");
+        TopicPartition tp = new TopicPartition(topic, 0);
+        Properties ap = new Properties();
+        ap.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        try (Admin admin = Admin.create(ap);
+             KafkaProducer<byte[], byte[]> p = producer(txnId, Collections.emptyMap())) {
+            p.initTransactions();
+            p.beginTransaction();
+            p.send(new ProducerRecord<>(topic, 0, null, "open".getBytes(UTF_8))).get();
+
+            Collection<TransactionListing> listed = admin.listTransactions().all().get();
+            TransactionListing mine = listed.stream().filter(l -> l.transactionalId().equals(txnId)).findFirst()
+                    .orElseThrow(() -> new Check("listTransactions: " + txnId + " not in " + listed));
+            check(mine.state() == TransactionState.ONGOING, "listTransactions state %s", mine.state());
+            ok("listTransactions %s ONGOING", txnId);
+
+            TransactionDescription d = admin.describeTransactions(Collections.singleton(txnId)).description(txnId).get();
+            check(d.state() == TransactionState.ONGOING && d.topicPartitions().equals(Collections.singleton(tp))
+                    && d.producerId() == mine.producerId() && d.transactionTimeoutMs() > 0
+                    && d.transactionStartTimeMs().isPresent(), "describeTransactions %s", d);
+            ok("describeTransactions ONGOING on %s", tp);
+
+            List<ProducerState> active = admin.describeProducers(Collections.singleton(tp)).partitionResult(tp).get()
+                    .activeProducers();
+            ProducerState ps = active.stream().filter(x -> x.producerId() == d.producerId()).findFirst()
+                    .orElseThrow(() -> new Check("describeProducers: no " + d.producerId() + " in " + active));
+            check(ps.currentTransactionStartOffset().isPresent() && ps.currentTransactionStartOffset().getAsLong() == 0,
+                    "describeProducers %s", ps);
+            ok("describeProducers current transaction from offset 0");
+
+            p.commitTransaction();
+            long deadline = System.currentTimeMillis() + 15_000;
+            TransactionState after;
+            do {
+                after = admin.describeTransactions(Collections.singleton(txnId)).description(txnId).get().state();
+            } while (after != TransactionState.COMPLETE_COMMIT && System.currentTimeMillis() < deadline);
+            check(after == TransactionState.COMPLETE_COMMIT, "after the commit: %s", after);
+            ok("describeTransactions COMPLETE_COMMIT");
+
+            // A transaction the coordinator still has open, aborted on the partition by the admin client
+            p.beginTransaction();
+            p.send(new ProducerRecord<>(topic, 0, null, "hanging".getBytes(UTF_8))).get();
+            ProducerState open = admin.describeProducers(Collections.singleton(tp)).partitionResult(tp).get()
+                    .activeProducers().stream().filter(x -> x.producerId() == d.producerId()).findFirst().get();
+            check(open.currentTransactionStartOffset().isPresent(), "no open transaction: %s", open);
+            admin.abortTransaction(new AbortTransactionSpec(tp, open.producerId(), (short) open.producerEpoch(),
+                    open.coordinatorEpoch().orElse(0))).all().get();
+            ProducerState closed = admin.describeProducers(Collections.singleton(tp)).partitionResult(tp).get()
+                    .activeProducers().stream().filter(x -> x.producerId() == d.producerId()).findFirst().get();
+            check(!closed.currentTransactionStartOffset().isPresent(), "still open after abortTransaction: %s", closed);
+            ok("abortTransaction closed the transaction on %s", tp);
         }
     }
 

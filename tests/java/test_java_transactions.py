@@ -138,6 +138,25 @@ def test_java_zombie_fencing(classpath: str, broker: BrokerProcess, topic_name: 
     assert [s.value for s in read_ck(broker.bootstrap, [(topic_name, 0)], 2, False)] == [b"zombie", b"young"]
 
 
+def test_java_admin_lists_describes_and_aborts_transactions(classpath: str, broker: BrokerProcess,
+                                                           topic_name: str) -> None:
+    """ListTransactions, DescribeTransactions, DescribeProducers and KIP-664's abortTransaction (WriteTxnMarkers
+    sent by the admin client to the partition leader)."""
+    create_topic(broker.bootstrap, topic_name, partitions=1)
+    lines = run_txn_java(classpath, broker, "admin", topic=topic_name, txnid=f"{topic_name}-txn")
+    for want in ("OK listTransactions", "OK describeTransactions ONGOING", "OK describeProducers current",
+                 "OK describeTransactions COMPLETE_COMMIT", "OK abortTransaction closed"):
+        assert any(line.startswith(want) for line in lines), (want, lines)
+    # offset 0 committed, its marker at 1, the hanging record at 2 aborted by the admin client's marker at 3; the
+    # producer's close then aborts the coordinator's side of that transaction too (a marker at 4, completing nothing)
+    def settled() -> dict[int, int] | None:
+        lso, hw = (list_offsets(broker.bootstrap, topic_name, [0], level) for level in (1, 0))
+        return lso if lso == hw else None
+
+    assert wait_until(settled, timeout=15, interval=0.05, what="LSO at the high watermark") in ({0: 4}, {0: 5})
+    assert [s.value for s in read_ck(broker.bootstrap, [(topic_name, 0)], 1, True)] == [b"open"]
+
+
 def test_java_send_offsets_to_transaction(classpath: str, broker: BrokerProcess, topic_name: str) -> None:
     output = f"{topic_name}-out"
     create_topic(broker.bootstrap, topic_name, partitions=1)
