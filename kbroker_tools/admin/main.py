@@ -14,6 +14,7 @@ COMMANDS = {
     "console-producer": ("kbroker_tools.admin.console", "kafka-console-producer: lines from stdin to a topic"),
     "console-consumer": ("kbroker_tools.admin.console", "kafka-console-consumer: records of a topic to stdout"),
     "get-offsets": ("kbroker_tools.admin.console", "kafka-get-offsets: offsets of partitions by time"),
+    "acls": ("kbroker_tools.admin.acls", "kafka-acls: add, remove and list ACLs"),
 }
 
 
