@@ -364,6 +364,38 @@ def test_zombie_fencing_kafka_python(broker: BrokerProcess, topic_name: str) -> 
     assert [s.value for s in read_ck(broker.bootstrap, [(topic_name, 0)], 1, True)] == [b"new"]
 
 
+def test_zombie_fencing_aiokafka(broker: BrokerProcess, topic_name: str) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import InvalidProducerEpoch, ProducerFenced
+
+    create_topic(broker.bootstrap, topic_name, partitions=1)
+    txn_id = f"{topic_name}-txn"
+
+    async def run() -> None:
+        old = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=txn_id)
+        new = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=txn_id)
+        await old.start()
+        try:
+            await old.begin_transaction()
+            await old.send_and_wait(topic_name, b"zombie", partition=0)
+            await new.start()  # InitProducerId: bumps the epoch, aborts the old transaction
+            try:
+                async with new.transaction():
+                    await new.send_and_wait(topic_name, b"new", partition=0)
+            finally:
+                await new.stop()
+            with pytest.raises((ProducerFenced, InvalidProducerEpoch)):
+                await asyncio.wait_for(old.commit_transaction(), 30)
+        finally:
+            await old.stop()
+
+    asyncio.run(run())
+    assert [s.value for s in read_ck(broker.bootstrap, [(topic_name, 0)], 1, True)] == [b"new"]
+    assert [s.value for s in read_ck(broker.bootstrap, [(topic_name, 0)], 2, False)] == [b"zombie", b"new"]
+
+
 # ---------------------------------------------------------------- transaction timeout
 
 
