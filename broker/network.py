@@ -481,6 +481,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._pending.clear()
         self._pending_bytes = 0
 
+    def is_closed(self) -> bool:
+        return self._closed
+
     def in_flight(self) -> bool:
         return self._busy and not self._closed
 

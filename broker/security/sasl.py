@@ -243,7 +243,9 @@ class SaslServerAuthenticator:
     def _fail(self, response: Response | None, reason: str) -> Awaitable[None]:
         self.state = FAILED
         conn = self.conn
-        conn.stop_reading()
+        # Reading goes on (what arrives is dropped, frames over 64 KiB close the connection): closing a socket
+        # with unread bytes would reset it, and the client could lose the answer.
+        conn.max_request = min(conn.max_request, 65536)
         user = getattr(self.server, "authorization_id", "") or "?"
         detail = f" ({self._detail})" if self._detail else ""
         log.info("SASL %s authentication failed for %s (user %s) on listener %s: %s%s", self.mechanism or "-",
@@ -254,6 +256,12 @@ class SaslServerAuthenticator:
             await asyncio.sleep(self.settings.failure_delay_s)
             if response is not None and conn.transport is not None and not conn.transport.is_closing():
                 conn.transport.write(response.frame)
+                # Give the client a moment to read the answer and close first: a client that reads the answer
+                # and the end of the stream in one go may drop the answer (kafka-python 3.0 does).
+                for _ in range(10):
+                    if conn.is_closed():
+                        return
+                    await asyncio.sleep(0.05)
             conn.close()
 
         return answer_and_close()
