@@ -1,6 +1,6 @@
 """python -m bench [WORKLOAD ...] [--quick] [--reps N] ... : kbroker vs librdkafka's mock cluster.
 
-Workloads: produce, consume, transactions, authz, tls, latency, sizes, scale, restart (default: all). Results go to bench/RESULTS.md
+Workloads: produce, consume, transactions, authz, tls, latency, replication, sizes, scale, restart (default: all). Results go to bench/RESULTS.md
 (with --quick: printed, and written only if --out is given).
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench import harness, report
 
-WORKLOADS = ["produce", "consume", "transactions", "authz", "tls", "latency", "sizes", "scale", "restart"]
+WORKLOADS = ["produce", "consume", "transactions", "authz", "tls", "latency", "replication", "sizes", "scale", "restart"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -199,12 +199,15 @@ def handle_fetch(ctx: RequestContext, req: FetchRequest) -> Any:
     plan = _FetchPlan(ctx, req)
     response, nbytes, has_error = plan.read()
     if nbytes >= req.min_bytes or req.max_wait_ms <= 0 or has_error or not plan.keys():
-        return _apply_quota(ctx, response, nbytes)
+        return _apply_quota(ctx, response, nbytes, plan.replica_id >= 0)
     return _long_poll(ctx, plan, req.max_wait_ms / 1000.0, req.min_bytes)
 
 
-def _apply_quota(ctx: RequestContext, response: FetchResponse, nbytes: int) -> FetchResponse:
-    """consumer_byte_rate: a client over its quota gets an empty response with throttle_time_ms (as Kafka)."""
+def _apply_quota(ctx: RequestContext, response: FetchResponse, nbytes: int, replica: bool = False) -> FetchResponse:
+    """consumer_byte_rate: a client over its quota gets an empty response with throttle_time_ms (as Kafka).
+    Followers' replication is not a client's consumption: no client quota applies to it (Kafka's are separate)."""
+    if replica:
+        return response
     quota = ctx.server.fetch_quota
     throttle = quota.record_and_get_throttle_ms(ctx.client_id, nbytes)
     if throttle <= 0:
@@ -227,7 +230,7 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, max_wait: float, min
             response, nbytes, has_error = plan.read()
             left = deadline - time.monotonic()
             if nbytes >= min_bytes or has_error or left <= 0:
-                return _apply_quota(ctx, response, nbytes)
+                return _apply_quota(ctx, response, nbytes, plan.replica_id >= 0)
             # A plain timer on the waiter's future: cheaper than wait_for(shield()), which makes a task per wait.
             timer = asyncio.get_running_loop().call_later(left, _expire, waiter.future)
             try:

@@ -1,0 +1,121 @@
+"""Workload: replication. Three kbroker processes on one ZooKeeper (started for the run) on this machine. The same
+confluent-kafka produce (100 B, acks=all, 4 topics x 4 partitions) goes to replication factor 3 topics with
+min.insync.replicas=2 and to replication factor 1 topics of the same cluster, alternating which goes first; then
+end-to-end latency (bench.latency's producer and consumer) at 10,000 msg/s on a replication factor 3 topic.
+Targets (issue 13): replication factor 3 at least 0.5x the replication factor 1 throughput, p99 under 10 ms."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from bench import clients, latency
+from bench.harness import Ctx, KBroker, Row, kb_le, med, payloads, workdir
+from tests.zookeeper import ZooKeeperServer, zookeeper_missing
+
+NTOPICS = 4
+
+
+def _cluster(ctx: Ctx) -> tuple[ZooKeeperServer, list[KBroker]]:
+    reason = zookeeper_missing()
+    if reason is not None:
+        raise RuntimeError(f"replication workload needs ZooKeeper: {reason}")
+    zk = ZooKeeperServer(workdir(ctx.base, "zookeeper")).start()
+    brokers = [KBroker(ctx.base, {"zookeeper.connect": zk.connect, "broker.id": str(i)}) for i in (1, 2, 3)]
+    for kb in brokers:
+        kb.start()
+    return zk, brokers
+
+
+def _at_least(baseline: Row, factor: float) -> Callable[[Row], bool | None]:
+    def chk(r: Row) -> bool | None:
+        a, b = med(r.kb), med(baseline.kb)
+        return None if a is None or not b else a >= factor * b
+
+    return chk
+
+
+def _create(bootstrap: str, names: list[str], partitions: int, rf: int, configs: dict[str, str]) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    deadline = time.monotonic() + 60
+    while True:
+        fs = admin.create_topics([NewTopic(n, partitions, rf, config=configs) for n in names], request_timeout=30)
+        try:
+            for f in fs.values():
+                f.result(60)
+            break
+        except Exception as e:  # noqa: BLE001 - brokers still registering: replication factor not yet possible
+            if "TOPIC_ALREADY_EXISTS" in str(e):
+                break
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    md_deadline = time.monotonic() + 60
+    while time.monotonic() < md_deadline:
+        md = admin.list_topics(timeout=10)
+        if all(n in md.topics and len(md.topics[n].partitions) == partitions
+               and all(p.leader >= 0 and len(p.isrs) == rf for p in md.topics[n].partitions.values())
+               for n in names):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"topics {names} without full ISRs after 60 s")
+
+
+def run(ctx: Ctx) -> list[Row]:
+    n = ctx.n(500_000, 50_000)
+    values = payloads(100)
+    rf1 = Row("produce 100 B acks=all, 3-broker cluster, replication factor 1 (baseline)", "msg/s",
+              target="(baseline)")
+    rf3 = Row("produce 100 B acks=all, 3-broker cluster, replication factor 3, min.insync.replicas=2", "msg/s",
+              target=">= 0.5x replication factor 1", check=_at_least(rf1, 0.5))
+    lat_rows = {
+        q: Row(f"e2e latency at {latency.RATE:,} msg/s, replication factor 3, p{q}", "ms",
+               target={"50": "", "99": "< 10 ms"}[q], check={"50": None, "99": kb_le(10.0)}[q],
+               higher_is_better=False)
+        for q in ("50", "99")
+    }
+    zk, brokers = _cluster(ctx)
+    bootstrap = ",".join(kb.bootstrap for kb in brokers)
+    try:
+        for rep in range(ctx.reps):
+            if ctx.out_of_time(f"replication rep {rep + 1}"):
+                break
+            runs = [(1, rf1), (3, rf3)]
+            for factor, row in runs if rep % 2 == 0 else runs[::-1]:
+                topics = [f"repl_r{rep}_rf{factor}_{k}" for k in range(NTOPICS)]
+                _create(bootstrap, topics, 4, factor, {"min.insync.replicas": "2"} if factor == 3 else {})
+                # Warm-up outside the timed run: followers start fetching new partitions within a fetch round.
+                clients.produce(bootstrap, clients.partitions_of(topics), max(n // 20, 1000), values, {"acks": "all"},
+                                timeout=60)
+                cpu0 = sum(kb.cpu() for kb in brokers)
+                secs, left = clients.produce(bootstrap, clients.partitions_of(topics), n, values, {"acks": "all"},
+                                             timeout=180)
+                cpu = sum(kb.cpu() for kb in brokers) - cpu0
+                if left:
+                    row.note += f" rep{rep + 1}: {left} undelivered;"
+                row.kb.append(n / secs if not left else float("nan"))
+                row.kb_cpu_us.append(cpu * 1e6 / n)
+                ctx.log(f"  replication rep {rep + 1} rf{factor}: {n / secs:,.0f} msg/s "
+                        f"({cpu * 1e6 / n:.2f} us CPU/msg over the three brokers)")
+        if not ctx.out_of_time("replication latency"):
+            _create(bootstrap, [latency.TOPIC], latency.PARTITIONS, 3, {"min.insync.replicas": "2"})
+            time.sleep(1.0)
+            lat, sent, got = latency.one_run(bootstrap, ctx.extra.get("latency_seconds", 5.0))
+            for q, row in lat_rows.items():
+                row.kb.append(latency.pct(lat, float(q) / 100))
+            if got < sent:
+                lat_rows["50"].note += f" received {got} of {sent};"
+            ctx.log(f"  replication latency: p50 {latency.pct(lat, .5):.2f} p99 {latency.pct(lat, .99):.2f} ms")
+        hwm = max(kb.hwm_mb() for kb in brokers)
+        for r in (rf1, rf3, *lat_rows.values()):
+            r.kb_rss_mb.append(hwm)
+    finally:
+        for kb in brokers:
+            kb.stop()
+        zk.stop()
+    a, b = med(rf3.kb), med(rf1.kb)
+    if a is not None and b:
+        rf3.note += f" {a / b:.2f}x replication factor 1 in the same run;"
+    return [rf1, rf3, *lat_rows.values()]
