@@ -238,9 +238,10 @@ class KafkaCollector:
         pids.add_metric([], producers)
         partitions = Gauge("kafka_server_replicamanager_partitioncount", "Partitions on this broker")
         partitions.add_metric([], len(logs))
-        # Until leaders track their followers, nothing is counted as under-replicated.
+        # Kafka's UnderReplicatedPartitions: led here with an ISR smaller than the replica set.
         under = Gauge("kafka_server_replicamanager_underreplicatedpartitions", "Partitions with replicas out of sync")
-        under.add_metric([], 0)
+        rm = getattr(self.server, "replica_manager", None)
+        under.add_metric([], rm.under_replicated_count() if rm is not None else 0)
         # Controller gauges, as Kafka: non-zero only on the active controller (never on the embedded single node).
         controller = getattr(self.server, "controller", None)
         active = controller is not None and controller.is_active

@@ -119,6 +119,9 @@ class ReplicaManager:
         if current_leader_epoch < epoch:
             raise KafkaError(ErrorCode.FENCED_LEADER_EPOCH)
 
+    def under_replicated_count(self) -> int:
+        return sum(1 for p in list(self.partitions.values()) if p.is_leader and len(p.isr) < len(p.replicas))
+
     def min_insync_replicas(self, topic: str) -> int:
         rec = self.server.metadata.topics.get(topic)
         value = rec.configs.get("min.insync.replicas") if rec is not None else None
