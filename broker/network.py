@@ -622,6 +622,7 @@ class SocketServer:
         self._lock = threading.Lock()
         self.bound: dict[str, tuple[str, int]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._reload_handle: asyncio.TimerHandle | None = None
 
     def start_processors(self) -> None:
         for p in self.processors:
@@ -633,6 +634,15 @@ class SocketServer:
         self._loop = loop
         for listener in self.config.listeners:
             self._bind_one(loop, listener)
+        if any(sec.ssl_context is not None for sec in self.security.values()):
+            from broker.security.listener import RELOAD_CHECK_S
+
+            self._reload_handle = loop.call_later(RELOAD_CHECK_S, self._reload_tls, RELOAD_CHECK_S)
+
+    def _reload_tls(self, every_s: float) -> None:
+        for sec in self.security.values():
+            sec.reload_if_changed()
+        self._reload_handle = self._loop.call_later(every_s, self._reload_tls, every_s)  # type: ignore[union-attr]
 
     def _bind_one(self, loop: asyncio.AbstractEventLoop, listener: Listener) -> None:
         host = listener.host or "0.0.0.0"
@@ -682,6 +692,8 @@ class SocketServer:
                 del self._per_ip[ip]
 
     def stop_accepting(self) -> None:
+        if self._reload_handle is not None:
+            self._reload_handle.cancel()
         for sock in self._sockets:
             if self._loop is not None:
                 self._loop.remove_reader(sock.fileno())

@@ -199,3 +199,54 @@ def test_no_committed_private_keys() -> None:
     out = subprocess.run(["git", "grep", "-lE", "-----BEGIN( [A-Z]+)? PRIVATE KEY-----"], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.stdout.strip() == "", out.stdout
+
+
+def test_keystore_rotation_without_restart(tmp_path: Path, pki: Pki) -> None:
+    """A keystore file replaced in place is picked up for new connections within the reload check (10 s);
+    an unreadable one leaves the current certificate in place."""
+    import os
+    import shutil
+    import time
+
+    keystore = tmp_path / "keystore.pem"
+    shutil.copy(pki.broker_keystore, keystore)
+    b = SecureBroker(tmp_path / "b", pki, {"ssl.keystore.location": str(keystore)})
+    b.start()
+
+    def served_cert() -> bytes:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        raw = RawClient(b.addr("SSL"))
+        with ctx.wrap_socket(raw.sock) as s:
+            der = s.getpeercert(binary_form=True)
+        assert der is not None
+        return der
+
+    def first_cert(path: Path) -> bytes:
+        return x509.load_pem_x509_certificates(path.read_bytes())[0].public_bytes(serialization.Encoding.DER)
+
+    try:
+        assert served_cert() == first_cert(pki.broker_keystore)
+        open_conn = RawClient(b.addr("SSL"))
+        open_conn.sock = ssl.create_default_context(cafile=str(pki.ca)).wrap_socket(open_conn.sock,
+                                                                                      server_hostname="localhost")
+        # A broken file first: ignored.
+        keystore.write_text("-----BEGIN GARBAGE-----\n")
+        time.sleep(11)
+        assert served_cert() == first_cert(pki.broker_keystore)
+        assert "does not load, keeping the current one" in b.read_log()
+        # Then a new key and certificate, replaced atomically as cert-manager and certbot do.
+        fresh = make_pki(tmp_path / "fresh")
+        tmp = tmp_path / "keystore.pem.new"
+        shutil.copy(fresh.broker_keystore, tmp)
+        os.replace(tmp, keystore)
+        deadline = time.monotonic() + 15
+        while served_cert() != first_cert(fresh.broker_keystore):
+            assert time.monotonic() < deadline, "the new keystore was not picked up"
+            time.sleep(0.5)
+        from protocol.messages import MetadataRequest
+
+        assert open_conn.request(3, 9, MetadataRequest(topics=[])).brokers  # connections made before keep working
+        open_conn.close()
+    finally:
+        b.stop()
