@@ -3,7 +3,8 @@ and one with `authorizer.class.name` and 200 ACLs (the producer's and consumer's
 ACLs among literal ones for other users), no super user. Each gets
 small requests, where a per-request cost shows most: produce 100 B one message per request (linger.ms 0,
 one in flight), then Metadata for 8 topics. Target: the authorizing broker's CPU per request at most 1.05x
-the baseline's (the issue's "authorization adds under 5% CPU per request")."""
+the baseline's (the issue's "authorization adds under 5% CPU per request"). A 5% difference needs a quiet
+machine: on a shared one, two identical brokers measured this way differ by more than that."""
 
 from __future__ import annotations
 
@@ -24,9 +25,12 @@ NTOPICS = 8
 
 
 def cpu_at_most(baseline: Row, factor: float) -> Callable[[Row], bool | None]:
+    """The best repetition against the best: on a shared machine other processes only ever add CPU time (cache
+    misses, preemption), so the minimum is the estimate least disturbed by them."""
     def chk(r: Row) -> bool | None:
-        a, b = med(r.kb_cpu_us), med(baseline.kb_cpu_us)
-        return None if a is None or b is None else a <= factor * b
+        if not r.kb_cpu_us or not baseline.kb_cpu_us:
+            return None
+        return min(r.kb_cpu_us) <= factor * min(baseline.kb_cpu_us)
 
     return chk
 
@@ -91,10 +95,10 @@ def run(ctx: Ctx) -> list[Row]:
     produce_base = Row("produce 100 B, one message per request, no authorizer (baseline)", "msg/s",
                        target="(baseline)")
     produce_authz = Row("produce 100 B, one message per request, ACL authorizer (200 ACLs)", "msg/s",
-                        target="CPU/request <= 1.05x baseline", check=cpu_at_most(produce_base, 1.05))
+                        target="CPU/request <= 1.05x baseline (best reps)", check=cpu_at_most(produce_base, 1.05))
     meta_base = Row("Metadata of 8 topics, no authorizer (baseline)", "req/s", target="(baseline)")
     meta_authz = Row("Metadata of 8 topics, ACL authorizer (200 ACLs)", "req/s",
-                     target="CPU/request <= 1.05x baseline", check=cpu_at_most(meta_base, 1.05))
+                     target="CPU/request <= 1.05x baseline (best reps)", check=cpu_at_most(meta_base, 1.05))
     plain, authz = KBroker(ctx.base), KBroker(ctx.base, AUTHZ)
     try:
         plain.start()
@@ -134,5 +138,6 @@ def run(ctx: Ctx) -> list[Row]:
     for base, row in ((produce_base, produce_authz), (meta_base, meta_authz)):
         a, b = med(row.kb_cpu_us), med(base.kb_cpu_us)
         if a is not None and b:
-            row.note += f" CPU per request {a / b:.3f}x the baseline's;"
+            row.note += (f" CPU per request {a / b:.3f}x the baseline's (medians), "
+                         f"{min(row.kb_cpu_us) / min(base.kb_cpu_us):.3f}x (best repetitions);")
     return [produce_base, produce_authz, meta_base, meta_authz]
