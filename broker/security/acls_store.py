@@ -69,11 +69,15 @@ class LocalAclStore:
     def start(self, on_change: ChangeListener) -> Acls:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
-            doc = json.loads(self.path.read_text())
-            for r in doc.get("resources", []):
-                pattern = ResourcePattern(RESOURCE_TYPE_BY_NAME[str(r["resourceType"]).lower()], str(r["name"]),
-                                          PatternType[str(r["patternType"]).upper()])
-                self._acls[pattern] = entries_from_json(r)
+            try:
+                doc = json.loads(self.path.read_text())
+                for r in doc.get("resources", []):
+                    pattern = ResourcePattern(RESOURCE_TYPE_BY_NAME[str(r["resourceType"]).lower()], str(r["name"]),
+                                              PatternType[str(r["patternType"]).upper()])
+                    self._acls[pattern] = entries_from_json(r)
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                # Starting with fewer ACLs than were granted could open what was closed: refuse to start.
+                raise OSError(f"cannot read the ACLs in {self.path}: {type(e).__name__}: {e}") from None
         return dict(self._acls)
 
     def stop(self) -> None:

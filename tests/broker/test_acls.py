@@ -526,3 +526,12 @@ def test_broker_to_broker_apis_need_cluster_action(lenient: BrokerProcess, clean
         lai = raw.request(4, 5, LeaderAndIsrRequest(controller_id=0, controller_epoch=1, broker_epoch=0,
                                                     topic_states=[], live_leaders=[]))
         assert lai.error_code == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+
+
+def test_unreadable_acl_file_stops_startup(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path, {"authorizer.class.name": AUTHORIZER})
+    (tmp_path / "logs").mkdir(parents=True)
+    (tmp_path / "logs" / "kbroker-acls.json").write_text('{"version": 1, "resources": [{"resourceType": "Topic"')
+    with pytest.raises(RuntimeError) as info:
+        b.start(timeout=20)
+    assert "cannot read the ACLs in" in str(info.value) and "Traceback" not in str(info.value)
