@@ -46,6 +46,10 @@ Entries = frozenset[AccessControlEntry]
 ChangeListener = Callable[[ResourcePattern, Entries], None]
 
 
+class UnreadableAcls(ValueError):
+    """A stored ACL document that is not Kafka's format."""
+
+
 class AclStore(Protocol):
     def start(self, on_change: ChangeListener) -> Acls:
         """Load every ACL; on_change is called when another broker changes a pattern."""
@@ -190,6 +194,8 @@ class ZkAclStore:
                         entries = self._read(zk, pattern)[0]
                     except NoNodeError:
                         continue
+                    except UnreadableAcls as e:
+                        raise OSError(f"cannot start the ACL authorizer: {e}") from None
                     if entries:
                         acls[pattern] = entries
         return acls
@@ -199,9 +205,9 @@ class ZkAclStore:
         data, stat = zk.get(acl_path(pattern))
         try:
             return entries_from_json(json.loads(data.decode()) if data else {}), stat.version
-        except (ValueError, KeyError, TypeError):
-            log.error("Ignoring unreadable ACLs at %s: %r", acl_path(pattern), data)
-            return frozenset(), stat.version
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            # Never read as "no ACLs": that could open what the znode was meant to close.
+            raise UnreadableAcls(f"unreadable ACLs at {acl_path(pattern)}: {data!r} ({type(e).__name__})") from None
 
     def update(self, pattern: ResourcePattern, change: Callable[[Entries], Entries]) -> Entries:
         from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -272,6 +278,10 @@ class ZkAclStore:
                     entries = self._read(zk, pattern)[0]
                 except NoNodeError:
                     entries = frozenset()
+                except UnreadableAcls as e:
+                    log.error("Keeping the ACLs known for %s: %s", pattern, e)
+                    self._last_seen[changes] = seq
+                    continue
                 if self._on_change is not None:
                     self._on_change(pattern, entries)
                 self._last_seen[changes] = seq

@@ -146,3 +146,30 @@ def test_acls_written_like_kafka_tools_are_picked_up(brokers: tuple[BrokerProces
     zk_client.create("/kafka-acl-changes/acl_changes_", b"TOPIC:zk-tool", sequence=True)
     seconds_until(lambda: topic_error(b1, "zk-tool") == 0 and topic_error(b2, "zk-tool") == 0, timeout=5)
     assert ANON not in zk_client.get_children("/kafka-acl/Topic")
+
+
+def test_unreadable_acl_znode_is_never_read_as_no_acls(brokers: tuple[BrokerProcess, BrokerProcess],
+                                                       zk_client: KazooClient, tmp_path: Path,
+                                                       zookeeper: ZooKeeperServer) -> None:
+    b1, _ = brokers
+    admin = AdminClient({"bootstrap.servers": b1.bootstrap})
+    admin.create_topics([NewTopic("zk-garbled", 1, 1)])["zk-garbled"].result(20)
+    seconds_until(lambda: topic_error(b1, "zk-garbled") == 0)
+    deny = {"version": 1, "acls": [{"principal": "User:ANONYMOUS", "permissionType": "Deny",
+                                    "operation": "All", "host": "*"}]}
+    zk_client.create("/kafka-acl/Topic/zk-garbled", json.dumps(deny).encode(), makepath=True)
+    zk_client.create("/kafka-acl-changes/acl_changes_", b"TOPIC:zk-garbled", sequence=True)
+    seconds_until(lambda: topic_error(b1, "zk-garbled") == 29, timeout=5)
+    # Garbled in place: the brokers keep the DENY they know and say why.
+    zk_client.set("/kafka-acl/Topic/zk-garbled", b'{"version": 1, "acls": [{"principal"')
+    zk_client.create("/kafka-acl-changes/acl_changes_", b"TOPIC:zk-garbled", sequence=True)
+    seconds_until(lambda: "Keeping the ACLs known for Topic:LITERAL:zk-garbled" in b1.read_log(), timeout=5)
+    assert topic_error(b1, "zk-garbled") == 29
+    # A broker starting now refuses to start rather than serve without that DENY.
+    b4 = BrokerProcess(tmp_path / "b4", overrides(zookeeper, 4))
+    with pytest.raises(RuntimeError) as info:
+        b4.start(timeout=30)
+    assert "cannot start the ACL authorizer: unreadable ACLs at /kafka-acl/Topic/zk-garbled" in str(info.value)
+    zk_client.delete("/kafka-acl/Topic/zk-garbled")
+    zk_client.create("/kafka-acl-changes/acl_changes_", b"TOPIC:zk-garbled", sequence=True)
+    seconds_until(lambda: topic_error(b1, "zk-garbled") == 0, timeout=5)
