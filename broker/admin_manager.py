@@ -23,6 +23,23 @@ log = logging.getLogger("kbroker.admin")
 MAX_TOPIC_NAME = 249
 _LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+# Kafka's controller (ReplicationControlManager.MAX_PARTITIONS_PER_BATCH) refuses a CreateTopics request asking
+# for more partitions than this in all, with POLICY_VIOLATION and this message.
+MAX_PARTITIONS_PER_REQUEST = 10_000
+EXCESSIVE_PARTITIONS = "Excessively large number of partitions per request."
+
+
+def total_requested_partitions(topics: list[tuple[int, int]], default_partitions: int) -> int:
+    """Kafka's validateTotalNumberOfPartitions count over (num_partitions, number of assignments) per topic."""
+    total = 0
+    for num_partitions, assignments in topics:
+        if assignments:
+            total += assignments
+        elif num_partitions == -1:
+            total += default_partitions
+        elif num_partitions > 0:
+            total += num_partitions
+    return total
 
 
 def validate_topic_name(name: str) -> str | None:
@@ -141,8 +158,10 @@ class AdminManager:
     def create_topic(self, name: str, num_partitions: int = -1, replication_factor: int = -1,
                      configs: Mapping[str, str | None] | None = None,
                      assignment: list[list[int]] | None = None) -> TopicRecord:
+        """All or nothing: this broker's logs of the topic are created first, and the topic is published only
+        once they all exist; a failure removes the ones created and leaves no trace in the metadata."""
         with self._lock:
-            num_partitions, rf, _ = self.check_new_topic(name, num_partitions, replication_factor, configs or {})
+            num_partitions, rf, config = self.check_new_topic(name, num_partitions, replication_factor, configs or {})
             if assignment is None:
                 assignment = self.assign_replicas(num_partitions, rf)
             rec = TopicRecord(
@@ -152,17 +171,41 @@ class AdminManager:
                 [PartitionState(r[0], 0, list(r), list(r)) for r in assignment],
                 {k: str(v) for k, v in (configs or {}).items()},
             )
+            mine = [p for p in range(num_partitions) if rec.leaders[p] == self.server.broker_id]
+            self._create_logs(name, mine, config)
             try:
                 self.metadata.create_topic(rec)
             except FileExistsError:
+                self._remove_logs(name, mine)
                 # Another broker sharing ZooKeeper created it first.
                 raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.") from None
-            for p in range(num_partitions):
-                if rec.leaders[p] == self.server.broker_id:
-                    self.ensure_log(name, p)
-            log.info("Created topic %s with %d partitions, replication factor %d, configs %s", name, num_partitions,
-                     len(assignment[0]), rec.configs)
+            except BaseException:
+                self._remove_logs(name, mine)
+                raise
+            log.info("Created topic %s with %d partitions (%d logs here), replication factor %d, configs %s", name,
+                     num_partitions, len(mine), len(assignment[0]), rec.configs)
             return rec
+
+    def _create_logs(self, name: str, partitions: list[int], config: LogConfig) -> None:
+        log_manager = self.server.log_manager
+        done: list[int] = []
+        try:
+            for p in partitions:
+                log_manager.get_or_create_log(name, p, config, announce=False)
+                done.append(p)
+        except Exception as e:
+            self._remove_logs(name, done)
+            log.error("Creating topic %s failed after %d of %d logs, removed them again: %s", name, len(done),
+                      len(partitions), e)
+            raise KafkaError(ErrorCode.UNKNOWN_SERVER_ERROR,
+                             f"Could not create the logs of topic '{name}': {e}") from None
+
+    def _remove_logs(self, name: str, partitions: list[int]) -> None:
+        for p in partitions:
+            try:
+                self.server.log_manager.discard_log(name, p)
+            except OSError:
+                log.warning("Could not remove log %s-%d of a topic that was not created", name, p, exc_info=True)
 
     def ensure_log(self, topic: str, partition: int) -> Log:
         rec = self.metadata.topics.get(topic)
@@ -189,7 +232,7 @@ class AdminManager:
                 raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
             self.metadata.delete_topic(name)
             for p in range(rec.num_partitions):
-                self.server.log_manager.delete_log(name, p)
+                self.server.log_manager.delete_log(name, p, announce=False)
                 self.server.replica_manager.purgatory.notify((name, p))
             log.info("Deleted topic %s (%d partitions)", name, rec.num_partitions)
 

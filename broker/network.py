@@ -48,6 +48,9 @@ TLS_INLINE_FILE_BYTES = 1024 * 1024
 TLS_CHUNK_BYTES = 256 * 1024
 # A TLS client gets this long to complete its handshake.
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
+# Out of file descriptors, the acceptor pauses this long and reports failures at most once per interval.
+ACCEPT_BACKOFF_S = 0.2
+ACCEPT_FAILURE_LOG_INTERVAL_S = 10.0
 
 
 class CloseConnection(Exception):
@@ -623,6 +626,8 @@ class SocketServer:
         self.bound: dict[str, tuple[str, int]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reload_handle: asyncio.TimerHandle | None = None
+        self._accept_failures = 0
+        self._accept_failure_logged = -1e9
 
     def start_processors(self) -> None:
         for p in self.processors:
@@ -668,7 +673,7 @@ class SocketServer:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
-                log.warning("accept failed: %s", e)
+                self._accept_failed(lsock, listener_name, e)
                 return
             ip = addr[0]
             with self._lock:
@@ -683,6 +688,28 @@ class SocketServer:
             proc = self.processors[self._rr % len(self.processors)]
             self._rr += 1
             proc.accept(sock, listener_name, ip)
+
+    def _accept_failed(self, lsock: socket.socket, listener_name: str, e: OSError) -> None:
+        """Out of descriptors (EMFILE/ENFILE) the pending connection stays in the backlog and the listener
+        stays readable: stop polling it for a while instead of spinning, and log once per interval."""
+        self._accept_failures += 1
+        now = time.monotonic()
+        if now - self._accept_failure_logged >= ACCEPT_FAILURE_LOG_INTERVAL_S:
+            log.warning("accept failed on %s: %s (%d failures since the last report); pausing accepts for %.1f s",
+                        listener_name, e, self._accept_failures, ACCEPT_BACKOFF_S)
+            self._accept_failure_logged = now
+            self._accept_failures = 0
+        loop = self._loop
+        if loop is None or e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+            return
+        fd = lsock.fileno()
+        loop.remove_reader(fd)
+
+        def resume() -> None:
+            if lsock.fileno() >= 0 and lsock in self._sockets:
+                loop.add_reader(fd, self._on_accept, lsock, listener_name)
+
+        loop.call_later(ACCEPT_BACKOFF_S, resume)
 
     def connection_closed(self, ip: str) -> None:
         with self._lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,15 @@ from storage.config import LogConfig
 from storage.manager import LogManager
 
 log = logging.getLogger("kbroker.server")
+
+
+def segment_file_budget() -> int:
+    """Half the open-files limit for segment files (opened lazily, least recently used closed first); the
+    other half stays for connections, sockets and everything else."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(64, soft // 2)
 
 
 class KafkaServer:
@@ -173,6 +183,7 @@ class KafkaServer:
             # Replicated brokers keep high watermarks across restarts; the single node has no followers.
             high_watermark_checkpoint_interval_ms=(c["replica.high.watermark.checkpoint.interval.ms"]
                                                    if c["zookeeper.connect"] else None),
+            max_open_segment_files=segment_file_budget(),
         )
         await loop.run_in_executor(None, self.log_manager.startup)
         await loop.run_in_executor(None, self._claim_first_producer_id_block)

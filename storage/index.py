@@ -18,6 +18,8 @@ import threading
 from array import array
 from pathlib import Path
 
+from storage.file_handles import LazyFile
+
 _INT32_MAX = 2**31 - 1
 
 
@@ -37,7 +39,9 @@ class _Index:
         self.base_offset = base_offset
         self.max_entries = max(1, max_index_size // self.entry_size)
         self._lock = threading.Lock()
-        self._fd: int | None = None
+        # Appends go through a descriptor opened on first append and closed when idle (storage.file_handles).
+        self._writer = LazyFile(path, os.O_WRONLY | os.O_APPEND)
+        self._dirty = False
         try:
             file_size = path.stat().st_size
         except FileNotFoundError:
@@ -99,9 +103,9 @@ class _Index:
 
     def _append_raw(self, key: int, value: int, packed: bytes) -> None:
         with self._lock:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.write(self._fd, packed)
+            writer = self._writer.get()
+            os.write(writer.fd, packed)
+            self._dirty = True
             self._last = (key, value)
             self._count += 1
             self._file_size += len(packed)
@@ -147,21 +151,21 @@ class _Index:
 
     def flush(self) -> None:
         with self._lock:
-            if self._fd is not None:
-                os.fsync(self._fd)
+            if self._dirty:
+                # The appends' descriptor may have been closed since: any descriptor flushes the inode.
+                writer = self._writer.get()
+                os.fsync(writer.fd)
+                self._dirty = False
 
     def close_writer(self) -> None:
-        with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+        self._writer.release()
 
     def close(self) -> None:
-        self.close_writer()
+        self._writer.release()
 
     def rename_to(self, path: Path) -> None:
         with self._lock:
-            os.replace(self.path, path)
+            self._writer.rename(path)
             self.path = path
 
     def delete_file(self) -> None:

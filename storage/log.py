@@ -891,32 +891,39 @@ class Log(ReplicaLogMixin):
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, *, persist: bool = True) -> None:
+        """persist=False: the log is being deleted; skip what only a restart would read (snapshot, timestamps)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            active = self._segments[-1]
-            # Persist the active segment's max timestamp so the next start needs no scan.
-            try:
-                active.on_become_inactive()
-                active.time_index.flush()
-            except OSError:
-                pass
-            # The producer map as of LEO, so a clean restart replays nothing.
-            if self._dir.exists():
-                self.producer_state.update_map_end_offset(self._leo)
-                self._take_producer_snapshot(sync=True)
-                try:
-                    fsync_dir(self._dir)
-                except OSError:
-                    pass
+            if persist:
+                self._persist_for_restart()
             for seg in self._segments:
                 seg.close()
         self.delete_pending_files(force=True)
 
+    def _persist_for_restart(self) -> None:
+        active = self._segments[-1]
+        # Persist the active segment's max timestamp so the next start needs no scan.
+        try:
+            active.on_become_inactive()
+            active.time_index.flush()
+        except OSError:
+            pass
+        # The producer map as of LEO, so a clean restart replays nothing. A log that never held a batch
+        # needs none (a restart finds nothing to replay): tens of thousands of new partitions stop fast.
+        never_written = self._leo <= self._segments[0].base_offset and not len(self.producer_state)
+        if self._dir.exists() and not never_written:
+            self.producer_state.update_map_end_offset(self._leo)
+            self._take_producer_snapshot(sync=True)
+            try:
+                fsync_dir(self._dir)
+            except OSError:
+                pass
+
     def delete(self) -> None:
-        self.close()
+        self.close(persist=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     @property

@@ -23,12 +23,15 @@ from storage.checkpoints import (
 from storage.cleaner import LogCleaner, rewrite_empty_compressed_batches
 from storage.config import LogConfig
 from storage.errors import KafkaStorageError
+from storage.file_handles import SEGMENT_FILES
 from storage.log import Log
 
 logger = logging.getLogger("kbroker.storage")
 
 _LOG_DIR_RE = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
 _DELETE_DIR_RE = re.compile(r"^.+-\d+\.[0-9a-f]{32}-delete$")
+# Shutdown spends at most this long removing deleted logs' directories; the next start removes the rest.
+SHUTDOWN_DELETE_BUDGET_S = 5.0
 # How often the scheduler wakes for delayed file deletes even when nothing else is due.
 _DELETE_POLL_MS = 1000
 
@@ -53,7 +56,8 @@ class LogManager:
                  topic_config: Callable[[str], LogConfig | None] | None = None,
                  producer_id_expiration_ms: int = 86400000,
                  producer_id_expiration_check_interval_ms: int = 600000,
-                 high_watermark_checkpoint_interval_ms: int | None = None) -> None:
+                 high_watermark_checkpoint_interval_ms: int | None = None,
+                 max_open_segment_files: int | None = None) -> None:
         """topic_config(topic) supplies a topic's config at startup (None -> default_config).
 
         producer_id_expiration_ms is Kafka's producer.id.expiration.ms: idempotent producer state
@@ -62,7 +66,11 @@ class LogManager:
         high_watermark_checkpoint_interval_ms (replica.high.watermark.checkpoint.interval.ms) is set for
         replicated brokers: high watermarks are then kept in replication-offset-checkpoint and restored on
         start. Without it (the single-node default) a log's high watermark is its end, as before.
+
+        max_open_segment_files bounds the descriptors segment files keep open (storage.file_handles).
         """
+        if max_open_segment_files is not None:
+            SEGMENT_FILES.max_open = max(1, max_open_segment_files)
         self.log_dirs = [Path(d) for d in log_dirs]
         self.default_config = default_config
         self.retention_check_interval_ms = retention_check_interval_ms
@@ -144,7 +152,9 @@ class LogManager:
     def get_log(self, topic: str, partition: int) -> Log | None:
         return self._logs.get((topic, partition))
 
-    def get_or_create_log(self, topic: str, partition: int, config: LogConfig | None = None) -> Log:
+    def get_or_create_log(self, topic: str, partition: int, config: LogConfig | None = None, *,
+                          announce: bool = True) -> Log:
+        """announce=False: the caller logs one line for many logs (a topic's creation)."""
         tp = (topic, partition)
         log = self._logs.get(tp)
         if log is not None:
@@ -156,20 +166,26 @@ class LogManager:
             if config is not None:
                 self._topic_configs[topic] = config
             config = self._config_for(topic)
-            counts = {d: 0 for d in self.log_dirs}
-            for d in self._log_dir_of.values():
-                counts[d] = counts.get(d, 0) + 1
-            log_dir = min(self.log_dirs, key=lambda d: counts[d])
+            log_dir = self._least_loaded_dir()
             try:
                 log = Log.open(log_dir / f"{topic}-{partition}", topic, partition, config, clean_shutdown=True)
             except OSError as e:
                 raise KafkaStorageError(f"cannot create log for {topic}-{partition} in {log_dir}: {e}") from e
             self._logs[tp] = log
             self._log_dir_of[tp] = log_dir
-            logger.info("Created log for %s-%d in %s", topic, partition, log_dir)
+            if announce:
+                logger.info("Created log for %s-%d in %s", topic, partition, log_dir)
             return log
 
-    def delete_log(self, topic: str, partition: int) -> None:
+    def _least_loaded_dir(self) -> Path:
+        if len(self.log_dirs) == 1:
+            return self.log_dirs[0]
+        counts = dict.fromkeys(self.log_dirs, 0)
+        for d in self._log_dir_of.values():
+            counts[d] = counts.get(d, 0) + 1
+        return min(self.log_dirs, key=lambda d: counts[d])
+
+    def delete_log(self, topic: str, partition: int, *, announce: bool = True) -> None:
         """Forget the log now; rename its dir to <tp>.<uuid>-delete and remove it after file.delete.delay.ms
         (open fds, e.g. an in-flight sendfile, stay valid until then)."""
         tp = (topic, partition)
@@ -183,7 +199,17 @@ class LogManager:
             log.dir = target
             self._pending_dir_deletes.append(_PendingDirDelete(_now_ms() + log.config.file_delete_delay_ms,
                                                                target, log))
-        logger.info("Scheduled deletion of log %s-%d (%s)", topic, partition, target)
+        if announce:
+            logger.info("Scheduled deletion of log %s-%d (%s)", topic, partition, target)
+
+    def discard_log(self, topic: str, partition: int) -> None:
+        """Remove a log nobody has used yet (a topic whose creation failed) at once, files and all."""
+        tp = (topic, partition)
+        with self._lock:
+            log = self._logs.pop(tp, None)
+            self._log_dir_of.pop(tp, None)
+        if log is not None:
+            log.delete()
 
     def logs(self) -> list[Log]:
         return list(self._logs.values())
@@ -271,17 +297,41 @@ class LogManager:
                 logger.exception("Failed to write %s in %s", REPLICATION_OFFSET_CHECKPOINT, log_dir)
         return ok
 
-    def delete_pending_files(self, now_ms: int | None = None, *, force: bool = False) -> None:
+    def delete_pending_files(self, now_ms: int | None = None, *, force: bool = False,
+                             time_budget_s: float | None = None) -> None:
+        """time_budget_s: stop removing directories after this long; the rest stay for the next start, which
+        removes leftover -delete directories (a deleted topic of 10,000 partitions takes tens of seconds)."""
         now_ms = _now_ms() if now_ms is None else now_ms
+        started = time.monotonic()
         for log in self.logs():
             log.delete_pending_files(now_ms, force=force)
         with self._lock:
-            due = [p for p in self._pending_dir_deletes if force or p.due_ms <= now_ms]
-            self._pending_dir_deletes = [p for p in self._pending_dir_deletes if p not in due]
-        for p in due:
-            p.log.close()
+            due: list[_PendingDirDelete] = []
+            later: list[_PendingDirDelete] = []
+            for p in self._pending_dir_deletes:
+                (due if force or p.due_ms <= now_ms else later).append(p)
+            self._pending_dir_deletes = later
+        removed: list[_PendingDirDelete] = []
+        for i, p in enumerate(due):
+            if not force and self._stop.is_set():
+                # Shutting down: its own pass (with a time budget) takes over the rest.
+                with self._lock:
+                    self._pending_dir_deletes.extend(due[i:])
+                due = due[:i]
+                break
+            p.log.close(persist=False)
+            if time_budget_s is not None and time.monotonic() - started > time_budget_s:
+                continue
             shutil.rmtree(p.path, ignore_errors=True)
-            logger.info("Deleted log directory %s", p.path)
+            removed.append(p)
+        if len(removed) < len(due):
+            logger.info("Left %d deleted log directories for the next start to remove", len(due) - len(removed))
+        due = removed
+        if len(due) == 1:
+            logger.info("Deleted log directory %s", due[0].path)
+        elif due:
+            # A deleted topic of thousands of partitions: one line, not thousands.
+            logger.info("Deleted %d log directories (%s ... %s)", len(due), due[0].path.name, due[-1].path.name)
 
     # -- background ----------------------------------------------------------------------------
 
@@ -332,7 +382,7 @@ class LogManager:
                 clean = False
                 logger.exception("Final flush failed for %s", log.name)
         clean = self.checkpoint() and clean
-        self.delete_pending_files(force=True)
+        self.delete_pending_files(force=True, time_budget_s=SHUTDOWN_DELETE_BUDGET_S)
         for log in self.logs():
             log.close()
         if not clean:

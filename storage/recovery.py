@@ -39,7 +39,8 @@ def recover_segment(segment: LogSegment, min_offset: int) -> SegmentRecoveryResu
     base offset >= min_offset / the previous batch's next offset (offsets never go backwards).
     """
     segment.reset_indexes()
-    fd = segment.read_fd
+    reader = segment.reader()  # held while fd is in use
+    fd = reader.fd
     size = os.fstat(fd).st_size
     pos = 0
     next_offset = max(min_offset, segment.base_offset)

@@ -17,6 +17,7 @@ from protocol.records import (
     decode_records,
     parse_batch_header,
 )
+from storage.file_handles import LazyFile, OpenFile
 from storage.index import OffsetIndex, TimeIndex
 from storage.transaction_index import TXN_INDEX_SUFFIX, TransactionIndex
 
@@ -40,19 +41,23 @@ def segment_file_name(base_offset: int, suffix: str) -> str:
 class FileRecordsSlice:
     """A byte range of a segment file; the broker sendfile()s it straight to the socket.
 
-    fd stays open until the segment is closed, which for deleted segments is deferred by
-    file.delete.delay.ms, so a slice handed out just before a deletion stays readable.
+    The slice holds the open file itself, so its fd stays open while the slice lives even when the
+    segment's handle is evicted or the segment closed and deleted meanwhile.
     """
 
-    fd: int
+    file: OpenFile
     position: int
     size: int
+
+    @property
+    def fd(self) -> int:
+        return self.file.fd
 
     def read_bytes(self) -> bytes:
         chunks = []
         pos, remaining = self.position, self.size
         while remaining > 0:
-            chunk = os.pread(self.fd, remaining, pos)
+            chunk = os.pread(self.file.fd, remaining, pos)
             if not chunk:
                 break
             chunks.append(chunk)
@@ -89,10 +94,12 @@ class LogSegment:
         self.index_interval_bytes = index_interval_bytes
         self.suffix = suffix
         self.log_path = dir / (segment_file_name(base_offset, LOG_SUFFIX) + suffix)
-        flags = os.O_RDONLY | (os.O_CREAT if create else 0)
-        self._read_fd = os.open(self.log_path, flags, 0o644)
-        self._write_fd: int | None = None
-        self._size = os.fstat(self._read_fd).st_size
+        if create:
+            os.close(os.open(self.log_path, os.O_WRONLY | os.O_CREAT, 0o644))
+        self._size = os.stat(self.log_path).st_size  # FileNotFoundError for a missing segment, as before
+        # One descriptor for reads (pread, sendfile) and writes (pwrite): opened on first use, closed again
+        # when idle (storage.file_handles).
+        self._file = LazyFile(self.log_path, os.O_RDWR)
         self.index = OffsetIndex(dir / (segment_file_name(base_offset, INDEX_SUFFIX) + suffix), base_offset,
                                  max_index_size)
         self.time_index = TimeIndex(dir / (segment_file_name(base_offset, TIME_INDEX_SUFFIX) + suffix),
@@ -114,9 +121,9 @@ class LogSegment:
     def size(self) -> int:
         return self._size
 
-    @property
-    def read_fd(self) -> int:
-        return self._read_fd
+    def reader(self) -> OpenFile:
+        """The .log file open for reading; keep the returned object while its fd is in use."""
+        return self._file.get()
 
     @property
     def max_timestamp_and_offset(self) -> tuple[int, int]:
@@ -140,7 +147,7 @@ class LogSegment:
         ts = self.max_timestamp
         if ts >= 0:
             return ts
-        return int(os.fstat(self._read_fd).st_mtime * 1000)
+        return int(os.stat(self.log_path).st_mtime * 1000)
 
     def rolling_base_ms(self) -> int | None:
         if self._rolling_base_ms is None and self._size > 0:
@@ -158,10 +165,8 @@ class LogSegment:
 
     # -- writes --------------------------------------------------------------------------------
 
-    def _writer(self) -> int:
-        if self._write_fd is None:
-            self._write_fd = os.open(self.log_path, os.O_WRONLY)
-        return self._write_fd
+    def _writer(self) -> OpenFile:
+        return self._file.get()
 
     def append(self, data: bytes | bytearray | memoryview, batches: list[tuple[int, RecordBatchHeader]],
                now_ms: int | None = None) -> None:
@@ -171,7 +176,8 @@ class LogSegment:
         """
         start = self._size
         view = memoryview(data)
-        fd = self._writer()
+        writer = self._writer()
+        fd = writer.fd
         written = 0
         try:
             while written < len(view):
@@ -211,7 +217,7 @@ class LogSegment:
         """Cut the file at position (a batch boundary); returns bytes removed. Indexes must be fixed by the caller."""
         removed = self._size - position
         if removed > 0:
-            os.ftruncate(self._writer(), position)
+            os.ftruncate(self._writer().fd, position)
             self._size = position
         return max(0, removed)
 
@@ -237,7 +243,8 @@ class LogSegment:
             self.time_index.maybe_append(ts, off, skip_full_check=True)
 
     def flush(self) -> None:
-        os.fsync(self._read_fd)  # fsync works on a read-only fd on Linux and flushes the inode
+        reader = self._file.get()
+        os.fsync(reader.fd)  # any fd of the file (a read-only one too) flushes the inode on Linux
         self.index.flush()
         self.time_index.flush()
         self.txn_index.flush()
@@ -247,7 +254,10 @@ class LogSegment:
     def iter_batches(self, start_position: int = 0, end_position: int | None = None) -> Iterator[BatchLocation]:
         """Headers of whole batches in [start, end); stops at a torn or invalid header."""
         end = self._size if end_position is None else end_position
-        fd = self._read_fd
+        if end - start_position < BATCH_HEADER_SIZE:
+            return  # nothing to read: an empty segment need not be opened
+        reader = self._file.get()  # held while the generator runs
+        fd = reader.fd
         pos = start_position
         buf = b""
         buf_start = pos
@@ -302,7 +312,7 @@ class LogSegment:
             # Nothing fitted after the index entry: the batch starting there is the first one left out.
             after = next(self.iter_batches(end), None)
             next_offset = after.header.base_offset if after is not None else self.read_next_offset()
-        return SegmentReadResult(FileRecordsSlice(self._read_fd, start.position, end - start.position),
+        return SegmentReadResult(FileRecordsSlice(self._file.get(), start.position, end - start.position),
                                  next_offset=next_offset)
 
     def find_offset_by_timestamp(self, timestamp: int, starting_offset: int,
@@ -319,7 +329,7 @@ class LogSegment:
         return None
 
     def read_batch_bytes(self, loc: BatchLocation) -> bytes:
-        return FileRecordsSlice(self._read_fd, loc.position, loc.size).read_bytes()
+        return FileRecordsSlice(self._file.get(), loc.position, loc.size).read_bytes()
 
     def _first_record_at_or_after(self, loc: BatchLocation, timestamp: int, starting_offset: int,
                                   max_decompressed: int) -> tuple[int, int] | None:
@@ -343,26 +353,22 @@ class LogSegment:
             if self._closed:
                 return
             self._closed = True
-            if self._write_fd is not None:
-                os.close(self._write_fd)
-                self._write_fd = None
+            self._file.close()
             self.index.close()
             self.time_index.close()
             self.txn_index.close()
-            os.close(self._read_fd)
 
     def close_writers(self) -> None:
-        if self._write_fd is not None:
-            os.close(self._write_fd)
-            self._write_fd = None
+        """The segment became inactive: give its descriptors back now rather than when they are evicted."""
+        self._file.release()
         self.index.close_writer()
         self.time_index.close_writer()
         self.txn_index.close_writer()
 
     def change_file_suffix(self, new_suffix: str) -> None:
-        """Rename the three files (fds stay valid); e.g. '' -> '.deleted' or '.swap' -> ''."""
+        """Rename the segment's files (open fds stay valid); e.g. '' -> '.deleted' or '.swap' -> ''."""
         new_log = self.dir / (segment_file_name(self.base_offset, LOG_SUFFIX) + new_suffix)
-        os.replace(self.log_path, new_log)
+        self._file.rename(new_log)
         self.log_path = new_log
         self.index.rename_to(self.dir / (segment_file_name(self.base_offset, INDEX_SUFFIX) + new_suffix))
         self.time_index.rename_to(self.dir / (segment_file_name(self.base_offset, TIME_INDEX_SUFFIX) + new_suffix))

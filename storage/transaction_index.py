@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from storage.file_handles import LazyFile
+
 TXN_INDEX_SUFFIX = ".txnindex"
 _ENTRY = struct.Struct(">hqqqq")
 ENTRY_SIZE = _ENTRY.size  # 34
@@ -65,7 +67,9 @@ class TransactionIndex:
         self.path = path
         self.start_offset = start_offset
         self._entries: list[AbortedTxn] | None = None
-        self._fd: int | None = None
+        # Opened on the first abort in the segment (creating the file) and closed when idle (storage.file_handles).
+        self._writer = LazyFile(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self._dirty = False
         self._load_lock = threading.Lock()
 
     # -- reads ---------------------------------------------------------------------------------
@@ -121,16 +125,13 @@ class TransactionIndex:
             raise ValueError(f"aborted transaction ending at {txn.last_offset} does not follow the last one in "
                              f"{self.path} (ending at {entries[-1].last_offset})")
         data = txn.encode()
-        fd = self._writer()
+        writer = self._writer.get()
         written = 0
         while written < len(data):
-            written += os.write(fd, data[written:])
+            written += os.write(writer.fd, data[written:])
+        self._dirty = True
         entries.append(txn)
 
-    def _writer(self) -> int:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        return self._fd
 
     def truncate_to(self, offset: int) -> None:
         """Drop the entries of transactions aborted at or after offset."""
@@ -149,20 +150,19 @@ class TransactionIndex:
         self._entries = entries
 
     def flush(self) -> None:
-        if self._fd is not None:
-            os.fsync(self._fd)
+        if self._dirty:
+            writer = self._writer.get()  # any descriptor of the file flushes the inode
+            os.fsync(writer.fd)
+            self._dirty = False
 
     def close_writer(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._writer.release()
 
     def close(self) -> None:
         self.close_writer()
 
     def rename_to(self, path: Path) -> None:
-        if self.path.exists():
-            os.replace(self.path, path)
+        self._writer.rename(path, missing_ok=True)
         self.path = path
 
     def delete_file(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -22,7 +23,10 @@ def free_port() -> int:
 class BrokerProcess:
     """`python -m broker` with configs/server.properties plus overrides, bound to 127.0.0.1."""
 
-    def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None, port: int | None = None) -> None:
+    def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None, port: int | None = None,
+                 open_files_limit: int | None = None) -> None:
+        """open_files_limit: the broker's RLIMIT_NOFILE (soft and hard), for tests of descriptor exhaustion."""
+        self.open_files_limit = open_files_limit
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.overrides = {
@@ -44,7 +48,11 @@ class BrokerProcess:
         for k, v in self.overrides.items():
             args += ["--override", f"{k}={v}"]
         logf = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT)
+        limit = self.open_files_limit
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT,
+            preexec_fn=None if limit is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)),
+        )
         logf.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -7,7 +7,12 @@ import logging
 import time
 from typing import Any
 
-from broker.admin_manager import check_assignment
+from broker.admin_manager import (
+    EXCESSIVE_PARTITIONS,
+    MAX_PARTITIONS_PER_REQUEST,
+    check_assignment,
+    total_requested_partitions,
+)
 from broker.apis import ApiHandler, RequestContext
 from broker.replica_manager import error_of
 from broker.security.acls import AclOperation, ResourceType
@@ -69,7 +74,7 @@ def _topic_denied() -> KafkaError:
     return KafkaError(ErrorCode.TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
 
 
-def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> Any:
+async def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> CreateTopicsResponse:
     admin = ctx.server.admin
     R = CreateTopicsResponse
     results = []
@@ -84,6 +89,16 @@ def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> Any:
         if not ctx.authorized(AclOperation.CREATE, ResourceType.CLUSTER, log_denied=False):
             denied = _denied(ctx, AclOperation.CREATE, names)
         no_configs = _denied(ctx, AclOperation.DESCRIBE_CONFIGS, names)
+    total = total_requested_partitions(
+        [(t.num_partitions, len(t.assignments)) for t in req.topics], ctx.server.config["num.partitions"])
+    if total > MAX_PARTITIONS_PER_REQUEST and not _not_controller(ctx):
+        # Kafka's controller refuses the whole request before looking at any topic.
+        ctx.refused(ErrorCode.POLICY_VIOLATION, EXCESSIVE_PARTITIONS, f"{total} partitions")
+        return R(throttle_time_ms=0, topics=[
+            R.CreatableTopicResult(name=t.name, error_code=ErrorCode.POLICY_VIOLATION,
+                                   error_message=EXCESSIVE_PARTITIONS, configs=None)
+            for t in req.topics])
+    loop = asyncio.get_running_loop()
     for t in req.topics:
         res = R.CreatableTopicResult(name=t.name, error_code=0, error_message=None)
         results.append(res)
@@ -108,7 +123,9 @@ def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> Any:
                 num_partitions, replication_factor = len(assignment), len(assignment[0])
             n, rf, _ = admin.check_new_topic(t.name, num_partitions, replication_factor, configs)
             if not req.validate_only:
-                rec = admin.create_topic(t.name, n, rf, configs, assignment)
+                # Thousands of partitions take seconds of file system work: off the network thread.
+                rec = await loop.run_in_executor(ctx.server.io_pool, admin.create_topic, t.name, n, rf, configs,
+                                                 assignment)
                 res.topic_id = rec.topic_id
             res.num_partitions = n
             res.replication_factor = rf
@@ -139,7 +156,7 @@ def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) -> Any:
     if _waits_for_leaders(ctx, req.validate_only, req.timeout_ms):
         waiting = [(res, None) for res in results if res.error_code == 0]
         if waiting:
-            return _await_leaders(ctx, response, waiting, req.timeout_ms)
+            return await _await_leaders(ctx, response, waiting, req.timeout_ms)
     return response
 
 
