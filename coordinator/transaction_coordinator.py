@@ -89,6 +89,9 @@ class TxnConfig:
     min_isr: int = 2  # transaction.state.log.min.isr
     load_buffer_size: int = 5242880  # transaction.state.log.load.buffer.size
     marker_retry_backoff_ms: int = 100  # pause before writing failed markers (or the Complete* record) again
+    # AddPartitionsToTxn arriving while the previous transaction's markers are written waits this long for them
+    # before answering CONCURRENT_TRANSACTIONS (0: answer at once, as Kafka).
+    completion_wait_ms: int = 1000
 
     def topic_configs(self) -> dict[str, str]:
         """The configs __transaction_state is created with (Kafka's transactionTopicConfigs)."""
@@ -131,6 +134,8 @@ class TransactionCoordinator:
         self._started = threading.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: list[asyncio.TimerHandle] = []
+        # transactional id -> resolved when its markers and Complete* record are written (or given up on).
+        self._completions: dict[str, asyncio.Future[None]] = {}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -473,7 +478,8 @@ class TransactionCoordinator:
             return dict.fromkeys(partitions, ErrorCode.UNKNOWN_SERVER_ERROR)
 
     async def _add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                              partitions: list[TopicPartition], verify_only: bool) -> dict[TopicPartition, ErrorCode]:
+                              partitions: list[TopicPartition], verify_only: bool, waited: bool = False
+                              ) -> dict[TopicPartition, ErrorCode]:
         def all_(code: ErrorCode) -> dict[TopicPartition, ErrorCode]:
             return dict.fromkeys(partitions, code)
 
@@ -493,6 +499,13 @@ class TransactionCoordinator:
                 return all_(ErrorCode.CONCURRENT_TRANSACTIONS)
             return {tp: ErrorCode.NONE if tp in meta.topic_partitions else ErrorCode.TRANSACTION_ABORTABLE
                     for tp in partitions}
+        if meta.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT) and not waited and self.config.completion_wait_ms > 0:
+            # The previous transaction's markers are being written. Kafka answers CONCURRENT_TRANSACTIONS at once
+            # and the client retries after its backoff (tens of milliseconds, once or twice per transaction for
+            # librdkafka), while the markers usually land within milliseconds: wait for them, briefly, instead.
+            await self._await_completion(transactional_id, self.config.completion_wait_ms / 1000)
+            return await self._add_partitions(transactional_id, producer_id, producer_epoch, partitions, verify_only,
+                                              waited=True)
         if meta.pending_transition_in_progress or meta.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
             return all_(ErrorCode.CONCURRENT_TRANSACTIONS)
         if meta.state is S.ONGOING and meta.topic_partitions.issuperset(partitions):
@@ -582,8 +595,26 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------ markers and completion
 
+    async def _await_completion(self, transactional_id: str, timeout_s: float) -> None:
+        fut = self._completions.get(transactional_id)
+        if fut is None:
+            fut = self._completions[transactional_id] = self.loop.create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+        except TimeoutError:
+            pass
+
     async def _complete_transaction(self, transactional_id: str, meta: TransactionMetadata, coordinator_epoch: int,
                                     commit: bool, complete: TxnTransitMetadata) -> None:
+        try:
+            await self._write_markers_and_complete(transactional_id, meta, coordinator_epoch, commit, complete)
+        finally:
+            fut = self._completions.pop(transactional_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    async def _write_markers_and_complete(self, transactional_id: str, meta: TransactionMetadata,
+                                          coordinator_epoch: int, commit: bool, complete: TxnTransitMetadata) -> None:
         """Write the markers until every partition has one, then the Complete* record (Kafka's
         TransactionMarkerChannelManager). The pending Complete* state refuses other requests meanwhile."""
         backoff = self.config.marker_retry_backoff_ms / 1000

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -493,6 +494,23 @@ def test_concurrent_transactions_while_markers_are_written(harness: Harness) -> 
     host.hold_markers = False
     harness.wait_state("tx", S.COMPLETE_COMMIT)
     assert harness.init("tx") == (ErrorCode.NONE, pid, epoch + 1)
+
+
+def test_add_partitions_waits_briefly_for_the_previous_markers(harness: Harness) -> None:
+    """The next transaction's first AddPartitionsToTxn, sent right after EndTxn was answered, waits for the
+    markers instead of answering CONCURRENT_TRANSACTIONS (which costs librdkafka a retry backoff)."""
+    host = harness.host
+    _, pid, epoch = harness.init("tx")
+    assert all_ok(harness.add("tx", pid, epoch, ("orders", 0)))
+    host.hold_markers = True
+    assert harness.end("tx", pid, epoch, True) is ErrorCode.NONE
+    release = threading.Timer(0.2, setattr, (host, "hold_markers", False))
+    release.start()
+    try:
+        assert all_ok(harness.add("tx", pid, epoch, ("orders", 1)))
+    finally:
+        release.cancel()
+    assert harness.meta("tx")[0::3] == (S.ONGOING, frozenset({("orders", 1)}))
 
 
 def test_end_abort_while_prepare_abort_is_concurrent_and_commit_invalid(harness: Harness) -> None:
