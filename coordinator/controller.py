@@ -461,8 +461,7 @@ class KafkaController:
             elif broker_id in st.isr and len(st.isr) > 1:
                 isr_removals[tp] = without_replicas(st, {broker_id}, ctx.epoch)
                 batch.add_stop_replica([broker_id], tp, delete=False)
-        self._apply(leader_moves, batch, f"controlled shutdown of broker {broker_id}")
-        self._apply(isr_removals, batch, f"controlled shutdown of broker {broker_id}")
+        self._apply({**leader_moves, **isr_removals}, batch, f"controlled shutdown of broker {broker_id}")
         batch.send(ctx, self._broker_info, self._send)
         remaining = [tp for tp in ctx.partitions_on(broker_id)
                      if tp in ctx.states and ctx.states[tp].leader == broker_id and len(ctx.replicas(tp)) > 1]

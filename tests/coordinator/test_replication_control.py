@@ -345,22 +345,56 @@ def test_reassignment_removes_a_replica_and_its_log(cluster: Cluster, zk_client:
 
         wait_for(lambda: all(shrunk(b) for b in BROKERS), "every broker's metadata without broker 3")
 
-        # Adding broker 3 back: the new replica must join the ISR before the reassignment completes
-        admin.alter_partition_reassignments({TopicPartition(topic, 0): [1, 2, 3]})
-        doc = zp.parse_topic_assignment(zk_client.get(zp.topic_path(topic))[0])
-        ongoing = admin.list_partition_reassignments()
-        if ongoing:  # until followers replicate, broker 3 never catches up: the reassignment stays pending
-            info = ongoing[TopicPartition(topic, 0)]
-            assert info["replicas"] == [1, 2, 3] and info["adding_replicas"] == [3]
-            assert info["removing_replicas"] == []
-            assert doc.adding == {0: [3]} and doc.replicas == [[1, 2, 3]]
-            # cancelled: back to [1, 2]
-            admin.alter_partition_reassignments({TopicPartition(topic, 0): None})
-            wait_for(lambda: zp.parse_topic_assignment(zk_client.get(zp.topic_path(topic))[0]).replicas == [[1, 2]],
-                     "reassignment cancelled")
-            assert admin.list_partition_reassignments() == {}
+        # Adding broker 3 back: its new replica copies the log and joins the ISR, then the reassignment completes
+        produce_acks_all(cluster[1], topic, 0, 500)
+        result = admin.alter_partition_reassignments({TopicPartition(topic, 0): [1, 2, 3]})
+        assert result == {TopicPartition(topic, 0): None}
+
+        def completed() -> bool:
+            doc = zp.parse_topic_assignment(zk_client.get(zp.topic_path(topic))[0])
+            return (doc.replicas == [[1, 2, 3]] and not doc.adding and not admin.list_partition_reassignments()
+                    and sorted(zk_state(zk_client, topic, 0)["isr"]) == [1, 2, 3])
+
+        wait_for(completed, "broker 3 caught up and the reassignment completed", timeout=30)
+        sizes = {r["broker"]: {(t["name"], p["partition_index"]): p["partition_size"] for d in r["log_dirs"]
+                               for t in d["topics"] for p in t["partitions"]}
+                 for r in admin.describe_log_dirs(topic_partitions={topic: [0]})}
+        assert sizes[3][(topic, 0)] == sizes[1][(topic, 0)] > 0, sizes
+
+        # Nothing to cancel any more
+        cancel = admin.alter_partition_reassignments({TopicPartition(topic, 0): None})
+        assert cancel[TopicPartition(topic, 0)].errno == 85  # NO_REASSIGNMENT_IN_PROGRESS
     finally:
         admin.close()
+    assert consume_values(cluster[3], topic, 0, 500) == [f"{topic}-{i}".encode() for i in range(500)]
+
+
+def produce_acks_all(b: BrokerProcess, topic: str, partition: int, n: int) -> None:
+    from confluent_kafka import Producer  # noqa: PLC0415
+
+    errors: list[Any] = []
+    p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5})
+    for i in range(n):
+        p.produce(topic, f"{topic}-{i}".encode(), partition=partition,
+                  on_delivery=lambda err, _msg: errors.append(err) if err else None)
+    assert p.flush(30) == 0 and not errors, errors
+
+
+def consume_values(b: BrokerProcess, topic: str, partition: int, n: int, timeout: float = 20) -> list[bytes]:
+    from kafka import KafkaConsumer  # noqa: PLC0415
+
+    consumer = KafkaConsumer(bootstrap_servers=b.bootstrap, group_id=None, enable_auto_commit=False)
+    try:
+        consumer.assign([TopicPartition(topic, partition)])
+        consumer.seek_to_beginning()
+        out: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < n and time.monotonic() < deadline:
+            for msgs in consumer.poll(timeout_ms=500).values():
+                out += [m.value for m in msgs]
+        return out
+    finally:
+        consumer.close()
 
 
 # ---------------------------------------------------------------- requests from brokers to the controller
@@ -427,6 +461,8 @@ def test_killed_controller_fails_over_and_its_partitions_get_new_leaders(cluster
     led_by_1 = [p for p, s in before.items() if s["leader"] == 1]
     assert led_by_1
 
+    for p in range(6):
+        produce_acks_all(cluster[2], "rf3", p, 200)  # acknowledged by every in-sync replica before the kill
     t0 = time.monotonic()
     cluster[1].kill()
 
@@ -446,6 +482,9 @@ def test_killed_controller_fails_over_and_its_partitions_get_new_leaders(cluster
         assert 1 not in state["isr"] and state["leader"] in (2, 3)
         if p in led_by_1:
             assert state["leader_epoch"] == before[p]["leader_epoch"] + 1
+    # Not one acknowledged record lost, read from the new leaders
+    for p in range(6):
+        assert consume_values(cluster[2], "rf3", p, 200) == [f"rf3-{i}".encode() for i in range(200)]
     # kafka-python sees broker 1's replicas offline (once broker 3 has the controller's UpdateMetadata)
     wait_for(lambda: all(info["offline_replicas"] == [1] and 1 not in info["isr_nodes"]
                          for info in kp_partitions(cluster[3], "rf3").values()), "broker 1 offline in metadata")
@@ -488,9 +527,41 @@ def test_controlled_shutdown_moves_leaderships_first(cluster: Cluster, zk_client
     leader = next(b for b in (2, 3) if b != controller)
     led = [p for p in range(6) if zk_state(zk_client, "rf3", p)["leader"] == leader]
     assert led
+    # An idempotent acks=all producer writes to one of its partitions throughout: its longest wait for an
+    # acknowledgement is the produce pause of the controlled shutdown.
+    import threading  # noqa: PLC0415
+
+    from confluent_kafka import Producer  # noqa: PLC0415
+
+    acked: list[float] = []
+    errors: list[Any] = []
+    done = threading.Event()
+
+    def produce() -> None:
+        prod = Producer({"bootstrap.servers": cluster[controller].bootstrap, "acks": "all",
+                         "enable.idempotence": True, "linger.ms": 0})
+        i = 0
+        while not done.is_set():
+            prod.produce("rf3", f"cs-{i}".encode(), partition=led[0],
+                         on_delivery=lambda err, _m: errors.append(err) if err else acked.append(time.monotonic()))
+            prod.poll(0.01)
+            i += 1
+        assert prod.flush(30) == 0
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    wait_for(lambda: len(acked) > 20, "the producer running")
     t0 = time.monotonic()
     cluster[leader].stop()
     stopped = time.monotonic() - t0
+    time.sleep(1.5)
+    done.set()
+    producer.join(40)
+    assert not errors, errors
+    window = [t for t in acked if t >= t0 - 0.5]
+    pause = max(b - a for a, b in zip(window, window[1:], strict=False))
+    print(f"controlled shutdown: longest wait between acknowledgements {pause * 1000:.0f} ms")
+    assert pause < 1.0, pause
     # The controller moved the leaderships while the broker was still registered and serving.
     moves = re.findall(rf"Controlled shutdown of broker {leader}: (\d+) leaderships moved", cluster[controller].read_log())
     assert moves and int(moves[0]) >= len(led), moves
