@@ -118,6 +118,9 @@ def cluster(zookeeper: ZooKeeperServer, zk_client: KazooClient, pki: Pki,
     try:
         for b in c.brokers:
             b.start()
+        # Both registered with the controller before topics are created: else every partition lands on broker 1.
+        wait_until(lambda: len(AdminClient({"bootstrap.servers": c.brokers[0].bootstrap})
+                               .list_topics(timeout=10).brokers) == 2, timeout=20, what="both brokers registered")
         yield c
     finally:
         for b in c.brokers:
