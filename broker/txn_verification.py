@@ -31,6 +31,17 @@ class TxnVerifier:
     def __init__(self, server: KafkaServer) -> None:
         self.server = server
 
+    def verify_now(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                   tps: list[TopicPartition]) -> dict[TopicPartition, ErrorCode] | None:
+        """verify() without waiting, when this broker is the coordinator and the transaction is settled
+        (the usual case); None when only the asynchronous verify() can answer."""
+        server = self.server
+        rec = server.metadata.topics.get(TRANSACTION_STATE_TOPIC)
+        if rec is None or rec.leaders[partition_for(transactional_id, rec.num_partitions)] != server.broker_id:
+            return None
+        results = server.txn_coordinator.verify_partitions_now(transactional_id, producer_id, producer_epoch, tps)
+        return None if results is None else self._failures(results)
+
     async def verify(self, transactional_id: str, producer_id: int, producer_epoch: int,
                      tps: list[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
         """The partitions that failed verification, with the error the producer must see (PRODUCER_FENCED is
@@ -46,6 +57,10 @@ class TxnVerifier:
             results = await tc.call(tc.add_partitions, transactional_id, producer_id, producer_epoch, tps, True)
         else:
             results = await self._verify_remote(leader, transactional_id, producer_id, producer_epoch, tps)
+        return self._failures(results)
+
+    @staticmethod
+    def _failures(results: dict[TopicPartition, ErrorCode]) -> dict[TopicPartition, ErrorCode]:
         failed = {}
         for tp, code in results.items():
             if code == ErrorCode.NONE:

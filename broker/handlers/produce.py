@@ -47,7 +47,10 @@ def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
     if req.transactional_id is not None and ctx.server.config["transaction.partition.verification.enable"]:
         to_verify = _first_transactional_batches(ctx, req, failed)
         if to_verify is not None:
-            return _verify_then_append(ctx, req, failed, *to_verify)
+            unverified = ctx.server.txn_verifier.verify_now(req.transactional_id, *to_verify)
+            if unverified is None:
+                return _verify_then_append(ctx, req, failed, *to_verify)
+            failed.update({tp: _produce_error(code, ctx.api_version) for tp, code in unverified.items()})
     return _append_all(ctx, req, failed)
 
 

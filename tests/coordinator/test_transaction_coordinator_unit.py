@@ -804,3 +804,19 @@ def test_writes_honour_the_flush_policy(tmp_path: Path) -> None:
     finally:
         h.stop()
         lazy.close()
+
+
+def test_verify_partitions_now_answers_a_settled_transaction_off_the_loop(harness: Harness) -> None:
+    """The produce path's synchronous verification agrees with verify_only on the loop, and declines (None)
+    whenever the answer needs the loop: another producer or epoch, no open transaction, an unknown id."""
+    tc = harness.tc
+    _, pid, epoch = harness.init("tx")
+    assert tc.verify_partitions_now("tx", pid, epoch, [("orders", 0)]) is None  # Empty: nothing to verify against
+    assert all_ok(harness.add("tx", pid, epoch, ("orders", 0)))
+    tps = [("orders", 0), ("orders", 1)]
+    now = tc.verify_partitions_now("tx", pid, epoch, tps)
+    assert now == {("orders", 0): ErrorCode.NONE, ("orders", 1): ErrorCode.TRANSACTION_ABORTABLE}
+    assert now == harness.add("tx", pid, epoch, *tps, verify=True)
+    assert tc.verify_partitions_now("tx", pid, epoch + 1, tps) is None
+    assert tc.verify_partitions_now("tx", pid + 1, epoch, tps) is None
+    assert tc.verify_partitions_now("unknown", pid, epoch, tps) is None
