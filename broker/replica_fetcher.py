@@ -103,6 +103,7 @@ class ReplicaFetcherThread:
         self.partitions: dict[TopicPartition, PartitionFetchState] = {}
         self._lock = threading.Lock()
         self._running = True
+        self._failing = False  # one warning per streak of failed requests, not one per backoff
         self.loop = uvloop.new_event_loop()
         self._wake = asyncio.Event()
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
@@ -161,8 +162,14 @@ class ReplicaFetcherThread:
                     await self._truncate(truncating)
                     continue
                 await self._fetch(states)
+                if self._failing:
+                    self._failing = False
+                    log.info("%s: fetching from broker %d again", self.name, self.source_broker)
             except (ConnectionError, KafkaError, OSError) as e:
-                log.warning("%s: fetch from broker %d failed: %s", self.name, self.source_broker, e)
+                (log.debug if self._failing else log.warning)(
+                    "%s: fetch from broker %d failed: %s (retrying every %.1f s)", self.name, self.source_broker, e,
+                    self.backoff)
+                self._failing = True
                 await asyncio.sleep(self.backoff)
             except Exception:
                 log.exception("%s: unexpected error", self.name)

@@ -12,6 +12,7 @@ import shutil
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from protocol.messages import ProduceRequest
 from protocol.records import build_batch
 from storage.config import LogConfig
 from storage.log import Log
-from tests.broker_process import BrokerProcess
+from tests.broker_process import BrokerProcess, free_port
 from tests.clients import RawClient
 from tests.storage.storage_helpers import read_all
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
@@ -39,12 +40,15 @@ LAG_MS = 2000
 
 class Cluster:
     def __init__(self, zk: ZooKeeperServer, base: Path) -> None:
+        self.metrics_port = free_port()  # broker 1's Prometheus endpoint
         self.brokers = {
             i: BrokerProcess(base / f"b{i}", {
                 "zookeeper.connect": zk.connect, "broker.id": str(i),
                 "zookeeper.session.timeout.ms": str(SESSION_MS), "zookeeper.connection.timeout.ms": "5000",
                 "replica.lag.time.max.ms": str(LAG_MS), "replica.fetch.backoff.ms": "200",
                 "auto.leader.rebalance.enable": "false", "offsets.topic.replication.factor": "3",
+                "transaction.state.log.replication.factor": "3",
+                **({"metrics.port": str(self.metrics_port), "metrics.host": "127.0.0.1"} if i == 1 else {}),
             }) for i in (1, 2, 3)
         }
 
@@ -135,6 +139,15 @@ def produce_when_leader(b: BrokerProcess, topic: str, values: list[bytes]) -> tu
     return result[0]
 
 
+def under_replicated(c: Cluster) -> float:
+    """Broker 1's kafka_server_replicamanager_underreplicatedpartitions."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{c.metrics_port}/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith("kafka_server_replicamanager_underreplicatedpartitions "):
+            return float(line.split()[1])
+    raise AssertionError("no underreplicatedpartitions metric")
+
+
 def consume(c: Cluster, topic: str, count: int, timeout: float = 60.0) -> list[tuple[int, bytes]]:
     consumer = Consumer({"bootstrap.servers": c.bootstrap, "group.id": "replication-tests",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
@@ -173,6 +186,7 @@ def test_acks_all_waits_for_the_isr_and_refuses_below_min_insync(cluster: Cluste
     time.sleep(0.5)  # the leader applies the shrunk ISR from the controller's AlterPartition answer
     code, _ = raw_produce(cluster[1], "acks-all", [b"c"])
     assert code == ErrorCode.NOT_ENOUGH_REPLICAS
+    assert under_replicated(cluster) >= 1
     # acks=1 does not ask for the ISR.
     assert raw_produce(cluster[1], "acks-all", [b"d"], acks=1) == (ErrorCode.NONE, 2)
 
@@ -180,6 +194,7 @@ def test_acks_all_waits_for_the_isr_and_refuses_below_min_insync(cluster: Cluste
     cluster.restart(3)
     cluster.wait_isr("acks-all", {1, 2, 3}, leader=1)
     assert raw_produce(cluster[1], "acks-all", [b"e"]) == (ErrorCode.NONE, 3)
+    wait_for(lambda: under_replicated(cluster) == 0, "no under-replicated partition on broker 1")
 
 
 # ---------------------------------------------------------------- catching up
