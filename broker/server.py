@@ -116,8 +116,9 @@ class KafkaServer:
             remove_expired_interval_ms=config["transaction.remove.expired.transaction.cleanup.interval.ms"],
             segment_bytes=config["transaction.state.log.segment.bytes"],
             load_buffer_size=config["transaction.state.log.load.buffer.size"],
-            # One replica per partition: __transaction_state cannot ask for more in-sync replicas than it has.
-            replication_factor=1, min_isr=1,
+            # The embedded single node has one replica per partition: it cannot ask for more in-sync replicas.
+            replication_factor=config["transaction.state.log.replication.factor"] if config["zookeeper.connect"] else 1,
+            min_isr=config["transaction.state.log.min.isr"] if config["zookeeper.connect"] else 1,
         ))
         # LeaderAndIsr, UpdateMetadata and StopReplica are applied one at a time, in arrival order.
         self.controller_requests = ThreadPoolExecutor(1, thread_name_prefix="controller-requests")
