@@ -773,68 +773,6 @@ class Log(ReplicaLogMixin):
                     self._last_flush_ms = _now_ms()
                 self._flush_cond.notify_all()
 
-    # -- truncation ----------------------------------------------------------------------------
-
-    def truncate_fully_and_start_at(self, offset: int) -> None:
-        with self._lock:
-            self._check_open()
-            old = self._segments
-            new = self._new_segment_after(old, offset)
-            self._segments = (new,)
-            self._leo = self._hw = self._log_start_offset = offset
-            self._recovery_point = offset
-            self._flushed_messages = self._appended_messages
-            self.cleaner_checkpoint = offset
-            self._first_unstable = None
-            self.leader_epoch_cache.clear()
-            try:
-                self.producer_state.truncate_fully_and_start_at(offset)
-            except OSError as e:
-                raise KafkaStorageError(f"error deleting producer snapshots of {self.name}: {e}") from e
-            now = _now_ms()
-            for seg in old:
-                if seg is not new:
-                    self._schedule_delete(seg, now + self.config.file_delete_delay_ms)
-
-    def _new_segment_after(self, old: Sequence[LogSegment], offset: int) -> LogSegment:
-        for seg in old:
-            if seg.base_offset == offset:
-                # Same file name: move the old one aside first.
-                seg.close_writers()
-                seg.change_file_suffix(DELETED_SUFFIX)
-        self._dir_dirty = True
-        return self._new_segment(self.dir, offset, self.config)
-
-    def truncate_to(self, offset: int) -> None:
-        """Remove every batch at or after offset (whole batches), e.g. for a future follower."""
-        with self._lock:
-            self._check_open()
-            if offset >= self._leo:
-                # An epoch entry the leader's log does not have may still sit at the end (Kafka's truncateTo).
-                self.leader_epoch_cache.truncate_from_end(offset)
-                return
-            if offset <= self._segments[0].base_offset:
-                self.truncate_fully_and_start_at(max(offset, self._log_start_offset))
-                return
-            keep = tuple(s for s in self._segments if s.base_offset < offset)
-            doomed = [s for s in self._segments if s.base_offset >= offset]
-            self._segments = keep
-            now = _now_ms()
-            for seg in doomed:
-                self._schedule_delete(seg, now)
-            keep[-1].truncate_to(offset)
-            self._leo = keep[-1].read_next_offset()
-            self._hw = min(self._hw, self._leo)
-            self.leader_epoch_cache.truncate_from_end(self._leo)
-            self._recovery_point = min(self._recovery_point, self._leo)
-            # Kafka's truncateAndReload: drop newer snapshots, replay from the latest one left.
-            psm = self.producer_state
-            try:
-                latest = psm.load_latest_snapshot(self._leo)
-            except OSError as e:
-                raise KafkaStorageError(f"error reloading producer state of {self.name}: {e}") from e
-            self._rebuild_producer_state_from(psm.map_end_offset if latest is not None else 0, self._leo)
-
     # -- producer state ------------------------------------------------------------------------
 
     def remove_expired_producers(self, now_ms: int, expiration_ms: int) -> list[int]:

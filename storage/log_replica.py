@@ -7,6 +7,8 @@ under the lock and read without it (a plain int: readers see the old or the new 
 - A follower appends the leader's batches as they are (offsets, leader epochs, producer ids): the leader
   epoch cache and the producer state follow them, so the replica can lead later without losing
   idempotent producers' sequence state.
+- Truncation (a follower dropping what its leader's log does not have, or starting over at the leader's
+  log start) also lives here.
 - The high watermark: while this replica is the whole ISR (the embedded default, and any ISR of one)
   the leader append moves it to the log end; otherwise the Partition sets it (leader: min LEO over the
   ISR; follower: the leader's, capped at the local log end).
@@ -18,13 +20,18 @@ import errno
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from protocol.records import validate_batches
 from storage.errors import KafkaStorageError
 from storage.leader_epoch_cache import LeaderEpochFileCache
+from storage.segment import DELETED_SUFFIX, LogSegment
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from storage.config import LogConfig
     from storage.log import LogAppendInfo
     from storage.producer_state import ProducerStateManager
 
@@ -49,7 +56,22 @@ class ReplicaLogMixin:
     leader_epoch: int
     _hw_tracks_leo: bool
 
+    _segments: tuple[LogSegment, ...]
+    _recovery_point: int
+    _flushed_messages: int
+    _first_unstable: int | None
+    _dir_dirty: bool
+    cleaner_checkpoint: int
+    config: LogConfig
+
     if TYPE_CHECKING:
+        @property
+        def dir(self) -> Path: ...
+        def _schedule_delete(self, seg: LogSegment, due_ms: int) -> None: ...
+        @staticmethod
+        def _new_segment(dir: Path, base_offset: int, config: LogConfig) -> LogSegment: ...
+        def _rebuild_producer_state_from(self, start: int, end: int,
+                                         rebuild_txn_indexes: set[int] | None = None) -> None: ...
         def _check_open(self) -> None: ...
         def _maybe_roll(self, size: int, now_ms: int, max_offset: int): ...  # type: ignore[no-untyped-def]
         def _analyze_producer_state(self, buf, summary, from_client):  # type: ignore[no-untyped-def]
@@ -145,3 +167,65 @@ class ReplicaLogMixin:
         with self._lock:
             self._hw = max(min(hw, self._leo), self._log_start_offset)
             return self._hw
+
+    # -- truncation ----------------------------------------------------------------------------
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        with self._lock:
+            self._check_open()
+            old = self._segments
+            new = self._new_segment_after(old, offset)
+            self._segments = (new,)
+            self._leo = self._hw = self._log_start_offset = offset
+            self._recovery_point = offset
+            self._flushed_messages = self._appended_messages
+            self.cleaner_checkpoint = offset
+            self._first_unstable = None
+            self.leader_epoch_cache.clear()
+            try:
+                self.producer_state.truncate_fully_and_start_at(offset)
+            except OSError as e:
+                raise KafkaStorageError(f"error deleting producer snapshots of {self.name}: {e}") from e
+            now = int(time.time() * 1000)
+            for seg in old:
+                if seg is not new:
+                    self._schedule_delete(seg, now + self.config.file_delete_delay_ms)
+
+    def _new_segment_after(self, old: Sequence[LogSegment], offset: int) -> LogSegment:
+        for seg in old:
+            if seg.base_offset == offset:
+                # Same file name: move the old one aside first.
+                seg.close_writers()
+                seg.change_file_suffix(DELETED_SUFFIX)
+        self._dir_dirty = True
+        return self._new_segment(self.dir, offset, self.config)
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every batch at or after offset (whole batches), e.g. for a future follower."""
+        with self._lock:
+            self._check_open()
+            if offset >= self._leo:
+                # An epoch entry the leader's log does not have may still sit at the end (Kafka's truncateTo).
+                self.leader_epoch_cache.truncate_from_end(offset)
+                return
+            if offset <= self._segments[0].base_offset:
+                self.truncate_fully_and_start_at(max(offset, self._log_start_offset))
+                return
+            keep = tuple(s for s in self._segments if s.base_offset < offset)
+            doomed = [s for s in self._segments if s.base_offset >= offset]
+            self._segments = keep
+            now = int(time.time() * 1000)
+            for seg in doomed:
+                self._schedule_delete(seg, now)
+            keep[-1].truncate_to(offset)
+            self._leo = keep[-1].read_next_offset()
+            self._hw = min(self._hw, self._leo)
+            self.leader_epoch_cache.truncate_from_end(self._leo)
+            self._recovery_point = min(self._recovery_point, self._leo)
+            # Kafka's truncateAndReload: drop newer snapshots, replay from the latest one left.
+            psm = self.producer_state
+            try:
+                latest = psm.load_latest_snapshot(self._leo)
+            except OSError as e:
+                raise KafkaStorageError(f"error reloading producer state of {self.name}: {e}") from e
+            self._rebuild_producer_state_from(psm.map_end_offset if latest is not None else 0, self._leo)
