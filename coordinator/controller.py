@@ -23,9 +23,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kazoo.exceptions import ZookeeperError
+from kazoo.exceptions import BadVersionError, NoNodeError, ZookeeperError
+from kazoo.recipe.watchers import DataWatch
 
 from coordinator import controller_zk as czk
+from coordinator import zk_paths as zp
 from coordinator.controller_context import (
     NO_LEADER,
     ControllerContext,
@@ -98,6 +100,9 @@ class KafkaController:
         self._seat: tuple[int, int] | None = None
         # Kafka's OfflinePartitionsCount (partitions without a live leader), as of the last event
         self.offline_partitions = 0
+        self._reassign_watch = False
+        # partitions this controller moves for /admin/reassign_partitions
+        self._zk_reassigning: set[TopicPartition] = set()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -207,6 +212,7 @@ class KafkaController:
         """Kafka's onControllerFailover."""
         t0 = time.monotonic()
         self._seat = (epoch, epoch_zk_version)
+        self._zk_reassigning = set()
         client = self.store.client
         assert client is not None
         ctx = ControllerContext(epoch, epoch_zk_version, live_brokers=czk.read_live_brokers(client))
@@ -230,6 +236,8 @@ class KafkaController:
         batch.send(ctx, self._broker_info, self._send)
         for tp, r in list(ctx.reassignments.items()):
             self._continue_reassignment(tp, r)
+        self._watch_reassign_znode()
+        self._zk_reassign()
         self._next_rebalance = time.monotonic() + self.config.leader_imbalance_check_interval_s
         log.info("Controller %d (epoch %d) took over in %.0f ms: %d partitions, live brokers %s",
                  self.broker_id, epoch, (time.monotonic() - t0) * 1000, len(ctx.states), sorted(ctx.live_brokers))
@@ -713,6 +721,76 @@ class KafkaController:
         batch.send(ctx, self._broker_info, self._send)
         log.info("Reassignment of %s-%d %s: replicas %s, leader %d, ISR %s", tp[0], tp[1],
                  "cancelled" if cancelled else "completed", target, leader, isr)
+        if tp in self._zk_reassigning:
+            self._drop_from_reassign_znode({tp})
+
+    # ------------------------------------------------------------ /admin/reassign_partitions
+
+    def _watch_reassign_znode(self) -> None:
+        """Tools of the ZooKeeper era (kafka-reassign-partitions --zookeeper) write /admin/reassign_partitions;
+        Kafka's controller still executes it, removing each partition once its reassignment completes."""
+        if self._reassign_watch:
+            return
+        self._reassign_watch = True
+        client = self.store.client
+        assert client is not None
+
+        def changed(data: bytes | None, stat: Any) -> None:
+            if data is not None and not self._stopping:
+                self._put(self._zk_reassign)
+
+        DataWatch(client, zp.REASSIGN_PARTITIONS, changed)
+
+    def _zk_reassign(self) -> None:
+        ctx = self.ctx
+        client = self.store.client
+        if ctx is None or client is None:
+            return
+        try:
+            data, _ = client.get(zp.REASSIGN_PARTITIONS)
+        except NoNodeError:
+            return
+        try:
+            targets = zp.parse_reassign_partitions(data)
+        except (ValueError, KeyError, TypeError):
+            log.error("Unreadable %s: %r; deleting it", zp.REASSIGN_PARTITIONS, data)
+            targets = {}
+        invalid = set()
+        for tp, target in targets.items():
+            if tp in self._zk_reassigning:
+                continue
+            problem = self._check_target(target) if tp in ctx.states else "unknown partition"
+            if problem is not None:
+                log.warning("%s: %s-%d cannot move to %s: %s", zp.REASSIGN_PARTITIONS, tp[0], tp[1], target, problem)
+                invalid.add(tp)
+                continue
+            self._zk_reassigning.add(tp)
+            ongoing = ctx.reassignments.get(tp)
+            original = ongoing.original if ongoing is not None else ctx.replicas(tp)
+            self._start_reassignment(tp, Reassignment(list(original), list(target)))
+            if tp not in ctx.reassignments and target == ctx.replicas(tp):
+                self._drop_from_reassign_znode({tp})  # nothing to move, or done at once
+        if invalid or not targets:
+            self._drop_from_reassign_znode(invalid)
+
+    def _drop_from_reassign_znode(self, done: set[TopicPartition]) -> None:
+        client = self.store.client
+        assert client is not None
+        self._zk_reassigning -= done
+        try:
+            data, stat = client.get(zp.REASSIGN_PARTITIONS)
+            left = {tp: r for tp, r in zp.parse_reassign_partitions(data).items() if tp not in done}
+            if left:
+                client.set(zp.REASSIGN_PARTITIONS, zp.reassign_partitions_doc(left), version=stat.version)
+            else:
+                client.delete(zp.REASSIGN_PARTITIONS, version=stat.version)
+                log.info("All reassignments of %s completed; deleted it", zp.REASSIGN_PARTITIONS)
+        except NoNodeError:
+            pass
+        except BadVersionError:
+            self._put(self._drop_from_reassign_znode, done)  # a tool rewrote it meanwhile
+        except (ValueError, KeyError, TypeError):
+            client.delete(zp.REASSIGN_PARTITIONS)
 
 
 class NotControllerError(Exception):

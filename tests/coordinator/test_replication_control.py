@@ -397,6 +397,22 @@ def consume_values(b: BrokerProcess, topic: str, partition: int, n: int, timeout
         consumer.close()
 
 
+def test_reassignment_written_to_admin_reassign_partitions(cluster: Cluster, zk_client: KazooClient) -> None:
+    """The ZooKeeper-era way (kafka-reassign-partitions --zookeeper): the controller executes the znode and
+    deletes it once every partition in it has moved."""
+    topic = "zk-reassign"
+    create(cluster[1], topic, assignment={0: [1, 2], 1: [2, 3]})
+    produce_acks_all(cluster[1], topic, 0, 100)
+    zk_client.create(zp.REASSIGN_PARTITIONS, zp.reassign_partitions_doc({(topic, 0): [3, 2], (topic, 1): [2, 3],
+                                                                         ("no-such-topic", 0): [1]}))
+    wait_for(lambda: not zk_client.exists(zp.REASSIGN_PARTITIONS), "the znode executed and deleted", timeout=30)
+    assert zp.parse_topic_assignment(zk_client.get(zp.topic_path(topic))[0]).replicas == [[3, 2], [2, 3]]
+    state = zk_state(zk_client, topic, 0)
+    # broker 1 left, so the first target replica in the ISR leads (Kafka's reassignment election)
+    assert state["leader"] == 3 and sorted(state["isr"]) == [2, 3]
+    assert consume_values(cluster[3], topic, 0, 100) == [f"{topic}-{i}".encode() for i in range(100)]
+
+
 # ---------------------------------------------------------------- requests from brokers to the controller
 
 
