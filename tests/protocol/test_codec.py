@@ -293,6 +293,15 @@ HEADER_CASES = [
 @pytest.mark.parametrize(("api_key", "version"), HEADER_CASES)
 def test_request_header_versions(api_key: int, version: int) -> None:
     hv = codec.request_header_version(api_key, version)
+    if (api_key, version) == (7, 0):
+        # ControlledShutdown v0 predates the client id: header v0 (api key, version, correlation id).
+        assert hv == 0
+        frame = bytes(codec.encode_request(RequestHeader(api_key, version, 0x01020304, None),
+                                           codec.REQUESTS[api_key]()))
+        assert frame[4:12] == struct.pack(">hhi", api_key, version, 0x01020304)
+        decoded, pos = codec.decode_request_header(frame[4:])
+        assert (decoded.request_api_key, decoded.correlation_id, pos) == (api_key, 0x01020304, 8)
+        return
     assert hv == (2 if _flexible(api_key, version) else 1)
     header = RequestHeader(api_key, version, 0x01020304, "client-é")
     body = codec.REQUESTS[api_key]()
