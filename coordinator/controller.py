@@ -216,8 +216,10 @@ class KafkaController:
         client = self.store.client
         assert client is not None
         ctx = ControllerContext(epoch, epoch_zk_version, live_brokers=czk.read_live_brokers(client))
-        for topic in czk.read_topic_names(client):
-            self._load_topic(ctx, topic)
+        names = czk.read_topic_names(client)
+        assignments = czk.read_assignments(client, names)
+        for topic in names:
+            self._load_topic(ctx, topic, assignments.get(topic))
         self.ctx = ctx
         batch = self._batch()
         # New partitions get their first state; partitions whose leader is gone get a new one.
@@ -242,10 +244,9 @@ class KafkaController:
         log.info("Controller %d (epoch %d) took over in %.0f ms: %d partitions, live brokers %s",
                  self.broker_id, epoch, (time.monotonic() - t0) * 1000, len(ctx.states), sorted(ctx.live_brokers))
 
-    def _load_topic(self, ctx: ControllerContext, topic: str) -> None:
+    def _load_topic(self, ctx: ControllerContext, topic: str, assignment: zp.TopicAssignment | None) -> None:
         client = self.store.client
         assert client is not None
-        assignment = czk.read_assignment(client, topic)
         if assignment is None or assignment.topic_id is None:
             return
         ctx.topic_ids[topic] = assignment.topic_id

@@ -57,6 +57,19 @@ def read_assignment(client: KazooClient, topic: str) -> TopicAssignment | None:
     return zp.parse_topic_assignment(data)
 
 
+def read_assignments(client: KazooClient, topics: list[str]) -> dict[str, TopicAssignment]:
+    """Assignment znodes of many topics, read pipelined."""
+    pending = [(t, client.get_async(zp.topic_path(t))) for t in topics]
+    out: dict[str, TopicAssignment] = {}
+    for t, res in pending:
+        try:
+            data, _ = res.get()
+        except NoNodeError:
+            continue
+        out[t] = zp.parse_topic_assignment(data)
+    return out
+
+
 def read_states(client: KazooClient, topic: str, partitions: int) -> dict[int, LeaderIsrState]:
     """The state znodes of a topic, read pipelined (one round trip's latency for all of them)."""
     pending = [(p, client.get_async(zp.partition_state_path(topic, p))) for p in range(partitions)]

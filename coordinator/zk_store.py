@@ -502,11 +502,12 @@ class ZkMetadataStore:
     def _seed_states(self, name: str, partitions: int) -> None:
         """Until the controller's first request: what the state znodes say (see the module docstring)."""
         assert self.client is not None
-        for p in range(partitions):
-            if (name, p) in self._states:
-                continue
+        # Pipelined: one round trip's latency for the whole topic.
+        pending = [(p, self.client.get_async(zp.partition_state_path(name, p)))
+                   for p in range(partitions) if (name, p) not in self._states]
+        for p, res in pending:
             try:
-                data, stat = self.client.get(zp.partition_state_path(name, p))
+                data, stat = res.get()
             except NoNodeError:
                 continue
             st = zp.parse_partition_state(data, stat.version)

@@ -207,6 +207,37 @@ def test_rf3_topic_has_replicas_isr_and_leaders_in_metadata_and_zookeeper(cluste
         assert info["offline_replicas"] == []
 
 
+def test_java_admin_sees_replicas_isr_log_dirs_and_elects_preferred_leaders(
+        cluster: Cluster, zk_client: KazooClient, tmp_path: Path) -> None:
+    """The official Java admin client (kafka-clients 3.9): describeTopics, describeCluster, describeLogDirs and
+    electLeaders on the RF=3 topic."""
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    from tests.java.test_java_client import JARS, find_jar_dir  # noqa: PLC0415
+
+    jars = find_jar_dir()
+    if jars is None or shutil.which("javac") is None:
+        pytest.skip("the Java Kafka client or a JDK is not installed")
+    cp = ":".join(str(jars / f"{j}.jar") for j in JARS)
+    src = Path(__file__).resolve().parent.parent / "java" / "ReplicationAdmin.java"
+    subprocess.run(["javac", "-cp", cp, "-d", str(tmp_path), str(src)], check=True, timeout=120)
+    out = subprocess.run(
+        ["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", f"{tmp_path}:{cp}", "ReplicationAdmin",
+         cluster[3].bootstrap, "rf3"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line.split() for line in out.stdout.splitlines()]
+    assignment = zp.parse_topic_assignment(zk_client.get(zp.topic_path("rf3"))[0]).replicas
+    parts = {int(p): (int(leader), replicas, isr) for kind, p, leader, replicas, isr in
+             (x for x in lines if x[0] == "P")}
+    assert parts == {p: (r[0], ",".join(map(str, r)), parts[p][2]) for p, r in enumerate(assignment)}
+    assert all(sorted(isr.split(",")) == ["1", "2", "3"] for _, _, isr in parts.values())
+    assert [x for x in lines if x[0] == "C"] == [["C", str(controller_of(zk_client))]]
+    assert sorted(x for x in lines if x[0] == "D") == [["D", str(b), "6"] for b in BROKERS]
+    # every partition is led by its preferred replica already
+    assert sorted(x for x in lines if x[0] == "E") == [["E", str(p), "ElectionNotNeededException"] for p in range(6)]
+
+
 def test_describe_topic_partitions_pages_with_a_cursor(cluster: Cluster, zk_client: KazooClient) -> None:
     assignment = zp.parse_topic_assignment(zk_client.get(zp.topic_path("rf3"))[0]).replicas
     admin = kp_admin(cluster[2])
