@@ -35,6 +35,9 @@ log = logging.getLogger("kbroker.network")
 _SIZE = struct.Struct(">i")
 # Fetch data up to this size is copied into the response frame: one write beats a write plus a sendfile.
 INLINE_FILE_BYTES = 64 * 1024
+# A large request whose announced size the memory pool cannot admit whole is received into a buffer that starts
+# at this size and doubles as its bytes arrive, each step taken from the pool.
+LARGE_REQUEST_STEP = 256 * 1024
 # Stop reading a connection while this many of its requests wait behind one in flight.
 MAX_QUEUED_PER_CONNECTION = 64
 # A client that does not read its responses: past this many unsent bytes the connection stops taking
@@ -66,49 +69,86 @@ class Response:
 
 
 class RequestMemoryPool:
-    """queued.max.request.bytes: request bytes held by all connections (receive buffers past their
-    initial size plus requests queued behind one in flight). Over the limit, connections that would add
-    more stop reading until others release memory."""
+    """queued.max.request.bytes, in the shape of Kafka's MemoryPool: request bytes held by all connections
+    (large requests' buffers, receive buffers past their initial size, requests queued behind one in flight).
+
+    A large request's buffer is taken from the pool before it is allocated: whole when the announced size
+    fits (the request is then received straight into its own frame), else in growing pieces as its bytes
+    arrive. A connection whose next piece does not fit stops reading until memory is released, so an
+    announced size never costs memory its bytes have not earned. So that partly received requests can never
+    hold the whole pool waiting for each other, one connection at a time may grow its request past the
+    limit until that request is complete (as Kafka's non-strict pool lets one allocation overshoot): memory
+    stays within the limit plus one request.
+    """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
         self._lock = threading.Lock()
-        self._waiters: set[KafkaConnection] = set()
+        self._waiters: dict[KafkaConnection, int] = {}
         self._last_log = -1e9
+        self._overdraft: KafkaConnection | None = None
 
     @property
     def enabled(self) -> bool:
         return self.limit > 0
 
+    def _fits(self, need: int) -> bool:
+        return self.used + need <= self.limit or (self.used == 0 and need > 0)
+
+    def try_reserve(self, need: int, conn: KafkaConnection | None = None) -> bool:
+        """Take need bytes if they fit (or conn may overshoot); the caller then holds them (add(-need) gives
+        them back)."""
+        with self._lock:
+            if not self._fits(need):
+                if conn is None or self._overdraft not in (None, conn):
+                    return False
+                self._overdraft = conn
+            self.used += need
+            return True
+
+    def end_overdraft(self, conn: KafkaConnection) -> None:
+        """conn's request is complete (or it is gone): another connection may overshoot now."""
+        wake: list[KafkaConnection] = []
+        with self._lock:
+            if self._overdraft is not conn:
+                return
+            self._overdraft = None
+            wake = list(self._waiters)
+            self._waiters.clear()
+        for c in wake:
+            c.loop.call_soon_threadsafe(c._resume, "memory")
+
     def add(self, delta: int) -> bool:
         """Account delta bytes; True when the pool is now over its limit."""
-        wake: set[KafkaConnection] = set()
+        wake: list[KafkaConnection] = []
         with self._lock:
-            was_over = self.used > self.limit
             self.used += delta
             over = self.used > self.limit
-            if not over and self._waiters:
-                wake, self._waiters = self._waiters, set()
-            now = time.monotonic()
-            if over and not was_over and now - self._last_log > 60:
-                self._last_log = now
-                log.info("queued.max.request.bytes=%d reached (%d bytes held): reads wait for memory",
-                         self.limit, self.used)
+            if delta < 0 and self._waiters:
+                wake = [c for c, need in self._waiters.items() if self._fits(need)]
+                for c in wake:
+                    del self._waiters[c]
         for conn in wake:
             conn.loop.call_soon_threadsafe(conn._resume, "memory")
         return over
 
-    def wait(self, conn: KafkaConnection) -> None:
+    def wait(self, conn: KafkaConnection, need: int = 0) -> None:
+        """Resume conn's reading once need more bytes fit (need 0: once the pool is back under its limit)."""
         with self._lock:
-            if self.used > self.limit:
-                self._waiters.add(conn)
+            if not self._fits(need):
+                self._waiters[conn] = need
+                now = time.monotonic()
+                if now - self._last_log > 60:
+                    self._last_log = now
+                    log.info("queued.max.request.bytes=%d reached (%d bytes held): reads wait for memory",
+                             self.limit, self.used)
                 return
         conn.loop.call_soon_threadsafe(conn._resume, "memory")
 
     def forget(self, conn: KafkaConnection) -> None:
         with self._lock:
-            self._waiters.discard(conn)
+            self._waiters.pop(conn, None)
 
 
 ANONYMOUS = "User:ANONYMOUS"
@@ -141,6 +181,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._busy = False
         self._pending: collections.deque[bytes | bytearray] = collections.deque()
         self._big: bytearray | None = None  # the frame being received when it is larger than the buffer
+        self._big_size = 0  # its announced size; len(_big) is smaller while it grows as bytes arrive
         self._big_filled = 0
         self._paused: set[str] = set()
         self._pool = processor.server_ref.memory_pool
@@ -180,6 +221,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._closed = True
         if self._pool.enabled:
             self._pool.forget(self)
+            self._pool.end_overdraft(self)
             self._pool.add(-self._held)
             self._held = 0
         self.processor.connections.pop(self.conn_id, None)
@@ -198,6 +240,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._big is not None:
+            if self._big_filled == len(self._big):
+                self._grow_big(force=True)  # a read after pause_reading: never hand out an empty buffer
             return memoryview(self._big)[self._big_filled :]
         if self._end == len(self._buf):
             self._make_room()
@@ -208,10 +252,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self._big is not None:
             # A large request is received straight into its own buffer, which then becomes the frame.
             self._big_filled += nbytes
-            if self._big_filled == len(self._big):
+            if self._big_filled == self._big_size:
                 frame, self._big = self._big, None
                 self.partial_since = None
+                if self._pool.enabled:
+                    self._pool.end_overdraft(self)
                 self._dispatch(frame)
+            elif self._big_filled == len(self._big):
+                self._grow_big()
             if self._pool.enabled and not self._closed:
                 self._account()
             return
@@ -228,11 +276,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             frame_end = self._start + 4 + size
             if frame_end > self._end:
                 if size > INITIAL_BUFFER // 2:
-                    have = self._end - self._start - 4
-                    self._big = bytearray(size)
-                    self._big[:have] = memoryview(buf)[self._start + 4 : self._end]
-                    self._big_filled = have
-                    self._start = self._end
+                    self._start_big(size)
                 elif frame_end - self._start > len(buf):
                     self._make_room(frame_end - self._start)
                 break
@@ -252,6 +296,59 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self._pool.enabled:
             self._account()
 
+    def _start_big(self, size: int) -> None:
+        """A request larger than half the receive buffer: its own buffer, taken from the memory pool."""
+        have = self._end - self._start - 4
+        capacity = size
+        if self._pool.enabled:
+            if self._pool.try_reserve(size):
+                self._held += size
+            else:
+                # The bytes already received move over (they were held anyway); the rest must be earned.
+                capacity = max(have, 1)
+                self._held += capacity
+                self._pool.add(capacity)
+        self._big = bytearray(capacity)
+        self._big[:have] = memoryview(self._buf)[self._start + 4 : self._end]
+        self._big_size = size
+        self._big_filled = have
+        self._start = self._end
+        if have == capacity:
+            self._grow_big()
+
+    def _needs_growth(self) -> bool:
+        big = self._big
+        return big is not None and self._big_filled == len(big) < self._big_size
+
+    def _growth_step(self) -> int:
+        big = self._big
+        return 0 if big is None else min(self._big_size, max(2 * len(big), LARGE_REQUEST_STEP)) - len(big)
+
+    def _try_grow(self, force: bool = False) -> bool:
+        """Double the growing request buffer if the pool has the memory (force: take it anyway)."""
+        big = self._big
+        if big is None or not self._needs_growth():
+            return True
+        need = self._growth_step()
+        if self._pool.enabled:
+            if force:
+                self._pool.add(need)
+            elif not self._pool.try_reserve(need, self):
+                return False
+            self._held += need
+        new = bytearray(len(big) + need)
+        new[: self._big_filled] = memoryview(big)[: self._big_filled]
+        self._big = new
+        return True
+
+    def _grow_big(self, force: bool = False) -> None:
+        """The growing request buffer is full: grow it, or stop reading until the pool has the memory."""
+        if self._try_grow(force) or "memory" in self._paused:
+            return
+        self._pause("memory")
+        self.partial_since = None  # waiting for memory is not the client being slow
+        self._pool.wait(self, self._growth_step())
+
     def _dispatch(self, frame: bytes | bytearray) -> None:
         if self._busy:
             self._pending.append(frame)
@@ -264,11 +361,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def _account(self) -> None:
         held = len(self._buf) - INITIAL_BUFFER + self._pending_bytes + (len(self._big) if self._big is not None else 0)
         delta, self._held = held - self._held, held
-        over = self._pool.add(delta) if delta else self._pool.used > self._pool.limit
-        # Like Kafka's MemoryPool, a request whose buffer is already allocated is read to its end;
-        # only the start of the next request waits for memory.
+        if not delta:
+            return
+        over = self._pool.add(delta)
+        # Like Kafka's MemoryPool, a request whose buffer is already allocated is read to its end; only a
+        # connection that just took more (queued requests, a grown buffer) waits at its next request
+        # boundary. Connections that hold nothing beyond their receive buffer read on.
         at_boundary = self._start == self._end and self._big is None
-        if over and at_boundary and not self._closed and "memory" not in self._paused:
+        if over and delta > 0 and at_boundary and not self._closed and "memory" not in self._paused:
             self._pause("memory")
             self._pool.wait(self)
 
@@ -281,6 +381,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if reason not in self._paused:
             return
         self._paused.discard(reason)
+        if reason == "memory" and self._needs_growth():
+            # Memory was released: the request buffer grows now, or the connection keeps waiting.
+            if not self._try_grow():
+                self._paused.add(reason)
+                self._pool.wait(self, self._growth_step())
+                return
+            self.partial_since = time.monotonic()
         if not self._paused and self.transport is not None and not self._closed:
             self.transport.resume_reading()
 
