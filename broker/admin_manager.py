@@ -253,6 +253,9 @@ class AdminManager:
             if count == current:
                 raise KafkaError(ErrorCode.INVALID_PARTITIONS, f"Topic already has {current} partitions.")
             new = count - current
+            if new > MAX_PARTITIONS_PER_REQUEST:
+                # As CreateTopics: the assignment alone of a huge count would exhaust the broker's memory.
+                raise KafkaError(ErrorCode.POLICY_VIOLATION, EXCESSIVE_PARTITIONS)
             live = set(self.metadata.live_brokers())
             rf = rec.replication_factor
             if assignments is not None:

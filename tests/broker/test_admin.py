@@ -282,6 +282,10 @@ def test_create_partitions_confluent(broker, ck_admin, topic_name):
     assert err.code() == CKError.INVALID_PARTITIONS
     err = ck_error(ck_admin.create_partitions([NewPartitions(topic_name + "-nope", 5)])[topic_name + "-nope"])
     assert err.code() == CKError.UNKNOWN_TOPIC_OR_PART
+    # A count no request may add at once is refused before anything is assigned (a fuzzed 2^31 - 1 once
+    # grew the broker to 23 GB).
+    err = ck_error(ck_admin.create_partitions([NewPartitions(topic_name, 100_000)])[topic_name])
+    assert err.code() == CKError.POLICY_VIOLATION
     # The new partitions take and serve data.
     delivered = ck_produce(broker.bootstrap, topic_name, [Msg(b"k", b"p4", partition=4)])
     assert (delivered[0].partition, delivered[0].offset) == (4, 0)
@@ -300,6 +304,8 @@ def test_create_partitions_kafka_python(broker, kp_admin, ck_admin, topic_name):
         kp_admin.create_partitions({topic_name: {"count": 6, "assignments": [[0]]}})
     with pytest.raises(KErr.InvalidReplicationAssignmentError):
         kp_admin.create_partitions({topic_name: {"count": 5, "assignments": [[9]]}})
+    with pytest.raises(KErr.PolicyViolationError):
+        kp_admin.create_partitions({topic_name: 10_005})
     kp_produce(broker.bootstrap, topic_name, [Msg(b"k", b"p3", partition=3)])
     assert [r.value for r in aio_consume(broker.bootstrap, topic_name, [3], 1)] == [b"p3"]
 
