@@ -123,7 +123,8 @@ class LeaderEpochFileCache:
         # Entries that would break monotonicity go first (Kafka's maybeTruncateNonMonotonicEntries).
         kept = [e for e in entries if e.epoch < epoch and e.start_offset < start_offset]
         removed = entries[len(kept):]
-        if removed:
+        # A lone entry at the same start offset is an epoch that wrote nothing: expected, not worth a warning.
+        if len(removed) > 1 or (removed and removed[0].start_offset != start_offset):
             logger.warning("Leader epoch entry (%d, %d) of %s removes %s", epoch, start_offset, self.name,
                            [tuple(e) for e in removed])
         self._entries = [*kept, EpochEntry(epoch, start_offset)]
