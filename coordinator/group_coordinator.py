@@ -9,6 +9,7 @@ topic (Kafka's record schemas) and reloaded from it at startup.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -32,7 +33,10 @@ OFFSETS_TOPIC = "__consumer_offsets"
 T = TypeVar("T")
 
 
+@functools.lru_cache(maxsize=8192)
 def java_string_hash(s: str) -> int:
+    # Cached: the same group and transactional ids come back on every request (produce verification asks for
+    # the transactional id's partition per request), and the loop below is per UTF-16 unit.
     h = 0
     data = s.encode("utf-16-be")
     for i in range(0, len(data), 2):
