@@ -130,8 +130,13 @@ class KafkaController:
         def run() -> None:
             try:
                 fut.set_result(fn(*args))
-            except BaseException as e:  # noqa: BLE001
+            except (czk.ControllerMovedError, ZookeeperError):
+                # The caller hears NOT_CONTROLLER; the event loop resigns (and retries) as for any event.
+                fut.set_exception(NotControllerError())
+                raise
+            except BaseException as e:
                 fut.set_exception(e)
+                raise
 
         self._put(run)
         return fut
@@ -141,12 +146,12 @@ class KafkaController:
             try:
                 fn, args = self._events.get(timeout=self._tick_timeout())
             except queue.Empty:
-                self._maybe_rebalance()
-                continue
+                fn, args = self._maybe_rebalance, ()
             if self._stopping:
                 break
             try:
                 fn(*args)
+                self._maybe_rebalance()
             except czk.ControllerMovedError:
                 log.info("Controller epoch moved on in ZooKeeper: broker %d resigns", self.broker_id)
                 self._seat = None
@@ -160,9 +165,10 @@ class KafkaController:
                 self._resign()
                 if seat is not None:
                     self._retry_failover(*seat)
+            except NotControllerError:
+                pass  # answered to the caller already
             except Exception:  # noqa: BLE001
                 log.exception("Controller event failed")
-            self._maybe_rebalance()
             self._update_metrics()
 
     def _update_metrics(self) -> None:
@@ -197,7 +203,7 @@ class KafkaController:
 
     def _controller_change(self) -> None:
         if self.store.current_controller != self.broker_id:
-            if self.ctx is not None:
+            if self.ctx is not None or self._seat is not None:
                 log.info("Broker %d is no longer the controller", self.broker_id)
             self._seat = None
             self._resign()

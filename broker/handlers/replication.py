@@ -228,7 +228,10 @@ async def handle_controlled_shutdown(ctx: RequestContext, req: ControlledShutdow
     controller = _active_controller(ctx)
     if controller is None:
         return R(error_code=ErrorCode.NOT_CONTROLLER)
-    code, remaining = await asyncio.wrap_future(controller.controlled_shutdown(req.broker_id, req.broker_epoch))
+    try:
+        code, remaining = await asyncio.wrap_future(controller.controlled_shutdown(req.broker_id, req.broker_epoch))
+    except NotControllerError:
+        return R(error_code=ErrorCode.NOT_CONTROLLER)
     return R(error_code=code, remaining_partitions=[
         R.RemainingPartition(topic_name=t, partition_index=p) for t, p in remaining])
 
@@ -252,7 +255,10 @@ async def handle_alter_partition(ctx: RequestContext, req: AlterPartitionRequest
                 continue
             isr = [b.broker_id for b in p.new_isr_with_epochs] if v >= 3 else list(p.new_isr)
             updates.append(IsrUpdate(name, p.partition_index, p.leader_epoch, isr, p.partition_epoch))
-    code, results = await asyncio.wrap_future(controller.alter_partition(req.broker_id, req.broker_epoch, updates))
+    try:
+        code, results = await asyncio.wrap_future(controller.alter_partition(req.broker_id, req.broker_epoch, updates))
+    except NotControllerError:
+        return R(error_code=ErrorCode.NOT_CONTROLLER)
     if code != ErrorCode.NONE:
         return R(error_code=code)
     by_topic: dict[str, list[R.PartitionData]] = {}
@@ -283,7 +289,10 @@ async def handle_elect_leaders(ctx: RequestContext, req: ElectLeadersRequest) ->
     elif controller is None:
         results = {tp: (ErrorCode.NOT_CONTROLLER, None) for tp in requested or []}
     else:
-        results = await asyncio.wrap_future(controller.elect_leaders(election_type, requested))
+        try:
+            results = await asyncio.wrap_future(controller.elect_leaders(election_type, requested))
+        except NotControllerError:
+            results = {tp: (ErrorCode.NOT_CONTROLLER, None) for tp in requested or []}
         if requested is None:
             # As Kafka: an election over all partitions reports only those elected or failed.
             results = {tp: r for tp, r in results.items() if r[0] != ErrorCode.ELECTION_NOT_NEEDED}
@@ -304,7 +313,10 @@ async def handle_alter_partition_reassignments(ctx: RequestContext, req: AlterPa
         return R(error_code=ErrorCode.NOT_CONTROLLER, error_message="This broker is not the controller.")
     targets = {(t.name, p.partition_index): (None if p.replicas is None else list(p.replicas))
                for t in req.topics for p in t.partitions}
-    results = await asyncio.wrap_future(controller.alter_reassignments(targets))
+    try:
+        results = await asyncio.wrap_future(controller.alter_reassignments(targets))
+    except NotControllerError:
+        return R(error_code=ErrorCode.NOT_CONTROLLER, error_message="This broker is not the controller.")
     return R(error_code=0, error_message=None, responses=[
         R.ReassignableTopicResponse(name=t.name, partitions=[
             R.ReassignablePartitionResponse(partition_index=p.partition_index,
