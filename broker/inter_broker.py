@@ -34,6 +34,14 @@ _SIZE = struct.Struct(">i")
 EndpointLookup = Callable[[int], "tuple[str, int] | None"]
 
 
+def partitions_by_topic(tps: list[tuple[str, int]]) -> dict[str, list[int]]:
+    """Topic -> partitions, in first-seen order: the shape of every per-topic request field."""
+    out: dict[str, list[int]] = {}
+    for topic, partition in tps:
+        out.setdefault(topic, []).append(partition)
+    return out
+
+
 class _Connection:
     """One pipelined connection to one broker, owned by the channel's loop."""
 

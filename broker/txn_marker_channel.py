@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from broker.inter_broker import partitions_by_topic
 from broker.replica_manager import error_of
 from coordinator.group_coordinator import OFFSETS_TOPIC
 from protocol.errors import ErrorCode, KafkaError
@@ -80,14 +81,11 @@ class TxnMarkerChannel:
 
     async def _write_remote(self, leader: int, producer_id: int, producer_epoch: int, coordinator_epoch: int,
                             commit: bool, tps: list[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
-        topics: dict[str, list[int]] = defaultdict(list)
-        for topic, partition in tps:
-            topics[topic].append(partition)
         req = WriteTxnMarkersRequest(markers=[WriteTxnMarkersRequest.WritableTxnMarker(
             producer_id=producer_id, producer_epoch=producer_epoch, transaction_result=commit,
             coordinator_epoch=coordinator_epoch,
             topics=[WriteTxnMarkersRequest.WritableTxnMarkerTopic(name=t, partition_indexes=ps)
-                    for t, ps in topics.items()],
+                    for t, ps in partitions_by_topic(tps).items()],
         )])
         try:
             resp: WriteTxnMarkersResponse = await self.server.inter_broker.send(

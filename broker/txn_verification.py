@@ -9,9 +9,9 @@ TransactionCoordinator, or another broker over AddPartitionsToTxn v4+ with verif
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from broker.inter_broker import partitions_by_topic
 from coordinator.group_coordinator import partition_for
 from coordinator.transaction_coordinator import TRANSACTION_STATE_TOPIC
 from protocol.errors import ErrorCode, KafkaError
@@ -70,14 +70,11 @@ class TxnVerifier:
 
     async def _verify_remote(self, leader: int, transactional_id: str, producer_id: int, producer_epoch: int,
                              tps: list[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
-        topics: dict[str, list[int]] = defaultdict(list)
-        for topic, partition in tps:
-            topics[topic].append(partition)
         req = AddPartitionsToTxnRequest(transactions=[AddPartitionsToTxnRequest.AddPartitionsToTxnTransaction(
             transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch,
             verify_only=True,
             topics=[AddPartitionsToTxnRequest.AddPartitionsToTxnTopic(name=t, partitions=ps)
-                    for t, ps in topics.items()],
+                    for t, ps in partitions_by_topic(tps).items()],
         )])
         try:
             resp: AddPartitionsToTxnResponse = await self.server.inter_broker.send(
