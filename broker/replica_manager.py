@@ -333,7 +333,12 @@ class ReplicaManager:
             self._fetchers.shutdown_idle_fetchers()
         now = _now_ms()
         for p, state in leaders:
-            if p.make_leader(state, now):
+            was_leader = p.is_leader
+            p.make_leader(state, now)
+            # Only a new leadership loads the coordinators (Kafka's isNewLeader): a leader epoch bump while
+            # leading (an ISR change by the controller) must not reload a partition whose groups are live, or
+            # members waiting in JoinGroup lose their pending answer.
+            if not was_leader:
                 self._on_leadership(p, True)
             self._high_watermark_moved((p.topic, p.partition))
 
