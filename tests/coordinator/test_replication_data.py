@@ -370,3 +370,36 @@ def test_transactional_producer_continues_after_its_partitions_leader_dies(clust
     assert got == [b"t1-%d" % i for i in range(100)] + [b"t2-%d" % i for i in range(100)]
     cluster.restart(3)
     cluster.wait_isr("txn-moves", {1, 2, 3})
+
+
+# ---------------------------------------------------------------- a leader epoch bump keeps the coordinator's groups
+
+
+def test_a_leader_epoch_bump_while_leading_keeps_the_loaded_groups(cluster: Cluster) -> None:
+    """Found by the replication chaos test: a follower's controlled shutdown bumps the leader epoch of a
+    __consumer_offsets partition whose leader stays; reloading it then replaced the live group, and members waiting
+    in JoinGroup never got an answer (their consumers hung for the rebalance timeout)."""
+    create_topic(cluster, "epoch-bump", [1, 2, 3])
+    group = "epoch-bump-group"
+    p = partition_for(group, 50)
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition("epoch-bump", 0, 1)], asynchronous=False)
+        wait_for(lambda: len(cluster.partition("__consumer_offsets", p).isrs) == 3, "the group's partition in sync")
+        part = cluster.partition("__consumer_offsets", p)
+        leader, follower = part.leader, next(b for b in part.isrs if b != part.leader)
+
+        def count(text: str) -> int:
+            return cluster[leader].read_log().count(text)
+        loads, epochs = count(f"records of __consumer_offsets-{p} "), count(f"__consumer_offsets-{p}: leader at epoch")
+        cluster[follower].stop()  # controlled shutdown: the ISR shrinks and the leader epoch grows, same leader
+        try:
+            wait_for(lambda: count(f"__consumer_offsets-{p}: leader at epoch") > epochs, "the leader's new epoch")
+            assert cluster.partition("__consumer_offsets", p).leader == leader
+            consumer.commit(offsets=[TopicPartition("epoch-bump", 0, 2)], asynchronous=False)
+            assert consumer.committed([TopicPartition("epoch-bump", 0)], timeout=10)[0].offset == 2
+            assert count(f"records of __consumer_offsets-{p} ") == loads  # the live group was not reloaded
+        finally:
+            cluster.restart(follower)
+    finally:
+        consumer.close()
