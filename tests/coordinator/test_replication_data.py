@@ -74,8 +74,10 @@ class Cluster:
 
     def restart(self, i: int) -> None:
         self.brokers[i].start()
-        wait_for(lambda: i in AdminClient({"bootstrap.servers": self.brokers[i].bootstrap})
-                 .list_topics(timeout=5).brokers, f"broker {i} registered")
+        # A broker always lists itself; the others (the controller among them) list it only once its new
+        # registration is in ZooKeeper, which after a kill -9 waits for the old session to expire.
+        wait_for(lambda: all(i in AdminClient({"bootstrap.servers": b.bootstrap}).list_topics(timeout=5).brokers
+                             for b in self.live()), f"broker {i} registered, as every live broker sees it")
 
     def stop(self) -> None:
         for b in self.brokers.values():
