@@ -29,7 +29,6 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from coordinator.group_coordinator import partition_for
 from storage.config import LogConfig
 from storage.log import Log
 from tests.broker_process import BrokerProcess, free_port
@@ -489,33 +488,3 @@ def test_no_acknowledged_record_lost_or_duplicated_under_faults(cluster: Cluster
         f"{', '.join(f'{t * 1000:.0f} ms' for t in chaos.pauses) or 'none'}")
     assert chaos.done and producers.errors == [], producers.errors[:5]
 
-
-def test_a_leader_epoch_bump_does_not_reload_the_coordinators_groups(cluster: Cluster) -> None:
-    """Found by the chaos test: a follower's controlled shutdown bumps the leader epoch of a __consumer_offsets
-    partition whose leader stays; reloading it then replaced the live group, and members waiting in JoinGroup
-    never got an answer (their consumers hung for the rebalance timeout)."""
-    group = "epoch-bump-group"
-    p = partition_for(group, 6)
-    if TOPIC not in cluster.metadata().topics:  # run alone
-        admin = AdminClient({"bootstrap.servers": cluster.bootstrap()})
-        admin.create_topics([NewTopic(TOPIC, PARTITIONS, 3)])[TOPIC].result(30)
-    consumer = Consumer({"bootstrap.servers": cluster.bootstrap(), "group.id": group, "enable.auto.commit": False})
-    try:
-        consumer.commit(offsets=[TopicPartition(TOPIC, 0, 1)], asynchronous=False)
-        part = cluster.metadata(topic="__consumer_offsets").topics["__consumer_offsets"].partitions[p]
-        leader, follower = part.leader, next(b for b in part.isrs if b != part.leader)
-        loads = cluster[leader].read_log().count(f"records of __consumer_offsets-{p} ")
-        epochs = cluster[leader].read_log().count(f"__consumer_offsets-{p}: leader at epoch")
-        cluster[follower].stop(timeout=60)  # controlled shutdown: the ISR shrinks, the leader epoch grows
-        try:
-            wait_for(lambda: cluster[leader].read_log().count(f"__consumer_offsets-{p}: leader at epoch") > epochs,
-                     "the leader's new epoch", 30)
-            offsets = cluster.metadata(exclude=follower, topic="__consumer_offsets").topics["__consumer_offsets"]
-            assert offsets.partitions[p].leader == leader
-            consumer.commit(offsets=[TopicPartition(TOPIC, 0, 2)], asynchronous=False)
-            assert consumer.committed([TopicPartition(TOPIC, 0)], timeout=10)[0].offset == 2
-            assert cluster[leader].read_log().count(f"records of __consumer_offsets-{p} ") == loads
-        finally:
-            cluster[follower].start(timeout=60)
-    finally:
-        consumer.close()
