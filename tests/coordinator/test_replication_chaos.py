@@ -152,7 +152,12 @@ class Producers:
             t.start()
 
     def _run(self, k: int) -> None:
+        # One request in flight per connection: with up to 5, librdkafka answers the OUT_OF_ORDER_SEQUENCE_NUMBER
+        # its later requests get after the first failed at a leader change with a producer epoch bump, which
+        # re-sends possibly persisted batches of other partitions under the new epoch (duplicates no broker can
+        # detect; librdkafka issue 4953, the Java client does not bump there).
         p = Producer({"bootstrap.servers": self.c.bootstrap(), "enable.idempotence": True, "acks": "all",
+                      "max.in.flight.requests.per.connection": 1,
                       "linger.ms": 5, "message.timeout.ms": 600000, "retry.backoff.ms": 100,
                       "socket.timeout.ms": 10000, "queue.buffering.max.messages": 20000})
 
