@@ -394,9 +394,17 @@ def read_partition(c: Cluster, p: int, end: int) -> list[tuple[int, bytes]]:
 
 
 def end_offsets(c: Cluster) -> dict[int, int]:
+    """High watermarks, asked again while a leader moves (the auto rebalance may still be restoring preferred
+    leaders)."""
     consumer = Consumer({"bootstrap.servers": c.bootstrap(), "group.id": "chaos-verify"})
+    ends: dict[int, int] = {}
     try:
-        return {p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1] for p in range(PARTITIONS)}
+        def ask() -> bool:
+            ends.update({p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1]
+                         for p in range(PARTITIONS)})
+            return True
+        wait_for(ask, "the high watermarks", 60)
+        return ends
     finally:
         consumer.close()
 
@@ -470,8 +478,11 @@ def test_no_acknowledged_record_lost_or_duplicated_under_faults(cluster: Cluster
 
     # The group's committed offsets: the end of every partition.
     verify = Consumer({"bootstrap.servers": cluster.bootstrap(), "group.id": GROUP, "enable.auto.commit": False})
+    committed: list[TopicPartition] = []
     try:
-        committed = verify.committed([TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=30)
+        wait_for(lambda: bool(committed.extend(verify.committed([TopicPartition(TOPIC, p) for p in range(PARTITIONS)],
+                                                                timeout=30)) or committed),
+                 "the group's committed offsets", 60)
     finally:
         verify.close()
     assert {tp.partition: tp.offset for tp in committed} == ends
