@@ -244,6 +244,9 @@ def test_diverged_follower_truncates_to_the_new_leaders_epoch_boundary(cluster: 
     assert b2.proc is not None
     os.kill(b2.proc.pid, signal.SIGSTOP)
     try:
+        # A fetch broker 2 sent just before it stopped may still wait at the leader (replica.fetch.wait.max.ms,
+        # 500 ms): let it be answered empty first, or it would carry the "lost" records to broker 2's socket.
+        time.sleep(0.8)
         assert raw_produce(b1, "diverge", [b"lost%d" % i for i in range(5)], acks=1) == (ErrorCode.NONE, 10)
         b1.kill()
     finally:
