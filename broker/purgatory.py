@@ -10,7 +10,7 @@ import asyncio
 import threading
 from collections.abc import Iterable
 
-TopicPartition = tuple[str, int]
+from storage.manager import TopicPartition
 
 
 class FetchWaiter:

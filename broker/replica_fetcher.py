@@ -34,6 +34,7 @@ from protocol.messages import (
 )
 from protocol.records import BATCH_HEADER_SIZE, LOG_OVERHEAD, parse_batch_header
 from storage.leader_epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+from storage.manager import TopicPartition
 
 if TYPE_CHECKING:
     from broker.partition import Partition
@@ -46,7 +47,6 @@ log = logging.getLogger("kbroker.replica_fetcher")
 FETCH_VERSION = 12  # replica_id, last_fetched_epoch and diverging_epoch, topics by name
 OFFSET_FOR_LEADER_EPOCH_VERSION = 4
 LIST_OFFSETS_VERSION = 4
-TopicPartition = tuple[str, int]
 
 
 @dataclass(slots=True)

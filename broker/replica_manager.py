@@ -31,6 +31,7 @@ from coordinator.transaction_coordinator import TRANSACTION_STATE_TOPIC
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import AlterPartitionRequest, AlterPartitionResponse
 from storage.errors import KafkaStorageError
+from storage.manager import TopicPartition
 
 if TYPE_CHECKING:
     from broker.server import KafkaServer
@@ -42,7 +43,6 @@ log = logging.getLogger("kbroker.replica")
 LEADER_EPOCH = 0
 ALTER_PARTITION_VERSION = 1  # topic names (ZooKeeper mode before topic ids in AlterPartition)
 
-TopicPartition = tuple[str, int]
 
 
 def error_of(exc: Exception) -> ErrorCode:

@@ -20,6 +20,7 @@ from broker.replica_manager import error_of
 from coordinator.group_coordinator import OFFSETS_TOPIC
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import WriteTxnMarkersRequest, WriteTxnMarkersResponse
+from storage.manager import TopicPartition
 
 if TYPE_CHECKING:
     from broker.server import KafkaServer
@@ -28,7 +29,6 @@ log = logging.getLogger("kbroker.txn_markers")
 
 WRITE_TXN_MARKERS = 27
 WRITE_TXN_MARKERS_VERSION = 1
-TopicPartition = tuple[str, int]
 
 
 class TxnMarkerChannel:

@@ -16,6 +16,7 @@ from coordinator.group_coordinator import partition_for
 from coordinator.transaction_coordinator import TRANSACTION_STATE_TOPIC
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import AddPartitionsToTxnRequest, AddPartitionsToTxnResponse
+from storage.manager import TopicPartition
 
 if TYPE_CHECKING:
     from broker.server import KafkaServer
@@ -24,7 +25,6 @@ log = logging.getLogger("kbroker.txn_verification")
 
 ADD_PARTITIONS_TO_TXN = 24
 VERIFY_VERSION = 5
-TopicPartition = tuple[str, int]
 
 
 class TxnVerifier:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from coordinator.zk_paths import LeaderIsrState
+from storage.manager import TopicPartition
 
-TopicPartition = tuple[str, int]
 NO_LEADER = -1
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from storage.manager import TopicPartition
+
 
 class GroupState(Enum):
     EMPTY = "Empty"
@@ -27,7 +29,6 @@ VALID_PREVIOUS = {
 }
 
 
-TopicPartition = tuple[str, int]
 
 
 @dataclass

@@ -13,12 +13,12 @@ from enum import IntEnum
 from typing import NoReturn
 
 from protocol.errors import ErrorCode
+from storage.manager import TopicPartition
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 MAX_EPOCH = 2**15 - 1
 
-TopicPartition = tuple[str, int]
 
 
 class TransactionState(IntEnum):

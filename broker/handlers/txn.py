@@ -34,8 +34,8 @@ from protocol.messages import (
     WriteTxnMarkersRequest,
     WriteTxnMarkersResponse,
 )
+from storage.manager import TopicPartition
 
-TopicPartition = tuple[str, int]
 APR = AddPartitionsToTxnResponse
 WRITE, READ, DESCRIBE = AclOperation.WRITE, AclOperation.READ, AclOperation.DESCRIBE
 TXN_ID, GROUP, TOPIC = ResourceType.TRANSACTIONAL_ID, ResourceType.GROUP, ResourceType.TOPIC
