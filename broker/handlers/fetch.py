@@ -118,7 +118,7 @@ class _FetchPlan:
                     hw = lg.high_watermark
                     lso = lg.last_stable_offset
                     records: Any = b""
-                    aborted = None if committed_only else []
+                    aborted = [] if committed_only else None  # Kafka: null unless read_committed
                     if remaining > 0 or min_one:
                         info = lg.read(p.fetch_offset, max(0, min(p.partition_max_bytes, remaining)),
                                        max_offset=hw, min_one_message=min_one, isolation_committed=committed_only)

@@ -48,17 +48,25 @@ def _denied(ctx: RequestContext, op: AclOperation, rtype: ResourceType, name: st
 def _unwritable_partitions(ctx: RequestContext, transactional_id: str, tps: list[TopicPartition]
                            ) -> dict[TopicPartition, ErrorCode] | None:
     """Kafka's AddPartitionsToTxn checks: Write on the transactional id (else every partition fails), Write on
-    each topic (else its partitions fail and the others are not attempted). None when all is allowed."""
-    if ctx.server.authorizer is None:
-        return None
-    if not ctx.authorized(WRITE, TXN_ID, transactional_id):
+    each topic and the partition's existence (else those partitions fail and the others are not attempted, so the
+    producer never starts a transaction whose markers would go to a partition that is not there). None when every
+    partition passes."""
+    if ctx.server.authorizer is not None and not ctx.authorized(WRITE, TXN_ID, transactional_id):
         return {tp: ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED for tp in tps}
     topics = [t for t, _ in tps]
-    denied = set(topics) - ctx.authorized_names(WRITE, TOPIC, topics)
-    if not denied:
+    denied = set(topics) - ctx.authorized_names(WRITE, TOPIC, topics) if ctx.server.authorizer is not None else ()
+    known = ctx.server.metadata.topics
+    errors: dict[TopicPartition, ErrorCode] = {}
+    for t, p in tps:
+        if t in denied:
+            errors[(t, p)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        else:
+            rec = known.get(t)
+            if rec is None or not 0 <= p < rec.num_partitions:
+                errors[(t, p)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    if not errors:
         return None
-    return {(t, p): ErrorCode.TOPIC_AUTHORIZATION_FAILED if t in denied else ErrorCode.OPERATION_NOT_ATTEMPTED
-            for t, p in tps}
+    return {tp: errors.get(tp, ErrorCode.OPERATION_NOT_ATTEMPTED) for tp in tps}
 
 
 def fenced_error(code: ErrorCode, version: int, first_version_with_fenced: int) -> ErrorCode:

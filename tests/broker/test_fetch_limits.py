@@ -79,3 +79,13 @@ def test_max_bytes_respected_kafka_python(broker, data_topic):
     total = sum(len(p.records or b"") for t in resp.responses for p in t.partitions)
     # max_bytes, plus at most the remainder of the batch that crosses it.
     assert 0 < total <= 120_000 + 60_000
+
+
+@pytest.mark.parametrize("isolation_level, expected", [(0, None), (1, [])])
+def test_aborted_transactions_null_unless_read_committed_raw(broker, data_topic, isolation_level, expected):
+    # Kafka answers null for read_uncommitted and a list (empty without aborted transactions) for read_committed.
+    req = _raw_fetch(12, [(data_topic, [(0, 1000)])], 1000)
+    req.isolation_level = isolation_level
+    with RawClient(broker.bootstrap) as raw:
+        [pd] = raw.request(1, 12, req).responses[0].partitions
+    assert pd.error_code == 0 and pd.aborted_transactions == expected

@@ -454,6 +454,10 @@ def test_misuse_answers_kafka_errors(broker: BrokerProcess, topic_name: str) -> 
         # KIP-890 part 1: a transactional batch to a partition not added to the transaction
         assert first.produce(topic_name, 1, [b"unverified"], version=10)[0] == ErrorCode.INVALID_TXN_STATE
         assert first.produce(topic_name, 1, [b"unverified"], version=11)[0] == ErrorCode.TRANSACTION_ABORTABLE
+        # a partition that does not exist fails the whole request: the others are not attempted (Kafka)
+        assert first.add_partitions(topic_name, [0, 7]) == {0: ErrorCode.OPERATION_NOT_ATTEMPTED,
+                                                          7: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+        assert first.end(commit=True) == ErrorCode.INVALID_TXN_STATE  # nothing was added
         assert first.add_partitions(topic_name, [0]) == {0: 0}
         assert first.produce(topic_name, 0, [b"verified"])[0] == 0
         assert first.produce(topic_name, 1, [b"unverified"], version=10)[0] == ErrorCode.INVALID_TXN_STATE
