@@ -184,7 +184,7 @@ def test_concurrent_appends_reads_retention_and_cleaning(tmp_path: Path) -> None
 
     from storage.errors import OffsetOutOfRangeError
 
-    cfg = LogConfig(segment_bytes=3000, cleanup_policy="compact,delete", retention_bytes=30000, retention_ms=-1,
+    cfg = LogConfig(segment_bytes=3000, cleanup_policy="compact,delete", retention_bytes=10000, retention_ms=-1,
                     file_delete_delay_ms=20, min_cleanable_dirty_ratio=0.1, index_interval_bytes=200)
     log = Log.open(tmp_path / "t-0", "t", 0, cfg, clean_shutdown=True)
     stop = threading.Event()
@@ -225,7 +225,12 @@ def test_concurrent_appends_reads_retention_and_cleaning(tmp_path: Path) -> None
     threads = [threading.Thread(target=f) for f in (appender, reader, background)]
     for t in threads:
         t.start()
+    # At least 0.8 s of all three together, and on until retention has moved the start (a slow machine appends
+    # less, and the cleaner may keep the log under retention.bytes for a while).
+    deadline = time.monotonic() + 20
     time.sleep(0.8)
+    while time.monotonic() < deadline and not (log.log_end_offset > 100 and log.log_start_offset > 0):
+        time.sleep(0.05)
     stop.set()
     for t in threads:
         t.join()
