@@ -342,8 +342,16 @@ class KafkaServer:
             )
         except KafkaError as e:
             if e.code == ErrorCode.TOPIC_ALREADY_EXISTS:
-                return self.metadata.topics[OFFSETS_TOPIC]
+                return self._created_elsewhere(OFFSETS_TOPIC)
             raise
+
+    def _created_elsewhere(self, name: str) -> TopicRecord:
+        """Another broker created the internal topic first: until its registration reaches this broker's
+        metadata, the coordinator is not available yet (retriable), as Kafka answers."""
+        rec = self.metadata.topics.get(name)
+        if rec is None:
+            raise KafkaError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{name} is being created")
+        return rec
 
     def _internal_rf(self, key: str) -> int:
         """Replication factor of an internal topic: the config in a cluster (as Kafka, creation fails while
@@ -390,7 +398,7 @@ class KafkaServer:
             )
         except KafkaError as e:
             if e.code == ErrorCode.TOPIC_ALREADY_EXISTS:
-                return self.metadata.topics[TRANSACTION_STATE_TOPIC]
+                return self._created_elsewhere(TRANSACTION_STATE_TOPIC)
             raise
 
     def txn_log(self, partition: int):  # type: ignore[no-untyped-def]

@@ -71,7 +71,8 @@ def txn_id(cluster: Cluster) -> str:
             break
     else:
         raise AssertionError("no transactional id coordinated by broker 1 among 200")
-    assert find_coordinator(cluster.b2.bootstrap, candidate)[0] == 1
+    # Broker 2 answers COORDINATOR_NOT_AVAILABLE (retriable) until broker 1's new topic reaches its metadata.
+    wait_for(lambda: find_coordinator(cluster.b2.bootstrap, candidate)[0] == 1, "broker 2 names broker 1")
     leaders = _leaders(cluster.b1, "__transaction_state")
     assert len(leaders) == TXN_PARTITIONS and leaders[partition_for(candidate, TXN_PARTITIONS)] == 1, leaders
     return candidate
