@@ -26,7 +26,7 @@ from tests.protocol.test_codec import instance_strategy
 # ---------------------------------------------------------------- time budget
 
 # Total wall-clock seconds for the whole tests/fuzz run; each fuzzer takes a share of it.
-TOTAL_SECONDS = float(os.environ.get("KBROKER_FUZZ_SECONDS", "100"))
+TOTAL_SECONDS = float(os.environ.get("KBROKER_FUZZ_SECONDS", "60"))
 SHARES = {"decoders": 0.16, "records": 0.10, "requests": 0.46, "batches": 0.28, "sasl": 0.12}
 
 
