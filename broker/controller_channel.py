@@ -12,7 +12,7 @@ import asyncio
 import logging
 from typing import Any
 
-from broker.inter_broker import InterBrokerChannel
+from broker.inter_broker import CONTROLLER, InterBrokerChannel
 from protocol.errors import KafkaError
 
 log = logging.getLogger("kbroker.controller")
@@ -74,7 +74,7 @@ class ControllerChannelManager:
             failures = 0
             while True:
                 try:
-                    resp = await self.channel._send(broker_id, api_key, version, body)
+                    resp = await self.channel._send(broker_id, api_key, version, body, CONTROLLER)
                     break
                 except (ConnectionError, KafkaError, OSError) as e:
                     failures += 1

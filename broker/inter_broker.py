@@ -33,6 +33,13 @@ _SIZE = struct.Struct(">i")
 # Endpoint lookup: broker id -> (host, port) on the inter-broker listener, or None when it is not alive.
 EndpointLookup = Callable[[int], "tuple[str, int] | None"]
 
+# Connection purposes (see InterBrokerChannel._conns).
+CONTROLLER = "controller"  # the controller's LeaderAndIsr, UpdateMetadata, StopReplica
+CONTROLLER_CLIENT = "to-controller"  # AlterPartition, ControlledShutdown
+TXN_MARKERS = "txn-markers"  # WriteTxnMarkers
+TXN_VERIFICATION = "txn-verification"  # AddPartitionsToTxn verification (KIP-890)
+# Each replica fetcher uses its own name (ReplicaFetcherThread-<id>-<source>).
+
 
 def partitions_by_topic(tps: list[tuple[str, int]]) -> dict[str, list[int]]:
     """Topic -> partitions, in first-seen order: the shape of every per-topic request field."""
@@ -99,8 +106,12 @@ class InterBrokerChannel:
         self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="inter-broker", daemon=True)
         self._started = threading.Event()
-        self._conns: dict[int, _Connection] = {}
-        self._connecting: dict[int, asyncio.Future[_Connection]] = {}
+        # One connection per (broker, purpose), as Kafka gives the controller, the controller's clients, each
+        # replica fetcher and the transaction channels their own: a broker answers the requests of one
+        # connection in order, so a long-polling replica fetch or a marker write waiting for its replicas must
+        # never hold up a LeaderAndIsr or an AlterPartition behind it.
+        self._conns: dict[tuple[int, str], _Connection] = {}
+        self._connecting: dict[tuple[int, str], asyncio.Future[_Connection]] = {}
         self._correlation = itertools.count(1)
         # The controller's broker id, or None while an election is pending (ZooKeeper mode).
         self.controller_of: Callable[[], int | None] | None = None
@@ -133,19 +144,20 @@ class InterBrokerChannel:
             fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             fut.set_exception(KafkaError(ErrorCode.NOT_CONTROLLER, "no controller is known"))
             return fut
-        return self.send(controller, api_key, version, body)
+        return self.send(controller, api_key, version, body, CONTROLLER_CLIENT)
 
-    def send(self, broker_id: int, api_key: int, version: int, body: Any) -> Awaitable[Any]:
+    def send(self, broker_id: int, api_key: int, version: int, body: Any, purpose: str = "default") -> Awaitable[Any]:
         """Send one request to a broker; the awaitable (on the caller's loop) yields the response body.
 
         Raises ConnectionError when the broker cannot be reached or does not answer in request.timeout.ms,
         KafkaError(BROKER_NOT_AVAILABLE) when it is not alive in the metadata.
         """
-        fut = asyncio.run_coroutine_threadsafe(self._send(broker_id, api_key, version, body), self.loop)
+        fut = asyncio.run_coroutine_threadsafe(self._send(broker_id, api_key, version, body, purpose), self.loop)
         return asyncio.wrap_future(fut)
 
-    async def _send(self, broker_id: int, api_key: int, version: int, body: Any) -> Any:
-        conn = await self._connection(broker_id)
+    async def _send(self, broker_id: int, api_key: int, version: int, body: Any, purpose: str = "default") -> Any:
+        """On the channel's loop: one request on the (broker, purpose) connection."""
+        conn = await self._connection(broker_id, purpose)
         correlation_id = next(self._correlation) & 0x7FFFFFFF
         header = RequestHeader(request_api_key=api_key, request_api_version=version, correlation_id=correlation_id,
                                client_id=self.client_id)
@@ -158,23 +170,24 @@ class InterBrokerChannel:
             # A broker that stopped answering (SIGSTOP, a cut network): start over with a new connection.
             log.warning("Request %d (api %d) to broker %d timed out; reconnecting", correlation_id, api_key, broker_id)
             conn.fail(ConnectionError(f"request to broker {broker_id} timed out"))
-            self._conns.pop(broker_id, None)
+            self._conns.pop((broker_id, purpose), None)
             raise ConnectionError(f"request to broker {broker_id} timed out") from None
 
-    async def _connection(self, broker_id: int) -> _Connection:
-        conn = self._conns.get(broker_id)
+    async def _connection(self, broker_id: int, purpose: str) -> _Connection:
+        key = (broker_id, purpose)
+        conn = self._conns.get(key)
         if conn is not None and not conn.closed:
             if conn.retire_at is None or time.monotonic() < conn.retire_at or conn.pending:
                 return conn
             conn.fail(ConnectionError(f"SASL session with broker {broker_id} ends: reconnecting"))
-        waiting = self._connecting.get(broker_id)
+        waiting = self._connecting.get(key)
         if waiting is not None:
             return await asyncio.shield(waiting)
         endpoint = self.endpoint_of(broker_id)
         if endpoint is None:
             raise KafkaError(ErrorCode.BROKER_NOT_AVAILABLE, f"broker {broker_id} is not alive")
         fut: asyncio.Future[_Connection] = self.loop.create_future()
-        self._connecting[broker_id] = fut
+        self._connecting[key] = fut
         try:
             host, port = endpoint
             lifetime_ms = 0
@@ -187,8 +200,8 @@ class InterBrokerChannel:
             if lifetime_ms > 0:
                 conn.retire_at = time.monotonic() + lifetime_ms * 0.8 / 1000
             conn.reader_task = self.loop.create_task(conn.read_loop())
-            self._conns[broker_id] = conn
-            log.info("Connected to broker %d at %s:%d (%s)", broker_id, host, port,
+            self._conns[key] = conn
+            log.info("Connected to broker %d at %s:%d for %s (%s)", broker_id, host, port, purpose,
                      self.security.protocol if self.security is not None else "PLAINTEXT")
             fut.set_result(conn)
             return conn
@@ -198,4 +211,4 @@ class InterBrokerChannel:
             fut.exception()  # retrieved: waiters get it through shield
             raise err from None
         finally:
-            self._connecting.pop(broker_id, None)
+            self._connecting.pop(key, None)

@@ -195,7 +195,7 @@ class ReplicaFetcherThread:
         req = R(replica_id=self.server.broker_id,
                 topics=[R.OffsetForLeaderTopic(topic=t, partitions=ps) for t, ps in by_topic.items()])
         resp: OffsetForLeaderEpochResponse = await self.server.inter_broker.send(
-            self.source_broker, 23, OFFSET_FOR_LEADER_EPOCH_VERSION, req)
+            self.source_broker, 23, OFFSET_FOR_LEADER_EPOCH_VERSION, req, self.name)
         answers = {(t.topic, pr.partition): pr for t in resp.topics for pr in t.partitions}
         with self._lock:
             for s in states:
@@ -238,7 +238,7 @@ class ReplicaFetcherThread:
         req = F(replica_id=self.server.broker_id, max_wait_ms=self.max_wait_ms, min_bytes=self.min_bytes,
                 max_bytes=self.max_bytes, isolation_level=0, session_id=0, session_epoch=-1,
                 topics=[F.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()])
-        resp: FetchResponse = await self.server.inter_broker.send(self.source_broker, 1, FETCH_VERSION, req)
+        resp: FetchResponse = await self.server.inter_broker.send(self.source_broker, 1, FETCH_VERSION, req, self.name)
         if resp.error_code != ErrorCode.NONE:
             raise KafkaError(ErrorCode(resp.error_code), "fetch request refused")
         out_of_range: list[PartitionFetchState] = []
@@ -302,7 +302,7 @@ class ReplicaFetcherThread:
                                                              current_leader_epoch=p.leader_epoch,
                                                              timestamp=timestamp)])])
         resp: ListOffsetsResponse = await self.server.inter_broker.send(self.source_broker, 2,
-                                                                        LIST_OFFSETS_VERSION, req)
+                                                                        LIST_OFFSETS_VERSION, req, self.name)
         for t in resp.topics:
             for pr in t.partitions:
                 if pr.error_code == ErrorCode.NONE:

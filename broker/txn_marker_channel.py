@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from broker.inter_broker import partitions_by_topic
+from broker.inter_broker import TXN_MARKERS, partitions_by_topic
 from broker.replica_manager import error_of
 from coordinator.group_coordinator import OFFSETS_TOPIC
 from protocol.errors import ErrorCode, KafkaError
@@ -89,7 +89,7 @@ class TxnMarkerChannel:
         )])
         try:
             resp: WriteTxnMarkersResponse = await self.server.inter_broker.send(
-                leader, WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION, req)
+                leader, WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION, req, TXN_MARKERS)
         except (ConnectionError, KafkaError) as e:
             log.warning("WriteTxnMarkers for producer %d to broker %d failed: %s", producer_id, leader, e)
             return {tp: ErrorCode.NOT_LEADER_OR_FOLLOWER for tp in tps}

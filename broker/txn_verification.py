@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from broker.inter_broker import partitions_by_topic
+from broker.inter_broker import TXN_VERIFICATION, partitions_by_topic
 from coordinator.group_coordinator import partition_for
 from coordinator.transaction_coordinator import TRANSACTION_STATE_TOPIC
 from protocol.errors import ErrorCode, KafkaError
@@ -78,7 +78,7 @@ class TxnVerifier:
         )])
         try:
             resp: AddPartitionsToTxnResponse = await self.server.inter_broker.send(
-                leader, ADD_PARTITIONS_TO_TXN, VERIFY_VERSION, req)
+                leader, ADD_PARTITIONS_TO_TXN, VERIFY_VERSION, req, TXN_VERIFICATION)
         except (ConnectionError, KafkaError) as e:
             log.warning("Verifying %s with the coordinator on broker %d failed: %s", transactional_id, leader, e)
             return {tp: ErrorCode.NETWORK_EXCEPTION for tp in tps}
