@@ -67,6 +67,7 @@ def wait_for(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> floa
 class Cluster:
     def __init__(self, zk: ZooKeeperServer, base: Path) -> None:
         self.split = NetSplit()
+        self._admins: dict[int | None, AdminClient] = {}
         self.zk_proxies = {b: ZooKeeperProxy(zk.port) for b in BROKERS}
         self.brokers: dict[int, BrokerProcess] = {}
         self.link_proxies: dict[int, BrokerLinkProxy] = {}
@@ -96,7 +97,13 @@ class Cluster:
         return ",".join(p.bootstrap for b, p in self.brokers.items() if b != exclude)
 
     def metadata(self, exclude: int | None = None, topic: str | None = None) -> Any:
-        return AdminClient({"bootstrap.servers": self.bootstrap(exclude)}).list_topics(topic=topic, timeout=5)
+        # One admin client per bootstrap list, not one per call: the waits ask ten times a second, and creating
+        # and destroying thousands of librdkafka instances beside the consumer threads once froze the whole test
+        # process (every thread, the proxies included) until the run was killed.
+        admin = self._admins.get(exclude)
+        if admin is None:
+            admin = self._admins[exclude] = AdminClient({"bootstrap.servers": self.bootstrap(exclude)})
+        return admin.list_topics(topic=topic, timeout=5)
 
     def registered(self) -> set[int]:
         return set(self.metadata().brokers)
