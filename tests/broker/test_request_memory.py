@@ -55,7 +55,11 @@ def test_announced_sizes_cost_no_memory_until_their_bytes_arrive(tmp_path: Path)
         assert peak < 300 * 1024, f"broker RSS went from {before} kB to {peak} kB"
         assert "queued.max.request.bytes" in b.read_log(), "the pool limit was never reached"
 
-        # A large produce request that does arrive whole is admitted and appended.
+        # The trickling connections go (else they hold the pool until request.timeout.ms cuts them, ~20 s): their
+        # memory returns to the pool, and a large produce request that arrives whole is admitted and appended.
+        for s in socks:
+            s.close()
+        socks.clear()
         p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 50, "batch.size": 8_000_000,
                       "message.max.bytes": 10_000_000})
         for _ in range(8):
