@@ -353,3 +353,53 @@ def test_unsupported_mechanism_kafka_python(plain_only: SecureBroker, caplog: py
     assert any("UnsupportedSaslMechanism" in r.getMessage() for r in caplog.records), \
         [r.getMessage() for r in caplog.records][-5:]
     _healthy(plain_only, topic_name)
+
+
+@pytest.mark.parametrize("case,user,password,message", [
+    ("sasl-plain", "nobody", "whatever", "Authentication failed: Invalid username or password"),
+    ("sasl-scram-512", "nobody", "whatever", "invalid credentials with SASL mechanism SCRAM-SHA-512"),
+    ("sasl-scram-512", "carol", "wrong", "invalid credentials with SASL mechanism SCRAM-SHA-512"),
+    ("sasl-ssl-scram-256", "dave", "wrong", "invalid credentials with SASL mechanism SCRAM-SHA-256"),
+])
+def test_unknown_users_and_wrong_scram_passwords_aiokafka(secure: SecureBroker, pki: Pki, case: str, user: str,
+                                                          password: str, message: str,
+                                                          caplog: pytest.LogCaptureFixture, topic_name: str) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaConnectionError
+
+    async def start() -> None:
+        kw = {**aio_security(pki, case), "sasl_plain_username": user, "sasl_plain_password": password}
+        p = AIOKafkaProducer(bootstrap_servers=secure.addr(CASES[case][0]), request_timeout_ms=5000, **kw)
+        try:
+            await asyncio.wait_for(p.start(), 30)
+        finally:
+            await p.stop()
+
+    with pytest.raises(KafkaConnectionError):
+        asyncio.run(start())
+    assert any(message in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records][-5:]
+    _healthy(secure, topic_name)
+
+
+@pytest.mark.parametrize("case,message", [
+    ("sasl-plain", "Authentication failed: Invalid username or password"),
+    ("sasl-scram-512", "invalid credentials with SASL mechanism SCRAM-SHA-512"),
+])
+def test_unknown_user_kafka_python(secure: SecureBroker, pki: Pki, case: str, message: str,
+                                   caplog: pytest.LogCaptureFixture, topic_name: str) -> None:
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaTimeoutError
+
+    kw = {**kp_security(pki, case), "sasl_plain_username": "nobody", "sasl_plain_password": "whatever"}
+    p = KafkaProducer(bootstrap_servers=secure.addr(CASES[case][0]), request_timeout_ms=3000, max_block_ms=3000,
+                      reconnect_backoff_max_ms=200, api_version=(3, 9), **kw)
+    try:
+        with pytest.raises(KafkaTimeoutError):
+            p.send(topic_name, b"x").get(timeout=5)
+    finally:
+        p.close(timeout=1)
+    logged = [r.getMessage() for r in caplog.records if "SaslAuthenticationFailedError" in r.getMessage()]
+    assert logged and message in logged[0], [r.getMessage() for r in caplog.records][-5:]
+    _healthy(secure, topic_name)

@@ -19,7 +19,7 @@ import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
-import org.apache.kafka.common.errors.SaslAuthenticationException;
+import org.apache.kafka.common.errors.AuthenticationException;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 
@@ -132,17 +132,18 @@ public final class SecurityCompat {
         ok("consumed %d", seen);
     }
 
-    /** The client must fail with SaslAuthenticationException carrying the broker's message. */
+    /** The client must fail authenticating: SaslAuthenticationException carrying the broker's message (bad
+     *  credentials) or UnsupportedSaslMechanismException (a mechanism the listener does not offer). */
     void badauth() throws Exception {
         try (KafkaProducer<byte[], byte[]> producer = producer()) {
             producer.send(new ProducerRecord<>(args.getOrDefault("topic", "never"), "x".getBytes())).get();
             throw new IllegalStateException("the send succeeded");
         } catch (ExecutionException | org.apache.kafka.common.KafkaException e) {
             Throwable cause = e instanceof ExecutionException ? e.getCause() : e;
-            while (cause != null && !(cause instanceof SaslAuthenticationException) && cause.getCause() != null
+            while (cause != null && !(cause instanceof AuthenticationException) && cause.getCause() != null
                     && cause.getCause() != cause) cause = cause.getCause();
-            check(cause instanceof SaslAuthenticationException, "failed with %s", e);
-            ok("authfail %s", cause.getMessage());
+            check(cause instanceof AuthenticationException, "failed with %s", e);
+            ok("authfail %s: %s", cause.getClass().getSimpleName(), cause.getMessage());
         }
     }
 
