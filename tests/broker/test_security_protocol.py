@@ -301,3 +301,55 @@ def test_librdkafka_reauthenticates(reauth: SecureBroker, topic_name: str) -> No
     assert not errors, errors
     # Re-authenticated in time: the broker never had to close an expired session of this client.
     assert reauth.read_log().count("expired (connections.max.reauth.ms)") == expired_before
+
+
+def test_kafka_python_reauthenticates(reauth: SecureBroker, topic_name: str) -> None:
+    """kafka-python 3 (KIP-368) re-authenticates within the 1.5 s lifetime and keeps producing."""
+    from kafka import KafkaProducer
+
+    expired_before = reauth.read_log().count("expired (connections.max.reauth.ms)")
+    p = KafkaProducer(bootstrap_servers=reauth.addr("SASL_PLAINTEXT"), security_protocol="SASL_PLAINTEXT",
+                      sasl_mechanism="PLAIN", sasl_plain_username="alice", sasl_plain_password="alice-secret",
+                      api_version=(3, 9), linger_ms=0)
+    try:
+        deadline = time.monotonic() + 5
+        sent = 0
+        while time.monotonic() < deadline:
+            p.send(topic_name, b"v%d" % sent).get(timeout=10)
+            sent += 1
+            time.sleep(0.05)
+    finally:
+        p.close(timeout=5)
+    assert sent > 20
+    assert reauth.read_log().count("expired (connections.max.reauth.ms)") == expired_before
+
+
+def test_aiokafka_session_expires_and_it_reconnects(reauth: SecureBroker, topic_name: str) -> None:
+    """aiokafka does not re-authenticate: the broker closes its connection when the session ends (Kafka's
+    expired-session close), the client reconnects and authenticates again, and nothing it sent is lost."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+
+    expired_before = reauth.read_log().count("expired (connections.max.reauth.ms)")
+
+    async def run() -> list[int]:
+        p = AIOKafkaProducer(bootstrap_servers=reauth.addr("SASL_PLAINTEXT"), security_protocol="SASL_PLAINTEXT",
+                             sasl_mechanism="PLAIN", sasl_plain_username="alice", sasl_plain_password="alice-secret",
+                             linger_ms=0, retry_backoff_ms=50)
+        await p.start()
+        offsets = []
+        try:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                md = await asyncio.wait_for(p.send_and_wait(topic_name, b"v%d" % len(offsets), partition=0), 20)
+                offsets.append(md.offset)
+                await asyncio.sleep(0.05)
+        finally:
+            await p.stop()
+        return offsets
+
+    offsets = asyncio.run(run())
+    assert len(offsets) > 20 and offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+    assert reauth.read_log().count("expired (connections.max.reauth.ms)") > expired_before
+    healthy(reauth, "after-aiokafka-expiry")
