@@ -46,7 +46,20 @@ class _Snapshot:
     acls: Acls
     # resource type -> names of its PREFIXED patterns
     prefixes: dict[ResourceType, frozenset[str]]
-    memo: dict[tuple[str, str, AclOperation, ResourceType, str], bool] = field(default_factory=dict)
+    # (principal, host, operation, resource type) -> resource name -> decision: one tuple per request, not one
+    # per resource, on the path that checks every topic of a Metadata or Produce request.
+    memo: dict[tuple[str, str, AclOperation, ResourceType], dict[str, bool]] = field(default_factory=dict)
+    memo_size: int = 0
+
+    def decisions(self, principal: str, host: str, op: AclOperation, rtype: ResourceType) -> dict[str, bool]:
+        key = (principal, host, op, rtype)
+        d = self.memo.get(key)
+        if d is None:
+            if self.memo_size >= MAX_MEMO:
+                self.memo.clear()
+                self.memo_size = 0
+            d = self.memo[key] = {}
+        return d
 
     @classmethod
     def of(cls, acls: Acls) -> _Snapshot:
@@ -82,13 +95,11 @@ class AclAuthorizer:
         if principal in self.super_users:
             return True
         snap = self._snapshot
-        key = (principal, host, op, rtype, name)
-        decision = snap.memo.get(key)
+        memo = snap.decisions(principal, host, op, rtype)
+        decision = memo.get(name)
         if decision is None:
-            decision = self._decide(snap, principal, host, op, rtype, name)
-            if len(snap.memo) >= MAX_MEMO:
-                snap.memo.clear()
-            snap.memo[key] = decision
+            decision = memo[name] = self._decide(snap, principal, host, op, rtype, name)
+            snap.memo_size += 1
         return decision
 
     def authorized_names(self, principal: str, host: str, op: AclOperation, rtype: ResourceType,
@@ -97,16 +108,13 @@ class AclAuthorizer:
         if principal in self.super_users:
             return set(names)
         snap = self._snapshot
-        memo = snap.memo
+        memo = snap.decisions(principal, host, op, rtype)
         out = set()
         for name in names:
-            key = (principal, host, op, rtype, name)
-            decision = memo.get(key)
+            decision = memo.get(name)
             if decision is None:
-                decision = self._decide(snap, principal, host, op, rtype, name)
-                if len(memo) >= MAX_MEMO:
-                    memo.clear()
-                memo[key] = decision
+                decision = memo[name] = self._decide(snap, principal, host, op, rtype, name)
+                snap.memo_size += 1
             if decision:
                 out.add(name)
         return out
