@@ -104,6 +104,34 @@ def test_mtls_principal_is_what_the_authorizer_sees(tmp_path: Path, pki: Pki, ru
         b.stop()
 
 
+def test_requested_client_auth_takes_a_certificate_when_offered(tmp_path: Path, pki: Pki, topic_name: str) -> None:
+    """ssl.client.auth=requested: a client without a certificate connects as User:ANONYMOUS, one with a trusted
+    certificate connects as its DN; only the latter may write where the ACLs name the DN."""
+    dn = "User:CN=alice,OU=clients,O=kbroker,C=US"
+    b = SecureBroker(tmp_path, pki, {
+        "authorizer.class.name": "kafka.security.authorizer.AclAuthorizer",
+        "allow.everyone.if.no.acl.found": "true",  # resources without ACLs stay open (the admin, the other topic)
+        "listener.name.mtls.ssl.client.auth": "requested",
+    })
+    b.start()
+    try:
+        admin = AdminClient({"bootstrap.servers": b.addr("PLAINTEXT")})
+        for f in admin.create_topics([NewTopic(topic_name, 1, 1), NewTopic(topic_name + "-open", 1, 1)]).values():
+            f.result(30)
+        acl = [AclBinding(ResourceType.TOPIC, topic_name, ResourcePatternType.LITERAL, dn, "*", op,
+                          AclPermissionType.ALLOW) for op in (AclOperation.WRITE, AclOperation.DESCRIBE)]
+        for f in admin.create_acls(acl).values():
+            f.result(30)
+        no_cert = {"security_protocol": "SSL", "ssl_ca_location": str(pki.ca)}
+        ck_produce(b.addr("MTLS"), topic_name + "-open", [Msg(b"k", b"no certificate")], **no_cert)
+        with pytest.raises(ProduceFailed):
+            ck_produce(b.addr("MTLS"), topic_name, [Msg(b"k", b"x")], timeout=10, **no_cert)
+        ck_produce(b.addr("MTLS"), topic_name, [Msg(b"k", b"by certificate")], **mtls_conf(pki))
+        assert b.alive()
+    finally:
+        b.stop()
+
+
 def test_unmatched_mapping_rule_closes_the_connection(tmp_path: Path, pki: Pki) -> None:
     b = SecureBroker(tmp_path, pki, {"listener.name.mtls.ssl.principal.mapping.rules": "RULE:^CN=nobody,.*$/x/"})
     b.start()
