@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,3 +142,15 @@ class SecureBroker(BrokerProcess):
 
     def addr(self, listener: str) -> str:
         return f"127.0.0.1:{self.ports[listener]}"
+
+
+@contextmanager
+def plain_only_broker(data_dir: Path, pki: Pki) -> Iterator[SecureBroker]:
+    """A SecureBroker whose SASL_PLAINTEXT listener offers PLAIN only (a client asking for SCRAM there gets
+    UNSUPPORTED_SASL_MECHANISM)."""
+    b = SecureBroker(data_dir, pki, {"listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN"})
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()

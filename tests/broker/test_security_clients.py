@@ -31,7 +31,7 @@ from tests.clients import (
     kp_produce,
 )
 from tests.conftest import have_kcat
-from tests.security_setup import PLAIN_USERS, SCRAM_USERS, Pki, SecureBroker, make_pki
+from tests.security_setup import PLAIN_USERS, SCRAM_USERS, Pki, SecureBroker, make_pki, plain_only_broker
 
 # case -> (listener, mechanism or None, user)
 CASES: dict[str, tuple[str, str | None, str | None]] = {
@@ -197,23 +197,30 @@ def test_bad_credentials_confluent(secure: SecureBroker, pki: Pki, case: str, pa
 def test_bad_credentials_kafka_python(secure: SecureBroker, pki: Pki, topic_name: str,
                                      caplog: pytest.LogCaptureFixture) -> None:
     """kafka-python retries until its timeout; each attempt logs the broker's SASL_AUTHENTICATION_FAILED."""
+    for case, message in (("sasl-plain", "Authentication failed: Invalid username or password"),
+                          ("sasl-scram-512", "invalid credentials with SASL mechanism SCRAM-SHA-512")):
+        _kp_fails(secure, case, {**kp_security(pki, case), "sasl_plain_password": "wrong"}, message, caplog,
+                  topic_name)
+    _healthy(secure, topic_name)
+
+
+def _kp_fails(b: SecureBroker, case: str, kw: dict[str, Any], message: str, caplog: pytest.LogCaptureFixture,
+              topic: str) -> None:
+    """A kafka-python producer that cannot authenticate: its send times out and its log carries the broker's
+    SaslAuthenticationFailedError message."""
     from kafka import KafkaProducer
     from kafka.errors import KafkaTimeoutError
 
-    for case, message in (("sasl-plain", "Authentication failed: Invalid username or password"),
-                          ("sasl-scram-512", "invalid credentials with SASL mechanism SCRAM-SHA-512")):
-        caplog.clear()
-        kw = {**kp_security(pki, case), "sasl_plain_password": "wrong"}
-        p = KafkaProducer(bootstrap_servers=secure.addr(CASES[case][0]), request_timeout_ms=3000, max_block_ms=3000,
-                          reconnect_backoff_max_ms=200, api_version=(3, 9), **kw)
-        try:
-            with pytest.raises(KafkaTimeoutError):
-                p.send(topic_name, b"x").get(timeout=5)
-        finally:
-            p.close(timeout=1)
-        logged = [r.getMessage() for r in caplog.records if "SaslAuthenticationFailedError" in r.getMessage()]
-        assert logged and message in logged[0], [r.getMessage() for r in caplog.records][-5:]
-    _healthy(secure, topic_name)
+    caplog.clear()
+    p = KafkaProducer(bootstrap_servers=b.addr(CASES[case][0]), request_timeout_ms=3000, max_block_ms=3000,
+                      reconnect_backoff_max_ms=200, api_version=(3, 9), **kw)
+    try:
+        with pytest.raises(KafkaTimeoutError):
+            p.send(topic, b"x").get(timeout=5)
+    finally:
+        p.close(timeout=1)
+    logged = [r.getMessage() for r in caplog.records if "SaslAuthenticationFailedError" in r.getMessage()]
+    assert logged and message in logged[0], [r.getMessage() for r in caplog.records][-5:]
 
 
 def test_unsupported_mechanism_confluent(tmp_path: Path, pki: Pki, topic_name: str) -> None:
@@ -303,11 +310,8 @@ def test_credentials_survive_restart(tmp_path: Path, pki: Pki, topic_name: str) 
 @pytest.fixture(scope="module")
 def plain_only(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[SecureBroker]:
     """SASL_PLAINTEXT offers only PLAIN: a client asking for SCRAM gets UNSUPPORTED_SASL_MECHANISM."""
-    b = SecureBroker(tmp_path_factory.mktemp("plain-only"), pki,
-                     {"listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN"})
-    b.start()
-    yield b
-    b.stop()
+    with plain_only_broker(tmp_path_factory.mktemp("plain-only"), pki) as b:
+        yield b
 
 
 @pytest.mark.parametrize("mechanism,password,logged", [
@@ -317,15 +321,22 @@ def plain_only(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[S
 def test_bad_credentials_and_mechanism_aiokafka(plain_only: SecureBroker, mechanism: str, password: str,
                                                 logged: str, caplog: pytest.LogCaptureFixture,
                                                 topic_name: str) -> None:
+    _aio_fails(plain_only.addr("SASL_PLAINTEXT"), {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": mechanism,
+                                                   "sasl_plain_username": "alice", "sasl_plain_password": password},
+               logged, caplog)
+    _healthy(plain_only, topic_name)
+
+
+def _aio_fails(bootstrap: str, kw: dict[str, Any], message: str, caplog: pytest.LogCaptureFixture) -> None:
+    """An aiokafka producer that cannot authenticate: start() raises KafkaConnectionError and the client logs
+    the broker's message."""
     import asyncio
 
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaConnectionError
 
     async def start() -> None:
-        p = AIOKafkaProducer(bootstrap_servers=plain_only.addr("SASL_PLAINTEXT"), security_protocol="SASL_PLAINTEXT",
-                             sasl_mechanism=mechanism, sasl_plain_username="alice", sasl_plain_password=password,
-                             request_timeout_ms=5000)
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=5000, **kw)
         try:
             await asyncio.wait_for(p.start(), 30)
         finally:
@@ -333,8 +344,7 @@ def test_bad_credentials_and_mechanism_aiokafka(plain_only: SecureBroker, mechan
 
     with pytest.raises(KafkaConnectionError):
         asyncio.run(start())
-    assert any(logged in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records][-5:]
-    _healthy(plain_only, topic_name)
+    assert any(message in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records][-5:]
 
 
 def test_unsupported_mechanism_kafka_python(plain_only: SecureBroker, caplog: pytest.LogCaptureFixture,
@@ -364,22 +374,8 @@ def test_unsupported_mechanism_kafka_python(plain_only: SecureBroker, caplog: py
 def test_unknown_users_and_wrong_scram_passwords_aiokafka(secure: SecureBroker, pki: Pki, case: str, user: str,
                                                           password: str, message: str,
                                                           caplog: pytest.LogCaptureFixture, topic_name: str) -> None:
-    import asyncio
-
-    from aiokafka import AIOKafkaProducer
-    from aiokafka.errors import KafkaConnectionError
-
-    async def start() -> None:
-        kw = {**aio_security(pki, case), "sasl_plain_username": user, "sasl_plain_password": password}
-        p = AIOKafkaProducer(bootstrap_servers=secure.addr(CASES[case][0]), request_timeout_ms=5000, **kw)
-        try:
-            await asyncio.wait_for(p.start(), 30)
-        finally:
-            await p.stop()
-
-    with pytest.raises(KafkaConnectionError):
-        asyncio.run(start())
-    assert any(message in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records][-5:]
+    kw = {**aio_security(pki, case), "sasl_plain_username": user, "sasl_plain_password": password}
+    _aio_fails(secure.addr(CASES[case][0]), kw, message, caplog)
     _healthy(secure, topic_name)
 
 
@@ -389,17 +385,6 @@ def test_unknown_users_and_wrong_scram_passwords_aiokafka(secure: SecureBroker, 
 ])
 def test_unknown_user_kafka_python(secure: SecureBroker, pki: Pki, case: str, message: str,
                                    caplog: pytest.LogCaptureFixture, topic_name: str) -> None:
-    from kafka import KafkaProducer
-    from kafka.errors import KafkaTimeoutError
-
     kw = {**kp_security(pki, case), "sasl_plain_username": "nobody", "sasl_plain_password": "whatever"}
-    p = KafkaProducer(bootstrap_servers=secure.addr(CASES[case][0]), request_timeout_ms=3000, max_block_ms=3000,
-                      reconnect_backoff_max_ms=200, api_version=(3, 9), **kw)
-    try:
-        with pytest.raises(KafkaTimeoutError):
-            p.send(topic_name, b"x").get(timeout=5)
-    finally:
-        p.close(timeout=1)
-    logged = [r.getMessage() for r in caplog.records if "SaslAuthenticationFailedError" in r.getMessage()]
-    assert logged and message in logged[0], [r.getMessage() for r in caplog.records][-5:]
+    _kp_fails(secure, case, kw, message, caplog, topic_name)
     _healthy(secure, topic_name)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.java.test_java_client import HERE, JARS, JAVA_LOG, _missing, find_jar_dir
-from tests.security_setup import PLAIN_USERS, Pki, SecureBroker, make_pki
+from tests.security_setup import PLAIN_USERS, Pki, SecureBroker, make_pki, plain_only_broker
 
 _why = _missing()
 pytestmark = pytest.mark.skipif(_why is not None, reason=_why or "")
@@ -110,11 +110,8 @@ def test_bad_credentials(java_classpath: str, secure: SecureBroker, pki: Pki, sc
 
 @pytest.fixture(scope="module")
 def plain_only(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[SecureBroker]:
-    b = SecureBroker(tmp_path_factory.mktemp("plain-only"), pki,
-                     {"listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN"})
-    b.start()
-    yield b
-    b.stop()
+    with plain_only_broker(tmp_path_factory.mktemp("plain-only"), pki) as b:
+        yield b
 
 
 def test_mechanism_the_broker_does_not_offer(java_classpath: str, plain_only: SecureBroker, pki: Pki) -> None:
