@@ -51,19 +51,19 @@ def _unwritable_partitions(ctx: RequestContext, transactional_id: str, tps: list
     each topic and the partition's existence (else those partitions fail and the others are not attempted, so the
     producer never starts a transaction whose markers would go to a partition that is not there). None when every
     partition passes."""
-    if ctx.server.authorizer is not None and not ctx.authorized(WRITE, TXN_ID, transactional_id):
-        return {tp: ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED for tp in tps}
-    topics = [t for t, _ in tps]
-    denied = set(topics) - ctx.authorized_names(WRITE, TOPIC, topics) if ctx.server.authorizer is not None else ()
-    known = ctx.server.metadata.topics
+    server = ctx.server
+    denied: set[str] = set()
+    if server.authorizer is not None:
+        if not ctx.authorized(WRITE, TXN_ID, transactional_id):
+            return {tp: ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED for tp in tps}
+        topics = [t for t, _ in tps]
+        denied = set(topics) - ctx.authorized_names(WRITE, TOPIC, topics)
     errors: dict[TopicPartition, ErrorCode] = {}
     for t, p in tps:
         if t in denied:
             errors[(t, p)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
-        else:
-            rec = known.get(t)
-            if rec is None or not 0 <= p < rec.num_partitions:
-                errors[(t, p)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        elif not server.topic_partition_exists(t, p):
+            errors[(t, p)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     if not errors:
         return None
     return {tp: errors.get(tp, ErrorCode.OPERATION_NOT_ATTEMPTED) for tp in tps}
