@@ -149,9 +149,9 @@ def machine_info() -> dict[str, str]:
 
 def _record_walk_kind() -> str:
     # Produce walks every record; without the C walk each record costs ~1 us more, which skews produce CPU.
-    from protocol.record_walk import COMPILED
+    from protocol.record_walk import IMPLEMENTATION
 
-    return "compiled" if COMPILED else "Python (protocol/_record_walk.c not built: python setup.py build_ext --inplace)"
+    return IMPLEMENTATION
 
 
 # ---------------------------------------------------------------------------------------------------- targets

@@ -24,9 +24,11 @@ class BrokerProcess:
     """`python -m broker` with configs/server.properties plus overrides, bound to 127.0.0.1."""
 
     def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None, port: int | None = None,
-                 open_files_limit: int | None = None) -> None:
-        """open_files_limit: the broker's RLIMIT_NOFILE (soft and hard), for tests of descriptor exhaustion."""
+                 open_files_limit: int | None = None, env: dict[str, str] | None = None) -> None:
+        """open_files_limit: the broker's RLIMIT_NOFILE (soft and hard), for tests of descriptor exhaustion;
+        env: variables added to the broker's environment."""
         self.open_files_limit = open_files_limit
+        self.env = env
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.overrides = {
@@ -51,6 +53,7 @@ class BrokerProcess:
         limit = self.open_files_limit
         self.proc = subprocess.Popen(
             args, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT,
+            env=None if self.env is None else {**os.environ, **self.env},
             preexec_fn=None if limit is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)),
         )
         logf.close()

@@ -5,6 +5,7 @@ of range) come back in Produce v8+ `record_errors` with Kafka's messages."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import KafkaError
@@ -13,10 +14,29 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from protocol import records as R
 from protocol.errors import ErrorCode
 from protocol.messages import ProduceRequest
+from protocol.record_walk import COMPILED, PURE_PYTHON_ENV
+from tests.broker_process import BrokerProcess
 from tests.clients import Msg, ProduceFailed, RawClient, ck_consume, ck_produce
 
 T = 15
 HOUR = 3_600_000
+
+
+@pytest.fixture(scope="module", params=["compiled", "pure-python"])
+def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """Every test here runs against the record walk in C and against its Python reference (the accelerator
+    is optional: a machine without a compiler runs the Python one, which must refuse the same batches)."""
+    if request.param == "compiled" and not COMPILED:
+        pytest.skip("protocol/_record_walk.c not built (python setup.py build_ext --inplace)")
+    env = {PURE_PYTHON_ENV: "1"} if request.param == "pure-python" else None
+    b = BrokerProcess(tmp_path_factory.mktemp("broker"), env=env).start()
+    deadline = time.monotonic() + T
+    while "started in" not in b.read_log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    expected = "record walk pure Python" if env else "record walk compiled"
+    assert expected in b.read_log(), b.read_log()[-2000:]
+    yield b
+    b.stop()
 
 
 def _create(bootstrap: str, name: str, **config: str) -> None:
