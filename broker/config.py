@@ -261,6 +261,7 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("replica.fetch.min.bytes", _int, 1, at_least(1)),
         ConfigKey("replica.fetch.backoff.ms", _int, 1000, at_least(0)),
         ConfigKey("replica.high.watermark.checkpoint.interval.ms", _long, 5000, at_least(1)),
+        ConfigKey("max.incremental.fetch.session.cache.slots", _int, 1000, at_least(0)),
         ConfigKey("quota.window.num", _int, 11, at_least(1)),
         ConfigKey("quota.window.size.seconds", _int, 1, at_least(1)),
         ConfigKey("group.coordinator.rebalance.protocols", _list, ["classic"], one_of("classic")),

@@ -120,6 +120,7 @@ class KafkaCollector:
         yield from self._request_families(shards, CounterMetricFamily)
         yield from self._network_families(shards, GaugeMetricFamily)
         yield from self._log_families(GaugeMetricFamily)
+        yield from self._fetch_session_families(GaugeMetricFamily, CounterMetricFamily)
         yield from self._group_families(GaugeMetricFamily)
 
     # -- BrokerTopicMetrics ------------------------------------------------------------------------------------
@@ -255,6 +256,23 @@ class KafkaCollector:
         flush = HistogramMetricFamily("kafka_log_logflushstats_logflushrateandtimems", "Log flush (fsync) time, ms")
         flush.add_metric([], _cumulative(FLUSH_BUCKETS_MS, buckets), sum_ms)
         yield flush
+
+    # -- FetchSessionCache (KIP-227) ---------------------------------------------------------------------------
+
+    def _fetch_session_families(self, Gauge: Any, Counter: Any) -> Iterator[Any]:
+        manager = getattr(self.server, "fetch_manager", None)
+        if manager is None:
+            return
+        cache = manager.cache  # each value one int, read without the cache's lock
+        sessions = Gauge("kafka_server_fetchsessioncache_numincrementalfetchsessions", "Incremental fetch sessions")
+        sessions.add_metric([], cache.size)
+        partitions = Gauge("kafka_server_fetchsessioncache_numincrementalfetchpartitionscached",
+                           "Partitions in all incremental fetch sessions")
+        partitions.add_metric([], cache.total_partitions)
+        evictions = Counter("kafka_server_fetchsessioncache_incrementalfetchsessionevictions",
+                            "Fetch sessions evicted to make room for another")
+        evictions.add_metric([], cache.evictions)
+        yield from (sessions, partitions, evictions)
 
     # -- consumer groups (named as kafka_exporter names them: the broker has no lag MBean) ----------------------
 

@@ -13,6 +13,7 @@ from broker.admin_manager import AdminManager
 from broker.apis import KafkaApis
 from broker.config import KafkaConfig
 from broker.controller_channel import ControllerChannelManager
+from broker.fetch_session import FetchManager, FetchSessionCache
 from broker.handlers import all_handlers
 from broker.inter_broker import InterBrokerChannel
 from broker.metrics import MetricsExporter
@@ -87,6 +88,8 @@ class KafkaServer:
             CONSUMER_BYTE_RATE, lambda: self.metadata.client_quotas,
             config["quota.window.num"], config["quota.window.size.seconds"],
         )
+        # KIP-227 fetch sessions, shared by every network processor (a session outlives its connection).
+        self.fetch_manager = FetchManager(FetchSessionCache(config["max.incremental.fetch.session.cache.slots"]))
         self.scram_credentials: ScramCredentialStore = (
             ZkScramStore(self.metadata) if isinstance(self.metadata, ZkMetadataStore)
             else LocalScramStore(config.log_dirs[0])

@@ -9,6 +9,14 @@ from typing import Any
 
 from broker import metrics
 from broker.apis import ApiHandler, RequestContext
+from broker.fetch_session import (
+    INVALID_SESSION_ID,
+    CachedPartition,
+    FetchContext,
+    PartitionKey,
+    SessionErrorContext,
+    SessionlessFetchContext,
+)
 from broker.replica_manager import LEADER_EPOCH, error_of
 from broker.security.acls import AclOperation, ResourceType
 from protocol.errors import ErrorCode, KafkaError
@@ -39,37 +47,21 @@ _NONE_DENIED: frozenset[str] = frozenset()
 
 
 class _FetchPlan:
-    """The partitions of one fetch request, resolved to names, each once, in request order.
+    """The partitions one Fetch reads (the request's, or all of its session's for an incremental fetch), with
+    what the principal may read."""
 
-    Kafka keys a fetch by topic-partition (FetchRequest.fetchData is a LinkedHashMap): a partition named
-    twice is answered once, at its first position, for the last of its requests.
-    """
-
-    def __init__(self, ctx: RequestContext, req: FetchRequest) -> None:
+    def __init__(self, ctx: RequestContext, req: FetchRequest, parts: list[CachedPartition], by_id: bool,
+                 replica_id: int) -> None:
         self.ctx = ctx
         self.req = req
-        self.by_id = ctx.api_version >= 13
-        ids = ctx.server.topic_names_by_id() if self.by_id else {}
-        chosen: dict[tuple[Any, int], tuple[FetchRequest.FetchTopic, str | None, FetchRequest.FetchPartition]] = {}
-        for t in req.topics:
-            name = ids.get(t.topic_id) if self.by_id else t.topic
-            for p in t.partitions:
-                chosen[(t.topic_id if self.by_id else name, p.partition)] = (t, name, p)
-        # Consecutive partitions of one topic share a topic entry, as in Kafka's FetchResponse.of.
-        self.topics: list[tuple[FetchRequest.FetchTopic, str | None, list[FetchRequest.FetchPartition]]] = []
-        last_key: Any = object()
-        for (topic_key, _), (t, name, p) in chosen.items():
-            if topic_key != last_key:
-                self.topics.append((t, name, []))
-                last_key = topic_key
-            self.topics[-1][2].append(p)
-        self.num_partitions = len(chosen)
+        self.parts = parts
+        self.by_id = by_id
         # A follower broker replicating (Kafka's replica id); consumers send -1.
-        self.replica_id = _replica_id(ctx, req)
+        self.replica_id = replica_id
         # Topics this principal may not read (Kafka answers their partitions TOPIC_AUTHORIZATION_FAILED).
         self.denied: frozenset[str] | set[str] = _NONE_DENIED
         if ctx.server.authorizer is not None:
-            names = {name for _, name, _ in self.topics if name is not None}
+            names = {cp.topic for cp in parts if cp.topic is not None}
             if self.replica_id >= 0:
                 # A follower's fetch: ClusterAction on the cluster, or nothing at all.
                 if not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER):
@@ -78,78 +70,83 @@ class _FetchPlan:
                 self.denied = names - ctx.authorized_names(AclOperation.READ, ResourceType.TOPIC, names)
 
     def keys(self) -> list[tuple[str, int]]:
-        return [(name, p.partition) for _, name, parts in self.topics if name is not None for p in parts]
+        """What a long poll watches: every partition read, so data on any partition of a session wakes it."""
+        return [(cp.topic, cp.partition) for cp in self.parts if cp.topic is not None]
 
-    def read(self) -> tuple[FetchResponse, int, bool]:
-        """Read every partition now; returns (response, bytes read, whether any partition has an error)."""
+    def read(self) -> tuple[list[tuple[CachedPartition, PartitionData]], int, bool]:
+        """Read every partition now; returns ((partition, data) pairs, bytes read, whether any partition has an error)."""
         rm = self.ctx.server.replica_manager
         req = self.req
         # The client's max_bytes, and never past what a response frame (a 32-bit size) can carry.
-        frame_budget = INT32_MAX - _RESPONSE_OVERHEAD - _PARTITION_OVERHEAD * self.num_partitions
+        frame_budget = INT32_MAX - _RESPONSE_OVERHEAD - _PARTITION_OVERHEAD * len(self.parts)
         remaining = min(req.max_bytes, frame_budget)
         min_one = True
         total = 0
         has_error = False
         committed_only = req.isolation_level == READ_COMMITTED
         denied = self.denied
-        responses = []
-        for t, name, partitions in self.topics:
-            parts = []
-            for p in partitions:
-                if name is None:
-                    parts.append(_error(p.partition, ErrorCode.UNKNOWN_TOPIC_ID))
-                    has_error = True
+        # Topic ids of session partitions whose names were resolved earlier: a topic since recreated under the
+        # same name has another id (Kafka's INCONSISTENT_TOPIC_ID).
+        topics = self.ctx.server.metadata.topics if self.by_id else None
+        out = []
+        for cp in self.parts:
+            name = cp.topic
+            p = cp.req
+            if name is None:
+                out.append((cp, _error(cp.partition, ErrorCode.UNKNOWN_TOPIC_ID)))
+                has_error = True
+                continue
+            if denied and name in denied:
+                out.append((cp, _error(cp.partition, ErrorCode.TOPIC_AUTHORIZATION_FAILED)))
+                has_error = True
+                continue
+            try:
+                if topics is not None:
+                    rec = topics.get(name)
+                    if rec is not None and rec.topic_id != cp.topic_id:
+                        raise KafkaError(ErrorCode.INCONSISTENT_TOPIC_ID)
+                if self.replica_id >= 0:
+                    part, size = self._follower_read(name, p, remaining if remaining > 0 or min_one else 0)
+                    out.append((cp, part))
+                    if size:
+                        remaining -= size
+                        total += size
+                        min_one = False
                     continue
-                if denied and name in denied:
-                    parts.append(_error(p.partition, ErrorCode.TOPIC_AUTHORIZATION_FAILED))
-                    has_error = True
-                    continue
-                try:
-                    if self.replica_id >= 0:
-                        part, size = self._follower_read(name, p, remaining if remaining > 0 or min_one else 0)
-                        parts.append(part)
-                        if size:
-                            remaining -= size
-                            total += size
-                            min_one = False
-                        continue
-                    rm.check_leader_epoch(name, p.partition, p.current_leader_epoch)
-                    lg = rm.get_log(name, p.partition)
-                    hw = lg.high_watermark
-                    lso = lg.last_stable_offset
-                    records: Any = b""
-                    aborted = [] if committed_only else None  # Kafka: null unless read_committed
-                    if remaining > 0 or min_one:
-                        info = lg.read(p.fetch_offset, max(0, min(p.partition_max_bytes, remaining)),
-                                       max_offset=hw, min_one_message=min_one, isolation_committed=committed_only)
-                        if info.records is not None and info.records.size > 0:
-                            records = info.records
-                            remaining -= records.size
-                            total += records.size
-                            min_one = False
-                            if committed_only and info.aborted_transactions:
-                                aborted = [AbortedTransaction(producer_id=a.producer_id, first_offset=a.first_offset)
-                                           for a in info.aborted_transactions]
-                    parts.append(
-                        PartitionData(
-                            partition_index=p.partition,
-                            error_code=0,
-                            high_watermark=hw,
-                            last_stable_offset=lso,
-                            log_start_offset=lg.log_start_offset,
-                            aborted_transactions=aborted,
-                            preferred_read_replica=-1,
-                            records=records,
-                        )
-                    )
-                except Exception as e:  # noqa: BLE001 - each partition answers with its own error code
-                    code = error_of(e)
-                    if code == ErrorCode.UNKNOWN_SERVER_ERROR:
-                        log.exception("Fetch from %s-%d failed", name, p.partition)
-                    parts.append(_error(p.partition, code))
-                    has_error = True
-            responses.append(FetchResponse.FetchableTopicResponse(topic=name or "", topic_id=t.topic_id, partitions=parts))
-        return FetchResponse(throttle_time_ms=0, error_code=0, session_id=0, responses=responses), total, has_error
+                rm.check_leader_epoch(name, p.partition, p.current_leader_epoch)
+                lg = rm.get_log(name, p.partition)
+                hw = lg.high_watermark
+                lso = lg.last_stable_offset
+                records: Any = b""
+                aborted: list[Any] | None = [] if committed_only else None  # Kafka: null unless read_committed
+                if remaining > 0 or min_one:
+                    info = lg.read(p.fetch_offset, max(0, min(p.partition_max_bytes, remaining)),
+                                   max_offset=hw, min_one_message=min_one, isolation_committed=committed_only)
+                    if info.records is not None and info.records.size > 0:
+                        records = info.records
+                        remaining -= records.size
+                        total += records.size
+                        min_one = False
+                        if committed_only and info.aborted_transactions:
+                            aborted = [AbortedTransaction(producer_id=a.producer_id, first_offset=a.first_offset)
+                                       for a in info.aborted_transactions]
+                out.append((cp, PartitionData(
+                    partition_index=p.partition,
+                    error_code=0,
+                    high_watermark=hw,
+                    last_stable_offset=lso,
+                    log_start_offset=lg.log_start_offset,
+                    aborted_transactions=aborted,
+                    preferred_read_replica=-1,
+                    records=records,
+                )))
+            except Exception as e:  # noqa: BLE001 - each partition answers with its own error code
+                code = error_of(e)
+                if code == ErrorCode.UNKNOWN_SERVER_ERROR:
+                    log.exception("Fetch from %s-%d failed", name, p.partition)
+                out.append((cp, _error(p.partition, code)))
+                has_error = True
+        return out, total, has_error
 
     def _follower_read(self, name: str, p: FetchRequest.FetchPartition, budget: int) -> tuple[PartitionData, int]:
         """A follower's fetch: up to the log end, its position recorded (Kafka's Partition.fetchRecords for a
@@ -191,35 +188,76 @@ def _error(partition: int, code: ErrorCode) -> PartitionData:
                          log_start_offset=-1, records=b"")
 
 
+def _fetch_data(req: FetchRequest, by_id: bool, topic_names: dict[bytes, str]) -> dict[PartitionKey, CachedPartition]:
+    """The request's partitions by topic-partition (Kafka's fetchData, a LinkedHashMap): a partition named twice is
+    read once, at its first position, with the last of its requests. From v13 topics come as ids."""
+    data: dict[PartitionKey, CachedPartition] = {}
+    for t in req.topics:
+        tid = t.topic_id
+        name = topic_names.get(tid) if by_id else t.topic
+        for p in t.partitions:
+            data[(tid if by_id else name, p.partition)] = CachedPartition(name, tid, p.partition, p)
+    return data
+
+
+def _forgotten(req: FetchRequest, by_id: bool) -> list[PartitionKey]:
+    return [(t.topic_id if by_id else t.topic, p) for t in req.forgotten_topics_data for p in t.partitions]
+
+
 def handle_fetch(ctx: RequestContext, req: FetchRequest) -> Any:
-    if ctx.api_version >= 7 and req.session_id != 0:
-        # Incremental fetch sessions (KIP-227) are not kept: we never hand out a session id, so a
-        # client naming one is told it is gone and falls back to full fetch requests.
-        return FetchResponse(error_code=ErrorCode.FETCH_SESSION_ID_NOT_FOUND, session_id=0, responses=[])
-    plan = _FetchPlan(ctx, req)
-    response, nbytes, has_error = plan.read()
+    by_id = ctx.api_version >= 13
+    topic_names = ctx.server.topic_names_by_id() if by_id else {}
+    fetch_data = _fetch_data(req, by_id, topic_names)
+    replica_id = _replica_id(ctx, req)
+    context: FetchContext
+    if ctx.api_version >= 7:
+        context = ctx.server.fetch_manager.new_context(ctx.api_version, req.session_id, req.session_epoch,
+                                                       replica_id >= 0, fetch_data, _forgotten(req, by_id),
+                                                       topic_names)
+        if isinstance(context, SessionErrorContext):
+            return FetchResponse(error_code=context.error, session_id=INVALID_SESSION_ID, responses=[])
+    else:
+        context = SessionlessFetchContext(fetch_data)
+    plan = _FetchPlan(ctx, req, context.partitions(), by_id, replica_id)
+    results, nbytes, has_error = plan.read()
     if nbytes >= req.min_bytes or req.max_wait_ms <= 0 or has_error or not plan.keys():
-        return _apply_quota(ctx, response, nbytes, plan.replica_id >= 0)
-    return _long_poll(ctx, plan, req.max_wait_ms / 1000.0, req.min_bytes)
+        return _respond(ctx, plan, context, results, nbytes)
+    return _long_poll(ctx, plan, context, req.max_wait_ms / 1000.0, req.min_bytes)
 
 
-def _apply_quota(ctx: RequestContext, response: FetchResponse, nbytes: int, replica: bool = False) -> FetchResponse:
-    """consumer_byte_rate: a client over its quota gets an empty response with throttle_time_ms (as Kafka).
-    Followers' replication is not a client's consumption: no client quota applies to it (Kafka's are separate)."""
-    if replica:
-        return response
-    quota = ctx.server.fetch_quota
-    throttle = quota.record_and_get_throttle_ms(ctx.client_id, nbytes)
-    if throttle <= 0:
-        if nbytes:
-            metrics.shard().fetched(response)
-        return response
-    quota.unrecord(ctx.client_id, nbytes)
-    ctx.conn.mute_for(throttle)
-    return FetchResponse(throttle_time_ms=throttle, error_code=0, session_id=0, responses=[])
+def _respond(ctx: RequestContext, plan: _FetchPlan, context: FetchContext,
+             results: list[tuple[CachedPartition, PartitionData]], nbytes: int) -> FetchResponse:
+    """The response: empty with throttle_time_ms for a client over its quota (consumer_byte_rate, as Kafka; no
+    client quota applies to followers' replication), else what the context picks (and, for a session, remembers)."""
+    replica = plan.replica_id >= 0
+    if not replica:
+        quota = ctx.server.fetch_quota
+        throttle = quota.record_and_get_throttle_ms(ctx.client_id, nbytes)
+        if throttle > 0:
+            quota.unrecord(ctx.client_id, nbytes)
+            ctx.conn.mute_for(throttle)
+            error, session_id = context.throttled()
+            return FetchResponse(throttle_time_ms=throttle, error_code=error, session_id=session_id, responses=[])
+    error, session_id, selected = context.update_and_generate(results)
+    responses: list[FetchResponse.FetchableTopicResponse] = []
+    # Consecutive partitions of one topic share a topic entry, as in Kafka's FetchResponse.of.
+    by_id = plan.by_id
+    last_key: Any = object()
+    for cp, pd in selected:
+        key = cp.topic_id if by_id else cp.topic
+        if key != last_key:
+            responses.append(FetchResponse.FetchableTopicResponse(topic=cp.topic or "", topic_id=cp.topic_id,
+                                                                  partitions=[]))
+            last_key = key
+        responses[-1].partitions.append(pd)
+    response = FetchResponse(throttle_time_ms=0, error_code=error, session_id=session_id, responses=responses)
+    if nbytes and not replica:
+        metrics.shard().fetched(response)
+    return response
 
 
-async def _long_poll(ctx: RequestContext, plan: _FetchPlan, max_wait: float, min_bytes: int) -> FetchResponse:
+async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContext, max_wait: float,
+                     min_bytes: int) -> FetchResponse:
     purgatory = ctx.server.replica_manager.purgatory
     deadline = time.monotonic() + max_wait
     keys = plan.keys()
@@ -227,10 +265,10 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, max_wait: float, min
         # Watch before re-reading, so an append between the read and the wait still wakes us.
         waiter = purgatory.watch(keys)
         try:
-            response, nbytes, has_error = plan.read()
+            results, nbytes, has_error = plan.read()
             left = deadline - time.monotonic()
             if nbytes >= min_bytes or has_error or left <= 0:
-                return _apply_quota(ctx, response, nbytes, plan.replica_id >= 0)
+                return _respond(ctx, plan, context, results, nbytes)
             # A plain timer on the waiter's future: cheaper than wait_for(shield()), which makes a task per wait.
             timer = asyncio.get_running_loop().call_later(left, _expire, waiter.future)
             try:
