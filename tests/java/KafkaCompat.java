@@ -16,6 +16,7 @@ import java.util.TreeMap;
 import java.util.TreeSet;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Future;
+import java.util.concurrent.atomic.AtomicReference;
 import java.util.stream.Collectors;
 
 import org.apache.kafka.clients.admin.Admin;
@@ -59,7 +60,8 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 /**
  * Drives the official Java Kafka client against a broker: {@code KafkaCompat <bootstrap> <scenario> [key=value...]}.
  *
- * <p>Scenarios: admin, produce, consume, group, rebalance; {@code produce,consume} runs both in one JVM.
+ * <p>Scenarios: admin, produce, consume, group, rebalance, quotas, sessions; {@code produce,consume} runs both in
+ * one JVM.
  *
  * <p>Prints machine-checkable lines: {@code OK <what> ...} for each passed check, {@code INFO <json>} for facts
  * the caller may cross-check, and finally {@code DONE <scenario>}. Any failed check or client exception prints
@@ -108,6 +110,7 @@ public final class KafkaCompat {
                     case "group": k.group(); break;
                     case "rebalance": k.rebalance(); break;
                     case "quotas": k.quotas(); break;
+                    case "sessions": k.sessions(); break;
                     default: throw new Check("unknown scenario " + s);
                 }
             }
@@ -630,6 +633,76 @@ public final class KafkaCompat {
                 check(after.get(tp) == null, "%s: offsetsForTimes(after the end) = %s, want null", tp, after.get(tp));
             }
             ok("offsetsForTimes exact/before/zero/after on %d partitions", byTp.size());
+        }
+    }
+
+    // ------------------------------------------------------------------ scenario: sessions
+
+    /**
+     * Incremental fetch sessions (KIP-227): one consumer assigned every partition of a topic with many partitions
+     * (arg partitions, default 100) reads while a producer thread is still writing, and must see each of the count
+     * records exactly once, record i on partition i % partitions at offset i / partitions.
+     */
+    void sessions() throws Exception {
+        String topic = arg("topic");
+        String tag = tag();
+        int n = count();
+        int partitions = Integer.parseInt(arg("partitions", "100"));
+        try (Admin admin = newAdmin()) {
+            createTopic(admin, topic, partitions);
+        }
+        AtomicReference<Throwable> producerFailed = new AtomicReference<>();
+        Thread producing = new Thread(() -> {
+            try (KafkaProducer<byte[], byte[]> p = producer("none", null)) {
+                for (int i = 0; i < n; i++) {
+                    p.send(new ProducerRecord<>(topic, i % partitions, timestamp(i), key(tag, i), value(tag, i),
+                            headers(tag, i)), (md, e) -> {
+                                if (e != null) producerFailed.compareAndSet(null, e);
+                            });
+                    // In steps, so that the consumer's fetches meet partitions with and without new data.
+                    if (i % 1000 == 999) {
+                        p.flush();
+                        Thread.sleep(30);
+                    }
+                }
+                p.flush();
+            } catch (Throwable t) {
+                producerFailed.compareAndSet(null, t);
+            }
+        }, "sessions-producer");
+        try (KafkaConsumer<byte[], byte[]> c = consumer(Map.of(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, "1000"))) {
+            List<TopicPartition> tps = new ArrayList<>();
+            for (int p = 0; p < partitions; p++) tps.add(new TopicPartition(topic, p));
+            c.assign(tps);
+            c.seekToBeginning(tps);
+            producing.start();
+            boolean[] seen = new boolean[n];
+            Map<Integer, Integer> perPartition = new TreeMap<>();
+            int got = 0;
+            int polls = 0;
+            long deadline = System.currentTimeMillis() + 2 * DEADLINE_MS;
+            while (got < n) {
+                check(producerFailed.get() == null, "producer failed: %s", producerFailed.get());
+                check(System.currentTimeMillis() < deadline, "timed out: %d of %d records", got, n);
+                for (ConsumerRecord<byte[], byte[]> r : c.poll(POLL)) {
+                    int i = verify(tag, r);
+                    check(i < n && !seen[i], "record %d read twice or out of range", i);
+                    seen[i] = true;
+                    check(r.partition() == i % partitions && r.offset() == i / partitions,
+                            "record %d at %d@%d, want %d@%d", i, r.partition(), r.offset(), i % partitions,
+                            i / partitions);
+                    perPartition.merge(r.partition(), 1, Integer::sum);
+                    got++;
+                }
+                polls++;
+            }
+            producing.join(60_000);
+            check(!producing.isAlive() && producerFailed.get() == null, "producer did not finish: %s",
+                    producerFailed.get());
+            ConsumerRecords<byte[], byte[]> extra = c.poll(Duration.ofMillis(500));
+            check(extra.isEmpty(), "%d records beyond the expected %d", extra.count(), n);
+            info(map("sessions_consumed", n, "partitions", perPartition.size(), "polls", polls));
+            ok("consumed %d records exactly once from %d partitions while producing", n, perPartition.size());
         }
     }
 

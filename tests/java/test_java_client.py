@@ -127,8 +127,9 @@ class JavaRun:
         return found[-1]
 
 
-def run_java(classpath: str, broker: Any, scenario: str, log: str = JAVA_LOG, **args: Any) -> JavaRun:
-    cmd = ["java", f"-Dkcompat.log={log}", "-cp", classpath, "KafkaCompat", broker.bootstrap, scenario,
+def run_java(classpath: str, broker: Any, scenario: str, log: str = JAVA_LOG, jvm_props: Sequence[str] = (),
+             **args: Any) -> JavaRun:
+    cmd = ["java", f"-Dkcompat.log={log}", *jvm_props, "-cp", classpath, "KafkaCompat", broker.bootstrap, scenario,
            *(f"{k}={v}" for k, v in args.items())]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=JAVA_TIMEOUT)
@@ -325,3 +326,48 @@ def test_client_quotas(java_classpath: str, broker: Any) -> None:
     for e in ["alterClientQuotas java-quota-client", "describeClientQuotas", "alterClientQuotas negative refused",
               "alterClientQuotas remove"]:
         assert any(line.startswith(e) for line in run.ok), (e, run.stdout)
+
+
+def test_fetch_sessions_many_partitions(java_classpath: str, tmp_path: Path, topic_name: str) -> None:
+    """KIP-227: the Java consumer reads 100 partitions through one incremental fetch session while a producer is
+    still writing; every record arrives exactly once. Its FetchSessionHandler's own log shows the session the
+    broker created and the incremental responses that left unchanged partitions out; the broker's gauges show the
+    session closed when the consumer closed, and nothing evicted."""
+    import re
+    import urllib.request
+
+    from tests.broker_process import BrokerProcess, free_port
+
+    metrics_port = free_port()
+    b = BrokerProcess(tmp_path, {"metrics.port": str(metrics_port), "metrics.host": "127.0.0.1"})
+    b.start()
+    try:
+        n = 20_000
+        run = run_java(java_classpath, b, "sessions",
+                       jvm_props=["-Dkcompat.log.org.apache.kafka.clients.FetchSessionHandler=DEBUG"],
+                       topic=topic_name, partitions=100, count=n)
+        assert f"consumed {n} records exactly once from 100 partitions while producing" in run.ok
+        lines = run.stderr.splitlines()
+        # Up to close(): then the client marks its session to be closed, and a response still in flight is
+        # logged as a "full" one.
+        closing = [i for i, ln in enumerate(lines) if "close the existing session" in ln]
+        assert closing, "the consumer did not close its fetch session"
+        lines = lines[:closing[0]]
+        created = [ln for ln in lines if "sent a full fetch response that created a new incremental fetch session" in ln]
+        incremental = [ln for ln in lines if "sent an incremental fetch response" in ln]
+        implied = [int(m.group(1)) for ln in incremental if (m := re.search(r"(\d+) implied partition", ln))]
+        assert len(created) == 1 and "with 100 response partition(s)" in created[0], created
+        assert len(incremental) >= 10, len(incremental)
+        # Unchanged partitions were left out of incremental responses (the client counts them as implied).
+        assert implied and max(implied) >= 90, implied[:20]
+        assert not [ln for ln in lines if "unable to process the fetch request" in ln or "closing session" in ln]
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        gauges = {ln.split(" ")[0]: float(ln.split(" ")[1]) for ln in text.splitlines()
+                  if ln.startswith("kafka_server_fetchsessioncache_")}
+        assert gauges["kafka_server_fetchsessioncache_incrementalfetchsessionevictions_total"] == 0
+        # The consumer's close sent epoch -1 for its session (KafkaConsumer.close closes fetch sessions).
+        assert gauges["kafka_server_fetchsessioncache_numincrementalfetchsessions"] == 0
+        assert gauges["kafka_server_fetchsessioncache_numincrementalfetchpartitionscached"] == 0
+        assert "Traceback" not in b.read_log()
+    finally:
+        b.stop()

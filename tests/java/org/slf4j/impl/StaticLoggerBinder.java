@@ -14,7 +14,8 @@ import org.slf4j.spi.LoggerFactoryBinder;
 /**
  * A minimal SLF4J 1.7 binding (the jar set we run against has slf4j-api but no backend): it prints the Kafka
  * client's log lines to stderr at or above the level in the system property {@code kcompat.log}
- * (TRACE, DEBUG, INFO, WARN, ERROR, OFF; default WARN), so that a failing scenario shows what the client saw.
+ * (TRACE, DEBUG, INFO, WARN, ERROR, OFF; default WARN), so that a failing scenario shows what the client saw;
+ * {@code kcompat.log.<logger name>} overrides it for one logger.
  */
 public final class StaticLoggerBinder implements LoggerFactoryBinder {
     public static String REQUESTED_API_VERSION = "1.6.99";
@@ -38,11 +39,13 @@ public final class StaticLoggerBinder implements LoggerFactoryBinder {
 
     static final class StderrLoggerFactory implements ILoggerFactory {
         private final ConcurrentMap<String, Logger> loggers = new ConcurrentHashMap<>();
-        private final int threshold = levelOf(System.getProperty("kcompat.log", "WARN"));
+        private final String level = System.getProperty("kcompat.log", "WARN");
 
         @Override
         public Logger getLogger(String name) {
-            return loggers.computeIfAbsent(name, n -> new StderrLogger(n, threshold));
+            // kcompat.log.<logger name> sets one logger's level, for a test that reads what that class says.
+            return loggers.computeIfAbsent(name,
+                    n -> new StderrLogger(n, levelOf(System.getProperty("kcompat.log." + n, level))));
         }
     }
 
