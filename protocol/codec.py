@@ -97,6 +97,28 @@ def _fixed_run(fields: tuple[FieldSpec, ...], i: int, version: int, flexible: bo
 # ---------------------------------------------------------------- decoding
 
 
+def _length_src(compact: bool, nullable: bool, classic: str, what: str, ind: str) -> list[str]:
+    """Lines that read a length or count prefix into `_n` (primitives._read_length, inlined: the decoders are
+    the per-request hot path, and a call per string costs more than the string)."""
+    if compact:
+        lines = [
+            f"{ind}_n = buf[pos]",
+            f"{ind}if _n < 0x80:",
+            f"{ind}    pos += 1",
+            f"{ind}else:",
+            f"{ind}    _n, pos = _ru(buf, pos)",
+            f"{ind}_n -= 1",
+        ]
+    else:
+        size = 2 if classic == "_I16" else 4
+        lines = [f"{ind}(_n,) = {classic}.unpack_from(buf, pos)", f"{ind}pos += {size}"]
+    bad = "_n < -1" if nullable else "_n < 0"
+    return lines + [
+        f"{ind}if {bad}:",
+        f"{ind}    raise DecodeError(f'invalid {what} length {{_n}}')",
+    ]
+
+
 def _decode_value_src(
     f: FieldSpec, cls: type, version: int, compact: bool, flexible: bool, target: str, env: dict[str, Any], ind: str
 ) -> list[str]:
@@ -109,15 +131,39 @@ def _decode_value_src(
         env[key] = struct.Struct(">" + fmt)
         return [f"{ind}({target},) = {key}.unpack_from(buf, pos)", f"{ind}pos += {size}"]
     if t == "string":
-        return [f"{ind}{target}, pos = _rs(buf, pos, {compact}, {nullable})"]
-    if t == "bytes":
-        return [f"{ind}{target}, pos = _rb(buf, pos, {compact}, {nullable})"]
-    if t == "records":
-        return [f"{ind}{target}, pos = _rv(buf, pos, {compact}, True)"]
+        lines = _length_src(compact, nullable, "_I16", "string", ind)
+        return lines + [
+            f"{ind}if _n < 0:",
+            f"{ind}    {target} = None",
+            f"{ind}else:",
+            f"{ind}    _e = pos + _n",
+            f"{ind}    if _e > len(buf):",
+            f"{ind}        raise DecodeError(f'string length {{_n}} exceeds the {{len(buf) - pos}} bytes left')",
+            f"{ind}    try:",
+            f"{ind}        {target} = str(buf[pos:_e], 'utf-8')",
+            f"{ind}    except UnicodeDecodeError as _err:",
+            f"{ind}        raise DecodeError(f'string is not valid UTF-8: {{_err}}') from None",
+            f"{ind}    pos = _e",
+        ]
+    if t in ("bytes", "records"):
+        # Records stay a zero-copy view of the frame; other bytes fields become bytes.
+        value = "memoryview(buf)[pos:_e]" if t == "records" else "bytes(buf[pos:_e])"
+        lines = _length_src(compact, nullable or t == "records", "_I32", "bytes", ind)
+        return lines + [
+            f"{ind}if _n < 0:",
+            f"{ind}    {target} = None",
+            f"{ind}else:",
+            f"{ind}    _e = pos + _n",
+            f"{ind}    if _e > len(buf):",
+            f"{ind}        raise DecodeError(f'bytes length {{_n}} exceeds the {{len(buf) - pos}} bytes left')",
+            f"{ind}    {target} = {value}",
+            f"{ind}    pos = _e",
+        ]
     if t.startswith("[]"):
         elem = t[2:]
-        lines = [
-            f"{ind}_n, pos = _ra(buf, pos, {compact}, {nullable}, {_min_item_size(cls, elem)})",
+        lines = _length_src(compact, nullable, "_I32", "array", ind) + [
+            f"{ind}if _n * {_min_item_size(cls, elem)} > len(buf) - pos:",
+            f"{ind}    raise DecodeError(f'array of {{_n}} items cannot fit in {{len(buf) - pos}} bytes')",
             f"{ind}if _n < 0:",
             f"{ind}    {target} = None",
             f"{ind}else:",
@@ -149,12 +195,10 @@ def _compile_decoder(cls: type, version: int) -> Decoder:
     flexible = _flexible(cls, version)
     fields: tuple[FieldSpec, ...] = cls.FIELDS  # type: ignore[attr-defined]
     env: dict[str, Any] = {
-        "_rs": p.read_string,
-        "_rb": p.read_bytes,
-        "_rv": p.read_bytes_view,
-        "_ra": p.read_array_len,
         "_ru": p.read_uvarint,
         "_I8": p.I8,
+        "_I16": p.I16,
+        "_I32": p.I32,
         "_cls": cls,
         "DecodeError": DecodeError,
     }
@@ -221,6 +265,19 @@ def decoder(cls: type, version: int) -> Decoder:
 # ---------------------------------------------------------------- encoding
 
 
+def _write_length_src(compact: bool, classic: str, n: str, ind: str) -> list[str]:
+    """Lines that write a length or count prefix (primitives._write_length, inlined)."""
+    if compact:
+        return [
+            f"{ind}_l = {n} + 1",
+            f"{ind}if _l < 0x80:",
+            f"{ind}    out.append(_l)",
+            f"{ind}else:",
+            f"{ind}    _wu(out, _l)",
+        ]
+    return [f"{ind}out += {classic}.pack({n})"]
+
+
 def _encode_value_src(
     f: FieldSpec, cls: type, version: int, compact: bool, src: str, env: dict[str, Any], ind: str
 ) -> list[str]:
@@ -231,7 +288,15 @@ def _encode_value_src(
         env[key] = struct.Struct(">" + _FIXED[t][0])
         return [f"{ind}out += {key}.pack({src})"]
     if t == "string":
-        return [f"{ind}_ws(out, {src}, {compact}, {nullable})"]
+        # primitives.write_string, inlined (per-request hot path); a null goes through it for its error.
+        return [
+            f"{ind}if {src} is None:",
+            f"{ind}    _ws(out, None, {compact}, {nullable})",
+            f"{ind}else:",
+            f"{ind}    _d = {src}.encode()",
+            *_write_length_src(compact, "_I16", "len(_d)", ind + "    "),
+            f"{ind}    out += _d",
+        ]
     if t == "bytes":
         return [f"{ind}_wb(out, {src}, {compact}, {nullable})"]
     if t == "records":
@@ -239,7 +304,13 @@ def _encode_value_src(
     if t.startswith("[]"):
         elem = t[2:]
         ef = FieldSpec("e_" + f.attr, elem, f.versions, None, None, None, None, f.flexible_versions)
-        lines = [f"{ind}_wa(out, {src}, {compact}, {nullable})", f"{ind}if {src} is not None:"]
+        lines = [
+            f"{ind}if {src} is None:",
+            f"{ind}    _wa(out, None, {compact}, {nullable})",
+            f"{ind}else:",
+            *_write_length_src(compact, "_I32", f"len({src})", ind + "    "),
+        ]
+        lines.append(f"{ind}if {src} is not None:")
         lines.append(f"{ind}    for _x in {src}:")
         lines += _encode_value_src(ef, cls, version, compact, "_x", env, ind + "        ")
         return lines
@@ -266,6 +337,8 @@ def _compile_encoder(cls: type, version: int) -> Encoder:
         "_wr": p.write_records,
         "_wa": p.write_array_len,
         "_wu": p.write_uvarint,
+        "_I16": p.I16,
+        "_I32": p.I32,
     }
     lines = ["def _encode(o, out, ext):"]
     tagged: list[FieldSpec] = []
@@ -378,24 +451,53 @@ def response_header_version(api_key: int, version: int) -> int:
     return 1 if is_flexible(api_key, version) else 0
 
 
+_KEY_AND_VERSION = struct.Struct(">hh")
+# (api key, version) -> the request header's decoder; filled for known keys and sane versions only, so a hostile
+# client cannot grow it.
+_header_decoders: dict[tuple[int, int], Decoder] = {}
+
+
 def decode_request_header(buf: Any) -> tuple[RequestHeader, int]:
     """Decode the request header; the header version follows from the API key and version."""
     if len(buf) < 8:
         raise DecodeError("request shorter than a request header")
-    api_key, api_version = p.I16.unpack_from(buf, 0)[0], p.I16.unpack_from(buf, 2)[0]
-    hv = request_header_version(api_key, api_version) if api_key in REQUESTS else 1
-    return decode(RequestHeader, hv, buf, 0)  # type: ignore[return-value]
+    key = _KEY_AND_VERSION.unpack_from(buf, 0)
+    dec = _header_decoders.get(key)
+    if dec is None:
+        api_key, api_version = key
+        hv = request_header_version(api_key, api_version) if api_key in REQUESTS else 1
+        dec = decoder(RequestHeader, hv)
+        if api_key in REQUESTS and 0 <= api_version < 64:
+            _header_decoders[key] = dec
+    try:
+        return dec(buf, 0)  # type: ignore[no-any-return]
+    except struct.error as e:
+        raise DecodeError(f"RequestHeader: truncated ({e})") from None
+    except (IndexError, OverflowError, MemoryError) as e:
+        raise DecodeError(f"RequestHeader: {e}") from None
+
+
+_SIZE_AND_CORRELATION = struct.Struct(">ii")
+# (api key, version, body class) -> (response header is v1, body encoder)
+_response_encoders: dict[tuple[int, int, type], tuple[bool, Encoder]] = {}
 
 
 def encode_response(correlation_id: int, api_key: int, version: int, body: Any,
                     ext: list[tuple[int, Any]] | None = None) -> bytearray:
     """Size-prefixed response frame: int32 size, response header, body."""
-    out = bytearray(4)
-    out += p.I32.pack(correlation_id)
-    if response_header_version(api_key, version) == 1:
+    key = (api_key, version, type(body))
+    found = _response_encoders.get(key)
+    if found is None:
+        found = _response_encoders[key] = (response_header_version(api_key, version) == 1,
+                                           encoder(type(body), version))
+    header_v1, enc = found
+    out = bytearray(_SIZE_AND_CORRELATION.pack(0, correlation_id))
+    if header_v1:
         out.append(0)
-    encoder(type(body), version)(body, out, ext)
-    size = len(out) - 4 + sum(region.size for _, region in ext or ())
+    enc(body, out, ext)
+    size = len(out) - 4
+    if ext:
+        size += sum(region.size for _, region in ext)
     p.I32.pack_into(out, 0, size)
     return out
 
