@@ -61,6 +61,8 @@ class ClientQuotaManager:
 
     def quota_for(self, client_id: str) -> float | None:
         q = self.quotas()
+        if not q:  # no quota anywhere (the usual case): asked on every produce and fetch
+            return None
         for entity in (client_id, None):
             values = q.get(entity)
             if values is not None and self.key in values:

@@ -46,13 +46,18 @@ class FileHandleCache:
         self.max_open = max(1, max_open)
         self._open: OrderedDict[LazyFile, None] = OrderedDict()
         self._lock = threading.Lock()
+        # The most recently used file: a partition appended to again and again skips the lock and the reorder.
+        self._last: LazyFile | None = None
 
     def __len__(self) -> int:
         return len(self._open)
 
     def used(self, f: LazyFile) -> None:
+        if self._last is f:
+            return
         evicted: list[LazyFile] = []
         with self._lock:
+            self._last = f
             self._open[f] = None
             self._open.move_to_end(f)
             while len(self._open) > self.max_open:
@@ -65,6 +70,8 @@ class FileHandleCache:
     def forget(self, f: LazyFile) -> None:
         with self._lock:
             self._open.pop(f, None)
+            if self._last is f:
+                self._last = None
 
 
 SEGMENT_FILES = FileHandleCache()

@@ -178,9 +178,9 @@ class LogSegment:
         view = memoryview(data)
         writer = self._writer()
         fd = writer.fd
-        written = 0
         try:
-            while written < len(view):
+            written = os.pwrite(fd, view, start)
+            while written < len(view):  # a short write (rare): the rest
                 written += os.pwrite(fd, view[written:], start + written)
         except OSError:
             try:
