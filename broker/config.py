@@ -234,6 +234,13 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("group.min.session.timeout.ms", _int, 6000, at_least(0)),
         ConfigKey("group.max.session.timeout.ms", _int, 1800000, at_least(0)),
         ConfigKey("group.max.size", _int, INT_MAX, at_least(1)),
+        # KIP-848 consumer groups (group.protocol=consumer)
+        ConfigKey("group.consumer.session.timeout.ms", _int, 45000, at_least(1)),
+        ConfigKey("group.consumer.heartbeat.interval.ms", _int, 5000, at_least(1)),
+        ConfigKey("group.consumer.max.size", _int, INT_MAX, at_least(1)),
+        ConfigKey("group.consumer.assignors", _list, ["uniform", "range"],
+                  one_of("uniform", "range", "org.apache.kafka.coordinator.group.assignor.UniformAssignor",
+                         "org.apache.kafka.coordinator.group.assignor.RangeAssignor")),
         ConfigKey("transaction.state.log.num.partitions", _int, 50, at_least(1)),
         ConfigKey("transaction.state.log.replication.factor", _int, 3, at_least(1)),
         ConfigKey("transaction.state.log.min.isr", _int, 2, at_least(1)),
@@ -264,7 +271,8 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("max.incremental.fetch.session.cache.slots", _int, 1000, at_least(0)),
         ConfigKey("quota.window.num", _int, 11, at_least(1)),
         ConfigKey("quota.window.size.seconds", _int, 1, at_least(1)),
-        ConfigKey("group.coordinator.rebalance.protocols", _list, ["classic"], one_of("classic")),
+        ConfigKey("group.coordinator.rebalance.protocols", _list, ["classic", "consumer"],
+                  one_of("classic", "consumer")),
         # kbroker's own: Prometheus metrics over HTTP (unset = off), where Kafka would run the JMX exporter agent.
         ConfigKey("metrics.port", _int, None, between(0, 65535)),
         ConfigKey("metrics.host", _str, "0.0.0.0"),

@@ -27,6 +27,7 @@ from broker.security.credentials import LocalScramStore, ScramCredentialStore, Z
 from broker.security.listener import listener_security
 from broker.txn_marker_channel import TxnMarkerChannel
 from broker.txn_verification import TxnVerifier
+from coordinator.consumer_group_assignors import CLASS_NAMES
 from coordinator.controller import ControllerConfig, KafkaController
 from coordinator.group_coordinator import OFFSETS_TOPIC, GroupConfig, GroupCoordinator
 from coordinator.metadata_store import LocalMetadataStore, TopicRecord
@@ -49,6 +50,9 @@ def segment_file_budget() -> int:
     if soft == resource.RLIM_INFINITY:
         soft = 1 << 20
     return max(64, soft // 2)
+
+
+CONSUMER_GROUP_APIS = (68, 69)
 
 
 class KafkaServer:
@@ -94,7 +98,11 @@ class KafkaServer:
             ZkScramStore(self.metadata) if isinstance(self.metadata, ZkMetadataStore)
             else LocalScramStore(config.log_dirs[0])
         )
-        self.apis = KafkaApis(self, all_handlers())
+        self.apis = KafkaApis(self, [
+            h for h in all_handlers()
+            # ConsumerGroupHeartbeat / ConsumerGroupDescribe exist only with the consumer rebalance protocol on.
+            if h.api_key not in CONSUMER_GROUP_APIS or "consumer" in config["group.coordinator.rebalance.protocols"]
+        ])
         self.socket_server = SocketServer(config, self.apis, listener_security(config, self.scram_credentials))
         self.group_coordinator = GroupCoordinator(self, GroupConfig(
             num_partitions=config["offsets.topic.num.partitions"],
@@ -105,6 +113,10 @@ class KafkaServer:
             offsets_retention_ms=config["offsets.retention.minutes"] * 60000,
             offsets_retention_check_ms=config["offsets.retention.check.interval.ms"],
             offset_metadata_max_bytes=config["offset.metadata.max.bytes"],
+            consumer_session_timeout_ms=config["group.consumer.session.timeout.ms"],
+            consumer_heartbeat_interval_ms=config["group.consumer.heartbeat.interval.ms"],
+            consumer_max_size=config["group.consumer.max.size"],
+            consumer_assignors=[CLASS_NAMES.get(a, a) for a in config["group.consumer.assignors"]],
         ))
         ib_listener = inter_broker_listener(config)
         self.inter_broker = InterBrokerChannel(
@@ -332,6 +344,10 @@ class KafkaServer:
         return self.metadata.controller_id()
 
     # ------------------------------------------------------------ group coordinator host
+
+    def consumer_group_topics(self) -> dict[str, TopicRecord]:
+        """The current topics map (replaced, never changed in place: consumer groups compare it by identity)."""
+        return self.metadata.topics
 
     def ensure_offsets_topic(self) -> TopicRecord:
         """__consumer_offsets, created on first use like Kafka (compacted, offsets.topic.* settings)."""

@@ -1,4 +1,5 @@
-"""GroupCoordinator: the classic consumer group protocol, as Kafka's GroupCoordinator.
+"""GroupCoordinator: the classic consumer group protocol, as Kafka's GroupCoordinator, and (mixed in from
+consumer_group_manager) KIP-848 consumer groups.
 
 All group state lives on one event loop thread (the coordinator loop); handlers on the network
 processors call in with `call()`, which hops to that loop and back, so the state machine needs
@@ -20,7 +21,9 @@ from typing import Any, Protocol, TypeVar
 
 import uvloop
 
+from coordinator import consumer_group_records as cgr
 from coordinator import group_records as records
+from coordinator.consumer_group_manager import ConsumerGroupManager
 from coordinator.group_loader import LoadedEntry, LoadedMarker, LoadedRecord, read_entries
 from coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata
 from coordinator.group_offsets import GroupOffsets
@@ -63,6 +66,8 @@ class CoordinatorHost(Protocol):
 
     def wait_replicated(self, lg: Any, offset: int) -> Awaitable[ErrorCode]: ...  # high watermark >= offset
 
+    def consumer_group_topics(self) -> Any: ...  # topic name -> record with topic_id, num_partitions (copy-on-write)
+
 
 @dataclass
 class GroupConfig:
@@ -74,6 +79,11 @@ class GroupConfig:
     offsets_retention_ms: int = 7 * 24 * 3600 * 1000
     offsets_retention_check_ms: int = 600000
     offset_metadata_max_bytes: int = 4096
+    # KIP-848 consumer groups (group.consumer.*)
+    consumer_session_timeout_ms: int = 45000
+    consumer_heartbeat_interval_ms: int = 5000
+    consumer_max_size: int = 2**31 - 1
+    consumer_assignors: list[str] = field(default_factory=lambda: ["uniform", "range"])
 
 
 @dataclass
@@ -92,7 +102,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class GroupCoordinator(GroupOffsets):
+class GroupCoordinator(GroupOffsets, ConsumerGroupManager):
     def __init__(self, host: CoordinatorHost, config: GroupConfig) -> None:
         self.host = host
         self.config = config
@@ -178,6 +188,7 @@ class GroupCoordinator(GroupOffsets):
                 log.exception("Loading %s-%d failed", OFFSETS_TOPIC, p)
                 n = 0
             self.loading.discard(p)
+            self.consumer_groups_loaded(p)
             if n:
                 log.info("Loaded %d records of %s-%d in %.3f s", n, OFFSETS_TOPIC, p, time.monotonic() - t0)
 
@@ -203,6 +214,8 @@ class GroupCoordinator(GroupOffsets):
                 self._complete_txn(e.producer_id, p, e.commit)
             elif isinstance(e.record, records.OffsetRecord):
                 self._replay_offset(e)
+            elif isinstance(e.record, cgr.ConsumerGroupRecord):
+                self.replay_consumer_record(e.record)
             else:
                 self._apply_loaded(e)
         except Exception:
@@ -212,11 +225,20 @@ class GroupCoordinator(GroupOffsets):
         r = e.record
         assert isinstance(r, records.GroupRecord)
         if r.value is None:
-            self.groups.pop(r.group, None)
+            g = self.groups.get(r.group)
+            if g is not None and g.consumer is None:
+                # Offsets read before the tombstone stay (Kafka keeps them apart from the group).
+                if g.offsets or g.pending_txn_offsets:
+                    g.members, g.static_members, g.state = {}, {}, GroupState.EMPTY
+                else:
+                    self.groups.pop(r.group, None)
             return
         v = r.value
         g = self._group(r.group, create=True)
         assert g is not None
+        if g.consumer is not None:
+            log.warning("Classic group record for consumer group %s ignored", r.group)
+            return
         g.protocol_type = v.protocol_type or None
         g.generation_id = v.generation
         g.protocol_name = v.protocol
@@ -302,6 +324,15 @@ class GroupCoordinator(GroupOffsets):
         if rebalance_timeout_ms < 0:
             rebalance_timeout_ms = session_timeout_ms
         g = self.groups.get(group_id)
+        if g is not None and g.consumer is not None:
+            # A KIP-848 consumer group: classic members cannot join it while it has members (kbroker has no
+            # online migration); an empty one becomes a classic group, keeping its offsets.
+            if g.consumer.members:
+                return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
+            await self.convert_empty_consumer_group(group_id)
+            g = self.groups.get(group_id)
+            if g is None or g.consumer is not None:
+                return JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id)
         if g is None:
             if member_id:
                 return JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member_id)

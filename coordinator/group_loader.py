@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator import group_records as records
+from coordinator.consumer_group_records import ConsumerGroupRecord
 from protocol.primitives import I16
 from protocol.records import NO_PRODUCER_ID, decode_records, iter_batch_headers
 
@@ -26,7 +27,7 @@ CONTROL_ABORT, CONTROL_COMMIT = 0, 1
 @dataclass
 class LoadedRecord:
     offset: int
-    record: records.OffsetRecord | records.GroupRecord
+    record: records.OffsetRecord | records.GroupRecord | ConsumerGroupRecord
     producer_id: int  # of a transactional batch; NO_PRODUCER_ID outside transactions
 
 
@@ -87,7 +88,7 @@ def read_entries(lg: Any, start: int, end: int, name: str) -> list[LoadedEntry]:
 
 
 def _parse(key: bytes | None, value: bytes | None, offset: int,
-           name: str) -> records.OffsetRecord | records.GroupRecord | None:
+           name: str) -> records.OffsetRecord | records.GroupRecord | ConsumerGroupRecord | None:
     if key is None:
         log.error("Skipping record without a key at offset %d of %s while loading", offset, name)
         return None

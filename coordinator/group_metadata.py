@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from storage.manager import TopicPartition
+
+if TYPE_CHECKING:
+    from coordinator.consumer_group import ConsumerGroup
 
 
 class GroupState(Enum):
@@ -94,6 +97,9 @@ class GroupMetadata:
     in_initial_delay: bool = False
     # timer handles owned by the coordinator
     rebalance_timer: asyncio.TimerHandle | None = None
+    # Set for a KIP-848 consumer group (group.protocol=consumer): its membership lives there, and this object
+    # keeps only the offsets (shared with the classic paths) and a classic view of its state (Empty / Stable).
+    consumer: ConsumerGroup | None = None
 
     def transition(self, to: GroupState, now_ms: int) -> None:
         if self.state not in VALID_PREVIOUS[to]:
@@ -217,6 +223,8 @@ class GroupMetadata:
         from protocol.messages import ConsumerProtocolSubscription
         from protocol.primitives import I16
 
+        if self.consumer is not None:
+            return self.consumer.subscribed_topic_names()
         if self.protocol_type != "consumer" or self.protocol_name is None:
             return None
         topics: set[str] = set()

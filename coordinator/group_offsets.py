@@ -16,13 +16,16 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from coordinator import consumer_group_records as cgr
 from coordinator import group_records as records
+from coordinator.consumer_group_manager import ConsumerGroupManager
 from coordinator.group_loader import LoadedRecord
 from coordinator.group_metadata import GroupMetadata, GroupState, OffsetAndMetadata, TopicPartition
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import NO_PRODUCER_ID
 
 if TYPE_CHECKING:
+    from coordinator.consumer_group import ConsumerGroup
     from coordinator.group_coordinator import CoordinatorHost, GroupConfig
 
 log = logging.getLogger("kbroker.group")
@@ -64,11 +67,18 @@ class GroupOffsets:
                    producer_id: int = NO_PRODUCER_ID, producer_epoch: int = -1) -> tuple[Any, Any]: ...
         async def _flush_if_needed(self, lg: Any, last_offset: int) -> None: ...
         def _touch_member(self, g: GroupMetadata, member_id: str) -> None: ...
+        def _schedule_session_timeout(self, cg: ConsumerGroup, member_id: str) -> None: ...
+        def replay_consumer_record(self, r: cgr.ConsumerGroupRecord, cg: ConsumerGroup | None = None) -> None: ...
+        @staticmethod
+        def validate_consumer_offset_commit(cg: ConsumerGroup, member_id: str, member_epoch: int,
+                                            transactional: bool, api_version: int) -> ErrorCode | None: ...
 
     # ------------------------------------------------------------ OffsetCommit
 
     async def commit_offsets(self, group_id: str, generation_id: int, member_id: str, instance_id: str | None,
-                             offsets: dict[TopicPartition, OffsetAndMetadata]) -> dict[TopicPartition, ErrorCode]:
+                             offsets: dict[TopicPartition, OffsetAndMetadata], api_version: int = 9
+                             ) -> dict[TopicPartition, ErrorCode]:
+        """generation_id is the member epoch for a KIP-848 consumer group (OffsetCommit v9+)."""
         def all_(code: ErrorCode) -> dict[TopicPartition, ErrorCode]:
             return {tp: code for tp in offsets}
 
@@ -78,7 +88,13 @@ class GroupOffsets:
         if err is not None:
             return all_(err)
         g = self.groups.get(group_id)
-        if g is None:
+        if g is not None and g.consumer is not None:
+            err = self.validate_consumer_offset_commit(g.consumer, member_id, generation_id, False, api_version)
+            if err is not None:
+                return all_(err)
+            if member_id in g.consumer.members:
+                self._schedule_session_timeout(g.consumer, member_id)
+        elif g is None:
             if generation_id >= 0:
                 return all_(ErrorCode.ILLEGAL_GENERATION)
             g = self._group(group_id, create=True)
@@ -179,6 +195,8 @@ class GroupOffsets:
         or instance id the commit is not tied to a member and skips the checks."""
         if g.state is GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if g.consumer is not None:
+            return ConsumerGroupManager.validate_consumer_offset_commit(g.consumer, member_id, generation_id, True, 9)
         if generation_id < 0 and not member_id and instance_id is None:
             return None
         if instance_id is not None and g.static_members.get(instance_id, member_id) != member_id:
@@ -243,14 +261,20 @@ class GroupOffsets:
 
     # ------------------------------------------------------------ OffsetFetch
 
-    async def fetch_offsets(self, group_id: str, partitions: list[TopicPartition] | None, require_stable: bool = False
+    async def fetch_offsets(self, group_id: str, partitions: list[TopicPartition] | None, require_stable: bool = False,
+                            member_id: str | None = None, member_epoch: int = -1
                             ) -> tuple[ErrorCode, dict[TopicPartition, OffsetAndMetadata | ErrorCode | None]]:
         """Committed offsets (None: nothing committed). With require_stable, a partition with a pending
-        transactional offset answers UNSTABLE_OFFSET_COMMIT instead (KIP-447), as Kafka's getOffsets."""
+        transactional offset answers UNSTABLE_OFFSET_COMMIT instead (KIP-447), as Kafka's getOffsets.
+        member_id / member_epoch (OffsetFetch v9) are checked for KIP-848 consumer groups."""
         err = self.coordinator_error(group_id)
         if err is not None:
             return err, {}
         g = self.groups.get(group_id)
+        if g is not None and g.consumer is not None:
+            err = ConsumerGroupManager.validate_consumer_offset_fetch(g.consumer, member_id, member_epoch)
+            if err is not None:
+                return err, {}
         offsets = g.offsets if g is not None else {}
         wanted = list(offsets) if partitions is None else partitions
         unstable = g.pending_txn_partitions() if g is not None and require_stable else set()
@@ -292,9 +316,16 @@ class GroupOffsets:
         drop_group = (group_too and g.state is GroupState.EMPTY and set(g.offsets) <= gone
                       and g.pending_txn_partitions() <= gone)
         entries: list[tuple[bytes, bytes | None]] = [(records.offset_key(g.group_id, t, p), None) for t, p in tps]
+        consumer_tombstones = []
         if drop_group:
-            entries.append((records.group_key(g.group_id), None))
+            if g.consumer is not None:
+                consumer_tombstones = cgr.group_tombstones(g.group_id, list(g.consumer.members))
+                entries += [r.entry() for r in consumer_tombstones]
+            else:
+                entries.append((records.group_key(g.group_id), None))
         lg, info = self._write(g.group_id, entries)
+        for r in consumer_tombstones:
+            self.replay_consumer_record(r)
         g.remove_offsets(tps)
         if drop_group:
             g.transition(GroupState.DEAD, _now_ms())

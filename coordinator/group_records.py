@@ -1,9 +1,12 @@
-"""Record formats of __consumer_offsets (Kafka's OffsetCommitKey/Value, GroupMetadataKey/Value)."""
+"""Record formats of __consumer_offsets (Kafka's OffsetCommitKey/Value, GroupMetadataKey/Value; the
+ConsumerGroup* records of KIP-848 groups are in consumer_group_records)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator import consumer_group_records
+from coordinator.consumer_group_records import ConsumerGroupRecord
 from coordinator.group_metadata import GroupMetadata, OffsetAndMetadata
 from protocol import codec
 from protocol.messages import GroupMetadataKey, GroupMetadataValue, OffsetCommitKey, OffsetCommitValue
@@ -78,9 +81,11 @@ class GroupRecord:
     value: GroupMetadataValue | None  # None: tombstone
 
 
-def parse_record(key: bytes, value: bytes | None) -> OffsetRecord | GroupRecord | None:
+def parse_record(key: bytes, value: bytes | None) -> OffsetRecord | GroupRecord | ConsumerGroupRecord | None:
     """Decode one __consumer_offsets record; None for record types this coordinator does not use."""
     (kv,) = I16.unpack_from(key, 0)
+    if consumer_group_records.is_consumer_group_key(kv):
+        return consumer_group_records.parse(key, value)
     if kv in (0, 1):
         k, _ = codec.decode(OffsetCommitKey, kv, key, 2)
         if value is None:

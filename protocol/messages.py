@@ -1252,7 +1252,7 @@ class ConsumerGroupDescribeResponse:
 class ConsumerGroupHeartbeatRequest:
     API_KEY: ClassVar[int | None] = 68
     KIND: ClassVar[str] = 'request'
-    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 1)
     FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
 
     group_id: str = ''
@@ -1262,6 +1262,7 @@ class ConsumerGroupHeartbeatRequest:
     rack_id: str | None = None
     rebalance_timeout_ms: int = -1
     subscribed_topic_names: list[str] | None = None
+    subscribed_topic_regex: str | None = None
     server_assignor: str | None = None
     topic_partitions: list[ConsumerGroupHeartbeatRequest.TopicPartitions] | None = None
 
@@ -1273,6 +1274,7 @@ class ConsumerGroupHeartbeatRequest:
         FieldSpec('rack_id', 'string', (0, 32767), (0, 32767), None, None, None, INHERIT),
         FieldSpec('rebalance_timeout_ms', 'int32', (0, 32767), None, None, None, -1, INHERIT),
         FieldSpec('subscribed_topic_names', '[]string', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('subscribed_topic_regex', 'string', (1, 32767), (1, 32767), None, None, None, INHERIT),
         FieldSpec('server_assignor', 'string', (0, 32767), (0, 32767), None, None, None, INHERIT),
         FieldSpec('topic_partitions', '[]TopicPartitions', (0, 32767), (0, 32767), None, None, None, INHERIT),
     )
@@ -1293,7 +1295,7 @@ class ConsumerGroupHeartbeatRequest:
 class ConsumerGroupHeartbeatResponse:
     API_KEY: ClassVar[int | None] = 68
     KIND: ClassVar[str] = 'response'
-    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 1)
     FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
 
     throttle_time_ms: int = 0

@@ -10,6 +10,7 @@ def all_handlers() -> list[ApiHandler]:
         acls,
         api_versions,
         configs,
+        consumer_groups,
         fetch,
         groups,
         metadata,
@@ -23,7 +24,7 @@ def all_handlers() -> list[ApiHandler]:
     )
 
     out: list[ApiHandler] = []
-    for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, quotas, txn, replication,
+    for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, consumer_groups, quotas, txn, replication,
                    sasl, acls):
         out.extend(module.HANDLERS)
     return out

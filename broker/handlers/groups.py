@@ -190,7 +190,7 @@ async def handle_offset_commit(ctx: RequestContext, req: OffsetCommitRequest) ->
     results: dict[tuple[str, int], ErrorCode] = {}
     if offsets or not denied:
         results = await gc.call(gc.commit_offsets, req.group_id, generation, req.member_id, req.group_instance_id,
-                                offsets)
+                                offsets, ctx.api_version)
     for t in req.topics:
         if t.name in denied:
             for p in t.partitions:
@@ -205,14 +205,14 @@ async def handle_offset_commit(ctx: RequestContext, req: OffsetCommitRequest) ->
 
 
 async def _fetch_group(ctx: RequestContext, group_id: str, topics: list[tuple[str, list[int]]] | None,
-                       require_stable: bool
+                       require_stable: bool, member_id: str | None = None, member_epoch: int = -1
                        ) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, int, int, str, ErrorCode]]]]]:
     gc = ctx.server.group_coordinator
     if _group_denied(ctx, DESCRIBE, group_id):
         return ErrorCode.GROUP_AUTHORIZATION_FAILED, []
     denied = _topics_denied(ctx, DESCRIBE, [t for t, _ in topics]) if topics is not None else set()
     wanted = None if topics is None else [(t, p) for t, ps in topics if t not in denied for p in ps]
-    err, found = await gc.call(gc.fetch_offsets, group_id, wanted, require_stable)
+    err, found = await gc.call(gc.fetch_offsets, group_id, wanted, require_stable, member_id, member_epoch)
     if err:
         return err, []
     by_topic: dict[str, list[tuple[int, int, int, str, ErrorCode]]] = {}
@@ -256,7 +256,7 @@ async def handle_offset_fetch(ctx: RequestContext, req: OffsetFetchRequest) -> O
     groups = []
     for g in req.groups:
         topics = None if g.topics is None else [(t.name, list(t.partition_indexes)) for t in g.topics]
-        err, result = await _fetch_group(ctx, g.group_id, topics, req.require_stable)
+        err, result = await _fetch_group(ctx, g.group_id, topics, req.require_stable, g.member_id, g.member_epoch)
         groups.append(R.OffsetFetchResponseGroup(group_id=g.group_id, error_code=err, topics=[
             R.OffsetFetchResponseTopics(name=t, partitions=[
                 R.OffsetFetchResponsePartitions(partition_index=p, committed_offset=o, committed_leader_epoch=e,
@@ -306,7 +306,9 @@ async def handle_describe_groups(ctx: RequestContext, req: DescribeGroupsRequest
             ops = -(2**31)
         else:
             ops = GROUP_OPERATIONS if authz is None else ctx.authorized_operations(GROUP, gid)
-        if err or g is None:
+        if err or g is None or g.consumer is not None:
+            # A KIP-848 consumer group is not a classic group: Kafka 3.9 describes it as Dead here (clients use
+            # ConsumerGroupDescribe for it).
             out.append(R.DescribedGroup(error_code=err, group_id=gid, group_state=GroupState.DEAD.value,
                                         protocol_type="", protocol_data="", members=[], authorized_operations=ops))
             continue
@@ -337,12 +339,15 @@ async def handle_list_groups(ctx: RequestContext, req: ListGroupsRequest) -> Lis
     states = {s.lower() for s in req.states_filter} if ctx.api_version >= 4 else set()
     types = {t.lower() for t in req.types_filter} if ctx.api_version >= 5 else set()
     R = ListGroupsResponse
-    listed = [
-        R.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type or "", group_state=g.state.value,
-                      group_type="classic")
-        for g in groups
-        if (not states or g.state.value.lower() in states) and (not types or "classic" in types)
-    ]
+    listed = []
+    for g in groups:
+        # A KIP-848 group lists with its own state names and type (Kafka's ListGroups v5).
+        state = g.consumer.state.value if g.consumer is not None else g.state.value
+        group_type = "consumer" if g.consumer is not None else "classic"
+        if (states and state.lower() not in states) or (types and group_type not in types):
+            continue
+        listed.append(R.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type or "", group_state=state,
+                                    group_type=group_type))
     return R(error_code=err, groups=listed)
 
 
