@@ -408,3 +408,81 @@ def test_a_leader_epoch_bump_while_leading_keeps_the_loaded_groups(cluster: Clus
             cluster.restart(follower)
     finally:
         consumer.close()
+
+
+# ---------------------------------------------------------------- the transaction coordinator's broker dies
+
+
+def test_transactions_survive_the_loss_of_their_coordinators_broker(cluster: Cluster) -> None:
+    """kill -9 of the broker leading the transactional ids' __transaction_state partition: its new leader loads
+    them from the replicated log. An open transaction commits through the new coordinator, a dead producer's open
+    transaction is aborted by it after transaction.timeout.ms (read_committed consumers move on), and a new producer
+    with the same id fences the old one there."""
+    from confluent_kafka import KafkaException
+
+    from tests.txn_support import find_coordinator, txn_app
+
+    tid = "coord-moves"
+    p = Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": tid, "acks": "all",
+                  "transaction.timeout.ms": 60000, "message.timeout.ms": 60000})
+    p.init_transactions(30)
+    coordinator, _, _ = find_coordinator(cluster.live()[0].bootstrap, tid)
+    n_state = len(AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics(
+        topic="__transaction_state", timeout=10).topics["__transaction_state"].partitions)
+    # A second transactional id on the same coordinator, for the producer that dies with its transaction open.
+    hung_tid = next(t for t in (f"coord-moves-dead-{i}" for i in range(500))
+                    if cluster.partition("__transaction_state", partition_for(t, n_state)).leader == coordinator)
+    data_leader = next(b for b in (1, 2, 3) if b != coordinator)
+    create_topic(cluster, "txn-coord", [data_leader, *(b for b in (1, 2, 3) if b != data_leader)],
+                 **{"min.insync.replicas": "2"})
+    hung = txn_app("hang", cluster.bootstrap, "txn-coord", "0", hung_tid, "5000", "20")
+    try:
+        assert hung.stdout is not None
+        assert hung.stdout.readline().strip() == "READY"
+        p.begin_transaction()
+        for i in range(50):
+            p.produce("txn-coord", b"a-%d" % i, partition=0)
+        p.flush(30)
+        t0 = time.monotonic()
+        cluster[coordinator].kill()
+        hung.kill()  # the other producer dies too, its transaction (20 records, 5 s timeout) left open
+        for i in range(50, 100):
+            p.produce("txn-coord", b"a-%d" % i, partition=0)
+        p.commit_transaction(60)
+        print(f"commit through the new coordinator {time.monotonic() - t0:.1f} s after the kill")
+        new_coordinator, _, _ = find_coordinator(cluster.live()[0].bootstrap, tid)
+        assert new_coordinator != coordinator
+        p.begin_transaction()
+        p.produce("txn-coord", b"aborted", partition=0)
+        p.abort_transaction(30)
+
+        consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "coord-moves-reader",
+                             "enable.auto.commit": False, "isolation.level": "read_committed"})
+        try:
+            consumer.assign([TopicPartition("txn-coord", 0, 0)])
+            got: list[bytes] = []
+            deadline = time.monotonic() + 90
+            while len(got) < 100 and time.monotonic() < deadline:
+                got += [m.value() for m in consumer.consume(1000, 0.5) if m.error() is None]
+        finally:
+            consumer.close()
+        # The dead producer's records came first; the committed ones are readable once its transaction is aborted.
+        assert got == [b"a-%d" % i for i in range(100)]
+        print(f"read_committed past the dead producer's transaction {time.monotonic() - t0:.1f} s after the kill")
+
+        p2 = Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": tid, "acks": "all"})
+        p2.init_transactions(30)  # bumps the epoch on the new coordinator: p is a zombie now
+        p.begin_transaction()
+        p.produce("txn-coord", b"zombie", partition=0)
+        with pytest.raises(KafkaException):
+            p.commit_transaction(30)
+        p2.begin_transaction()
+        p2.produce("txn-coord", b"after-fence", partition=0)
+        p2.commit_transaction(30)
+        # read_uncommitted: the dead producer's 20, the 100, the aborted one, and then only p2's record
+        assert [v for _, v in consume(cluster, "txn-coord", 122, timeout=30)
+                if v in (b"zombie", b"after-fence")] == [b"after-fence"]
+    finally:
+        hung.kill()
+        cluster.restart(coordinator)
+        cluster.wait_isr("txn-coord", {1, 2, 3})
