@@ -5,5 +5,7 @@ protocol/record_walk.py is used. In a checkout: `python setup.py build_ext --inp
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("protocol._record_walk", ["protocol/_record_walk.c"], optional=True,
-                             extra_compile_args=["-O2"])])
+setup(ext_modules=[
+    Extension("protocol._record_walk", ["protocol/_record_walk.c"], optional=True, extra_compile_args=["-O2"]),
+    Extension("protocol._codec", ["protocol/_codec.c"], optional=True, extra_compile_args=["-O2"]),
+])

@@ -34,7 +34,7 @@ from coordinator.metadata_store import LocalMetadataStore, TopicRecord
 from coordinator.producer_ids import LocalBlockSource, ProducerIdManager
 from coordinator.transaction_coordinator import TRANSACTION_STATE_TOPIC, TransactionCoordinator, TxnConfig
 from coordinator.zk_store import ZkMetadataStore
-from protocol import record_walk
+from protocol import codec, record_walk
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import ControlledShutdownRequest
 from storage.config import LogConfig
@@ -231,9 +231,9 @@ class KafkaServer:
         host, port = self.advertised_endpoint()
         await loop.run_in_executor(None, self.metadata.register_broker, self.advertised_endpoints())
         log.info(
-            "kbroker %d started in %.2f s: cluster %s, %d topics, advertised %s:%d, record walk %s",
+            "kbroker %d started in %.2f s: cluster %s, %d topics, advertised %s:%d, codec %s, record walk %s",
             self.broker_id, time.monotonic() - t0, self.metadata.cluster_id, len(self.metadata.topics), host, port,
-            record_walk.IMPLEMENTATION,
+            codec.IMPLEMENTATION, record_walk.IMPLEMENTATION,
         )
 
     def _claim_first_producer_id_block(self) -> None:

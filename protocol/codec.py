@@ -3,12 +3,19 @@
 For each (struct class, version) the codec writes a small Python function from the schema facts
 in protocol/messages.py and compiles it once, the way kmsg/Kafka generate code per version, so
 decoding and encoding run straight-line code with no per-field interpretation.
+
+When protocol/_codec.c is built (setup.py), the same schema facts become a compiled Plan per (class, version)
+instead, which decodes and encodes 3-5x faster (every request pays for its header, body and response); the
+Python functions stay the reference (tests/protocol/test_codec_compiled.py compares the two) and the fallback.
+KBROKER_PURE_PYTHON=1 selects them although the C codec is built.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from protocol import primitives as p
@@ -16,6 +23,26 @@ from protocol.fieldspec import INHERIT, NEW_STRUCT, FieldSpec
 from protocol.messages import MESSAGES, RequestHeader, ResponseHeader
 
 DecodeError = p.DecodeError
+
+
+def _load_compiled() -> ModuleType | None:
+    # Same switch as the record walk: KBROKER_PURE_PYTHON=1 runs the Python reference although the C one is built.
+    if os.environ.get("KBROKER_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from protocol import _codec  # type: ignore[attr-defined]
+    except ImportError:  # not built: the generated Python codec below
+        return None
+    _codec.configure(DecodeError)
+    return _codec  # type: ignore[no-any-return]
+
+
+_compiled = _load_compiled()
+COMPILED = _compiled is not None
+# Named in the broker's startup line, so a user can tell which one is running.
+IMPLEMENTATION = ("compiled (protocol/_codec.c)" if COMPILED else
+                  "pure Python (KBROKER_PURE_PYTHON set)" if os.environ.get("KBROKER_PURE_PYTHON", "") not in ("", "0")
+                  else "pure Python (protocol/_codec.c not built)")
 
 _FIXED = {
     "bool": ("?", 1),
@@ -35,6 +62,8 @@ Encoder = Callable[[Any, bytearray, "list[tuple[int, Any]] | None"], None]
 
 _decoders: dict[tuple[type, int], Decoder] = {}
 _encoders: dict[tuple[type, int], Encoder] = {}
+_py_decoders: dict[tuple[type, int], Decoder] = {}
+_py_encoders: dict[tuple[type, int], Encoder] = {}
 
 
 def _owner_of(cls: type) -> type:
@@ -178,7 +207,7 @@ def _decode_value_src(
     # a struct
     sub = _struct_class(cls, t)
     key = f"_dec_{sub.__name__}"
-    env[key] = decoder(sub, version)
+    env[key] = py_decoder(sub, version)
     if nullable:
         return [
             f"{ind}(_p,) = _I8.unpack_from(buf, pos)",
@@ -254,11 +283,20 @@ def _compile_decoder(cls: type, version: int) -> Decoder:
     return env["_decode"]  # type: ignore[no-any-return]
 
 
+def py_decoder(cls: type, version: int) -> Decoder:
+    """The generated Python decoder: the reference of the compiled one, and the fallback without it."""
+    key = (cls, version)
+    fn = _py_decoders.get(key)
+    if fn is None:
+        fn = _py_decoders[key] = _compile_decoder(cls, version)
+    return fn
+
+
 def decoder(cls: type, version: int) -> Decoder:
     key = (cls, version)
     fn = _decoders.get(key)
     if fn is None:
-        fn = _decoders[key] = _compile_decoder(cls, version)
+        fn = _decoders[key] = plan(cls, version).decode if _compiled is not None else py_decoder(cls, version)
     return fn
 
 
@@ -316,7 +354,7 @@ def _encode_value_src(
         return lines
     sub = _struct_class(cls, t)
     key = f"_enc_{sub.__name__}"
-    env[key] = encoder(sub, version)
+    env[key] = py_encoder(sub, version)
     if nullable:
         return [
             f"{ind}if {src} is None:",
@@ -391,12 +429,78 @@ def _compile_encoder(cls: type, version: int) -> Encoder:
     return env["_encode"]  # type: ignore[no-any-return]
 
 
+def py_encoder(cls: type, version: int) -> Encoder:
+    """The generated Python encoder: the reference of the compiled one, and the fallback without it."""
+    key = (cls, version)
+    fn = _py_encoders.get(key)
+    if fn is None:
+        fn = _py_encoders[key] = _compile_encoder(cls, version)
+    return fn
+
+
 def encoder(cls: type, version: int) -> Encoder:
     key = (cls, version)
     fn = _encoders.get(key)
     if fn is None:
-        fn = _encoders[key] = _compile_encoder(cls, version)
+        fn = _encoders[key] = plan(cls, version).encode if _compiled is not None else py_encoder(cls, version)
     return fn
+
+
+# ---------------------------------------------------------------- the compiled codec (protocol/_codec.c)
+
+# Op type codes of protocol/_codec.c
+_C_TYPES = {"bool": 1, "int8": 2, "int16": 3, "uint16": 4, "int32": 5, "int64": 6, "float64": 7, "uuid": 8,
+            "string": 9, "bytes": 10, "records": 11}
+_C_ARRAY, _C_STRUCT = 12, 13
+_plans: dict[tuple[type, int], Any] = {}
+
+
+def _c_op(f: FieldSpec, cls: type, version: int, compact: bool, nullable: bool) -> tuple[Any, ...]:
+    t = f.type
+    if t in _C_TYPES:
+        return (_C_TYPES[t], compact, nullable, 0, None, None)
+    if t.startswith("[]"):
+        elem = t[2:]
+        ef = FieldSpec("e_" + f.attr, elem, f.versions, None, None, None, None, f.flexible_versions)
+        return (_C_ARRAY, compact, nullable, _min_item_size(cls, elem), _c_op(ef, cls, version, compact, False), None)
+    return (_C_STRUCT, compact, nullable, 0, None, plan(_struct_class(cls, t), version))
+
+
+def _c_default(f: FieldSpec, cls: type) -> tuple[str, int, Any]:
+    if f.default is NEW_STRUCT:
+        return (f.attr, 2, _struct_class(cls, f.type))
+    if isinstance(f.default, list):
+        return (f.attr, 1, None)
+    return (f.attr, 0, f.default)
+
+
+def plan(cls: type, version: int) -> Any:
+    """The compiled codec's Plan of `cls` at `version`: the same fields, defaults and tagged fields the Python
+    decoder and encoder are generated from (requires protocol._codec)."""
+    assert _compiled is not None
+    key = (cls, version)
+    found = _plans.get(key)
+    if found is not None:
+        return found
+    flexible = _flexible(cls, version)
+    fields: list[tuple[str, tuple[Any, ...]]] = []
+    defaults: list[tuple[str, int, Any]] = []
+    tagged: list[tuple[int, str, tuple[Any, ...], Any]] = []
+    for f in cls.FIELDS:  # type: ignore[attr-defined]
+        if flexible and f.tagged_in(version):
+            defaults.append(_c_default(f, cls))
+            if f.default is NEW_STRUCT:
+                dflt = _struct_class(cls, f.type)()
+            else:
+                dflt = [] if isinstance(f.default, list) else f.default
+            tagged.append((f.tag, f.attr, _c_op(f, cls, version, True, f.nullable_in(version)), dflt))
+        elif not f.in_versions(version):
+            defaults.append(_c_default(f, cls))
+        else:
+            fields.append((f.attr, _c_op(f, cls, version, _field_compact(f, flexible, version), f.nullable_in(version))))
+    found = _plans[key] = _compiled.Plan(cls, f"{cls.__qualname__} v{version}", flexible, tuple(fields),
+                                         tuple(defaults), tuple(tagged))
+    return found
 
 
 # ---------------------------------------------------------------- public API

@@ -11,6 +11,7 @@ import pytest
 from confluent_kafka import KafkaError
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
+from protocol import codec as wire_codec
 from protocol import records as R
 from protocol.errors import ErrorCode
 from protocol.messages import ProduceRequest
@@ -24,17 +25,18 @@ HOUR = 3_600_000
 
 @pytest.fixture(scope="module", params=["compiled", "pure-python"])
 def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    """Every test here runs against the record walk in C and against its Python reference (the accelerator
-    is optional: a machine without a compiler runs the Python one, which must refuse the same batches)."""
-    if request.param == "compiled" and not COMPILED:
-        pytest.skip("protocol/_record_walk.c not built (python setup.py build_ext --inplace)")
+    """Every test here runs against a broker with the compiled codec and record walk and against one with their
+    Python references (the accelerators are optional: a machine without a compiler runs the Python ones, which
+    must decode the same requests and refuse the same batches)."""
+    if request.param == "compiled" and not (COMPILED and wire_codec.COMPILED):
+        pytest.skip("protocol/_record_walk.c or _codec.c not built (python setup.py build_ext --inplace)")
     env = {PURE_PYTHON_ENV: "1"} if request.param == "pure-python" else None
     b = BrokerProcess(tmp_path_factory.mktemp("broker"), env=env).start()
     deadline = time.monotonic() + T
     while "started in" not in b.read_log() and time.monotonic() < deadline:
         time.sleep(0.05)
-    expected = "record walk pure Python" if env else "record walk compiled"
-    assert expected in b.read_log(), b.read_log()[-2000:]
+    kind = "pure Python" if env else "compiled"
+    assert f"codec {kind}" in b.read_log() and f"record walk {kind}" in b.read_log(), b.read_log()[-2000:]
     yield b
     b.stop()
 
