@@ -436,14 +436,18 @@ class Log(ReplicaLogMixin):
                     f"{config.max_message_bytes} of {self.name}")
 
     def append_control(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
-                       now_ms: int, *, leader_epoch: int | None = None) -> LogAppendInfo:
+                       now_ms: int, *, leader_epoch: int | None = None, marker: bytes | None = None) -> LogAppendInfo:
         """Write a COMMIT or ABORT marker of the producer's transaction (a control batch of one record).
+
+        marker: the control batch of exactly these arguments, built once by a caller writing it to many partitions
+        (base offset and partition leader epoch are set here, outside the CRC).
 
         Checked as Kafka's appendEndTxnMarker: a stale producer epoch raises InvalidProducerEpochError, a
         stale coordinator epoch TransactionCoordinatorFencedError. A marker for a producer without an open
         transaction here is written all the same and completes nothing.
         """
-        batch = build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now_ms)
+        batch = marker if marker is not None else build_end_txn_marker_batch(producer_id, producer_epoch,
+                                                                             coordinator_epoch, commit, now_ms)
         info = self.append_as_leader(bytearray(batch), now_ms, leader_epoch=leader_epoch, from_client=False)
         logger.debug("Wrote %s marker of producer %d (epoch %d) at offset %d of %s", "COMMIT" if commit else "ABORT",
                      producer_id, producer_epoch, info.first_offset, self.name)
