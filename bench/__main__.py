@@ -1,7 +1,7 @@
 """python -m bench [WORKLOAD ...] [--quick] [--reps N] ... : kbroker vs librdkafka's mock cluster.
 
-Workloads: produce, consume, transactions, authz, tls, latency, replication, sizes, scale, restart (default: all). Results go to bench/RESULTS.md
-(with --quick: printed, and written only if --out is given).
+Workloads: produce, consume, transactions, authz, tls, latency, replication, sizes, scale, restart,
+fetch_sessions (default: all). Results go to bench/RESULTS.md (with --quick: printed, and written only if --out is given).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from pathlib import Path
 
 from bench import harness, report
 
-WORKLOADS = ["produce", "consume", "transactions", "authz", "tls", "latency", "replication", "sizes", "scale", "restart"]
+WORKLOADS = ["produce", "consume", "transactions", "authz", "tls", "latency", "replication", "sizes", "scale",
+             "restart", "fetch_sessions"]
 
 
 def main(argv: list[str] | None = None) -> int:
