@@ -38,6 +38,9 @@ class FetchPurgatory:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._watchers: dict[TopicPartition, set[FetchWaiter]] = {}
+        # Moves on every notify: a fetch that read before watching re-reads only if something was notified since
+        # (an unlocked += may lose a concurrent increment, but the value still moves, which is all that is asked).
+        self.generation = 0
 
     def watch(self, keys: Iterable[TopicPartition]) -> FetchWaiter:
         waiter = FetchWaiter(asyncio.get_running_loop(), list(keys))
@@ -56,6 +59,7 @@ class FetchPurgatory:
                         del self._watchers[key]
 
     def notify(self, key: TopicPartition) -> None:
+        self.generation += 1
         if key not in self._watchers:  # unlocked peek: appends with no waiter pay nothing more
             return
         with self._lock:
@@ -64,6 +68,7 @@ class FetchPurgatory:
             w.wake()
 
     def notify_all(self) -> None:
+        self.generation += 1
         with self._lock:
             waiters = {w for ws in self._watchers.values() for w in ws}
             self._watchers.clear()

@@ -219,10 +219,12 @@ def handle_fetch(ctx: RequestContext, req: FetchRequest) -> Any:
     else:
         context = SessionlessFetchContext(fetch_data)
     plan = _FetchPlan(ctx, req, context.partitions(), by_id, replica_id)
-    results, nbytes, has_error = plan.read()
+    generation = ctx.server.replica_manager.purgatory.generation
+    first = plan.read()
+    results, nbytes, has_error = first
     if nbytes >= req.min_bytes or req.max_wait_ms <= 0 or has_error or not plan.keys():
         return _respond(ctx, plan, context, results, nbytes)
-    return _long_poll(ctx, plan, context, req.max_wait_ms / 1000.0, req.min_bytes)
+    return _long_poll(ctx, plan, context, req.max_wait_ms / 1000.0, req.min_bytes, first, generation)
 
 
 def _respond(ctx: RequestContext, plan: _FetchPlan, context: FetchContext,
@@ -257,15 +259,22 @@ def _respond(ctx: RequestContext, plan: _FetchPlan, context: FetchContext,
 
 
 async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContext, max_wait: float,
-                     min_bytes: int) -> FetchResponse:
+                     min_bytes: int, first: tuple[list[tuple[CachedPartition, PartitionData]], int, bool],
+                     generation: int) -> FetchResponse:
     purgatory = ctx.server.replica_manager.purgatory
     deadline = time.monotonic() + max_wait
     keys = plan.keys()
+    read: tuple[list[tuple[CachedPartition, PartitionData]], int, bool] | None = first
     while True:
-        # Watch before re-reading, so an append between the read and the wait still wakes us.
+        # Watch before re-reading, so an append between the read and the wait still wakes us. The handler's own
+        # read still counts when nothing was notified since it began: an idle long poll reads its partitions
+        # once before waiting instead of twice.
         waiter = purgatory.watch(keys)
         try:
-            results, nbytes, has_error = plan.read()
+            if read is None or purgatory.generation != generation:
+                read = plan.read()
+            results, nbytes, has_error = read
+            read = None
             left = deadline - time.monotonic()
             if nbytes >= min_bytes or has_error or left <= 0:
                 return _respond(ctx, plan, context, results, nbytes)
