@@ -142,6 +142,9 @@ class Log(ReplicaLogMixin):
         self._last_flush_ms = _now_ms()
         self._dir_dirty = False
         self._pending_deletes: list[_PendingDelete] = []
+        # Told when a segment is queued for deletion (LogManager keeps the logs that have some, so its deletion
+        # poll does not touch every log every second).
+        self.on_pending_delete: Callable[[Log], None] | None = None
         self._closed = False
         self.validate_producer_state: ProducerStateValidator | None = None
         # Compaction state: offsets below cleaner_checkpoint are clean (persisted by LogManager in
@@ -709,6 +712,8 @@ class Log(ReplicaLogMixin):
         except OSError as e:
             logger.warning("Failed to rename segment %s for deletion: %s", seg.log_path, e)
         self._pending_deletes.append(_PendingDelete(due_ms, seg))
+        if self.on_pending_delete is not None:
+            self.on_pending_delete(self)
 
     def delete_pending_files(self, now_ms: int | None = None, *, force: bool = False) -> int:
         """Close and unlink segments whose delete delay has passed; returns how many."""
@@ -830,6 +835,12 @@ class Log(ReplicaLogMixin):
 
     def _schedule_delete_already_renamed(self, seg: LogSegment) -> None:
         self._pending_deletes.append(_PendingDelete(_now_ms() + self.config.file_delete_delay_ms, seg))
+        if self.on_pending_delete is not None:
+            self.on_pending_delete(self)
+
+    @property
+    def has_pending_deletes(self) -> bool:
+        return bool(self._pending_deletes)
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -82,6 +82,8 @@ class LogManager:
         self.high_watermark_checkpoint_interval_ms = high_watermark_checkpoint_interval_ms
         self._topic_config = topic_config
         self._lock = threading.RLock()
+        self._pending_lock = threading.Lock()
+        self._logs_with_pending_deletes: set[Log] = set()
         self._logs: dict[TopicPartition, Log] = {}
         self._log_dir_of: dict[TopicPartition, Path] = {}
         self._topic_configs: dict[str, LogConfig] = {}
@@ -134,12 +136,22 @@ class LogManager:
                 rewrite_empty_compressed_batches(log, log.cleaner_checkpoint)
             self._logs[tp] = log
             self._log_dir_of[tp] = log_dir
+            self._watch_pending_deletes(log)
             loaded += 1
         # Without logs there was nothing to recover, whatever the marker says (a new log dir has none).
         state = "clean shutdown" if clean else "unclean shutdown" if loaded else "nothing to recover"
         logger.info("Loaded %d logs from %s in %.3f s (%s)", loaded, log_dir, time.monotonic() - started, state)
         # Only now: a crash during loading must recover again.
         marker.unlink(missing_ok=True)
+
+    def _watch_pending_deletes(self, log: Log) -> None:
+        log.on_pending_delete = self._note_pending_delete
+        if log.has_pending_deletes:  # queued while it was opened
+            self._note_pending_delete(log)
+
+    def _note_pending_delete(self, log: Log) -> None:
+        with self._pending_lock:
+            self._logs_with_pending_deletes.add(log)
 
     def _config_for(self, topic: str) -> LogConfig:
         cfg = self._topic_configs.get(topic)
@@ -173,6 +185,7 @@ class LogManager:
                 raise KafkaStorageError(f"cannot create log for {topic}-{partition} in {log_dir}: {e}") from e
             self._logs[tp] = log
             self._log_dir_of[tp] = log_dir
+            self._watch_pending_deletes(log)
             if announce:
                 logger.info("Created log for %s-%d in %s", topic, partition, log_dir)
             return log
@@ -303,8 +316,16 @@ class LogManager:
         removes leftover -delete directories (a deleted topic of 10,000 partitions takes tens of seconds)."""
         now_ms = _now_ms() if now_ms is None else now_ms
         started = time.monotonic()
-        for log in self.logs():
+        # Only the logs that queued segments: touching every Log object every second costs an idle broker of
+        # 1,000 partitions ~4% of a core here (cold pages faulted back in on each pass).
+        with self._pending_lock:
+            pending, self._logs_with_pending_deletes = self._logs_with_pending_deletes, set()
+        for log in self.logs() if force else pending:
+            if self._logs.get((log.topic, log.partition)) is not log:
+                continue  # deleted or replaced meanwhile: its own deletion took its files
             log.delete_pending_files(now_ms, force=force)
+            if log.has_pending_deletes:
+                self._note_pending_delete(log)
         with self._lock:
             due: list[_PendingDirDelete] = []
             later: list[_PendingDirDelete] = []
