@@ -264,17 +264,18 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContex
     purgatory = ctx.server.replica_manager.purgatory
     deadline = time.monotonic() + max_wait
     keys = plan.keys()
-    read: tuple[list[tuple[CachedPartition, PartitionData]], int, bool] | None = first
+    read = first
     while True:
-        # Watch before re-reading, so an append between the read and the wait still wakes us. The handler's own
-        # read still counts when nothing was notified since it began: an idle long poll reads its partitions
-        # once before waiting instead of twice.
+        # Watch before re-reading, so an append between the read and the wait still wakes us. The last read still
+        # counts when nothing was notified since it began (appends, high watermarks, markers and leadership
+        # changes all notify): an idle long poll reads its partitions once, not again after watching and again
+        # when its wait expires.
         waiter = purgatory.watch(keys)
         try:
-            if read is None or purgatory.generation != generation:
+            if purgatory.generation != generation:
+                generation = purgatory.generation
                 read = plan.read()
             results, nbytes, has_error = read
-            read = None
             left = deadline - time.monotonic()
             if nbytes >= min_bytes or has_error or left <= 0:
                 return _respond(ctx, plan, context, results, nbytes)
