@@ -4,7 +4,6 @@ deleteAcls, describeTopics with authorized operations, and a consumer and produc
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 
 from tests.broker.test_acls_users import USERS, UsersBroker, as_user
 from tests.clients import Msg, ck_produce
-from tests.java.test_java_client import JARS, _missing, find_jar_dir
+from tests.java.test_java_client import _missing, compile_java
 
 HERE = Path(__file__).resolve().parent
 SOURCES = [HERE / "AclCompat.java", HERE / "org" / "slf4j" / "impl" / "StaticLoggerBinder.java"]
@@ -24,14 +23,7 @@ pytestmark = pytest.mark.skipif(_why is not None, reason=_why or "")
 
 @pytest.fixture(scope="module")
 def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    jar_dir = find_jar_dir()
-    assert jar_dir is not None
-    jars = [str(jar_dir / f"{j}.jar") for j in JARS]
-    out = tmp_path_factory.mktemp("acl-java-classes")
-    r = subprocess.run(["javac", "-Xlint:all", "-d", str(out), "-cp", os.pathsep.join(jars), *map(str, SOURCES)],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, f"javac failed:\n{r.stdout}\n{r.stderr}"
-    return os.pathsep.join([str(out), *jars])
+    return compile_java(tmp_path_factory, SOURCES, "acl-java-classes")
 
 
 @pytest.fixture(scope="module")

@@ -95,17 +95,22 @@ def check_records(tag: str, recs: Sequence[Rec], count: int) -> dict[int, int]:
 # ---------------------------------------------------------------- running Java
 
 
-@pytest.fixture(scope="module")
-def java_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Compile KafkaCompat once per module; the classpath to run it with."""
+def compile_java(tmp_path_factory: pytest.TempPathFactory, sources: list[Path], name: str) -> str:
+    """javac the sources against the kafka-clients jars; the classpath to run them with."""
     jar_dir = find_jar_dir()
     assert jar_dir is not None
     jars = [str(jar_dir / f"{j}.jar") for j in JARS]
-    out = tmp_path_factory.mktemp("java-classes")
-    r = subprocess.run(["javac", "-Xlint:all", "-d", str(out), "-cp", os.pathsep.join(jars),
-                        *map(str, SOURCES)], capture_output=True, text=True, timeout=120)
+    out = tmp_path_factory.mktemp(name)
+    r = subprocess.run(["javac", "-Xlint:all", "-d", str(out), "-cp", os.pathsep.join(jars), *map(str, sources)],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"javac failed:\n{r.stdout}\n{r.stderr}"
     return os.pathsep.join([str(out), *jars])
+
+
+@pytest.fixture(scope="module")
+def java_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Compile KafkaCompat once per module; the classpath to run it with."""
+    return compile_java(tmp_path_factory, SOURCES, "java-classes")
 
 
 @dataclass

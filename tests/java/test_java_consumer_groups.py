@@ -5,7 +5,6 @@ member epoch, and are read back here with confluent-kafka."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.broker_process import BrokerProcess
-from tests.java.test_java_client import JARS, _missing, find_jar_dir
+from tests.java.test_java_client import _missing, compile_java
 
 HERE = Path(__file__).resolve().parent
 SOURCES = [HERE / "ConsumerGroupCompat.java", HERE / "org" / "slf4j" / "impl" / "StaticLoggerBinder.java"]
@@ -26,14 +25,7 @@ pytestmark = pytest.mark.skipif(_why is not None, reason=_why or "")
 
 @pytest.fixture(scope="module")
 def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    jar_dir = find_jar_dir()
-    assert jar_dir is not None
-    jars = [str(jar_dir / f"{j}.jar") for j in JARS]
-    out = tmp_path_factory.mktemp("java-classes")
-    r = subprocess.run(["javac", "-d", str(out), "-cp", os.pathsep.join(jars), *map(str, SOURCES)],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, f"javac failed:\n{r.stdout}\n{r.stderr}"
-    return os.pathsep.join([str(out), *jars])
+    return compile_java(tmp_path_factory, SOURCES, "java-classes")
 
 
 @pytest.fixture(scope="module")

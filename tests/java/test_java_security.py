@@ -4,14 +4,13 @@ managed with its Admin client, and KIP-368 re-authentication (SecurityCompat.jav
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.java.test_java_client import HERE, JARS, JAVA_LOG, _missing, find_jar_dir
+from tests.java.test_java_client import HERE, JAVA_LOG, _missing, compile_java
 from tests.security_setup import PLAIN_USERS, Pki, SecureBroker, make_pki, plain_only_broker
 
 _why = _missing()
@@ -23,14 +22,7 @@ JAVA_TIMEOUT = 180
 
 @pytest.fixture(scope="module")
 def java_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    jar_dir = find_jar_dir()
-    assert jar_dir is not None
-    jars = [str(jar_dir / f"{j}.jar") for j in JARS]
-    out = tmp_path_factory.mktemp("java-security-classes")
-    r = subprocess.run(["javac", "-d", str(out), "-cp", os.pathsep.join(jars), *map(str, SOURCES)],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, f"javac failed:\n{r.stdout}\n{r.stderr}"
-    return os.pathsep.join([str(out), *jars])
+    return compile_java(tmp_path_factory, SOURCES, "java-security-classes")
 
 
 @pytest.fixture(scope="module")

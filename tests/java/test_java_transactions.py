@@ -4,7 +4,6 @@ transaction with require_stable, and exactly-once consume-transform-produce unde
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from tests.broker.test_produce_consume import create_topic
 from tests.broker.test_transactions_eos import EosRun, prepare
 from tests.broker_process import BrokerProcess
 from tests.clients import Msg, ck_produce, wait_until
-from tests.java.test_java_client import JARS, JAVA_LOG, _missing, find_jar_dir
+from tests.java.test_java_client import JAVA_LOG, _missing, compile_java
 from tests.txn_support import (
     READERS,
     TXN_BROKER_OVERRIDES,
@@ -39,14 +38,7 @@ pytestmark = pytest.mark.skipif(_why is not None, reason=_why or "")
 
 @pytest.fixture(scope="module")
 def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    jar_dir = find_jar_dir()
-    assert jar_dir is not None
-    jars = [str(jar_dir / f"{j}.jar") for j in JARS]
-    out = tmp_path_factory.mktemp("txn-java-classes")
-    r = subprocess.run(["javac", "-Xlint:all", "-d", str(out), "-cp", os.pathsep.join(jars), *map(str, SOURCES)],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, f"javac failed:\n{r.stdout}\n{r.stderr}"
-    return os.pathsep.join([str(out), *jars])
+    return compile_java(tmp_path_factory, SOURCES, "txn-java-classes")
 
 
 @pytest.fixture(scope="module")
