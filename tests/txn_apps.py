@@ -54,9 +54,13 @@ def _rewind(consumer: Consumer) -> None:
 
 
 def eos(bootstrap: str, input_topic: str, output_topic: str, group: str, transactional_id: str) -> None:
-    # metadata.recovery.strategy=none: with librdkafka 2.16's default (rebootstrap) a producer whose only broker
-    # was down re-bootstraps, and send_offsets_to_transaction may then never send its TxnOffsetCommit nor time out
-    # (seen in about one run in three of the broker kill -9; see /work/txn-findings.md).
+    # metadata.recovery.strategy=none: with librdkafka 2.16's default (rebootstrap) the producer starts a
+    # re-bootstrap the moment its only broker disconnects (the kill -9), decommissions the learned broker 0 and sets
+    # the transaction coordinator to none; that broker handle then never finishes terminating ("Handle is
+    # terminating in state TRY_CONNECT: 3 refcnts" thousands of times a second in its debug log) and
+    # send_offsets_to_transaction(..., 30) neither proceeds nor times out: 3 runs of 6 hung on 2026-11-26
+    # (TXN_APP_DEBUG=eos,broker,protocol). The broker it reconnects to answers every request it sends; the client
+    # stops sending. Any single-broker cluster restarted under the producer triggers it, so it is the client's.
     common: dict[str, Any] = {"bootstrap.servers": bootstrap, "socket.timeout.ms": 10000,
                               "reconnect.backoff.max.ms": 500, "metadata.recovery.strategy": "none"}
     consumer = Consumer({**common, "group.id": group, "isolation.level": "read_committed",
