@@ -12,12 +12,11 @@ KBROKER_PURE_PYTHON=1 selects them although the C codec is built.
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
+from protocol import accelerators
 from protocol import primitives as p
 from protocol.fieldspec import INHERIT, NEW_STRUCT, FieldSpec
 from protocol.messages import MESSAGES, RequestHeader, ResponseHeader
@@ -25,24 +24,11 @@ from protocol.messages import MESSAGES, RequestHeader, ResponseHeader
 DecodeError = p.DecodeError
 
 
-def _load_compiled() -> ModuleType | None:
-    # Same switch as the record walk: KBROKER_PURE_PYTHON=1 runs the Python reference although the C one is built.
-    if os.environ.get("KBROKER_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from protocol import _codec  # type: ignore[attr-defined]
-    except ImportError:  # not built: the generated Python codec below
-        return None
-    _codec.configure(DecodeError)
-    return _codec  # type: ignore[no-any-return]
-
-
-_compiled = _load_compiled()
+_compiled = accelerators.load("_codec")
+if _compiled is not None:
+    _compiled.configure(DecodeError)
 COMPILED = _compiled is not None
-# Named in the broker's startup line, so a user can tell which one is running.
-IMPLEMENTATION = ("compiled (protocol/_codec.c)" if COMPILED else
-                  "pure Python (KBROKER_PURE_PYTHON set)" if os.environ.get("KBROKER_PURE_PYTHON", "") not in ("", "0")
-                  else "pure Python (protocol/_codec.c not built)")
+IMPLEMENTATION = accelerators.describe("_codec", _compiled)
 
 _FIXED = {
     "bool": ("?", 1),

@@ -14,36 +14,14 @@ and is used when built (setup.py, optional: `python setup.py build_ext --inplace
 
 from __future__ import annotations
 
-import os
-from types import ModuleType
-
+from protocol import accelerators
 from protocol.primitives import DecodeError, read_uvarint
 
-__all__ = ["COMPILED", "IMPLEMENTATION", "PURE_PYTHON_ENV", "WalkResult", "walk_records", "walk_records_py"]
+__all__ = ["COMPILED", "IMPLEMENTATION", "WalkResult", "walk_records", "walk_records_py"]
 
-# Set (to anything but "" or "0") to run the Python walk although the C one is built: how the tests run the
-# produce path both ways, and how a suspected accelerator bug is ruled out on a live broker.
-PURE_PYTHON_ENV = "KBROKER_PURE_PYTHON"
-
-_FORCED_PURE = os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
-
-
-def _load_compiled() -> ModuleType | None:
-    if _FORCED_PURE:
-        return None
-    try:
-        from protocol import _record_walk  # type: ignore[attr-defined]
-    except ImportError:  # not built: the Python walk below
-        return None
-    return _record_walk  # type: ignore[no-any-return]
-
-
-_compiled = _load_compiled()
+_compiled = accelerators.load("_record_walk")
 COMPILED = _compiled is not None
-# Named in the broker's startup line, so a user can tell which one is running.
-IMPLEMENTATION = ("compiled (protocol/_record_walk.c)" if COMPILED else
-                  f"pure Python ({PURE_PYTHON_ENV} set)" if _FORCED_PURE
-                  else "pure Python (protocol/_record_walk.c not built)")
+IMPLEMENTATION = accelerators.describe("_record_walk", _compiled)
 
 Buffer = bytes | bytearray | memoryview
 

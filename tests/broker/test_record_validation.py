@@ -13,9 +13,10 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from protocol import codec as wire_codec
 from protocol import records as R
+from protocol.accelerators import PURE_PYTHON_ENV
 from protocol.errors import ErrorCode
 from protocol.messages import ProduceRequest
-from protocol.record_walk import COMPILED, PURE_PYTHON_ENV
+from protocol.record_walk import COMPILED
 from tests.broker_process import BrokerProcess
 from tests.clients import Msg, ProduceFailed, RawClient, ck_consume, ck_produce
 
