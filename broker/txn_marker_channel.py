@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 from broker.inter_broker import TXN_MARKERS, partitions_by_topic
 from broker.replica_manager import error_of
 from coordinator.group_coordinator import OFFSETS_TOPIC
-from protocol.control_records import build_end_txn_marker_batch
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import WriteTxnMarkersRequest, WriteTxnMarkersResponse
 from storage.manager import TopicPartition
@@ -115,13 +114,11 @@ class TxnMarkerChannel:
         offsets_partitions: list[int] = []
         to_flush = []
         now = int(time.time() * 1000)
-        # One control batch for every partition: only the base offset and leader epoch differ, outside the CRC.
-        marker = build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now)
         for topic, partition in tps:
             try:
                 lg = rm.get_log(topic, partition)
                 info = lg.append_control(producer_id, producer_epoch, coordinator_epoch, commit, now,
-                                         leader_epoch=lg.leader_epoch, marker=marker)
+                                         leader_epoch=lg.leader_epoch)
             except Exception as e:  # noqa: BLE001 - each partition answers with its own error code
                 code = error_of(e)
                 if code == ErrorCode.UNKNOWN_SERVER_ERROR:

@@ -328,16 +328,14 @@ def _encode_value_src(
     if t.startswith("[]"):
         elem = t[2:]
         ef = FieldSpec("e_" + f.attr, elem, f.versions, None, None, None, None, f.flexible_versions)
-        lines = [
+        return [
             f"{ind}if {src} is None:",
             f"{ind}    _wa(out, None, {compact}, {nullable})",
             f"{ind}else:",
             *_write_length_src(compact, "_I32", f"len({src})", ind + "    "),
+            f"{ind}    for _x in {src}:",
+            *_encode_value_src(ef, cls, version, compact, "_x", env, ind + "        "),
         ]
-        lines.append(f"{ind}if {src} is not None:")
-        lines.append(f"{ind}    for _x in {src}:")
-        lines += _encode_value_src(ef, cls, version, compact, "_x", env, ind + "        ")
-        return lines
     sub = _struct_class(cls, t)
     key = f"_enc_{sub.__name__}"
     env[key] = py_encoder(sub, version)

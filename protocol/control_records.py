@@ -7,6 +7,7 @@ A control batch (attributes transactional|control) holds one record:
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ def encode_end_txn_marker(commit: bool, coordinator_epoch: int) -> tuple[bytes, 
             _VALUE.pack(_CURRENT_VERSION, coordinator_epoch))
 
 
+@functools.lru_cache(maxsize=16)  # a transaction's markers are one batch, written to each of its partitions
 def build_end_txn_marker_batch(producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
                                timestamp: int, *, base_offset: int = 0, partition_leader_epoch: int = -1) -> bytes:
     """One control batch holding the marker, as Kafka's MemoryRecords.withEndTransactionMarker writes it."""

@@ -439,18 +439,14 @@ class Log(ReplicaLogMixin):
                     f"{config.max_message_bytes} of {self.name}")
 
     def append_control(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
-                       now_ms: int, *, leader_epoch: int | None = None, marker: bytes | None = None) -> LogAppendInfo:
+                       now_ms: int, *, leader_epoch: int | None = None) -> LogAppendInfo:
         """Write a COMMIT or ABORT marker of the producer's transaction (a control batch of one record).
-
-        marker: the control batch of exactly these arguments, built once by a caller writing it to many partitions
-        (base offset and partition leader epoch are set here, outside the CRC).
 
         Checked as Kafka's appendEndTxnMarker: a stale producer epoch raises InvalidProducerEpochError, a
         stale coordinator epoch TransactionCoordinatorFencedError. A marker for a producer without an open
         transaction here is written all the same and completes nothing.
         """
-        batch = marker if marker is not None else build_end_txn_marker_batch(producer_id, producer_epoch,
-                                                                             coordinator_epoch, commit, now_ms)
+        batch = build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now_ms)
         info = self.append_as_leader(bytearray(batch), now_ms, leader_epoch=leader_epoch, from_client=False)
         logger.debug("Wrote %s marker of producer %d (epoch %d) at offset %d of %s", "COMMIT" if commit else "ABORT",
                      producer_id, producer_epoch, info.first_offset, self.name)
@@ -711,6 +707,9 @@ class Log(ReplicaLogMixin):
             seg.change_file_suffix(DELETED_SUFFIX)
         except OSError as e:
             logger.warning("Failed to rename segment %s for deletion: %s", seg.log_path, e)
+        self._queue_delete(due_ms, seg)
+
+    def _queue_delete(self, due_ms: int, seg: LogSegment) -> None:
         self._pending_deletes.append(_PendingDelete(due_ms, seg))
         if self.on_pending_delete is not None:
             self.on_pending_delete(self)
@@ -834,9 +833,7 @@ class Log(ReplicaLogMixin):
             return True
 
     def _schedule_delete_already_renamed(self, seg: LogSegment) -> None:
-        self._pending_deletes.append(_PendingDelete(_now_ms() + self.config.file_delete_delay_ms, seg))
-        if self.on_pending_delete is not None:
-            self.on_pending_delete(self)
+        self._queue_delete(_now_ms() + self.config.file_delete_delay_ms, seg)
 
     @property
     def has_pending_deletes(self) -> bool:
