@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from broker import metrics
-from broker.network import CloseConnection, KafkaConnection, Response
+from broker.network import CloseConnection, DelayedResponse, KafkaConnection, Response
 from broker.refusals import REFUSALS
 from broker.security.acls import (
     CLUSTER_NAME,
@@ -124,7 +124,8 @@ class KafkaApis:
     def supported_versions(self) -> list[tuple[int, int, int]]:
         return sorted((h.api_key, h.min_version, h.max_version) for h in self.handlers.values())
 
-    def handle(self, conn: KafkaConnection, frame: bytes) -> Response | Awaitable[Response | None] | None:
+    def handle(self, conn: KafkaConnection, frame: bytes
+               ) -> Response | DelayedResponse | Awaitable[Response | None] | None:
         try:
             header, pos = codec.decode_request_header(frame)
         except codec.DecodeError as e:
@@ -145,6 +146,9 @@ class KafkaApis:
         ctx = RequestContext(self.server, conn, header)
         started = time.perf_counter()
         result = handler.fn(ctx, request)
+        if isinstance(result, DelayedResponse):
+            metrics.shard().busy_s += time.perf_counter() - started
+            return DelayedResponse(self._complete_later(header, result.answer, started))
         if isinstance(result, Coroutine):
             metrics.shard().busy_s += time.perf_counter() - started
             return self._complete_later(header, result, started)

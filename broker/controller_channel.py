@@ -74,7 +74,7 @@ class ControllerChannelManager:
             failures = 0
             while True:
                 try:
-                    resp = await self.channel._send(broker_id, api_key, version, body, CONTROLLER)
+                    resp = await self.channel.client.request(broker_id, api_key, version, body, CONTROLLER)
                     break
                 except (ConnectionError, KafkaError, OSError) as e:
                     failures += 1

@@ -1,9 +1,10 @@
 """InterBrokerChannel: this broker's client for requests to other brokers (Kafka's NetworkClient +
 BrokerToControllerChannel / InterBrokerSendThread, reduced to what kbroker sends).
 
-One event loop thread owns every connection, so callers on any other loop (network processors, the
-coordinators) hop in with `send()` and await the answer there; requests to one broker are pipelined on
-one connection and matched to responses by correlation id. A broker's address comes from the metadata
+The channel's event loop thread owns the shared connections, so callers on any other loop (network processors,
+the coordinators) hop in with `send()` and await the answer there; a replica fetcher owns a BrokerClient of its
+own on its own loop. Requests to one broker are pipelined on one connection per purpose and matched to
+responses by correlation id. A broker's address comes from the metadata
 store on the inter-broker listener at send time, so a restarted broker on a new port is found again.
 """
 
@@ -96,16 +97,18 @@ class _Connection:
         self.writer.close()
 
 
-class InterBrokerChannel:
-    def __init__(self, broker_id: int, endpoint_of: EndpointLookup, request_timeout_ms: int = 30000,
-                 security: ClientSecurity | None = None) -> None:
-        self.security = security
-        self.client_id = f"kbroker-broker-{broker_id}"
+class BrokerClient:
+    """Connections to other brokers owned by one event loop: requests are pipelined on one connection per
+    (broker, purpose) and matched to responses by correlation id. The channel's loop has one; each replica
+    fetcher has its own on its own loop, as each of Kafka's ReplicaFetcherThreads has its own NetworkClient,
+    so a fetch and its answer never hop between threads."""
+
+    def __init__(self, client_id: str, endpoint_of: EndpointLookup, request_timeout: float,
+                 security: ClientSecurity | None) -> None:
+        self.client_id = client_id
         self.endpoint_of = endpoint_of
-        self.request_timeout = request_timeout_ms / 1000
-        self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name="inter-broker", daemon=True)
-        self._started = threading.Event()
+        self.request_timeout = request_timeout
+        self.security = security
         # One connection per (broker, purpose), as Kafka gives the controller, the controller's clients, each
         # replica fetcher and the transaction channels their own: a broker answers the requests of one
         # connection in order, so a long-polling replica fetch or a marker write waiting for its replicas must
@@ -113,55 +116,18 @@ class InterBrokerChannel:
         self._conns: dict[tuple[int, str], _Connection] = {}
         self._connecting: dict[tuple[int, str], asyncio.Future[_Connection]] = {}
         self._correlation = itertools.count(1)
-        # The controller's broker id, or None while an election is pending (ZooKeeper mode).
-        self.controller_of: Callable[[], int | None] | None = None
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.call_soon(self._started.set)
-        self.loop.run_forever()
-        # Close what is left so no task is destroyed while pending.
-        for conn in list(self._conns.values()):
-            if conn.reader_task is not None:
-                conn.reader_task.cancel()
-        self.loop.run_until_complete(asyncio.sleep(0))
-        self.loop.close()
-
-    def start(self) -> None:
-        self._thread.start()
-        self._started.wait()
-
-    def stop(self) -> None:
-        if self._thread.is_alive() and self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=5)
-
-    def send_to_controller(self, api_key: int, version: int, body: Any) -> Awaitable[Any]:
-        """Send one request to the controller (Kafka's BrokerToControllerChannelManager); NOT_CONTROLLER when
-        none is known. The controller is looked up when sent, so a retry after NOT_CONTROLLER finds a new one."""
-        controller = self.controller_of() if self.controller_of is not None else None
-        if controller is None:
-            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            fut.set_exception(KafkaError(ErrorCode.NOT_CONTROLLER, "no controller is known"))
-            return fut
-        return self.send(controller, api_key, version, body, CONTROLLER_CLIENT)
-
-    def send(self, broker_id: int, api_key: int, version: int, body: Any, purpose: str = "default") -> Awaitable[Any]:
-        """Send one request to a broker; the awaitable (on the caller's loop) yields the response body.
+    async def request(self, broker_id: int, api_key: int, version: int, body: Any, purpose: str = "default") -> Any:
+        """One request on the (broker, purpose) connection; must run on the loop that owns this client.
 
         Raises ConnectionError when the broker cannot be reached or does not answer in request.timeout.ms,
         KafkaError(BROKER_NOT_AVAILABLE) when it is not alive in the metadata.
         """
-        fut = asyncio.run_coroutine_threadsafe(self._send(broker_id, api_key, version, body, purpose), self.loop)
-        return asyncio.wrap_future(fut)
-
-    async def _send(self, broker_id: int, api_key: int, version: int, body: Any, purpose: str = "default") -> Any:
-        """On the channel's loop: one request on the (broker, purpose) connection."""
         conn = await self._connection(broker_id, purpose)
         correlation_id = next(self._correlation) & 0x7FFFFFFF
         header = RequestHeader(request_api_key=api_key, request_api_version=version, correlation_id=correlation_id,
                                client_id=self.client_id)
-        fut: asyncio.Future[Any] = self.loop.create_future()
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         conn.pending[correlation_id] = (api_key, version, fut)
         conn.writer.write(bytes(codec.encode_request(header, body)))
         try:
@@ -186,7 +152,8 @@ class InterBrokerChannel:
         endpoint = self.endpoint_of(broker_id)
         if endpoint is None:
             raise KafkaError(ErrorCode.BROKER_NOT_AVAILABLE, f"broker {broker_id} is not alive")
-        fut: asyncio.Future[_Connection] = self.loop.create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[_Connection] = loop.create_future()
         self._connecting[key] = fut
         try:
             host, port = endpoint
@@ -199,7 +166,7 @@ class InterBrokerChannel:
             conn = _Connection(broker_id, reader, writer)
             if lifetime_ms > 0:
                 conn.retire_at = time.monotonic() + lifetime_ms * 0.8 / 1000
-            conn.reader_task = self.loop.create_task(conn.read_loop())
+            conn.reader_task = loop.create_task(conn.read_loop())
             self._conns[key] = conn
             log.info("Connected to broker %d at %s:%d for %s (%s)", broker_id, host, port, purpose,
                      self.security.protocol if self.security is not None else "PLAINTEXT")
@@ -212,3 +179,61 @@ class InterBrokerChannel:
             raise err from None
         finally:
             self._connecting.pop(key, None)
+
+    def close(self) -> None:
+        """On the owning loop, as it stops: no reader task is left pending."""
+        for conn in list(self._conns.values()):
+            if conn.reader_task is not None:
+                conn.reader_task.cancel()
+        self._conns.clear()
+
+
+class InterBrokerChannel:
+    def __init__(self, broker_id: int, endpoint_of: EndpointLookup, request_timeout_ms: int = 30000,
+                 security: ClientSecurity | None = None) -> None:
+        self.client = BrokerClient(f"kbroker-broker-{broker_id}", endpoint_of, request_timeout_ms / 1000, security)
+        self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="inter-broker", daemon=True)
+        self._started = threading.Event()
+        # The controller's broker id, or None while an election is pending (ZooKeeper mode).
+        self.controller_of: Callable[[], int | None] | None = None
+
+    def new_client(self) -> BrokerClient:
+        """A client of its own for a caller with its own loop (a replica fetcher)."""
+        c = self.client
+        return BrokerClient(c.client_id, c.endpoint_of, c.request_timeout, c.security)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._started.set)
+        self.loop.run_forever()
+        # Close what is left so no task is destroyed while pending.
+        self.client.close()
+        self.loop.run_until_complete(asyncio.sleep(0))
+        self.loop.close()
+
+    def start(self) -> None:
+        self._thread.start()
+        self._started.wait()
+
+    def stop(self) -> None:
+        if self._thread.is_alive() and self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
+
+    def send_to_controller(self, api_key: int, version: int, body: Any) -> Awaitable[Any]:
+        """Send one request to the controller (Kafka's BrokerToControllerChannelManager); NOT_CONTROLLER when
+        none is known. The controller is looked up when sent, so a retry after NOT_CONTROLLER finds a new one."""
+        controller = self.controller_of() if self.controller_of is not None else None
+        if controller is None:
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            fut.set_exception(KafkaError(ErrorCode.NOT_CONTROLLER, "no controller is known"))
+            return fut
+        return self.send(controller, api_key, version, body, CONTROLLER_CLIENT)
+
+    def send(self, broker_id: int, api_key: int, version: int, body: Any, purpose: str = "default") -> Awaitable[Any]:
+        """Send one request to a broker from any loop; the awaitable (on the caller's loop) yields the response
+        body, with BrokerClient.request's errors."""
+        fut = asyncio.run_coroutine_threadsafe(self.client.request(broker_id, api_key, version, body, purpose),
+                                               self.loop)
+        return asyncio.wrap_future(fut)

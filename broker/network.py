@@ -19,7 +19,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Generator
 from typing import TYPE_CHECKING, Any
 
 import uvloop
@@ -40,6 +40,8 @@ INLINE_FILE_BYTES = 64 * 1024
 LARGE_REQUEST_STEP = 256 * 1024
 # Stop reading a connection while this many of its requests wait behind one in flight.
 MAX_QUEUED_PER_CONNECTION = 64
+# Answers a connection may owe at once when requests are processed ahead of them (DelayedResponse).
+MAX_ANSWERS_OWED = 64
 # A client that does not read its responses: past this many unsent bytes the connection stops taking
 # requests until the backlog drains; if it does not drain within request.timeout.ms it is closed.
 MAX_UNSENT_BYTES = 16 * 1024 * 1024
@@ -66,6 +68,20 @@ class Response:
     def __init__(self, frame: bytearray, ext: list[tuple[int, Any]] | None = None) -> None:
         self.frame = frame
         self.ext = ext
+
+
+class DelayedResponse:
+    """A request whose effects are done (a Produce appended) and whose answer waits for something else (the
+    ISR to reach the batch: Kafka's DelayedProduce). The connection may process its next requests meanwhile;
+    answers still go out in request order."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self, answer: Awaitable[Any]) -> None:
+        self.answer = answer  # a handler's response body, or (from KafkaApis) the encoded Response
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self.answer.__await__()
 
 
 class RequestMemoryPool:
@@ -178,8 +194,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._buf = bytearray(INITIAL_BUFFER)
         self._start = 0
         self._end = 0
+        # _busy: requests wait in _pending until the answers owed (_answers, sent in request order by one
+        # task) are out. Only a DelayedResponse lets the next request be processed while its answer is owed.
         self._busy = False
         self._pending: collections.deque[bytes | bytearray] = collections.deque()
+        self._answers: collections.deque[Response | Awaitable[Response | None] | None] = collections.deque()
+        self._answering = False
         self._big: bytearray | None = None  # the frame being received when it is larger than the buffer
         self._big_size = 0  # its announced size; len(_big) is smaller while it grows as bytes arrive
         self._big_filled = 0
@@ -420,47 +440,74 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if result is None:
             return
         if isinstance(result, Response):
+            if self._answers:
+                self._owe(result, blocking=bool(self._mute_ms))
+                return
             sent = self._send(result)
             if not sent or self._backlogged() or self._mute_ms:
-                self._busy = True
-                self.loop.create_task(self._finish(None, None if sent else result))
+                self._owe(None if sent else result, blocking=True)
             return
-        self._busy = True
-        self.loop.create_task(self._finish(result, None))
+        if isinstance(result, DelayedResponse):
+            # A throttled client waits after this answer (KIP-219), so nothing is processed ahead of it.
+            self._owe(result.answer, blocking=bool(self._mute_ms) or len(self._answers) + 1 >= MAX_ANSWERS_OWED)
+            return
+        self._owe(result, blocking=True)
 
-    async def _finish(self, pending: Awaitable[Response | None] | None, response: Response | None) -> None:
+    def _owe(self, answer: Response | Awaitable[Response | None] | None, blocking: bool) -> None:
+        self._answers.append(answer)
+        if blocking:
+            self._busy = True
+        if not self._answering:
+            self._answering = True
+            self.loop.create_task(self._answer_in_order())
+
+    async def _answer_in_order(self) -> None:
+        """Send the answers owed in request order; once none is owed, process the requests that waited."""
         try:
-            if pending is not None:
-                response = await pending
-            if response is not None and not self._send(response):
-                await self._send_file_response(response)
-            if self._backlogged():
-                await self._wait_drained()
-            if self._mute_ms:
-                mute, self._mute_ms = self._mute_ms, 0
-                await asyncio.sleep(mute / 1000)
+            while self._answers and not self._closed:
+                answer = self._answers[0]
+                if answer is not None and not isinstance(answer, Response):
+                    answer = await answer
+                self._answers.popleft()
+                if answer is not None and not self._send(answer):
+                    await self._send_file_response(answer)
+                if self._backlogged():
+                    await self._wait_drained()
+                if self._mute_ms:
+                    mute, self._mute_ms = self._mute_ms, 0
+                    await asyncio.sleep(mute / 1000)
+                if not self._answers:
+                    self._busy = False
+                    while self._pending and not self._busy and not self._closed:
+                        frame = self._pending.popleft()
+                        self._pending_bytes -= len(frame)
+                        self._process(frame)
+                    if self._pool.enabled and not self._closed:
+                        self._account()
+                    if "queue" in self._paused and len(self._pending) < MAX_QUEUED_PER_CONNECTION // 2:
+                        self._resume("queue")
         except CloseConnection as e:
             log.warning("Closing connection %s: %s", self.peer, e)
             self.close(abort=True)
-            return
         except (ConnectionError, OSError) as e:
             if not self._closed:
                 log.info("Connection %s failed while sending: %s", self.peer, e)
                 self.close(abort=True)
-            return
         except Exception:
             log.exception("Closing connection %s after an unexpected error completing a request", self.peer)
             self.close(abort=True)
-            return
-        self._busy = False
-        while self._pending and not self._busy and not self._closed:
-            frame = self._pending.popleft()
-            self._pending_bytes -= len(frame)
-            self._process(frame)
-        if self._pool.enabled and not self._closed:
-            self._account()
-        if "queue" in self._paused and len(self._pending) < MAX_QUEUED_PER_CONNECTION // 2:
-            self._resume("queue")
+        finally:
+            self._answering = False
+            if self._closed:
+                self._drop_answers()
+
+    def _drop_answers(self) -> None:
+        """The connection is gone: answers still owed are never awaited, so their coroutines are closed."""
+        while self._answers:
+            answer = self._answers.popleft()
+            close = getattr(answer, "close", None)
+            if close is not None:
+                close()
 
     # ------------------------------------------------------------ responses
 
@@ -595,7 +642,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         return self._closed
 
     def in_flight(self) -> bool:
-        return self._busy and not self._closed
+        return (self._busy or bool(self._answers)) and not self._closed
 
     def close(self, abort: bool = False) -> None:
         if self._closed:
@@ -682,7 +729,7 @@ class Processor(threading.Thread):
         """Once a second: close idle connections, slow-loris senders and clients that never read."""
         now = time.monotonic()
         for conn in list(self.connections.values()):
-            if idle_s >= 0 and not conn._busy and conn.partial_since is None and now - conn.last_active > idle_s:
+            if idle_s >= 0 and not conn.in_flight() and conn.partial_since is None and now - conn.last_active > idle_s:
                 log.info("Closing idle connection %s (connections.max.idle.ms)", conn.peer)
                 conn.close()
             elif conn.partial_since is not None and now - conn.partial_since > request_timeout_s:

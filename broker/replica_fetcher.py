@@ -105,6 +105,7 @@ class ReplicaFetcherThread:
         self._running = True
         self._failing = False  # one warning per streak of failed requests, not one per backoff
         self.loop = uvloop.new_event_loop()
+        self.client = server.inter_broker.new_client()
         self._wake = asyncio.Event()
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
@@ -141,6 +142,8 @@ class ReplicaFetcherThread:
         try:
             self.loop.run_until_complete(self._fetch_loop())
         finally:
+            self.client.close()
+            self.loop.run_until_complete(asyncio.sleep(0))
             self.loop.close()
 
     async def _fetch_loop(self) -> None:
@@ -194,7 +197,7 @@ class ReplicaFetcherThread:
                 partition=p.partition, current_leader_epoch=s.leader_epoch, leader_epoch=p.log.latest_epoch))
         req = R(replica_id=self.server.broker_id,
                 topics=[R.OffsetForLeaderTopic(topic=t, partitions=ps) for t, ps in by_topic.items()])
-        resp: OffsetForLeaderEpochResponse = await self.server.inter_broker.send(
+        resp: OffsetForLeaderEpochResponse = await self.client.request(
             self.source_broker, 23, OFFSET_FOR_LEADER_EPOCH_VERSION, req, self.name)
         answers = {(t.topic, pr.partition): pr for t in resp.topics for pr in t.partitions}
         with self._lock:
@@ -238,7 +241,7 @@ class ReplicaFetcherThread:
         req = F(replica_id=self.server.broker_id, max_wait_ms=self.max_wait_ms, min_bytes=self.min_bytes,
                 max_bytes=self.max_bytes, isolation_level=0, session_id=0, session_epoch=-1,
                 topics=[F.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()])
-        resp: FetchResponse = await self.server.inter_broker.send(self.source_broker, 1, FETCH_VERSION, req, self.name)
+        resp: FetchResponse = await self.client.request(self.source_broker, 1, FETCH_VERSION, req, self.name)
         if resp.error_code != ErrorCode.NONE:
             raise KafkaError(ErrorCode(resp.error_code), "fetch request refused")
         out_of_range: list[PartitionFetchState] = []
@@ -301,7 +304,7 @@ class ReplicaFetcherThread:
             name=p.topic, partitions=[L.ListOffsetsPartition(partition_index=p.partition,
                                                              current_leader_epoch=p.leader_epoch,
                                                              timestamp=timestamp)])])
-        resp: ListOffsetsResponse = await self.server.inter_broker.send(self.source_broker, 2,
+        resp: ListOffsetsResponse = await self.client.request(self.source_broker, 2,
                                                                         LIST_OFFSETS_VERSION, req, self.name)
         for t in resp.topics:
             for pr in t.partitions:

@@ -9,6 +9,7 @@ from typing import Any
 from broker import metrics
 from broker.admin_manager import INTERNAL_TOPICS
 from broker.apis import ApiHandler, RequestContext
+from broker.network import DelayedResponse
 from broker.replica_manager import error_of
 from broker.security.acls import AclOperation, ResourceType
 from protocol.errors import ErrorCode
@@ -189,10 +190,11 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
         if to_flush:
             rm.flush_in_background(to_flush)
         return None
+    # Appended: only the answer waits, so the connection may go on with its next Produce meanwhile.
     if delayed:
-        return _after_replication(rm, to_flush, delayed, response, req.timeout_ms)
+        return DelayedResponse(_after_replication(rm, to_flush, delayed, response, req.timeout_ms))
     if to_flush:
-        return _after_flush(rm, to_flush, response)
+        return DelayedResponse(_after_flush(rm, to_flush, response))
     return response
 
 
