@@ -111,6 +111,7 @@ class ClassicUpgrade:
 
     holder: GroupMetadata
     group: ConsumerGroup
+    generation: int
     records: list[ConsumerGroupRecord] = field(default_factory=list)
 
 
@@ -173,7 +174,7 @@ class ConsumerGroupMigration(ConsumerGroupManager):
         cg = ConsumerGroup(gid)
         for r in records:
             cg.replay(r)
-        return ClassicUpgrade(holder, cg, records)
+        return ClassicUpgrade(holder, cg, generation, records)
 
     def commit_upgrade(self, upgrade: ClassicUpgrade) -> list[tuple[bytes, bytes | None]]:
         """Right before the records are appended: the classic side stops (pending JoinGroup/SyncGroup answered
@@ -197,8 +198,8 @@ class ConsumerGroupMigration(ConsumerGroupManager):
         cg = upgrade.group
         for m in cg.classic_members():
             self._schedule_session_timeout(cg, m.member_id)
-        log.info("Classic group %s upgraded to a consumer group at epoch %d with %d classic members", cg.group_id,
-                 cg.assignment_epoch, len(cg.classic_members()))
+        log.info("Classic group %s upgraded to a consumer group at generation %d with %d classic members; group "
+                 "epoch %d", cg.group_id, upgrade.generation, len(cg.classic_members()), cg.group_epoch)
 
     @staticmethod
     def _complete_classic_futures(g: GroupMetadata, code: ErrorCode) -> None:
@@ -485,7 +486,14 @@ class ConsumerGroupMigration(ConsumerGroupManager):
             log.info("Cannot downgrade consumer group %s to a classic group: its size exceeds group.max.size",
                      cg.group_id)
             return False
-        return True
+        common: set[str] | None = None
+        for m in cg.classic_members():
+            if m.member_id != leaving_id and m.classic is not None:
+                names = {n for n, _ in m.classic.protocols}
+                common = names if common is None else common & names
+        # Classic members join only with a protocol all of them support; this guards the records against a group
+        # that would have none.
+        return bool(common)
 
     async def downgrade_to_classic_group(self, cg: ConsumerGroup, leaving: ConsumerGroupMember, why: str) -> None:
         """Kafka's convertToClassicGroup: the remaining (classic) members form a Stable classic group at the group

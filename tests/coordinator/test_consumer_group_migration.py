@@ -36,6 +36,7 @@ OVERRIDES = {
     "group.consumer.heartbeat.interval.ms": "300",
     "group.consumer.session.timeout.ms": "6000",
     "group.initial.rebalance.delay.ms": "200",
+    "group.min.session.timeout.ms": "1000",
     "offsets.topic.num.partitions": "4",
 }
 PARTITIONS = 6
@@ -399,6 +400,61 @@ def test_classic_requests_to_a_mixed_group(broker: BrokerProcess, topic_name: st
             assert [m.error_code for m in lv.members] == [0, ErrorCode.UNKNOWN_MEMBER_ID]
         wait_until(lambda: len(describe(broker.bootstrap, group).members) == 1, timeout=10, what="classic left")
         assert group_type(broker.bootstrap, group) == "consumer"
+    finally:
+        modern.stop.set()
+        modern.join(15)
+
+
+def test_classic_members_are_fenced_by_their_timeouts(broker: BrokerProcess, topic_name: str) -> None:
+    """A classic member of a consumer group that does not rejoin within its rebalance timeout when told to, or
+    stops heartbeating for its own session timeout, is fenced; the consumer member gets the partitions back."""
+    from protocol.messages import HeartbeatRequest, SyncGroupRequest
+
+    create_topic(broker.bootstrap, topic_name, 2)
+    group = "fence-" + topic_name
+    modern = Member(broker.bootstrap, group, topic_name, **{"group.protocol": "consumer"})
+    modern.start()
+    protocols = [JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=subscription([topic_name]))]
+    try:
+        wait_until(lambda: describe(broker.bootstrap, group).group_state == "Stable", timeout=20, what="Stable")
+        with RawClient(broker.bootstrap) as raw:
+            def join(member_id: str) -> Any:
+                return raw.request(11, 5, JoinGroupRequest(
+                    group_id=group, session_timeout_ms=1500, rebalance_timeout_ms=1500, member_id=member_id,
+                    protocol_type="consumer", protocols=protocols))
+
+            # 1. Told to rejoin (its partition was released), it keeps heartbeating without rejoining.
+            j = join(join("").member_id)
+            assert j.error_code == 0
+            sync = raw.request(14, 3, SyncGroupRequest(group_id=group, generation_id=j.generation_id,
+                                                       member_id=j.member_id, assignments=[]))
+            assert sync.error_code == 0
+            told = wait_until(lambda: raw.request(12, 3, HeartbeatRequest(
+                group_id=group, generation_id=j.generation_id, member_id=j.member_id)).error_code
+                == ErrorCode.REBALANCE_IN_PROGRESS, timeout=10, what="REBALANCE_IN_PROGRESS")
+            assert told
+            t0 = time.monotonic()
+            wait_until(lambda: raw.request(12, 3, HeartbeatRequest(
+                group_id=group, generation_id=j.generation_id, member_id=j.member_id)).error_code
+                == ErrorCode.UNKNOWN_MEMBER_ID, timeout=10, interval=0.2, what="fenced after its rebalance timeout")
+            assert time.monotonic() - t0 >= 1.0
+            wait_until(lambda: len(describe(broker.bootstrap, group).members) == 1, timeout=10, what="one member")
+            # 2. It stops heartbeating: its own session timeout (1.5 s, not the consumer group's 6 s) fences it.
+            j = join(join("").member_id)
+            assert j.error_code == 0
+            assert raw.request(14, 3, SyncGroupRequest(group_id=group, generation_id=j.generation_id,
+                                                       member_id=j.member_id, assignments=[])).error_code == 0
+            t0 = time.monotonic()
+            wait_until(lambda: len(describe(broker.bootstrap, group).members) == 1 and time.monotonic() - t0 > 0.5,
+                       timeout=5, interval=0.1, what="fenced after its session timeout")
+            assert time.monotonic() - t0 < 4.5
+        assert group_type(broker.bootstrap, group) == "consumer"
+        d = wait_until(lambda: (lambda g: g if g.group_state == "Stable" else None)(
+            describe(broker.bootstrap, group)), timeout=10, what="Stable again")
+        assert sum(len(tp.partitions) for tp in d.members[0].assignment.topic_partitions) == 2
+        log = broker.read_log()
+        assert "did not rejoin within its rebalance timeout in consumer group " + group in log
+        assert "its session timeout expired in consumer group " + group in log
     finally:
         modern.stop.set()
         modern.join(15)
