@@ -458,3 +458,32 @@ def test_classic_members_are_fenced_by_their_timeouts(broker: BrokerProcess, top
     finally:
         modern.stop.set()
         modern.join(15)
+
+
+def test_classic_groups_that_cannot_be_upgraded(broker: BrokerProcess, topic_name: str) -> None:
+    """Kafka's validateOnlineUpgrade: a group of another protocol type, or whose embedded consumer protocol cannot
+    be read, stays classic and the joining heartbeat gets GROUP_ID_NOT_FOUND."""
+    from protocol.messages import SyncGroupRequest
+
+    create_topic(broker.bootstrap, topic_name, 1)
+    with RawClient(broker.bootstrap) as raw:
+        for group, ptype, assignment in (("connect-" + topic_name, "connect", b""),
+                                         ("garbled-" + topic_name, "consumer", b"\x00\x00\xff")):
+            j = raw.request(11, 3, JoinGroupRequest(
+                group_id=group, session_timeout_ms=10000, rebalance_timeout_ms=10000, member_id="",
+                protocol_type=ptype, protocols=[JoinGroupRequest.JoinGroupRequestProtocol(
+                    name="range", metadata=subscription([topic_name]))]))
+            assert j.error_code == 0 and j.leader == j.member_id
+            s = raw.request(14, 3, SyncGroupRequest(
+                group_id=group, generation_id=j.generation_id, member_id=j.member_id,
+                assignments=[SyncGroupRequest.SyncGroupRequestAssignment(member_id=j.member_id,
+                                                                         assignment=assignment)]))
+            assert s.error_code == 0
+            r = raw.request(68, 0, ConsumerGroupHeartbeatRequest(
+                group_id=group, member_id=str(uuid.uuid4()), member_epoch=0, rebalance_timeout_ms=5000,
+                subscribed_topic_names=[topic_name], topic_partitions=[]))
+            assert r.error_code == ErrorCode.GROUP_ID_NOT_FOUND, (group, r)
+            [dg] = raw.request(15, 5, DescribeGroupsRequest(groups=[group])).groups
+            assert (dg.group_state, dg.protocol_type, [m.member_id for m in dg.members]) == (
+                "Stable", ptype, [j.member_id])
+    assert "malformed embedded consumer protocol" in broker.read_log()
