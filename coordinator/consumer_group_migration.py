@@ -275,9 +275,17 @@ class ConsumerGroupMigration(ConsumerGroupManager):
             classic=ClassicMemberMetadata(session_timeout_ms, tuple(protocols)))
         topics = self.host.consumer_group_topics()
         owned = _by_id({tp.topic: set(tp.partitions) for tp in sub.owned_partitions}, topics)
-        more, reconciled = self._member_records(cg, before, updated, new_member or replaced is not None, replaced,
+        more, reconciled = self._member_records(cg, before, updated, new_member and replaced is None, replaced,
                                                 owned, topics)
         records += more
+        existing_static = cg.members.get(cg.static_members.get(instance_id, "")) if instance_id is not None else None
+        if existing_static is not None and self.can_downgrade(cg, existing_static.member_id, reconciled):
+            # The last consumer-protocol static member is replaced by this classic instance (a rolling downgrade).
+            self._cancel_classic_timer(cg, "join", existing_static.member_id)
+            await self.downgrade_to_classic_group(cg, existing_static, "is replaced by a classic static member in",
+                                                  reconciled, records)
+            return JoinResult(ErrorCode.NONE, member_id, reconciled.member_epoch, PROTOCOL_TYPE, protocols[0][0],
+                              "", [])
         await self._apply_and_flush(gid, cg, records, topics)
         if self.groups.get(gid) is not g or g.consumer is not cg:
             return JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id)
@@ -299,7 +307,8 @@ class ConsumerGroupMigration(ConsumerGroupManager):
         gid = cg.group_id
         records: list[ConsumerGroupRecord] = []
         bump = False
-        if joined or not updated.same_metadata(before):
+        # A static member taking over its predecessor's place is not new: only a subscription change bumps.
+        if joined or replaced is not None or not updated.same_metadata(before):
             records.append(updated.metadata_record(gid))
             bump = joined or sorted(updated.subscribed_topic_names) != sorted(before.subscribed_topic_names)
         others = [m for m in cg.members.values()
@@ -333,7 +342,7 @@ class ConsumerGroupMigration(ConsumerGroupManager):
                       .with_owner_lookup(lambda t, p: self._owner_for(cg, replaced, updated.member_id, t, p))
                       .with_owned(owned)
                       .build())
-        if joined or not reconciled.same_assignment(before):
+        if joined or replaced is not None or not reconciled.same_assignment(before):
             records.append(reconciled.assignment_record(gid))
         return records, reconciled
 
@@ -474,35 +483,49 @@ class ConsumerGroupMigration(ConsumerGroupManager):
 
     # ------------------------------------------------------------ downgrade
 
-    def can_downgrade(self, cg: ConsumerGroup, leaving_id: str) -> bool:
-        """Kafka's validateOnlineDowngradeWithFencedMember."""
-        if not cg.all_classic_except(leaving_id) or len(cg.members) <= 1:
+    def can_downgrade(self, cg: ConsumerGroup, leaving_id: str, joining: ConsumerGroupMember | None = None) -> bool:
+        """Kafka's validateOnlineDowngradeWithFencedMember, or with a joining classic static member replacing
+        `leaving_id`, validateOnlineDowngradeWithReplacedMemberId."""
+        if not cg.all_classic_except(leaving_id) or (joining is None and len(cg.members) <= 1):
             return False
         if not self._policy_allows(DOWNGRADE_POLICIES):
             log.info("Cannot downgrade consumer group %s to a classic group: the online downgrade is disabled",
                      cg.group_id)
             return False
-        if len(cg.members) - 1 > self.config.max_size:
+        if len(cg.members) - (1 if joining is None else 0) > self.config.max_size:
             log.info("Cannot downgrade consumer group %s to a classic group: its size exceeds group.max.size",
                      cg.group_id)
             return False
+        remaining = [m for m in cg.members.values() if m.member_id != leaving_id] + (
+            [joining] if joining is not None else [])
         common: set[str] | None = None
-        for m in cg.classic_members():
-            if m.member_id != leaving_id and m.classic is not None:
+        for m in remaining:
+            if m.classic is not None:
                 names = {n for n, _ in m.classic.protocols}
                 common = names if common is None else common & names
         # Classic members join only with a protocol all of them support; this guards the records against a group
         # that would have none.
         return bool(common)
 
-    async def downgrade_to_classic_group(self, cg: ConsumerGroup, leaving: ConsumerGroupMember, why: str) -> None:
+    async def downgrade_to_classic_group(self, cg: ConsumerGroup, leaving: ConsumerGroupMember, why: str,
+                                         joining: ConsumerGroupMember | None = None,
+                                         records: list[ConsumerGroupRecord] | None = None) -> None:
         """Kafka's convertToClassicGroup: the remaining (classic) members form a Stable classic group at the group
-        epoch with their target assignments, and a rebalance starts. State is set directly (as Kafka does), the
-        records only make a restart read the same group back."""
+        epoch with their target assignments. A rebalance starts when a member left; a classic static member
+        replacing `leaving` (`joining`, whose JoinGroup `records` come first) takes its target and the group stays
+        Stable. State is set directly (as Kafka does), the records only make a restart read the same group back."""
         gid = cg.group_id
         holder = self.groups[gid]
         names = {rec.topic_id: n for n, rec in self.host.consumer_group_topics().items()}
-        entries = [r.entry() for r in cgr.group_tombstones(gid, list(cg.members))]
+        # The join's records already replaced the leaving member by the joining one: the tombstones name the latter.
+        ids = [joining.member_id if joining is not None and mid == leaving.member_id else mid for mid in cg.members]
+        entries = [r.entry() for r in records or []]
+        entries += [r.entry() for r in cgr.group_tombstones(gid, ids)]
+        targets = {mid: cg.target.get(mid, {}) for mid in cg.members}
+        remaining = [m for m in cg.members.values() if m.member_id != leaving.member_id]
+        if joining is not None:
+            remaining.append(joining)
+            targets[joining.member_id] = cg.target.get(leaving.member_id, {})
         self._cancel_all_timers(cg)
         self.cancel_classic_timers(cg)
         holder.consumer = None
@@ -510,15 +533,15 @@ class ConsumerGroupMigration(ConsumerGroupManager):
         holder.generation_id = cg.group_epoch
         holder.leader_id = None
         holder.members, holder.static_members, holder.pending_members = {}, {}, set()
-        for m in cg.members.values():
-            if m.member_id == leaving.member_id or m.classic is None:
+        for m in remaining:
+            if m.classic is None:
                 continue
             holder.add_member(MemberMetadata(
                 m.member_id, m.instance_id, m.client_id, m.client_host, m.rebalance_timeout_ms,
                 m.classic.session_timeout_ms, PROTOCOL_TYPE, list(m.classic.protocols)))
         holder.protocol_name = holder.select_protocol()
         for mm in holder.members.values():
-            mm.assignment = encode_assignment(_by_name(cg.target.get(mm.member_id, {}), names),
+            mm.assignment = encode_assignment(_by_name(targets.get(mm.member_id, {}), names),
                                               mm.metadata_for(holder.protocol_name))
         holder.state = GroupState.STABLE
         holder.state_timestamp_ms = _now_ms()
@@ -529,5 +552,6 @@ class ConsumerGroupMigration(ConsumerGroupManager):
         log.info("Member %s %s consumer group %s; the group is downgraded to a classic group at generation %d "
                  "with %d classic members", leaving.member_id, why if why != "left the group" else "left", gid,
                  holder.generation_id, len(holder.members))
-        self._prepare_rebalance(holder, f"downgrade of group {gid} from consumer to classic")
+        if joining is None:
+            self._prepare_rebalance(holder, f"downgrade of group {gid} from consumer to classic")
         await self._flush_if_needed(lg, info.last_offset)

@@ -487,3 +487,64 @@ def test_classic_groups_that_cannot_be_upgraded(broker: BrokerProcess, topic_nam
             assert (dg.group_state, dg.protocol_type, [m.member_id for m in dg.members]) == (
                 "Stable", ptype, [j.member_id])
     assert "malformed embedded consumer protocol" in broker.read_log()
+
+
+def test_a_classic_static_member_replacing_the_last_consumer_member_downgrades(broker: BrokerProcess,
+                                                                               topic_name: str) -> None:
+    """A rolling downgrade with static membership: the consumer-protocol instance leaves temporarily (epoch -2),
+    the same group.instance.id comes back as a classic member and replaces it; the group is a classic group again
+    at once, Stable, and the classic instance gets the partitions of the one it replaced."""
+    from coordinator.consumer_group_migration import decode_assignment
+    from protocol.messages import MetadataRequest, SyncGroupRequest
+
+    create_topic(broker.bootstrap, topic_name, 2)
+    group = "static-" + topic_name
+    classic = Member(broker.bootstrap, group, topic_name)
+    classic.start()
+    TP = ConsumerGroupHeartbeatRequest.TopicPartitions
+    try:
+        wait_until(lambda: classic.records or group_type(broker.bootstrap, group) == "classic", timeout=20,
+                   what="a classic group")
+        with RawClient(broker.bootstrap) as raw:
+            wait_until(lambda: raw.request(15, 5, DescribeGroupsRequest(groups=[group])).groups[0].group_state
+                       == "Stable", timeout=20, what="Stable")
+            md = raw.request(3, 12, MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic_name)]))
+            tid = bytes(md.topics[0].topic_id)
+            mid = str(uuid.uuid4())
+
+            def heartbeat(epoch: int, owned: list[int] | None, **extra: Any) -> Any:
+                return raw.request(68, 0, ConsumerGroupHeartbeatRequest(
+                    group_id=group, member_id=mid, member_epoch=epoch, instance_id="inst-1",
+                    topic_partitions=None if owned is None else [TP(topic_id=tid, partitions=owned)] if owned
+                    else [], **{"rebalance_timeout_ms": -1, **extra}))
+
+            r = heartbeat(0, [], rebalance_timeout_ms=5000, subscribed_topic_names=[topic_name])
+            assert r.error_code == 0 and group_type(broker.bootstrap, group) == "consumer"
+            owned: list[int] = []
+            deadline = time.monotonic() + 20
+            while not (owned and describe(broker.bootstrap, group).group_state == "Stable"):
+                assert time.monotonic() < deadline, "the static consumer member never got its partition"
+                if r.assignment is not None:
+                    owned = sorted(p for t in r.assignment.topic_partitions for p in t.partitions)
+                time.sleep(0.2)
+                r = heartbeat(r.member_epoch, owned)
+                assert r.error_code == 0
+            assert heartbeat(-2, None).error_code == 0
+            j = raw.request(11, 5, JoinGroupRequest(
+                group_id=group, session_timeout_ms=6000, rebalance_timeout_ms=6000, member_id="",
+                group_instance_id="inst-1", protocol_type="consumer",
+                protocols=[JoinGroupRequest.JoinGroupRequestProtocol(name="range",
+                                                                     metadata=subscription([topic_name]))]))
+            assert j.error_code == 0 and j.member_id != mid
+            assert group_type(broker.bootstrap, group) == "classic"
+            [dg] = raw.request(15, 5, DescribeGroupsRequest(groups=[group])).groups
+            assert dg.group_state == "Stable" and j.member_id in {m.member_id for m in dg.members}
+            s = raw.request(14, 3, SyncGroupRequest(group_id=group, generation_id=j.generation_id,
+                                                    member_id=j.member_id, group_instance_id="inst-1",
+                                                    assignments=[]))
+            assert s.error_code == 0
+            assert sorted(decode_assignment(bytes(s.assignment)).get(topic_name, set())) == owned
+        assert "is replaced by a classic static member in consumer group " + group in broker.read_log()
+    finally:
+        classic.stop.set()
+        classic.join(15)
