@@ -263,7 +263,9 @@ class ConsumerGroupManager:
                     self._check_group_size(cg)
                     member = ConsumerGroupMember(hb.member_id or str(uuid.uuid4()))
                     new_member = True
-                elif existing.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH:
+                elif existing.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH and existing.classic is None:
+                    # A classic static member does not announce its departure: its instance id is taken over
+                    # (a rolling upgrade), as in Kafka.
                     raise ConsumerGroupError(
                         ErrorCode.UNRELEASED_INSTANCE_ID,
                         f"Static member {hb.member_id} with instance id {hb.instance_id} cannot join the group "
@@ -275,8 +277,10 @@ class ConsumerGroupManager:
                     new_id = hb.member_id or str(uuid.uuid4())
                     if new_id == existing.member_id:
                         new_id = str(uuid.uuid4())
-                    member = replace(existing, member_id=new_id, member_epoch=existing.previous_member_epoch,
-                                     state=MemberState.STABLE)
+                    epoch = existing.previous_member_epoch if existing.member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH \
+                        else existing.member_epoch
+                    member = replace(existing, member_id=new_id, member_epoch=epoch, state=MemberState.STABLE,
+                                     pending_revocation={})
                     records += cgr.member_tombstones(gid, existing.member_id)
                     records.append(cgr.target_assignment_record(gid, new_id, cg.target.get(existing.member_id, {})))
             else:

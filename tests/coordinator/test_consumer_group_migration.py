@@ -23,10 +23,16 @@ from protocol.errors import ErrorCode
 from protocol.messages import (
     ConsumerGroupDescribeRequest,
     ConsumerGroupHeartbeatRequest,
+    ConsumerProtocolAssignment,
     ConsumerProtocolSubscription,
     DescribeGroupsRequest,
+    HeartbeatRequest,
     JoinGroupRequest,
+    LeaveGroupRequest,
     ListGroupsRequest,
+    MetadataRequest,
+    OffsetCommitRequest,
+    SyncGroupRequest,
 )
 from protocol.primitives import I16
 from tests.broker_process import BrokerProcess
@@ -294,6 +300,20 @@ def subscription(topics: list[str]) -> bytes:
     return bytes(out)
 
 
+def encode_assignment(by_topic: dict[str, set[int]]) -> bytes:
+    out = bytearray(I16.pack(1))
+    codec.encode(ConsumerProtocolAssignment(assigned_partitions=[
+        ConsumerProtocolAssignment.TopicPartition(topic=t, partitions=sorted(ps)) for t, ps in by_topic.items()]),
+        1, out)
+    return bytes(out)
+
+
+def decode_assignment(data: bytes) -> dict[str, set[int]]:
+    (version,) = I16.unpack_from(data, 0)
+    a, _ = codec.decode(ConsumerProtocolAssignment, version, data, 2)
+    return {tp.topic: set(tp.partitions) for tp in a.assigned_partitions}
+
+
 def test_disabled_policy_keeps_the_groups_apart(tmp_path: Path, topic_name: str) -> None:
     b = BrokerProcess(tmp_path / "broker", {**OVERRIDES, "group.consumer.migration.policy": "DISABLED"})
     b.start()
@@ -336,7 +356,6 @@ def test_an_invalid_policy_stops_the_broker(tmp_path: Path) -> None:
 def test_classic_requests_to_a_mixed_group(broker: BrokerProcess, topic_name: str) -> None:
     """A raw classic member in a consumer group: MEMBER_ID_REQUIRED, then its assignment through JoinGroup /
     SyncGroup with generation = member epoch, Heartbeat errors, and OffsetCommit with its generation."""
-    from protocol.messages import HeartbeatRequest, LeaveGroupRequest, OffsetCommitRequest, SyncGroupRequest
 
     create_topic(broker.bootstrap, topic_name, 2)
     group = "rawmix-" + topic_name
@@ -380,7 +399,6 @@ def test_classic_requests_to_a_mixed_group(broker: BrokerProcess, topic_name: st
                     break
                 time.sleep(0.3)
             assert assigned, "the classic member never got a partition"
-            from coordinator.consumer_group_migration import decode_assignment
             got = decode_assignment(assigned)
             assert list(got) == [topic_name] and len(got[topic_name]) == 1
             [p] = got[topic_name]
@@ -408,7 +426,6 @@ def test_classic_requests_to_a_mixed_group(broker: BrokerProcess, topic_name: st
 def test_classic_members_are_fenced_by_their_timeouts(broker: BrokerProcess, topic_name: str) -> None:
     """A classic member of a consumer group that does not rejoin within its rebalance timeout when told to, or
     stops heartbeating for its own session timeout, is fenced; the consumer member gets the partitions back."""
-    from protocol.messages import HeartbeatRequest, SyncGroupRequest
 
     create_topic(broker.bootstrap, topic_name, 2)
     group = "fence-" + topic_name
@@ -463,7 +480,6 @@ def test_classic_members_are_fenced_by_their_timeouts(broker: BrokerProcess, top
 def test_classic_groups_that_cannot_be_upgraded(broker: BrokerProcess, topic_name: str) -> None:
     """Kafka's validateOnlineUpgrade: a group of another protocol type, or whose embedded consumer protocol cannot
     be read, stays classic and the joining heartbeat gets GROUP_ID_NOT_FOUND."""
-    from protocol.messages import SyncGroupRequest
 
     create_topic(broker.bootstrap, topic_name, 1)
     with RawClient(broker.bootstrap) as raw:
@@ -494,8 +510,6 @@ def test_a_classic_static_member_replacing_the_last_consumer_member_downgrades(b
     """A rolling downgrade with static membership: the consumer-protocol instance leaves temporarily (epoch -2),
     the same group.instance.id comes back as a classic member and replaces it; the group is a classic group again
     at once, Stable, and the classic instance gets the partitions of the one it replaced."""
-    from coordinator.consumer_group_migration import decode_assignment
-    from protocol.messages import MetadataRequest, SyncGroupRequest
 
     create_topic(broker.bootstrap, topic_name, 2)
     group = "static-" + topic_name
@@ -548,3 +562,33 @@ def test_a_classic_static_member_replacing_the_last_consumer_member_downgrades(b
     finally:
         classic.stop.set()
         classic.join(15)
+
+
+def test_a_consumer_member_takes_over_a_classic_static_member(broker: BrokerProcess, topic_name: str) -> None:
+    """A rolling upgrade with static membership: a classic static member does not leave when it stops, and the
+    group.protocol=consumer instance with its group.instance.id replaces it (no UNRELEASED_INSTANCE_ID), taking
+    its partitions; the old instance is fenced."""
+
+    create_topic(broker.bootstrap, topic_name, 2)
+    group = "takeover-" + topic_name
+    protocols = [JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=subscription([topic_name]))]
+    with RawClient(broker.bootstrap) as raw:
+        j = raw.request(11, 5, JoinGroupRequest(
+            group_id=group, session_timeout_ms=10000, rebalance_timeout_ms=10000, member_id="",
+            group_instance_id="inst-a", protocol_type="consumer", protocols=protocols))
+        assert j.error_code == 0 and j.leader == j.member_id
+        assignment = encode_assignment({topic_name: {0, 1}})
+        assert raw.request(14, 3, SyncGroupRequest(
+            group_id=group, generation_id=j.generation_id, member_id=j.member_id, group_instance_id="inst-a",
+            assignments=[SyncGroupRequest.SyncGroupRequestAssignment(member_id=j.member_id, assignment=assignment)]
+        )).error_code == 0
+        r = raw.request(68, 0, ConsumerGroupHeartbeatRequest(
+            group_id=group, member_id=str(uuid.uuid4()), member_epoch=0, instance_id="inst-a",
+            rebalance_timeout_ms=5000, subscribed_topic_names=[topic_name], topic_partitions=[]))
+        assert r.error_code == 0, r
+        assert sorted(p for t in r.assignment.topic_partitions for p in t.partitions) == [0, 1]
+        assert group_type(broker.bootstrap, group) == "consumer"
+        assert [m.member_id for m in describe(broker.bootstrap, group).members] == [r.member_id]
+        old = raw.request(12, 3, HeartbeatRequest(group_id=group, generation_id=j.generation_id,
+                                                  member_id=j.member_id, group_instance_id="inst-a"))
+        assert old.error_code == ErrorCode.FENCED_INSTANCE_ID
