@@ -203,7 +203,7 @@ class ConsumerGroupMigration(ConsumerGroupManager):
 
     @staticmethod
     def _complete_classic_futures(g: GroupMetadata, code: ErrorCode) -> None:
-        from coordinator.group_coordinator import JoinResult
+        from coordinator.group_coordinator import JoinResult  # group_coordinator imports this module
 
         for m in g.members.values():
             if m.join_future is not None and not m.join_future.done():
@@ -219,7 +219,7 @@ class ConsumerGroupMigration(ConsumerGroupManager):
             client_id: str, client_host: str, rebalance_timeout_ms: int, session_timeout_ms: int,
             protocol_type: str, protocols: list[tuple[str, bytes]]) -> JoinResult:
         """Kafka's classicGroupJoinToConsumerGroup."""
-        from coordinator.group_coordinator import JoinResult
+        from coordinator.group_coordinator import JoinResult  # group_coordinator imports this module
 
         cg = g.consumer
         assert cg is not None
@@ -256,7 +256,8 @@ class ConsumerGroupMigration(ConsumerGroupManager):
                 else:
                     # The instance comes back with a new member id: it takes over the old member's assignment.
                     replaced = static
-                    member = replace(static, member_id=member_id, member_epoch=0, previous_member_epoch=0)
+                    member = replace(static, member_id=member_id, member_epoch=0, previous_member_epoch=0,
+                                     state=MemberState.STABLE, pending_revocation={})
                     records += cgr.member_tombstones(gid, static.member_id)
                     records.append(cgr.target_assignment_record(gid, member_id, cg.target.get(static.member_id, {})))
             else:
@@ -430,7 +431,7 @@ class ConsumerGroupMigration(ConsumerGroupManager):
                 if member is not None and member_id and member.member_id != member_id:
                     results.append(ErrorCode.FENCED_INSTANCE_ID)
                     continue
-            if member is None or member.classic is None or member in gone:
+            if member is None or member.classic is None or any(m.member_id == member.member_id for m in gone):
                 results.append(ErrorCode.UNKNOWN_MEMBER_ID)
                 continue
             records += cgr.member_tombstones(gid, member.member_id)
