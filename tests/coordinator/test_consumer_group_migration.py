@@ -145,7 +145,7 @@ def test_classic_group_upgrades_then_downgrades_under_produce(broker: BrokerProc
                                                               strategy: str) -> None:
     create_topic(broker.bootstrap, topic_name, PARTITIONS)
     group = "mig-" + topic_name
-    total = 2400
+    total = 1500
     producer = produce_steadily(broker.bootstrap, topic_name, total, 300)
     classic = [Member(broker.bootstrap, group, topic_name, **{"partition.assignment.strategy": strategy})
                for _ in range(2)]
