@@ -269,12 +269,31 @@ def test_mixed_group_survives_a_broker_kill(tmp_path: Path, topic_name: str) -> 
         # The classic member's heartbeats were accepted after the restart: it kept its member id, so its classic
         # metadata came back from the records.
         assert {m.member_id for m in describe(b.bootstrap, group).members} == {m.member_id for m in d.members}
+        # The consumer member leaves: the group is downgraded, and comes back classic after another kill -9.
+        m2.stop.set()
+        m2.join(15)
+        wait_until(lambda: group_type(b.bootstrap, group) == "classic", timeout=20, what="downgrade")
+
+        def described() -> Any:
+            with RawClient(b.bootstrap) as raw:
+                return raw.request(15, 5, DescribeGroupsRequest(groups=[group])).groups[0]
+
+        stable = wait_until(lambda: (lambda g: g if g.group_state == "Stable" else None)(described()), timeout=20,
+                            what="the classic group is Stable")
+        [kp_id] = [m.member_id for m in stable.members]
+        b.kill()
+        b.start()
+        assert [m.member_id for m in described().members] == [kp_id] and group_type(b.bootstrap, group) == "classic"
+        restarted = time.monotonic()
+        produce_steadily(b.bootstrap, topic_name, 600, 600).join(30)
+        wait_until(lambda: sum(len(v) for v in _merge(consumed, kp_records, m2.records).values()) == 1800,
+                   timeout=40, what="every record, the last ones by the classic member alone")
+        assert any(r[0] >= restarted for r in kp_records)
+        assert [m.member_id for m in described().members] == [kp_id]
         time.sleep(0.6)  # auto commit
         stop.set()
         kp.join(15)
-        m2.stop.set()
-        m2.join(15)
-        assert_contiguous(consumed, committed(b.bootstrap, group, topic_name), 1200)
+        assert_contiguous(consumed, committed(b.bootstrap, group, topic_name), 1800)
     finally:
         stop.set()
         if modern is not None:
