@@ -534,7 +534,10 @@ class ConsumerGroupManager:
             cg.session_timers[member_id] = self.loop.call_at(deadline, self._session_expired, cg, member_id)
             return
         cg.session_deadlines.pop(member_id, None)
-        self.loop.create_task(self._fence_quietly(cg, member_id, None, "fenced: its session timeout expired in"))
+        m = cg.members[member_id]
+        timeout_ms = m.classic.session_timeout_ms if m.classic is not None else self.config.consumer_session_timeout_ms
+        self.loop.create_task(self._fence_quietly(cg, member_id, None,
+                                                  f"fenced: session timeout ({timeout_ms} ms) expired in"))
 
     def _maybe_schedule_rebalance_timeout(self, cg: ConsumerGroup, before: ConsumerGroupMember,
                                           after: ConsumerGroupMember) -> None:

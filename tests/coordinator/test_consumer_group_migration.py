@@ -490,7 +490,7 @@ def test_classic_members_are_fenced_by_their_timeouts(broker: BrokerProcess, top
         assert sum(len(tp.partitions) for tp in d.members[0].assignment.topic_partitions) == 2
         log = broker.read_log()
         assert "did not rejoin within its rebalance timeout in consumer group " + group in log
-        assert "its session timeout expired in consumer group " + group in log
+        assert "session timeout (1500 ms) expired in consumer group " + group in log
     finally:
         modern.stop.set()
         modern.join(15)
