@@ -42,6 +42,11 @@ def _double(v: str) -> float:
     return float(v.strip())
 
 
+def _lower(v: str) -> str:
+    """Kafka's case-insensitive enum keys (ConfigDef.CaseInsensitiveValidString)."""
+    return v.strip().lower()
+
+
 def _str(v: str) -> str:
     return v.strip()
 
@@ -241,6 +246,9 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("group.consumer.assignors", _list, ["uniform", "range"],
                   one_of("uniform", "range", "org.apache.kafka.coordinator.group.assignor.UniformAssignor",
                          "org.apache.kafka.coordinator.group.assignor.RangeAssignor")),
+        # Online migration between classic and consumer groups; Kafka 4.0's default (3.9's was `disabled`).
+        ConfigKey("group.consumer.migration.policy", _lower, "bidirectional",
+                  one_of("disabled", "upgrade", "downgrade", "bidirectional")),
         ConfigKey("transaction.state.log.num.partitions", _int, 50, at_least(1)),
         ConfigKey("transaction.state.log.replication.factor", _int, 3, at_least(1)),
         ConfigKey("transaction.state.log.min.isr", _int, 2, at_least(1)),

@@ -117,6 +117,7 @@ class KafkaServer:
             consumer_heartbeat_interval_ms=config["group.consumer.heartbeat.interval.ms"],
             consumer_max_size=config["group.consumer.max.size"],
             consumer_assignors=[CLASS_NAMES.get(a, a) for a in config["group.consumer.assignors"]],
+            consumer_migration_policy=config["group.consumer.migration.policy"],
         ))
         ib_listener = inter_broker_listener(config)
         self.inter_broker = InterBrokerChannel(

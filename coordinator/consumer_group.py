@@ -35,6 +35,15 @@ class ConsumerGroupState(Enum):
     DEAD = "Dead"
 
 
+@dataclass(frozen=True)
+class ClassicMemberMetadata:
+    """A member that speaks the classic protocol inside a consumer group (Kafka's ConsumerGroupMemberMetadataValue
+    .ClassicMemberMetadata): its JoinGroup session timeout and protocols, (name, ConsumerProtocolSubscription)."""
+
+    session_timeout_ms: int
+    protocols: tuple[tuple[str, bytes], ...]
+
+
 @dataclass
 class ConsumerGroupMember:
     member_id: str
@@ -51,13 +60,18 @@ class ConsumerGroupMember:
     server_assignor: str | None = None
     assigned: Assignment = field(default_factory=dict)
     pending_revocation: Assignment = field(default_factory=dict)
+    classic: ClassicMemberMetadata | None = None
+
+    @property
+    def uses_classic_protocol(self) -> bool:
+        return self.classic is not None
 
     def metadata_record(self, group_id: str) -> ConsumerGroupRecord:
         return cgr.member_metadata_record(
             group_id, self.member_id, instance_id=self.instance_id, rack_id=self.rack_id, client_id=self.client_id,
             client_host=self.client_host, subscribed_topic_names=self.subscribed_topic_names,
             subscribed_topic_regex=self.subscribed_topic_regex, rebalance_timeout_ms=self.rebalance_timeout_ms,
-            server_assignor=self.server_assignor)
+            server_assignor=self.server_assignor, classic=self.classic)
 
     def assignment_record(self, group_id: str) -> ConsumerGroupRecord:
         return cgr.current_assignment_record(
@@ -66,9 +80,10 @@ class ConsumerGroupMember:
 
     def same_metadata(self, other: ConsumerGroupMember) -> bool:
         return (self.instance_id, self.rack_id, self.rebalance_timeout_ms, self.client_id, self.client_host,
-                sorted(self.subscribed_topic_names), self.subscribed_topic_regex, self.server_assignor) == (
+                sorted(self.subscribed_topic_names), self.subscribed_topic_regex, self.server_assignor,
+                self.classic) == (
             other.instance_id, other.rack_id, other.rebalance_timeout_ms, other.client_id, other.client_host,
-            sorted(other.subscribed_topic_names), other.subscribed_topic_regex, other.server_assignor)
+            sorted(other.subscribed_topic_names), other.subscribed_topic_regex, other.server_assignor, other.classic)
 
     def same_assignment(self, other: ConsumerGroupMember) -> bool:
         return (self.member_epoch, self.previous_member_epoch, self.state, _clean(self.assigned),
@@ -98,6 +113,8 @@ class ConsumerGroup:
     session_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     session_deadlines: dict[str, float] = field(default_factory=dict)
     rebalance_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
+    # Classic members' JoinGroup / SyncGroup deadlines: ("join" | "sync", member id) -> timer.
+    classic_timers: dict[tuple[str, str], asyncio.TimerHandle] = field(default_factory=dict)
 
     @property
     def state(self) -> ConsumerGroupState:
@@ -110,6 +127,32 @@ class ConsumerGroup:
             if m.member_epoch != self.assignment_epoch or m.state is not MemberState.STABLE:
                 return ConsumerGroupState.RECONCILING
         return ConsumerGroupState.STABLE
+
+    def classic_members(self) -> list[ConsumerGroupMember]:
+        return [m for m in self.members.values() if m.classic is not None]
+
+    def all_classic_except(self, member_id: str) -> bool:
+        """Kafka's allMembersUseClassicProtocolExcept."""
+        return all(m.classic is not None for mid, m in self.members.items() if mid != member_id)
+
+    def supports_classic_protocols(self, protocol_type: str, names: set[str]) -> bool:
+        """Kafka's ConsumerGroup.supportsClassicProtocols: the consumer protocol type, and a protocol name every
+        classic member supports."""
+        if protocol_type != "consumer" or not names:
+            return False
+        for m in self.classic_members():
+            assert m.classic is not None
+            names = names & {n for n, _ in m.classic.protocols}
+        return bool(names)
+
+    def waiting_on_unreleased_partition(self, member: ConsumerGroupMember) -> bool:
+        """Kafka's waitingOnUnreleasedPartition: a partition of its target is still owned by another member."""
+        for t, ps in self.target.get(member.member_id, {}).items():
+            for p in ps - member.assigned.get(t, set()):
+                owner = self.owners.get((t, p))
+                if owner is not None and owner != member.member_id:
+                    return True
+        return False
 
     def partition_owner(self, topic_id: bytes, partition: int) -> str | None:
         return self.owners.get((topic_id, partition))
@@ -172,6 +215,9 @@ class ConsumerGroup:
         m.subscribed_topic_regex = v.subscribed_topic_regex or None  # type: ignore[attr-defined]
         m.rebalance_timeout_ms = v.rebalance_timeout_ms  # type: ignore[attr-defined]
         m.server_assignor = v.server_assignor or None  # type: ignore[attr-defined]
+        classic = v.classic_member_metadata  # type: ignore[attr-defined]
+        m.classic = None if classic is None else ClassicMemberMetadata(
+            classic.session_timeout_ms, tuple((p.name, bytes(p.metadata)) for p in classic.supported_protocols))
         self.members[member_id] = m
         if m.instance_id is not None:
             self.static_members[m.instance_id] = member_id

@@ -34,6 +34,7 @@ from coordinator.group_metadata import GroupMetadata, GroupState
 from protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
+    from coordinator.consumer_group_migration import ClassicUpgrade
     from coordinator.group_coordinator import CoordinatorHost, GroupConfig
 
 log = logging.getLogger("kbroker.group")
@@ -127,6 +128,16 @@ class ConsumerGroupManager:
         def _write(self, group_id: str, entries: Sequence[tuple[bytes, bytes | None]], *,
                    producer_id: int = -1, producer_epoch: int = -1) -> tuple[Any, Any]: ...
         async def _flush_if_needed(self, lg: Any, last_offset: int) -> None: ...
+        # coordinator.consumer_group_migration
+        def upgrade_classic_group(self, holder: GroupMetadata) -> ClassicUpgrade: ...
+        def commit_upgrade(self, upgrade: ClassicUpgrade) -> list[tuple[bytes, bytes | None]]: ...
+        def upgrade_committed(self, upgrade: ClassicUpgrade) -> None: ...
+        def can_downgrade(self, cg: ConsumerGroup, leaving_id: str,
+                          joining: ConsumerGroupMember | None = None) -> bool: ...
+        async def downgrade_to_classic_group(self, cg: ConsumerGroup, leaving: ConsumerGroupMember, why: str,
+                                             joining: ConsumerGroupMember | None = None,
+                                             records: list[ConsumerGroupRecord] | None = None) -> None: ...
+        def cancel_classic_timers(self, cg: ConsumerGroup, member_id: str | None = None) -> None: ...
 
     # ------------------------------------------------------------ heartbeat
 
@@ -183,13 +194,20 @@ class ConsumerGroupManager:
                 f"ServerAssignor {hb.server_assignor} is not supported. Supported assignors: "
                 f"{', '.join(self.config.consumer_assignors)}.")
 
-    def _consumer_group(self, group_id: str, create: bool) -> ConsumerGroup:
+    def _consumer_group(self, group_id: str, create: bool, upgrades: list[ClassicUpgrade] | None = None
+                        ) -> ConsumerGroup:
         """The group's state, or a new unregistered one (registered when its first records are replayed).
-        An empty classic group (offsets only) becomes a consumer group, as Kafka replaces it."""
+        An empty classic group (offsets only) becomes a consumer group, as Kafka replaces it; a joining member
+        upgrades a classic group with members when the migration policy allows (the upgrade is added to
+        `upgrades`, its records go with the member's)."""
         holder = self.groups.get(group_id)
         if holder is not None and holder.consumer is not None:
             return holder.consumer
         if holder is not None and (holder.members or holder.state is not GroupState.EMPTY):
+            if create and upgrades is not None:
+                upgrade = self.upgrade_classic_group(holder)
+                upgrades.append(upgrade)
+                return upgrade.group
             raise ConsumerGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a consumer group.")
         if not create:
             raise ConsumerGroupError(ErrorCode.UNKNOWN_MEMBER_ID, f"Consumer group {group_id} not found.")
@@ -221,7 +239,8 @@ class ConsumerGroupManager:
 
     async def _consumer_group_join_or_heartbeat(self, hb: ConsumerHeartbeat) -> ConsumerHeartbeatResult:
         gid = hb.group_id
-        cg = self._consumer_group(gid, create=hb.member_epoch == 0)
+        upgrades: list[ClassicUpgrade] = []
+        cg = self._consumer_group(gid, create=hb.member_epoch == 0, upgrades=upgrades)
         records: list[ConsumerGroupRecord] = []
         new_member = False
         replaced: ConsumerGroupMember | None = None
@@ -244,7 +263,9 @@ class ConsumerGroupManager:
                     self._check_group_size(cg)
                     member = ConsumerGroupMember(hb.member_id or str(uuid.uuid4()))
                     new_member = True
-                elif existing.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH:
+                elif existing.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH and existing.classic is None:
+                    # A classic static member does not announce its departure: its instance id is taken over
+                    # (a rolling upgrade), as in Kafka.
                     raise ConsumerGroupError(
                         ErrorCode.UNRELEASED_INSTANCE_ID,
                         f"Static member {hb.member_id} with instance id {hb.instance_id} cannot join the group "
@@ -256,8 +277,10 @@ class ConsumerGroupManager:
                     new_id = hb.member_id or str(uuid.uuid4())
                     if new_id == existing.member_id:
                         new_id = str(uuid.uuid4())
-                    member = replace(existing, member_id=new_id, member_epoch=existing.previous_member_epoch,
-                                     state=MemberState.STABLE)
+                    epoch = existing.previous_member_epoch if existing.member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH \
+                        else existing.member_epoch
+                    member = replace(existing, member_id=new_id, member_epoch=epoch, state=MemberState.STABLE,
+                                     pending_revocation={})
                     records += cgr.member_tombstones(gid, existing.member_id)
                     records.append(cgr.target_assignment_record(gid, new_id, cg.target.get(existing.member_id, {})))
             else:
@@ -289,6 +312,7 @@ class ConsumerGroupManager:
             subscribed_topic_regex=(hb.subscribed_topic_regex or None) if hb.subscribed_topic_regex is not None
             else member.subscribed_topic_regex,
             client_id=hb.client_id, client_host=hb.client_host,
+            classic=None,  # a member heartbeating with ConsumerGroupHeartbeat uses the consumer protocol
         )
         bump = False
         if new_member or replaced is not None or not updated.same_metadata(before):
@@ -336,7 +360,13 @@ class ConsumerGroupManager:
         if new_member or replaced is not None or not reconciled.same_assignment(before):
             records.append(reconciled.assignment_record(gid))
 
-        await self._apply_and_flush(gid, cg, records, topics)
+        extra: list[tuple[bytes, bytes | None]] = []
+        for upgrade in upgrades:
+            extra += self.commit_upgrade(upgrade)
+            records[:0] = upgrade.records
+        await self._apply_and_flush(gid, cg, records, topics, extra)
+        for upgrade in upgrades:
+            self.upgrade_committed(upgrade)
         if new_member:
             log.info("Member %s joins consumer group %s (client %s%s)", updated.member_id, gid, hb.client_id,
                      f", instance {hb.instance_id}" if hb.instance_id else "")
@@ -409,8 +439,13 @@ class ConsumerGroupManager:
 
     async def _fence_member(self, cg: ConsumerGroup, member: ConsumerGroupMember, why: str) -> None:
         """Kafka's consumerGroupFenceMember: the member's records go, the group epoch is bumped (its
-        partitions get a new owner on the others' next heartbeats)."""
+        partitions get a new owner on the others' next heartbeats), or the group is downgraded to a classic group
+        when only classic members are left."""
         gid = cg.group_id
+        self.cancel_classic_timers(cg, member.member_id)
+        if self.can_downgrade(cg, member.member_id):
+            await self.downgrade_to_classic_group(cg, member, why)
+            return
         records = cgr.member_tombstones(gid, member.member_id)
         topics = self.host.consumer_group_topics()
         metadata = self._subscription_metadata(
@@ -480,7 +515,11 @@ class ConsumerGroupManager:
 
     def _schedule_session_timeout(self, cg: ConsumerGroup, member_id: str) -> None:
         """The member's session restarts now. One timer per member, re-armed lazily when it fires early."""
-        deadline = self.loop.time() + self.config.consumer_session_timeout_ms / 1000
+        m = cg.members.get(member_id)
+        # A classic member keeps the session timeout of its JoinGroup (Kafka's classicProtocolSessionTimeout).
+        timeout_ms = m.classic.session_timeout_ms if m is not None and m.classic is not None \
+            else self.config.consumer_session_timeout_ms
+        deadline = self.loop.time() + timeout_ms / 1000
         cg.session_deadlines[member_id] = deadline
         if member_id not in cg.session_timers:
             cg.session_timers[member_id] = self.loop.call_at(deadline, self._session_expired, cg, member_id)
@@ -495,9 +534,10 @@ class ConsumerGroupManager:
             cg.session_timers[member_id] = self.loop.call_at(deadline, self._session_expired, cg, member_id)
             return
         cg.session_deadlines.pop(member_id, None)
+        m = cg.members[member_id]
+        timeout_ms = m.classic.session_timeout_ms if m.classic is not None else self.config.consumer_session_timeout_ms
         self.loop.create_task(self._fence_quietly(cg, member_id, None,
-                                                  f"fenced: session timeout ({self.config.consumer_session_timeout_ms} "
-                                                  "ms) expired in"))
+                                                  f"fenced: session timeout ({timeout_ms} ms) expired in"))
 
     def _maybe_schedule_rebalance_timeout(self, cg: ConsumerGroup, before: ConsumerGroupMember,
                                           after: ConsumerGroupMember) -> None:
@@ -549,6 +589,7 @@ class ConsumerGroupManager:
         for mid in list(cg.session_timers) + list(cg.rebalance_timers):
             self._cancel_session_timeout(cg, mid)
             self._cancel_rebalance_timeout(cg, mid)
+        self.cancel_classic_timers(cg)
 
     def consumer_groups_loaded(self, partition: int) -> None:
         """After a load: every member's session starts now; those that do not heartbeat again are fenced
@@ -597,10 +638,11 @@ class ConsumerGroupManager:
         member = cg.members.get(member_id)
         if member is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        if not transactional and api_version < 9:
+        # A classic member commits with its generation (= its member epoch) at any version.
+        if not transactional and api_version < 9 and not member.uses_classic_protocol:
             return ErrorCode.UNSUPPORTED_VERSION
         if member_epoch != member.member_epoch:
-            return ErrorCode.STALE_MEMBER_EPOCH
+            return ErrorCode.ILLEGAL_GENERATION if member.uses_classic_protocol else ErrorCode.STALE_MEMBER_EPOCH
         return None
 
     @staticmethod
@@ -612,16 +654,8 @@ class ConsumerGroupManager:
         if member is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
         if member_epoch != member.member_epoch:
-            return ErrorCode.STALE_MEMBER_EPOCH
+            return ErrorCode.ILLEGAL_GENERATION if member.uses_classic_protocol else ErrorCode.STALE_MEMBER_EPOCH
         return None
-
-    def classic_request_error(self, group_id: str) -> ErrorCode | None:
-        """A classic JoinGroup/SyncGroup/Heartbeat/LeaveGroup for a consumer group, as Kafka 3.9 answers it
-        without online migration: a non-empty consumer group is not a classic group."""
-        holder = self.groups.get(group_id)
-        if holder is None or holder.consumer is None:
-            return None
-        return ErrorCode.GROUP_ID_NOT_FOUND if holder.consumer.members else None
 
     async def convert_empty_consumer_group(self, group_id: str) -> None:
         """A classic JoinGroup for an empty consumer group: its records go and it becomes an empty classic group

@@ -134,11 +134,17 @@ def partition_metadata_record(group_id: str, topics: dict[str, tuple[bytes, int]
 def member_metadata_record(group_id: str, member_id: str, *, instance_id: str | None, rack_id: str | None,
                            client_id: str, client_host: str, subscribed_topic_names: list[str],
                            subscribed_topic_regex: str | None, rebalance_timeout_ms: int,
-                           server_assignor: str | None) -> ConsumerGroupRecord:
-    return ConsumerGroupRecord(RecordType.MEMBER_METADATA, group_id, member_id, ConsumerGroupMemberMetadataValue(
+                           server_assignor: str | None, classic: Any = None) -> ConsumerGroupRecord:
+    """classic: the member's ClassicMemberMetadata when it uses the classic protocol (a tagged field)."""
+    V = ConsumerGroupMemberMetadataValue
+    classic_value = None if classic is None else V.ClassicMemberMetadata(
+        session_timeout_ms=classic.session_timeout_ms,
+        supported_protocols=[V.ClassicProtocol(name=n, metadata=m) for n, m in classic.protocols])
+    return ConsumerGroupRecord(RecordType.MEMBER_METADATA, group_id, member_id, V(
         instance_id=instance_id, rack_id=rack_id, client_id=client_id, client_host=client_host,
         subscribed_topic_names=sorted(subscribed_topic_names), subscribed_topic_regex=subscribed_topic_regex,
-        rebalance_timeout_ms=rebalance_timeout_ms, server_assignor=server_assignor, classic_member_metadata=None))
+        rebalance_timeout_ms=rebalance_timeout_ms, server_assignor=server_assignor,
+        classic_member_metadata=classic_value))
 
 
 def target_assignment_record(group_id: str, member_id: str, a: Assignment) -> ConsumerGroupRecord:

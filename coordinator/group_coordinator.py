@@ -23,7 +23,7 @@ import uvloop
 
 from coordinator import consumer_group_records as cgr
 from coordinator import group_records as records
-from coordinator.consumer_group_manager import ConsumerGroupManager
+from coordinator.consumer_group_migration import ConsumerGroupMigration
 from coordinator.group_loader import LoadedEntry, LoadedMarker, LoadedRecord, read_entries
 from coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata
 from coordinator.group_offsets import GroupOffsets
@@ -84,6 +84,8 @@ class GroupConfig:
     consumer_heartbeat_interval_ms: int = 5000
     consumer_max_size: int = 2**31 - 1
     consumer_assignors: list[str] = field(default_factory=lambda: ["uniform", "range"])
+    # group.consumer.migration.policy: disabled, upgrade, downgrade or bidirectional
+    consumer_migration_policy: str = "bidirectional"
 
 
 @dataclass
@@ -102,7 +104,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class GroupCoordinator(GroupOffsets, ConsumerGroupManager):
+class GroupCoordinator(GroupOffsets, ConsumerGroupMigration):
     def __init__(self, host: CoordinatorHost, config: GroupConfig) -> None:
         self.host = host
         self.config = config
@@ -325,10 +327,12 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupManager):
             rebalance_timeout_ms = session_timeout_ms
         g = self.groups.get(group_id)
         if g is not None and g.consumer is not None:
-            # A KIP-848 consumer group: classic members cannot join it while it has members (kbroker has no
-            # online migration); an empty one becomes a classic group, keeping its offsets.
+            # A KIP-848 consumer group with members serves the classic member (online migration); an empty one
+            # becomes a classic group, keeping its offsets.
             if g.consumer.members:
-                return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
+                return await self.classic_join_to_consumer_group(
+                    g, member_id, instance_id, require_known_member, client_id, client_host, rebalance_timeout_ms,
+                    session_timeout_ms, protocol_type, protocols)
             await self.convert_empty_consumer_group(group_id)
             g = self.groups.get(group_id)
             if g is None or g.consumer is not None:
@@ -579,6 +583,9 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupManager):
         g = self.groups.get(group_id)
         if g is None:
             return ErrorCode.UNKNOWN_MEMBER_ID, b"", None, None
+        if g.consumer is not None:
+            return self.classic_sync_to_consumer_group(g, generation_id, member_id, instance_id, protocol_type,
+                                                       protocol_name)
         fenced = self._fenced(g, member_id, instance_id)
         if fenced is not None:
             return fenced, b"", None, None
@@ -636,6 +643,8 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupManager):
         g = self.groups.get(group_id)
         if g is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
+        if g.consumer is not None:
+            return self.classic_heartbeat_to_consumer_group(g, generation_id, member_id, instance_id)
         fenced = self._fenced(g, member_id, instance_id)
         if fenced is not None:
             return fenced
@@ -655,6 +664,8 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupManager):
         g = self.groups.get(group_id)
         if g is None:
             return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID for _ in leaving]
+        if g.consumer is not None:
+            return await self.classic_leave_to_consumer_group(g, leaving)
         results = []
         removed = False
         for member_id, instance_id in leaving:

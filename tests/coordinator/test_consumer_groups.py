@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from protocol.errors import ErrorCode
@@ -205,20 +205,6 @@ def test_list_groups_shows_the_consumer_type(broker: BrokerProcess, topic_name: 
         assert [(g.group_type, g.group_state, g.protocol_type) for g in listed.groups if g.group_id == group] == [
             ("consumer", "Stable", "consumer")]
         assert group not in {g.group_id for g in classic.groups}
-        # A classic JoinGroup cannot join a consumer group with members.
-        with pytest.raises(KafkaException) as e:
-            classic_consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group,
-                                         "session.timeout.ms": 6000})
-            try:
-                classic_consumer.subscribe([topic_name])
-                deadline = time.monotonic() + 10
-                while time.monotonic() < deadline:
-                    msg = classic_consumer.poll(0.2)
-                    if msg is not None and msg.error():
-                        raise KafkaException(msg.error())
-            finally:
-                classic_consumer.close()
-        assert e.value.args[0].code() == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
     finally:
         m.stop.set()
         m.join(15)
