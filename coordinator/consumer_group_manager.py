@@ -349,8 +349,7 @@ class ConsumerGroupManager:
                                         and hb.owned is not None)
         changed = reconciled.assigned != before.assigned or replaced is not None
         return ConsumerHeartbeatResult(
-            ErrorCode.NONE, None, reconciled.member_id, reconciled.member_epoch,
-            self.config.consumer_heartbeat_interval_ms,
+            ErrorCode.NONE, None, reconciled.member_id, reconciled.member_epoch, self._heartbeat_interval_ms(gid),
             {t: set(ps) for t, ps in reconciled.assigned.items() if ps} if full or changed else None)
 
     @staticmethod
@@ -402,10 +401,10 @@ class ConsumerGroupManager:
             log.info("Static member %s (instance %s) leaves consumer group %s temporarily", member.member_id,
                      hb.instance_id, gid)
             return ConsumerHeartbeatResult(ErrorCode.NONE, None, member.member_id, LEAVE_GROUP_STATIC_MEMBER_EPOCH,
-                                           self.config.consumer_heartbeat_interval_ms)
+                                           self._heartbeat_interval_ms(gid))
         await self._fence_member(cg, member, "left the group")
         return ConsumerHeartbeatResult(ErrorCode.NONE, None, member.member_id, LEAVE_GROUP_MEMBER_EPOCH,
-                                       self.config.consumer_heartbeat_interval_ms)
+                                       self._heartbeat_interval_ms(gid))
 
     async def _fence_member(self, cg: ConsumerGroup, member: ConsumerGroupMember, why: str) -> None:
         """Kafka's consumerGroupFenceMember: the member's records go, the group epoch is bumped (its
@@ -478,11 +477,31 @@ class ConsumerGroupManager:
 
     # ------------------------------------------------------------ timers
 
+    def _group_config_ms(self, group_id: str, name: str, default: int) -> int:
+        raw = self.host.consumer_group_config(group_id).get(name)
+        try:
+            return int(raw) if raw is not None else default
+        except ValueError:
+            return default
+
+    def _session_timeout_ms(self, group_id: str) -> int:
+        """Kafka's GroupMetadataManager.consumerGroupSessionTimeoutMs: the group's config, else the broker's."""
+        return self._group_config_ms(group_id, "consumer.session.timeout.ms", self.config.consumer_session_timeout_ms)
+
+    def _heartbeat_interval_ms(self, group_id: str) -> int:
+        return self._group_config_ms(group_id, "consumer.heartbeat.interval.ms",
+                                     self.config.consumer_heartbeat_interval_ms)
+
     def _schedule_session_timeout(self, cg: ConsumerGroup, member_id: str) -> None:
-        """The member's session restarts now. One timer per member, re-armed lazily when it fires early."""
-        deadline = self.loop.time() + self.config.consumer_session_timeout_ms / 1000
+        """The member's session restarts now. One timer per member, re-armed lazily when it fires early, and
+        again now when the session got shorter (a lowered consumer.session.timeout.ms)."""
+        deadline = self.loop.time() + self._session_timeout_ms(cg.group_id) / 1000
         cg.session_deadlines[member_id] = deadline
-        if member_id not in cg.session_timers:
+        timer = cg.session_timers.get(member_id)
+        if timer is not None and timer.when() > deadline:
+            timer.cancel()
+            timer = None
+        if timer is None:
             cg.session_timers[member_id] = self.loop.call_at(deadline, self._session_expired, cg, member_id)
 
     def _session_expired(self, cg: ConsumerGroup, member_id: str) -> None:
@@ -496,7 +515,7 @@ class ConsumerGroupManager:
             return
         cg.session_deadlines.pop(member_id, None)
         self.loop.create_task(self._fence_quietly(cg, member_id, None,
-                                                  f"fenced: session timeout ({self.config.consumer_session_timeout_ms} "
+                                                  f"fenced: session timeout ({self._session_timeout_ms(cg.group_id)} "
                                                   "ms) expired in"))
 
     def _maybe_schedule_rebalance_timeout(self, cg: ConsumerGroup, before: ConsumerGroupMember,

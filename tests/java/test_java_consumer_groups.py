@@ -31,6 +31,7 @@ def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     b = BrokerProcess(tmp_path_factory.mktemp("broker"), {"group.consumer.heartbeat.interval.ms": "300",
+                                                          "group.consumer.min.heartbeat.interval.ms": "100",
                                                           "offsets.topic.num.partitions": "4"})
     b.start()
     yield b
