@@ -5,8 +5,9 @@ Three protocols, each with the clients' and broker's default timings: classic ea
 cooperative-sticky, and KIP-848 (`group.protocol=consumer`, the broker's uniform assignor). Each member is a
 confluent-kafka consumer in a child process that stamps every record it receives (wall clock, shared by the
 processes). The parent produces 2,000 msg/s round-robin over the 20 partitions, waits until the group is stable
-(every member assigned, all 20 partitions, records flowing), lets one member close, and after the settle window
-reads the stamps back:
+(every member assigned, all 20 partitions, no change for 1.5 s plus a random 0-5 s so that the leave falls at any
+phase of the heartbeat intervals), lets one member close, watches until the stayers hold every partition again,
+and reads the stamps back:
 
 - "leave -> all consuming again": the later of (a) the first record of each of the leaver's partitions at its new
   owner and (b) the end of each stayer's pause (one longer than the noise: twice the steady-state floor, at least
@@ -19,10 +20,12 @@ The steady-state maximum pause before the leave is given in the note as the nois
 mock cluster does not speak KIP-848 (ConsumerGroupHeartbeat), so there is no peer to compare all three with.
 Default timings matter: a classic stayer learns of the rebalance at its next heartbeat (heartbeat.interval.ms 3 s),
 a KIP-848 member of its new partitions at its next ConsumerGroupHeartbeat (group.consumer.heartbeat.interval.ms 5 s).
+Three repetitions take about two minutes; --quick (or --reps 1) one.
 """
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import threading
@@ -35,7 +38,8 @@ MEMBERS, PARTITIONS, RATE = 10, 20, 2000
 # Seconds without an assignment change before the leave; at most this long watched after it (two KIP-848
 # heartbeat intervals of 5 s: a partition the target moves off a stayer needs one to be revoked and one to be
 # handed over).
-STEADY, SETTLE = 2.0, 12.0
+STEADY, SETTLE = 1.5, 12.0
+PHASE = 5.0  # the longest heartbeat interval of the three (KIP-848's 5 s)
 TOPIC = "rebalance"
 MODES: dict[str, dict[str, str]] = {
     "classic eager (range)": {"partition.assignment.strategy": "range"},
@@ -111,7 +115,8 @@ def _largest_gap_between(times: list[float], start: float, end: float) -> float:
     return max((b - a for a, b in zip(inside, inside[1:], strict=False)), default=0.0)
 
 
-def measure(ctx: Ctx, kb: KBroker, mode: str, conf: dict[str, str], rep: int) -> tuple[float, float, float]:
+def measure(ctx: Ctx, kb: KBroker, mode: str, conf: dict[str, str], rep: int,
+            phase: random.Random) -> tuple[float, float, float]:
     """One leave: (longest stayer gap, leave -> every partition flowing, steady-state max gap), in ms."""
     d = workdir(ctx.base, f"rebalance-{len(ctx.extra.setdefault('rebalance_runs', []))}")
     ctx.extra["rebalance_runs"].append(d)
@@ -123,9 +128,12 @@ def measure(ctx: Ctx, kb: KBroker, mode: str, conf: dict[str, str], rep: int) ->
     try:
         # Stable: every member has partitions, all 20 are assigned, and no assignment changed for STEADY seconds
         # (that window is the noise floor measured before the leave).
+        # The wait past STEADY is random: a stayer learns of the leave at its next heartbeat, and members that
+        # joined together heartbeat in step, so a fixed wait would always measure the same phase of the interval.
+        quiet = STEADY + phase.uniform(0, PHASE)
         deadline = time.monotonic() + 120
         while not (all(m.assigned for m in members) and sum(m.assigned for m in members) == PARTITIONS
-                   and time.monotonic() - max(m.changed_at for m in members) > STEADY):
+                   and time.monotonic() - max(m.changed_at for m in members) > quiet):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{mode}: group not stable: {[m.assigned for m in members]}")
             time.sleep(0.1)
@@ -183,6 +191,7 @@ def run(ctx: Ctx) -> list[Row]:
         for mode in MODES
     }
     steady: dict[str, list[float]] = {mode: [] for mode in MODES}
+    phase = random.Random(848)
     kb = KBroker(ctx.base, {"offsets.topic.num.partitions": "4"})
     try:
         kb.start()
@@ -191,7 +200,7 @@ def run(ctx: Ctx) -> list[Row]:
             for mode, conf in MODES.items():
                 if ctx.out_of_time(f"rebalance {mode} rep {rep + 1}"):
                     continue
-                gap, flowing, floor = measure(ctx, kb, mode, conf, rep)
+                gap, flowing, floor = measure(ctx, kb, mode, conf, rep, phase)
                 rows[mode][0].kb.append(gap)
                 rows[mode][1].kb.append(flowing)
                 steady[mode].append(floor)
