@@ -232,10 +232,11 @@ def handle_incremental_alter_configs(
                 elif c.config_operation == DELETE:
                     configs.pop(c.name, None)
                 elif c.config_operation in (APPEND, SUBTRACT):
-                    if res.resource_type == GROUP:
+                    if res.resource_type == GROUP:  # Kafka's ConfigurationControlManager: no group key is a LIST
+                        op = "APPEND" if c.config_operation == APPEND else "SUBTRACT"
                         known = "not LIST" if c.name in GROUP_TO_BROKER else "not known"
-                        raise KafkaError(ErrorCode.INVALID_CONFIG, f"Can't {'APPEND' if c.config_operation == APPEND else 'SUBTRACT'}"
-                                         f" to key {c.name} because its type is {known}.")
+                        raise KafkaError(ErrorCode.INVALID_CONFIG,
+                                         f"Can't {op} to key {c.name} because its type is {known}.")
                     if c.name not in LIST_CONFIGS:
                         raise KafkaError(ErrorCode.INVALID_CONFIG,
                                          f"Config value append/subtract is not allowed for config key {c.name}")
