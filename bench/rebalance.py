@@ -210,7 +210,7 @@ def run(ctx: Ctx) -> list[Row]:
         kb.stop()
     out: list[Row] = []
     for mode, (a, b) in rows.items():
-        floor = f"steady-state max gap before the leave {max(steady[mode]):.0f} ms" if steady[mode] else ""
-        a.note = f"{floor}; {note_tail}"
+        noise = f"steady-state max gap before the leave {max(steady[mode]):.0f} ms; " if steady[mode] else ""
+        a.note = noise + note_tail
         out += [a, b]
     return out
