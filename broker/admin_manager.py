@@ -9,6 +9,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from broker.group_config import InvalidGroupConfig, validate_group_configs
 from broker.topic_config import InvalidConfig, default_log_config, validate_topic_configs
 from coordinator.metadata_store import PartitionState, TopicRecord, new_topic_id
 from protocol.errors import ErrorCode, KafkaError
@@ -303,6 +304,20 @@ class AdminManager:
             self.metadata.set_topic_configs(name, {k: str(v) for k, v in configs.items()})
             self.server.log_manager.update_topic_config(name, config)
             log.info("Topic %s configs are now %s", name, dict(configs))
+
+    def set_group_configs(self, group_id: str, configs: Mapping[str, str | None], validate_only: bool) -> None:
+        """Kafka's ControllerConfigurationValidator for GROUP resources; the group need not exist."""
+        if not group_id:
+            raise KafkaError(ErrorCode.INVALID_REQUEST, "Default group resources are not allowed.")
+        with self._lock:
+            try:
+                validate_group_configs(configs, self.server.config)
+            except InvalidGroupConfig as e:
+                raise KafkaError(ErrorCode.INVALID_CONFIG, str(e)) from None
+            if validate_only:
+                return
+            self.metadata.set_group_configs(group_id, {k: str(v) for k, v in configs.items()})
+            log.info("Group %s configs are now %s", group_id, dict(configs))
 
     def set_broker_configs(self, configs: Mapping[str, str], validate_only: bool) -> None:
         from broker.config import KAFKA_DYNAMIC_CONFIGS, KEYS, KafkaConfig

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -241,7 +241,11 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("group.max.size", _int, INT_MAX, at_least(1)),
         # KIP-848 consumer groups (group.protocol=consumer)
         ConfigKey("group.consumer.session.timeout.ms", _int, 45000, at_least(1)),
+        ConfigKey("group.consumer.min.session.timeout.ms", _int, 45000, at_least(1)),
+        ConfigKey("group.consumer.max.session.timeout.ms", _int, 60000, at_least(1)),
         ConfigKey("group.consumer.heartbeat.interval.ms", _int, 5000, at_least(1)),
+        ConfigKey("group.consumer.min.heartbeat.interval.ms", _int, 5000, at_least(1)),
+        ConfigKey("group.consumer.max.heartbeat.interval.ms", _int, 15000, at_least(1)),
         ConfigKey("group.consumer.max.size", _int, INT_MAX, at_least(1)),
         ConfigKey("group.consumer.assignors", _list, ["uniform", "range"],
                   one_of("uniform", "range", "org.apache.kafka.coordinator.group.assignor.UniformAssignor",
@@ -481,6 +485,8 @@ class KafkaConfig:
                 raise ConfigError(f"advertised.listeners: {adv!r} names no configured listener")
         if v["group.min.session.timeout.ms"] > v["group.max.session.timeout.ms"]:
             raise ConfigError("group.min.session.timeout.ms: must not exceed group.max.session.timeout.ms")
+        for problem in consumer_group_bound_problems(v):
+            raise ConfigError(problem)
 
     def __getitem__(self, name: str) -> Any:
         return self._values[name]
@@ -521,6 +527,22 @@ class KafkaConfig:
             k, _, val = item.partition("=")
             props[k.strip()] = val
         return cls(props)
+
+
+def consumer_group_bound_problems(v: Mapping[str, Any]) -> list[str]:
+    """Kafka's GroupCoordinatorConfig checks of the group.consumer.* timeouts, each naming the key at fault."""
+    out = []
+    for kind in ("heartbeat.interval", "session.timeout"):
+        key, low, high = (f"group.consumer.{kind}.ms", f"group.consumer.min.{kind}.ms", f"group.consumer.max.{kind}.ms")
+        if v[high] < v[low]:
+            out.append(f"{high}: must be greater than or equal to {low}")
+        if v[key] < v[low]:
+            out.append(f"{key}: must be greater than or equal to {low}")
+        if v[key] > v[high]:
+            out.append(f"{key}: must be less than or equal to {high}")
+    if v["group.consumer.heartbeat.interval.ms"] >= v["group.consumer.session.timeout.ms"]:
+        out.append("group.consumer.heartbeat.interval.ms: must be less than group.consumer.session.timeout.ms")
+    return out
 
 
 def render_value(value: Any) -> str | None:

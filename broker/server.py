@@ -7,6 +7,7 @@ import logging
 import resource
 import signal
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from broker.admin_manager import AdminManager
@@ -349,6 +350,10 @@ class KafkaServer:
     def consumer_group_topics(self) -> dict[str, TopicRecord]:
         """The current topics map (replaced, never changed in place: consumer groups compare it by identity)."""
         return self.metadata.topics
+
+    def consumer_group_config(self, group_id: str) -> Mapping[str, str]:
+        """The group's config overrides (config resource type GROUP), validated when they were set."""
+        return self.metadata.group_configs.get(group_id, {})
 
     def ensure_offsets_topic(self) -> TopicRecord:
         """__consumer_offsets, created on first use like Kafka (compacted, offsets.topic.* settings)."""

@@ -379,8 +379,7 @@ class ConsumerGroupManager:
                                         and hb.owned is not None)
         changed = reconciled.assigned != before.assigned or replaced is not None
         return ConsumerHeartbeatResult(
-            ErrorCode.NONE, None, reconciled.member_id, reconciled.member_epoch,
-            self.config.consumer_heartbeat_interval_ms,
+            ErrorCode.NONE, None, reconciled.member_id, reconciled.member_epoch, self._heartbeat_interval_ms(gid),
             {t: set(ps) for t, ps in reconciled.assigned.items() if ps} if full or changed else None)
 
     @staticmethod
@@ -432,10 +431,10 @@ class ConsumerGroupManager:
             log.info("Static member %s (instance %s) leaves consumer group %s temporarily", member.member_id,
                      hb.instance_id, gid)
             return ConsumerHeartbeatResult(ErrorCode.NONE, None, member.member_id, LEAVE_GROUP_STATIC_MEMBER_EPOCH,
-                                           self.config.consumer_heartbeat_interval_ms)
+                                           self._heartbeat_interval_ms(gid))
         await self._fence_member(cg, member, "left the group")
         return ConsumerHeartbeatResult(ErrorCode.NONE, None, member.member_id, LEAVE_GROUP_MEMBER_EPOCH,
-                                       self.config.consumer_heartbeat_interval_ms)
+                                       self._heartbeat_interval_ms(gid))
 
     async def _fence_member(self, cg: ConsumerGroup, member: ConsumerGroupMember, why: str) -> None:
         """Kafka's consumerGroupFenceMember: the member's records go, the group epoch is bumped (its
@@ -513,15 +512,38 @@ class ConsumerGroupManager:
 
     # ------------------------------------------------------------ timers
 
-    def _schedule_session_timeout(self, cg: ConsumerGroup, member_id: str) -> None:
-        """The member's session restarts now. One timer per member, re-armed lazily when it fires early."""
+    def _group_config_ms(self, group_id: str, name: str, default: int) -> int:
+        raw = self.host.consumer_group_config(group_id).get(name)
+        try:
+            return int(raw) if raw is not None else default
+        except ValueError:
+            return default
+
+    def _session_timeout_ms(self, group_id: str) -> int:
+        """Kafka's GroupMetadataManager.consumerGroupSessionTimeoutMs: the group's config, else the broker's."""
+        return self._group_config_ms(group_id, "consumer.session.timeout.ms", self.config.consumer_session_timeout_ms)
+
+    def _member_session_timeout_ms(self, cg: ConsumerGroup, member_id: str) -> int:
+        """A classic member keeps the session timeout of its JoinGroup (Kafka's classicProtocolSessionTimeout)."""
         m = cg.members.get(member_id)
-        # A classic member keeps the session timeout of its JoinGroup (Kafka's classicProtocolSessionTimeout).
-        timeout_ms = m.classic.session_timeout_ms if m is not None and m.classic is not None \
-            else self.config.consumer_session_timeout_ms
-        deadline = self.loop.time() + timeout_ms / 1000
+        if m is not None and m.classic is not None:
+            return m.classic.session_timeout_ms
+        return self._session_timeout_ms(cg.group_id)
+
+    def _heartbeat_interval_ms(self, group_id: str) -> int:
+        return self._group_config_ms(group_id, "consumer.heartbeat.interval.ms",
+                                     self.config.consumer_heartbeat_interval_ms)
+
+    def _schedule_session_timeout(self, cg: ConsumerGroup, member_id: str) -> None:
+        """The member's session restarts now. One timer per member, re-armed lazily when it fires early, and
+        again now when the session got shorter (a lowered consumer.session.timeout.ms)."""
+        deadline = self.loop.time() + self._member_session_timeout_ms(cg, member_id) / 1000
         cg.session_deadlines[member_id] = deadline
-        if member_id not in cg.session_timers:
+        timer = cg.session_timers.get(member_id)
+        if timer is not None and timer.when() > deadline:
+            timer.cancel()
+            timer = None
+        if timer is None:
             cg.session_timers[member_id] = self.loop.call_at(deadline, self._session_expired, cg, member_id)
 
     def _session_expired(self, cg: ConsumerGroup, member_id: str) -> None:
@@ -534,8 +556,7 @@ class ConsumerGroupManager:
             cg.session_timers[member_id] = self.loop.call_at(deadline, self._session_expired, cg, member_id)
             return
         cg.session_deadlines.pop(member_id, None)
-        m = cg.members[member_id]
-        timeout_ms = m.classic.session_timeout_ms if m.classic is not None else self.config.consumer_session_timeout_ms
+        timeout_ms = self._member_session_timeout_ms(cg, member_id)
         self.loop.create_task(self._fence_quietly(cg, member_id, None,
                                                   f"fenced: session timeout ({timeout_ms} ms) expired in"))
 

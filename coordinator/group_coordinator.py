@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -67,6 +67,8 @@ class CoordinatorHost(Protocol):
     def wait_replicated(self, lg: Any, offset: int) -> Awaitable[ErrorCode]: ...  # high watermark >= offset
 
     def consumer_group_topics(self) -> Any: ...  # topic name -> record with topic_id, num_partitions (copy-on-write)
+
+    def consumer_group_config(self, group_id: str) -> Mapping[str, str]: ...  # the group's config overrides
 
 
 @dataclass

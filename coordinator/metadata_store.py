@@ -34,6 +34,17 @@ def with_client_quotas(quotas: dict[str | None, dict[str, float]], entity: str |
     return out
 
 
+def with_group_configs(groups: dict[str, dict[str, str]], group_id: str,
+                       configs: dict[str, str]) -> dict[str, dict[str, str]]:
+    """A copy of the group config map with the group's overrides replaced (removed when empty)."""
+    out = dict(groups)
+    if configs:
+        out[group_id] = dict(configs)
+    else:
+        out.pop(group_id, None)
+    return out
+
+
 def new_cluster_id() -> str:
     """22 characters of URL-safe base64, like Kafka's Uuid.randomUuid().toString()."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
@@ -150,6 +161,8 @@ class LocalMetadataStore:
         self.broker_configs: dict[str, str] = {}
         # client id (None: the default entity) -> quota key -> value
         self.client_quotas: dict[str | None, dict[str, float]] = {}
+        # group id -> group config overrides (config resource type GROUP); replaced, never changed in place
+        self.group_configs: dict[str, dict[str, str]] = {}
 
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,6 +175,8 @@ class LocalMetadataStore:
                 (None if k == DEFAULT_ENTITY else k): {q: float(v) for q, v in vals.items()}
                 for k, vals in data.get("client_quotas", {}).items()
             }
+            self.group_configs = {str(g): {str(k): str(v) for k, v in c.items()}
+                                  for g, c in data.get("group_configs", {}).items()}
         else:
             self.cluster_id = new_cluster_id()
             self._persist()
@@ -193,6 +208,7 @@ class LocalMetadataStore:
             "topics": {n: t.to_json() for n, t in sorted(self.topics.items())},
             "broker_configs": self.broker_configs,
             "client_quotas": {(DEFAULT_ENTITY if k is None else k): v for k, v in self.client_quotas.items()},
+            "group_configs": self.group_configs,
         }
         write_atomically(self.path, json.dumps(data, indent=1).encode())
 
@@ -227,6 +243,11 @@ class LocalMetadataStore:
     def set_broker_configs(self, configs: dict[str, str]) -> None:
         with self._lock:
             self.broker_configs = dict(configs)
+            self._persist()
+
+    def set_group_configs(self, group_id: str, configs: dict[str, str]) -> None:
+        with self._lock:
+            self.group_configs = with_group_configs(self.group_configs, group_id, configs)
             self._persist()
 
     def set_client_quotas(self, entity: str | None, values: dict[str, float]) -> None:

@@ -11,6 +11,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 CLUSTER_ID = "/cluster/id"
 CONTROLLER = "/controller"
@@ -21,6 +22,8 @@ CONFIG_TOPICS = "/config/topics"
 CONFIG_BROKERS = "/config/brokers"
 CONFIG_CHANGES = "/config/changes"
 CONFIG_CLIENTS = "/config/clients"
+# Kafka's ConfigType.GROUP entity name; Kafka 3.9 keeps group configs only in KRaft metadata (see zk_group_configs).
+CONFIG_GROUPS = "/config/groups"
 DELETE_TOPICS = "/admin/delete_topics"
 REASSIGN_PARTITIONS = "/admin/reassign_partitions"
 LATEST_PRODUCER_ID_BLOCK = "/latest_producer_id_block"
@@ -43,6 +46,11 @@ PERSISTENT_PATHS = (
     CONFIG_BROKERS,
     "/config/ips",
 )
+
+
+def group_config_path(group_id: str) -> str:
+    # Group ids may hold any character, '/' included: percent-encoded so that each group is one znode.
+    return f"{CONFIG_GROUPS}/{quote(group_id, safe='')}"
 
 
 def client_config_path(entity: str | None) -> str:

@@ -45,6 +45,7 @@ from coordinator.metadata_store import (
     new_topic_id,
     with_client_quotas,
 )
+from coordinator.zk_group_configs import ZkGroupConfigs
 from coordinator.zk_producer_ids import ZkProducerIdBlockAllocator
 from protocol.errors import ErrorCode, KafkaError
 
@@ -77,6 +78,7 @@ class ZkMetadataStore:
         # client id (None: the default entity) -> quota key -> value, mirrored from /config/clients
         self.client_quotas: dict[str | None, dict[str, float]] = {}
         self._client_watches: set[str] = set()
+        self._group_configs = ZkGroupConfigs()
         self._brokers: dict[int, tuple[dict[str, tuple[str, int]], str | None]] = {}
         # broker id -> broker epoch (czxid of its /brokers/ids/<id>, as Kafka)
         self._broker_epochs: dict[int, int] = {}
@@ -121,6 +123,7 @@ class ZkMetadataStore:
         ChildrenWatch(client, zp.BROKER_IDS, self._on_broker_ids)
         ChildrenWatch(client, zp.BROKER_TOPICS, self._on_topic_children)
         ChildrenWatch(client, zp.CONFIG_CLIENTS, self._on_client_children)
+        self._group_configs.start(client)
         DataWatch(client, zp.CONTROLLER, self._on_controller_data)
         log.info(
             "Connected to ZooKeeper at %s: cluster id %s, %d topics, live brokers %s, controller %s",
@@ -691,6 +694,15 @@ class ZkMetadataStore:
                 client.create(path, doc, makepath=True)
             self._notify_config_change(path.removeprefix("/config/"))
             self.client_quotas = with_client_quotas(self.client_quotas, entity, values)
+
+    @property
+    def group_configs(self) -> dict[str, dict[str, str]]:
+        """group id -> config overrides, mirrored from /config/groups."""
+        return self._group_configs.configs
+
+    def set_group_configs(self, group_id: str, configs: dict[str, str]) -> None:
+        with self._sync_lock:
+            self._group_configs.write(self._zk(), group_id, configs)
 
     def producer_id_block_source(self) -> ZkProducerIdBlockAllocator:
         """Producer id blocks from /latest_producer_id_block (usable once start() has connected)."""

@@ -1,9 +1,10 @@
-"""DescribeConfigs (32), AlterConfigs (33), IncrementalAlterConfigs (44) for topics and brokers."""
+"""DescribeConfigs (32), AlterConfigs (33), IncrementalAlterConfigs (44) for topics, brokers and groups."""
 
 from __future__ import annotations
 
 from broker.apis import ApiHandler, RequestContext
 from broker.config import CONFIG_TYPE_NAMES, KAFKA_DYNAMIC_CONFIGS, KEYS, render_value
+from broker.group_config import DOCUMENTATION, GROUP_TO_BROKER, INT_TYPE, describe_group
 from broker.security.acls import AclOperation, ResourceType
 from broker.topic_config import (
     CONFIG_TYPES,
@@ -25,7 +26,7 @@ from protocol.messages import (
     IncrementalAlterConfigsResponse,
 )
 
-TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
+TOPIC, BROKER, BROKER_LOGGER, GROUP = 2, 4, 8, 32
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 LIST_CONFIGS = frozenset({"cleanup.policy", "log.cleanup.policy"})
 
@@ -67,19 +68,29 @@ def _broker_type(name: str) -> int:
     return CONFIG_TYPES[CONFIG_TYPE_NAMES.get(spec.parse, "string") if spec else "string"]
 
 
+def _config_type(resource_type: int, name: str) -> int:
+    if resource_type == TOPIC:
+        return config_type_of(name)
+    return INT_TYPE if resource_type == GROUP else _broker_type(name)
+
+
 def _resource(resource_type: int, name: str) -> str:
-    kind = {TOPIC: "topic", BROKER: "broker", BROKER_LOGGER: "broker logger"}.get(resource_type,
+    kind = {TOPIC: "topic", BROKER: "broker", BROKER_LOGGER: "broker logger", GROUP: "group"}.get(resource_type,
                                                                                f"resource type {resource_type}")
     return f"{kind} {name!r}"
 
 
 def _authorize(ctx: RequestContext, op: AclOperation, resource_type: int, name: str) -> None:
-    """Kafka's ConfigHelper/ZkAdminManager checks: op on the topic, or on the cluster for broker resources."""
+    """Kafka's ConfigHelper/ControllerApis checks: op on the topic or the group, or on the cluster for broker
+    resources."""
     if ctx.server.authorizer is None:
         return
     if resource_type == TOPIC:
         if not ctx.authorized(op, ResourceType.TOPIC, name):
             raise KafkaError(ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"Not authorized to access topic {name}")
+    elif resource_type == GROUP:
+        if not ctx.authorized(op, ResourceType.GROUP, name):
+            raise KafkaError(ErrorCode.GROUP_AUTHORIZATION_FAILED, f"Not authorized to access group {name}")
     elif resource_type in (BROKER, BROKER_LOGGER):
         if not ctx.authorized(op, ResourceType.CLUSTER):
             raise KafkaError(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "Not authorized to access the cluster")
@@ -115,6 +126,10 @@ def handle_describe_configs(ctx: RequestContext, req: DescribeConfigsRequest) ->
             elif res.resource_type == BROKER:
                 _check_broker_resource(ctx, res.resource_name, allow_default=False)
                 entries = _describe_broker(ctx)
+            elif res.resource_type == GROUP:
+                if not res.resource_name:
+                    raise KafkaError(ErrorCode.INVALID_REQUEST, "Group name must not be empty")
+                entries = describe_group(ctx.server.config, ctx.server.metadata.group_configs.get(res.resource_name, {}))
             else:
                 raise KafkaError(ErrorCode.INVALID_REQUEST, f"Unsupported resource type {res.resource_type}")
             keys = None if res.configuration_keys is None else set(res.configuration_keys)
@@ -129,8 +144,9 @@ def handle_describe_configs(ctx: RequestContext, req: DescribeConfigsRequest) ->
                     synonyms=[R.DescribeConfigsSynonym(name=n, value=val, source=s) for n, val, s in e.synonyms or []]
                     if v >= 1 and req.include_synonyms
                     else [],
-                    config_type=config_type_of(e.name) if res.resource_type == TOPIC else _broker_type(e.name),
-                    documentation=None,
+                    config_type=_config_type(res.resource_type, e.name),
+                    documentation=DOCUMENTATION.get(e.name)
+                    if res.resource_type == GROUP and v >= 3 and req.include_documentation else None,
                 )
                 for e in entries
                 if keys is None or e.name in keys
@@ -148,6 +164,8 @@ def _apply(ctx: RequestContext, resource_type: int, name: str, new: dict[str, st
     elif resource_type == BROKER:
         _check_broker_resource(ctx, name, allow_default=True)
         ctx.server.admin.set_broker_configs({k: str(v) for k, v in new.items()}, validate_only)
+    elif resource_type == GROUP:
+        ctx.server.admin.set_group_configs(name, new, validate_only)
     else:
         raise KafkaError(ErrorCode.INVALID_REQUEST, f"Unsupported resource type {resource_type}")
 
@@ -158,7 +176,20 @@ def _current(ctx: RequestContext, resource_type: int, name: str) -> dict[str, st
         if rec is None:
             raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {name} does not exist")
         return dict(rec.configs)
+    if resource_type == GROUP:
+        return dict(ctx.server.metadata.group_configs.get(name, {}))
     return dict(ctx.server.metadata.broker_configs)
+
+
+def _check_entries(resource_type: int, names: list[str], null_values: list[str]) -> None:
+    """Kafka's ConfigAdminManager.preprocess, as KRaft brokers run it for the resource types they forward (kbroker
+    applies it to groups, which only KRaft serves; topics and brokers keep the ZooKeeper-mode answers)."""
+    if resource_type != GROUP:
+        return
+    if len(set(names)) != len(names):
+        raise KafkaError(ErrorCode.INVALID_REQUEST, "Error due to duplicate config keys")
+    if null_values:
+        raise KafkaError(ErrorCode.INVALID_REQUEST, f"Null value not supported for : {', '.join(null_values)}")
 
 
 def handle_alter_configs(ctx: RequestContext, req: AlterConfigsRequest) -> AlterConfigsResponse:
@@ -170,6 +201,8 @@ def handle_alter_configs(ctx: RequestContext, req: AlterConfigsRequest) -> Alter
         out.append(r)
         try:
             _authorize(ctx, AclOperation.ALTER_CONFIGS, res.resource_type, res.resource_name)
+            _check_entries(res.resource_type, [c.name for c in res.configs],
+                           [c.name for c in res.configs if c.value is None])
             _current(ctx, res.resource_type, res.resource_name)  # existence check
             _apply(ctx, res.resource_type, res.resource_name, {c.name: c.value for c in res.configs}, req.validate_only)
         except KafkaError as e:
@@ -190,6 +223,8 @@ def handle_incremental_alter_configs(
         out.append(r)
         try:
             _authorize(ctx, AclOperation.ALTER_CONFIGS, res.resource_type, res.resource_name)
+            _check_entries(res.resource_type, [c.name for c in res.configs],
+                           [c.name for c in res.configs if c.config_operation != DELETE and c.value is None])
             configs = _current(ctx, res.resource_type, res.resource_name)
             for c in res.configs:
                 if c.config_operation == SET:
@@ -197,6 +232,11 @@ def handle_incremental_alter_configs(
                 elif c.config_operation == DELETE:
                     configs.pop(c.name, None)
                 elif c.config_operation in (APPEND, SUBTRACT):
+                    if res.resource_type == GROUP:  # Kafka's ConfigurationControlManager: no group key is a LIST
+                        op = "APPEND" if c.config_operation == APPEND else "SUBTRACT"
+                        known = "not LIST" if c.name in GROUP_TO_BROKER else "not known"
+                        raise KafkaError(ErrorCode.INVALID_CONFIG,
+                                         f"Can't {op} to key {c.name} because its type is {known}.")
                     if c.name not in LIST_CONFIGS:
                         raise KafkaError(ErrorCode.INVALID_CONFIG,
                                          f"Config value append/subtract is not allowed for config key {c.name}")

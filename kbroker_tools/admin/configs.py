@@ -1,4 +1,4 @@
-"""kbroker-admin configs: kafka-configs.sh's --describe / --alter for topics, brokers and clients (quotas)."""
+"""kbroker-admin configs: kafka-configs.sh's --describe / --alter for topics, brokers, groups and clients (quotas)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ MATCH_EXACT, MATCH_DEFAULT, MATCH_ANY = 0, 1, 2
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kbroker-admin configs",
-                                 description="Describe or change topic, broker and client configs (kafka-configs).")
+                                 description="Describe or change topic, broker, group and client configs (kafka-configs).")
     add_connection_args(ap)
     action = ap.add_mutually_exclusive_group(required=True)
     action.add_argument("--describe", action="store_true")
     action.add_argument("--alter", action="store_true")
-    ap.add_argument("--entity-type", required=True, choices=("topics", "brokers", "clients"))
-    ap.add_argument("--entity-name", help="topic name, broker id or client id")
+    ap.add_argument("--entity-type", required=True, choices=("topics", "brokers", "groups", "clients"))
+    ap.add_argument("--entity-name", help="topic name, broker id, group id or client id")
     ap.add_argument("--entity-default", action="store_true", help="the cluster-wide default (brokers, clients)")
     ap.add_argument("--add-config", action="append", metavar="K1=V1,K2=[V3,V4]")
     ap.add_argument("--delete-config", action="append", metavar="K1,K2")
@@ -55,6 +55,15 @@ def _resources(admin: Any, args: argparse.Namespace) -> list[tuple[Any, str]]:
             raise CommandError("--entity-default is not valid for topics")
         names = [args.entity_name] if args.entity_name else sorted(admin.list_topics(timeout=30).topics)
         return [(ConfigResource(ConfigResource.Type.TOPIC, n), f"topic {n}") for n in names]
+    if args.entity_type == "groups":
+        if args.entity_default:
+            raise CommandError("--entity-default is not valid for groups")
+        if args.entity_name:
+            names = [args.entity_name]
+        else:
+            listed = result(admin.list_consumer_groups(request_timeout=30), "listing groups")
+            names = sorted(g.group_id for g in listed.valid)
+        return [(ConfigResource(ConfigResource.Type.GROUP, n), f"group {n}") for n in names]
     if args.entity_default:
         return [(ConfigResource(ConfigResource.Type.BROKER, ""), "brokers in the cluster")]
     ids = [args.entity_name] if args.entity_name else [str(b) for b in sorted(admin.list_topics(timeout=30).brokers)]
@@ -73,7 +82,7 @@ def describe(admin: Any, args: argparse.Namespace) -> None:
     from confluent_kafka.admin import ConfigSource
 
     dynamic = {ConfigSource.DYNAMIC_TOPIC_CONFIG.value, ConfigSource.DYNAMIC_BROKER_CONFIG.value,
-               ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value}
+               ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value, ConfigSource.GROUP_CONFIG.value}
     for res, label in _resources(admin, args):
         entries = result(admin.describe_configs([res], request_timeout=30)[res], f"describing configs of {label}")
         if args.entity_default:

@@ -368,6 +368,43 @@ def test_groups_report_authorized_operations(lenient: BrokerProcess, clean: Admi
     assert error_code(info.value) == KafkaError.GROUP_AUTHORIZATION_FAILED
 
 
+def test_group_configs_need_describe_and_alter_configs_on_the_group(lenient: BrokerProcess,
+                                                                    clean: AdminClient) -> None:
+    """Kafka's ConfigHelper / ControllerApis: DESCRIBE_CONFIGS and ALTER_CONFIGS on the GROUP resource (resource
+    type 32 in the config APIs), GROUP_AUTHORIZATION_FAILED when refused."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource  # noqa: PLC0415
+    from kafka.admin import ConfigResource as KpConfigResource  # noqa: PLC0415
+    from kafka.admin import ConfigResourceType, KafkaAdminClient  # noqa: PLC0415
+
+    key = "consumer.heartbeat.interval.ms"
+    # A resource with ACLs is closed to everyone else: ALL for ANONYMOUS, then the one operation denied.
+    create_acls(clean, [allow(ResourceType.GROUP, "cfg-", AclOperation.ALL, pattern=ResourcePatternType.PREFIXED),
+                        deny(ResourceType.GROUP, "cfg-locked", AclOperation.ALTER_CONFIGS),
+                        deny(ResourceType.GROUP, "cfg-hidden", AclOperation.DESCRIBE_CONFIGS)])
+    res = ConfigResource(ResourceType.GROUP, "cfg-locked",
+                         incremental_configs=[ConfigEntry(key, "6000", incremental_operation=AlterConfigOpType.SET)])
+    [f] = clean.incremental_alter_configs([res]).values()
+    with pytest.raises(KafkaException) as info:
+        f.result(10)
+    assert error_code(info.value) == KafkaError.GROUP_AUTHORIZATION_FAILED
+    [f] = clean.describe_configs([ConfigResource(ResourceType.GROUP, "cfg-locked")]).values()
+    assert f.result(10)[key].value == "5000"
+    kp = KafkaAdminClient(bootstrap_servers=lenient.bootstrap)
+    try:
+        # raise_on_unknown=False: kafka-python would otherwise describe the group first to check the key.
+        r = kp.alter_configs([KpConfigResource(ConfigResourceType.GROUP, "cfg-hidden", {key: "6000"})],
+                             incremental=True, raise_on_unknown=False)
+        assert "Error" not in str(r), r
+    finally:
+        kp.close()
+    from protocol.messages import DescribeConfigsRequest as D  # noqa: PLC0415
+
+    with RawClient(lenient.bootstrap) as raw:
+        r = raw.request(32, 4, D(resources=[D.DescribeConfigsResource(resource_type=32, resource_name="cfg-hidden",
+                                                                     configuration_keys=None)])).results[0]
+    assert (r.error_code, r.configs) == (KafkaError.GROUP_AUTHORIZATION_FAILED, [])
+
+
 def test_transactional_id_and_idempotent_write(lenient: BrokerProcess, clean: AdminClient, topic_name: str) -> None:
     create_topic(clean, topic_name)
     create_acls(clean, [

@@ -32,6 +32,9 @@ def run_broker(tmp_path, *overrides: str, timeout: float = 20) -> subprocess.Com
     ("listeners=garbage", "listeners"),
     ("auto.create.topics.enable=maybe", "auto.create.topics.enable"),
     ("log.segment.bytes=10", "log.segment.bytes"),
+    # Kafka's GroupCoordinatorConfig bounds of the KIP-848 timeouts
+    ("group.consumer.session.timeout.ms=30000", "group.consumer.min.session.timeout.ms"),
+    ("group.consumer.max.heartbeat.interval.ms=4000", "group.consumer.min.heartbeat.interval.ms"),
 ])
 def test_bad_config_stops_startup(tmp_path, override, key):
     r = run_broker(tmp_path, override)

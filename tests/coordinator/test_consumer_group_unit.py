@@ -133,6 +133,9 @@ class ConsumerHost(FakeHost):
     def consumer_group_topics(self) -> dict[str, TopicRec]:
         return self.topics
 
+    def consumer_group_config(self, group_id: str) -> dict[str, str]:
+        return {}
+
     def add_topic(self, name: str, tid: bytes, n: int) -> None:
         self.topics = {**self.topics, name: TopicRec(tid, n)}  # replaced, as the broker's metadata is
 

@@ -253,6 +253,39 @@ def test_config_change_and_delete_seen_by_the_other_broker(cluster: Cluster, zk_
         a2.close()
 
 
+def test_group_config_set_on_one_broker_is_seen_by_the_other(cluster: Cluster, zk_client: KazooClient) -> None:
+    """Group configs (resource type 32) live in /config/groups/<group id, percent-encoded>: kbroker's place for
+    them in ZooKeeper mode, where Kafka 3.9 has none."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType  # noqa: PLC0415
+    from kafka.admin import ConfigResource as KpConfigResource  # noqa: PLC0415
+    from kafka.admin import ConfigResourceType  # noqa: PLC0415
+
+    group, key = "zk/group", "consumer.heartbeat.interval.ms"
+    a1 = AdminClient({"bootstrap.servers": cluster.b1.bootstrap})  # kept alive until each result is in
+
+    def alter(op: AlterConfigOpType, value: str | None) -> None:
+        res = ConfigResource(ResourceType.GROUP, group,
+                             incremental_configs=[ConfigEntry(key, value, incremental_operation=op)])
+        [f] = a1.incremental_alter_configs([res]).values()
+        f.result(10)
+
+    a2 = KafkaAdminClient(bootstrap_servers=cluster.b2.bootstrap)
+    try:
+        def on_b2() -> str:
+            res = a2.describe_configs([KpConfigResource(ConfigResourceType.GROUP, group)], config_filter="all")
+            return str(res["group"][group][key]["value"])
+
+        alter(AlterConfigOpType.SET, "6000")
+        assert zp.parse_config(zk_client.get(zp.group_config_path(group))[0]) == {key: "6000"}
+        assert zp.group_config_path(group) == "/config/groups/zk%2Fgroup"
+        wait_for(lambda: on_b2() == "6000", "the group config seen through broker 2")
+        alter(AlterConfigOpType.DELETE, None)
+        assert not zk_client.exists(zp.group_config_path(group))
+        wait_for(lambda: on_b2() == "5000", "the group config's removal seen through broker 2")
+    finally:
+        a2.close()
+
+
 # ---------------------------------------------------------------- failures
 
 

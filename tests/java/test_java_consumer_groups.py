@@ -17,7 +17,8 @@ from tests.broker_process import BrokerProcess
 from tests.java.test_java_client import _missing, compile_java
 
 HERE = Path(__file__).resolve().parent
-SOURCES = [HERE / "ConsumerGroupCompat.java", HERE / "org" / "slf4j" / "impl" / "StaticLoggerBinder.java"]
+SOURCES = [HERE / "ConsumerGroupCompat.java", HERE / "GroupDescribeCompat.java",
+           HERE / "org" / "slf4j" / "impl" / "StaticLoggerBinder.java"]
 
 _why = _missing()
 pytestmark = pytest.mark.skipif(_why is not None, reason=_why or "")
@@ -31,6 +32,7 @@ def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     b = BrokerProcess(tmp_path_factory.mktemp("broker"), {"group.consumer.heartbeat.interval.ms": "300",
+                                                          "group.consumer.min.heartbeat.interval.ms": "100",
                                                           "offsets.topic.num.partitions": "4"})
     b.start()
     yield b
@@ -62,3 +64,18 @@ def test_java_members_share_then_one_takes_over(classpath: str, broker: BrokerPr
         c.close()
     log = broker.read_log()
     assert "joins consumer group " + group in log and "left consumer group " + group in log
+
+
+def test_java_admin_describes_a_consumer_group(classpath: str, broker: BrokerProcess, topic_name: str) -> None:
+    """describeConsumerGroups of the Java Admin 3.9 (ConsumerGroupDescribe) sees the members and their partitions;
+    the classic DescribeGroups answers Dead for a consumer group, as Kafka 3.9's GroupMetadataManager does."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 4, 1)])[topic_name].result(30)
+    group = "java-describe-" + topic_name
+    r = subprocess.run(["java", "-Dkcompat.log=WARN", "-cp", classpath, "GroupDescribeCompat", broker.bootstrap,
+                        topic_name, group, "4"], capture_output=True, text=True, timeout=120)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and lines[-1:] == ["DONE"], (
+        f"{r.stdout}\n{r.stderr[-6000:]}\n--- broker log:\n{broker.read_log()[-4000:]}")
+    assert "OK described Stable Consumer 2 4 uniform" in lines
+    assert "OK empty Empty Consumer 0" in lines

@@ -177,6 +177,17 @@ def test_configs_against_kbroker(broker):
     bad = admin("configs", "--bootstrap-server", b, "--alter", "--entity-type", "topics", "--entity-name", "cfg",
                 "--add-config", "retention.ms=soon", rc=1)
     assert bad.stderr.startswith("Error: altering configs of topic cfg: INVALID_CONFIG")
+    # KIP-848 group configs (resource type GROUP): the group need not exist.
+    r = admin("configs", "--bootstrap-server", b, "--alter", "--entity-type", "groups", "--entity-name", "g-cfg",
+              "--add-config", "consumer.heartbeat.interval.ms=6000")
+    assert r.stdout == "Completed updating config for group g-cfg.\n"
+    d = admin("configs", "--bootstrap-server", b, "--describe", "--entity-type", "groups", "--entity-name", "g-cfg")
+    assert d.stdout.splitlines()[0] == "Dynamic configs for group g-cfg are:"
+    assert d.stdout.splitlines()[1].startswith("  consumer.heartbeat.interval.ms=6000 sensitive=false synonyms="
+                                               "{GROUP_CONFIG:consumer.heartbeat.interval.ms=6000")
+    bad = admin("configs", "--bootstrap-server", b, "--alter", "--entity-type", "groups", "--entity-name", "g-cfg",
+                "--add-config", "consumer.session.timeout.ms=1000", rc=1)
+    assert "INVALID_CONFIG" in bad.stderr and "group.consumer.min.session.timeout.ms" in bad.stderr
 
     q = admin("configs", "--bootstrap-server", b, "--alter", "--entity-type", "clients", "--entity-name", "app1",
               "--add-config", "producer_byte_rate=1048576,consumer_byte_rate=2097152")

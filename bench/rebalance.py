@@ -1,0 +1,216 @@
+"""Workload rebalance: a 10-member group consuming 20 partitions under steady produce loses one member (close);
+how long do the others stop consuming, and when does every partition flow again?
+
+Three protocols, each with the clients' and broker's default timings: classic eager (range assignor), classic
+cooperative-sticky, and KIP-848 (`group.protocol=consumer`, the broker's uniform assignor). Each member is a
+confluent-kafka consumer in a child process that stamps every record it receives (wall clock, shared by the
+processes). The parent produces 2,000 msg/s round-robin over the 20 partitions, waits until the group is stable
+(every member assigned, all 20 partitions, no change for 1.5 s plus a random 0-5 s so that the leave falls at any
+phase of the heartbeat intervals), lets one member close, watches until the stayers hold every partition again,
+and reads the stamps back:
+
+- "leave -> all consuming again": the later of (a) the first record of each of the leaver's partitions at its new
+  owner and (b) the end of each stayer's pause (one longer than the noise: twice the steady-state floor, at least
+  200 ms), measured from the leave;
+- "longest gap seen by a stayer": the largest pause between two records received by a member that stayed, among
+  those that end between the leave and half a second after (a) (eager revokes every partition, so its members
+  stop; cooperative and KIP-848 members keep theirs).
+
+The steady-state maximum pause before the leave is given in the note as the noise floor. kbroker only: librdkafka's
+mock cluster does not speak KIP-848 (ConsumerGroupHeartbeat), so there is no peer to compare all three with.
+Default timings matter: a classic stayer learns of the rebalance at its next heartbeat (heartbeat.interval.ms 3 s),
+a KIP-848 member of its new partitions at its next ConsumerGroupHeartbeat (group.consumer.heartbeat.interval.ms 5 s).
+Three repetitions take about two minutes; --quick (or --reps 1) one.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bench.harness import Ctx, KBroker, Row, reap, spawn, workdir
+
+MEMBERS, PARTITIONS, RATE = 10, 20, 2000
+# Seconds without an assignment change before the leave; at most this long watched after it (two KIP-848
+# heartbeat intervals of 5 s: a partition the target moves off a stayer needs one to be revoked and one to be
+# handed over).
+STEADY, SETTLE = 1.5, 12.0
+PHASE = 5.0  # the longest heartbeat interval of the three (KIP-848's 5 s)
+TOPIC = "rebalance"
+MODES: dict[str, dict[str, str]] = {
+    "classic eager (range)": {"partition.assignment.strategy": "range"},
+    "classic cooperative-sticky": {"partition.assignment.strategy": "cooperative-sticky"},
+    "KIP-848 (group.protocol=consumer)": {"group.protocol": "consumer"},
+}
+
+MEMBER = r"""
+import os, sys, time
+from confluent_kafka import Consumer
+bootstrap, group, topic, out, leave_file, stop_file = sys.argv[1:7]
+conf = dict(kv.split("=", 1) for kv in sys.argv[7:])
+c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "latest",
+              "enable.auto.commit": False, "log_level": 3, **conf})
+c.subscribe([topic])
+stamps, size = [], -1
+while not os.path.exists(stop_file) and not os.path.exists(leave_file):
+    now_size = len(c.assignment())
+    if now_size != size:
+        size = now_size
+        print(f"ASSIGNED {size}", flush=True)
+    for m in c.consume(500, 0.05):
+        if m.error() is None:
+            stamps.append((time.time(), m.partition()))
+left = time.time()
+c.close()
+with open(out, "w") as f:
+    f.write(f"left {left if os.path.exists(leave_file) else 0}\n")
+    f.writelines(f"{t:.6f} {p}\n" for t, p in stamps)
+"""
+
+
+class Member:
+    def __init__(self, ctx: Ctx, d: Path, i: int, bootstrap: str, group: str, conf: dict[str, str]) -> None:
+        self.out, self.leave_file, self.stop_file = d / f"m{i}.txt", d / f"m{i}.leave", d / "stop"
+        args = [sys.executable, "-c", MEMBER, bootstrap, group, TOPIC, str(self.out), str(self.leave_file),
+                str(self.stop_file), *(f"{k}={v}" for k, v in conf.items())]
+        self.proc = spawn(args, stdout=subprocess.PIPE, text=True)
+        self.assigned = 0
+        self.changed_at = time.monotonic()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("ASSIGNED "):
+                self.assigned = int(line.split()[1])
+                self.changed_at = time.monotonic()
+
+    def stamps(self) -> tuple[float, list[tuple[float, int]]]:
+        lines = self.out.read_text().splitlines()
+        left = float(lines[0].split()[1])
+        return left, [(float(t), int(p)) for t, p in (x.split() for x in lines[1:])]
+
+
+def _producer(bootstrap: str, stop: threading.Event) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 3})
+    i, t0 = 0, time.monotonic()
+    while not stop.is_set():
+        due = int((time.monotonic() - t0) * RATE)
+        while i < due:
+            p.produce(TOPIC, b"x" * 100, partition=i % PARTITIONS)
+            i += 1
+        p.poll(0)
+        time.sleep(0.002)
+    p.flush(10)
+
+
+def _largest_gap_between(times: list[float], start: float, end: float) -> float:
+    inside = [t for t in times if start <= t <= end]
+    return max((b - a for a, b in zip(inside, inside[1:], strict=False)), default=0.0)
+
+
+def measure(ctx: Ctx, kb: KBroker, mode: str, conf: dict[str, str], rep: int,
+            phase: random.Random) -> tuple[float, float, float]:
+    """One leave: (longest stayer gap, leave -> every partition flowing, steady-state max gap), in ms."""
+    d = workdir(ctx.base, f"rebalance-{len(ctx.extra.setdefault('rebalance_runs', []))}")
+    ctx.extra["rebalance_runs"].append(d)
+    group = f"g-{abs(hash((mode, rep, time.time())))}"
+    stop = threading.Event()
+    producer = threading.Thread(target=_producer, args=(kb.bootstrap, stop), daemon=True)
+    producer.start()
+    members = [Member(ctx, d, i, kb.bootstrap, group, conf) for i in range(MEMBERS)]
+    try:
+        # Stable: every member has partitions, all 20 are assigned, and no assignment changed for STEADY seconds
+        # (that window is the noise floor measured before the leave).
+        # The wait past STEADY is random: a stayer learns of the leave at its next heartbeat, and members that
+        # joined together heartbeat in step, so a fixed wait would always measure the same phase of the interval.
+        quiet = STEADY + phase.uniform(0, PHASE)
+        deadline = time.monotonic() + 120
+        while not (all(m.assigned for m in members) and sum(m.assigned for m in members) == PARTITIONS
+                   and time.monotonic() - max(m.changed_at for m in members) > quiet):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{mode}: group not stable: {[m.assigned for m in members]}")
+            time.sleep(0.1)
+        leaver = members[-1]
+        leaver.leave_file.touch()
+        leaver.proc.wait(30)
+        # Watched until the stayers hold every partition again and nothing changed for a second and a half (the
+        # records of the moved partitions flowing by then), at most SETTLE seconds.
+        stayers = members[:-1]
+        end = time.monotonic() + SETTLE
+        while time.monotonic() < end and not (sum(m.assigned for m in stayers) == PARTITIONS
+                                              and time.monotonic() - max(m.changed_at for m in stayers) > 1.5):
+            time.sleep(0.1)
+        (d / "stop").touch()
+        for m in members:
+            m.proc.wait(30)
+    finally:
+        stop.set()
+        producer.join(15)
+        for m in members:
+            reap(m.proc)
+    left, leaver_stamps = leaver.stamps()
+    stays = [[t for t, _ in m.stamps()[1]] for m in members[:-1]]
+    steady = max(_largest_gap_between(ts, left - STEADY, left) for ts in stays)
+    # The rebalance is over once the leaver's partitions are consumed by their new owners: the window that the
+    # stayers' pauses are looked for in ends half a second later (noise of a busy machine afterwards is not it).
+    moved = {p for t, p in leaver_stamps if t > left - STEADY}
+    firsts = {p: min((t for m in members[:-1] for t, q in m.stamps()[1] if q == p and t > left), default=None)
+              for p in moved}
+    late = sorted(p for p, t in firsts.items() if t is None)
+    if not moved or late:
+        raise RuntimeError(f"{mode}: the leaver's partitions {late or moved} not consumed within {SETTLE:.0f} s")
+    handover = max(t for t in firsts.values() if t is not None) - left
+    window_end = left + handover + 0.5
+    stayer_gap, resumed = 0.0, 0.0
+    threshold = max(0.2, 2 * steady)  # a pause longer than the noise
+    for ts in stays:
+        gaps = [(b - a, b) for a, b in zip(ts, ts[1:], strict=False) if left < b <= window_end]
+        length, end = max(gaps, default=(0.0, left))
+        stayer_gap = max(stayer_gap, length)
+        if length > threshold:
+            resumed = max(resumed, end - left)
+    ctx.log(f"    the leaver's partitions {sorted(moved)} consumed again {handover:.2f} s after the leave; stayers "
+            f"resumed {resumed:.2f} s after it")
+    return stayer_gap * 1000, max(handover, resumed) * 1000, steady * 1000
+
+
+def run(ctx: Ctx) -> list[Row]:
+    note_tail = "kbroker only (librdkafka's mock cluster does not speak KIP-848)"
+    rows: dict[str, tuple[Row, Row]] = {
+        mode: (Row(f"rebalance, {MEMBERS} members / {PARTITIONS} partitions, one closes: {mode}, longest gap seen "
+                   "by a stayer", "ms", higher_is_better=False),
+               Row(f"same, {mode}: leave -> all consuming again (stayers resumed, the leaver's partitions at their "
+                   "new owners)", "ms", higher_is_better=False))
+        for mode in MODES
+    }
+    steady: dict[str, list[float]] = {mode: [] for mode in MODES}
+    phase = random.Random(848)
+    kb = KBroker(ctx.base, {"offsets.topic.num.partitions": "4"})
+    try:
+        kb.start()
+        kb.create_topics([TOPIC], partitions=PARTITIONS)
+        for rep in range(ctx.reps):
+            for mode, conf in MODES.items():
+                if ctx.out_of_time(f"rebalance {mode} rep {rep + 1}"):
+                    continue
+                gap, flowing, floor = measure(ctx, kb, mode, conf, rep, phase)
+                rows[mode][0].kb.append(gap)
+                rows[mode][1].kb.append(flowing)
+                steady[mode].append(floor)
+                ctx.log(f"  rebalance {mode} rep {rep + 1}: stayer gap {gap:.0f} ms, all consuming again "
+                        f"{flowing:.0f} ms after the leave (steady-state max gap {floor:.0f} ms)")
+    finally:
+        kb.stop()
+    out: list[Row] = []
+    for mode, (a, b) in rows.items():
+        noise = f"steady-state max gap before the leave {max(steady[mode]):.0f} ms; " if steady[mode] else ""
+        a.note = noise + note_tail
+        out += [a, b]
+    return out
