@@ -40,7 +40,9 @@ from tests.clients import RawClient, wait_until
 
 OVERRIDES = {
     "group.consumer.heartbeat.interval.ms": "300",
+    "group.consumer.min.heartbeat.interval.ms": "100",
     "group.consumer.session.timeout.ms": "6000",
+    "group.consumer.min.session.timeout.ms": "1000",
     "group.initial.rebalance.delay.ms": "200",
     "group.min.session.timeout.ms": "1000",
     "offsets.topic.num.partitions": "4",

@@ -35,6 +35,7 @@ def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     b = BrokerProcess(tmp_path_factory.mktemp("broker"), {"group.consumer.heartbeat.interval.ms": "300",
+                                                          "group.consumer.min.heartbeat.interval.ms": "100",
                                                           "group.initial.rebalance.delay.ms": "200",
                                                           "offsets.topic.num.partitions": "4"})
     b.start()
