@@ -199,6 +199,46 @@ def test_acks_all_waits_for_the_isr_and_refuses_below_min_insync(cluster: Cluste
     wait_for(lambda: under_replicated(cluster) == 0, "no under-replicated partition on broker 1")
 
 
+def test_a_produce_waiting_for_the_isr_does_not_hold_up_the_next_one(cluster: Cluster) -> None:
+    """Produce pipelining: while an acks=all Produce waits for a stopped follower, the next Produce on the same
+    connection is appended; the answers still come back in request order."""
+    from protocol import codec
+
+    create_topic(cluster, "pipelined", [1, 2])
+    assert produce_when_leader(cluster[1], "pipelined", [b"warm"]) == (ErrorCode.NONE, 0)
+    segment = cluster[1].data_dir / "logs" / "pipelined-0" / "00000000000000000000.log"
+
+    def request(acks: int, value: bytes) -> tuple[ProduceRequest, int]:
+        batch = build_batch([(None, value, [], int(time.time() * 1000))])
+        return ProduceRequest(transactional_id=None, acks=acks, timeout_ms=30000, topic_data=[
+            ProduceRequest.TopicProduceData(name="pipelined", partition_data=[
+                ProduceRequest.PartitionProduceData(index=0, records=batch)])]), len(batch)
+
+    (first, n1), (second, n2) = request(-1, b"a"), request(1, b"b")
+    assert cluster[2].proc is not None
+    os.kill(cluster[2].proc.pid, signal.SIGSTOP)
+    try:
+        size = segment.stat().st_size
+        with RawClient(cluster[1].bootstrap, timeout=30) as raw:
+            raw.send_bytes(raw.frame(0, 9, first) + raw.frame(0, 9, second))
+            # Both batches are in the leader's log although the first is not answered (follower 2 is stopped,
+            # and the ISR shrinks only after replica.lag.time.max.ms)...
+            wait_for(lambda: segment.stat().st_size == size + n1 + n2, "both batches appended", timeout=LAG_MS / 2000)
+            raw.sock.settimeout(0.2)
+            with pytest.raises(TimeoutError):
+                raw.sock.recv(1)
+            raw.sock.settimeout(30)
+            os.kill(cluster[2].proc.pid, signal.SIGCONT)
+            # ... and the answers arrive in request order once follower 2 has the first batch.
+            answers = [codec.decode_response(0, 9, raw.recv_frame()) for _ in range(2)]
+        got = [(cid, r.responses[0].partition_responses[0].error_code, r.responses[0].partition_responses[0].base_offset)
+               for cid, r in answers]
+        assert got == [(raw.correlation_id - 1, ErrorCode.NONE, 1), (raw.correlation_id, ErrorCode.NONE, 2)]
+    finally:
+        os.kill(cluster[2].proc.pid, signal.SIGCONT)
+    cluster.wait_isr("pipelined", {1, 2}, leader=1)
+
+
 # ---------------------------------------------------------------- catching up
 
 
