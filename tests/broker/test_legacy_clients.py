@@ -1,0 +1,366 @@
+"""Clients of Kafka 0.8-0.10 (message formats v0 and v1, old API versions, no ApiVersions request): librdkafka
+with api.version.request=false and broker.version.fallback, kafka-python pinned to an old api_version, kcat, and
+raw v0/v1 frames. The log stores record batch v2 only, so produced message sets are converted on append and
+fetched ones down-converted; old and new clients read each other's data."""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from protocol.errors import ErrorCode
+from protocol.legacy_records import build_message_set, read_message_set
+from protocol.messages import (
+    ApiVersionsRequest,
+    FetchRequest,
+    ListOffsetsRequest,
+    MetadataRequest,
+    ProduceRequest,
+)
+from protocol.records import COMPRESSION_GZIP, Record
+from tests.broker.test_produce_consume import create_topic
+from tests.clients import (
+    Msg,
+    ProduceFailed,
+    RawClient,
+    ck_conf,
+    ck_consume,
+    ck_produce,
+    kcat,
+    kp_consume,
+    kp_produce,
+)
+from tests.conftest import have_kcat
+
+TS0 = 1_700_000_000_000
+N = 30
+
+
+def old_ck(fallback: str) -> dict[str, Any]:
+    """librdkafka as a 0.8/0.9 client: no ApiVersions request, protocol versions from the fallback (0.9.0: Metadata
+    v0, Produce v1, Fetch v1, ListOffsets v0, magic 0; 0.8.2: Produce v0, Fetch v0). A fallback of 0.10 or later
+    makes librdkafka 2.x send ApiVersions anyway, so magic 1 is kafka-python's part here."""
+    return {"api.version.request": False, "broker.version.fallback": fallback}
+
+
+def msgs(tag: str, n: int = N, partition: int = 0) -> list[Msg]:
+    return [Msg(f"{tag}-k{i}".encode() if i % 5 else None, f"{tag}-v{i}".encode() + b"x" * (i % 40),
+                timestamp=TS0 + i, partition=partition) for i in range(n)]
+
+
+def values(recs: list[Any]) -> list[bytes | None]:
+    return [r.value for r in sorted(recs, key=lambda r: r.offset)]
+
+
+# ---------------------------------------------------------------- librdkafka without ApiVersions
+
+
+@pytest.mark.parametrize("fallback", ["0.8.2", "0.9.0"])
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4"])
+def test_librdkafka_old_producer_and_consumers(broker, topic_name: str, fallback: str, codec: str) -> None:
+    """Message sets of magic 0 (lz4 with Kafka's broken magic-0 frame checksum) through Produce v0/v1, read back
+    through Fetch v0/v1, and by a current client from the v2 batches they were stored as."""
+    create_topic(broker.bootstrap, topic_name, 1)
+    sent = msgs(codec)
+    delivered = ck_produce(broker.bootstrap, topic_name, sent, **old_ck(fallback), **{"compression.codec": codec})
+    assert sorted(r.offset for r in delivered) == list(range(N))
+    old = ck_consume(broker.bootstrap, topic_name, [0], N, **old_ck(fallback))
+    new = ck_consume(broker.bootstrap, topic_name, [0], N)
+    assert values(old) == values(new) == [m.value for m in sent]
+    assert [r.key for r in sorted(new, key=lambda r: r.offset)] == [m.key for m in sent]
+    # Magic 0 has no timestamps: stored as NO_TIMESTAMP.
+    assert {r.timestamp for r in new} == {-1}
+
+
+def test_librdkafka_old_consumer_group_commits(broker, topic_name: str) -> None:
+    """A balanced consumer of 0.9 (FindCoordinator v0, JoinGroup v0, SyncGroup v0, Heartbeat v0, OffsetCommit v2,
+    OffsetFetch v1) commits, and a second one in the group resumes from the commit."""
+    from confluent_kafka import Consumer
+
+    create_topic(broker.bootstrap, topic_name, 1)
+    ck_produce(broker.bootstrap, topic_name, msgs("g", 20))
+    group = f"g-{topic_name}"
+
+    def consume_some(limit: int) -> list[Any]:
+        c = Consumer(ck_conf(broker.bootstrap, **old_ck("0.9.0"), **{
+            "group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000, "fetch.wait.max.ms": 100}))
+        try:
+            c.subscribe([topic_name])
+            got: list[Any] = []
+            deadline = time.monotonic() + 30
+            while len(got) < limit and time.monotonic() < deadline:
+                for m in c.consume(limit - len(got), 0.5):
+                    assert not m.error(), m.error()
+                    got.append(m)
+            if got:
+                c.commit(message=got[-1], asynchronous=False)
+            return got
+        finally:
+            c.close()
+
+    first = consume_some(12)
+    assert [m.offset() for m in first] == list(range(12))
+    second = consume_some(8)
+    assert [m.offset() for m in second] == list(range(12, 20))
+
+
+# ---------------------------------------------------------------- kafka-python pinned to old versions
+
+
+@pytest.mark.parametrize("api_version", [(0, 10, 0), (0, 9)])
+def test_kafka_python_old_api_version(broker, topic_name: str, api_version: tuple[int, ...]) -> None:
+    """kafka-python 3 with api_version=(0, 10, 0) speaks Produce v2 / Fetch v2 with magic 1, ListOffsets v0,
+    Metadata v1, JoinGroup v0, OffsetCommit v2, OffsetFetch v1; with (0, 9) Produce v1 / Fetch v1 with magic 0."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    create_topic(broker.bootstrap, topic_name, 1)
+    sent = msgs("kp")
+    delivered = kp_produce(broker.bootstrap, topic_name, sent, api_version=api_version, compression_type="gzip")
+    assert [r.offset for r in delivered] == list(range(N))
+    old = kp_consume(broker.bootstrap, topic_name, [0], N, api_version=api_version)
+    assert values(old) == [m.value for m in sent]
+    new = ck_consume(broker.bootstrap, topic_name, [0], N)
+    assert values(new) == [m.value for m in sent]
+    if api_version >= (0, 10):
+        assert [r.timestamp for r in sorted(old, key=lambda r: r.offset)] == [m.timestamp for m in sent]
+    group = f"kp-{topic_name}"
+    tp = TopicPartition(topic_name, 0)
+    c = KafkaConsumer(topic_name, bootstrap_servers=broker.bootstrap, group_id=group, api_version=api_version,
+                      enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=100)
+    try:
+        got: list[Any] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 10 and time.monotonic() < deadline:
+            for recs in c.poll(timeout_ms=500, max_records=10 - len(got)).values():
+                got.extend(recs)
+        assert [r.offset for r in got] == list(range(10))
+        c.commit()
+        assert c.committed(tp) == 10
+        assert c.end_offsets([tp]) == {tp: N}  # ListOffsets v0
+    finally:
+        c.close()
+    c = KafkaConsumer(topic_name, bootstrap_servers=broker.bootstrap, group_id=group, api_version=api_version,
+                      enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=100)
+    try:
+        got = []
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            for recs in c.poll(timeout_ms=500).values():
+                got.extend(recs)
+        assert got and got[0].offset == 10
+    finally:
+        c.close()
+
+
+# ---------------------------------------------------------------- kcat
+
+
+@pytest.mark.skipif(not have_kcat(), reason="kcat not installed")
+@pytest.mark.parametrize("fallback", ["0.8.2", "0.9.0"])
+def test_kcat_old_fallback(broker, topic_name: str, fallback: str) -> None:
+    create_topic(broker.bootstrap, topic_name, 1)
+    x = ["-X", "api.version.request=false", "-X", f"broker.version.fallback={fallback}"]
+    lines = [f"kcat-{i}" for i in range(20)]
+    kcat(broker.bootstrap, "-P", "-t", topic_name, "-p", "0", "-z", "snappy", *x, input="\n".join(lines).encode())
+    out = kcat(broker.bootstrap, "-C", "-t", topic_name, "-p", "0", "-o", "beginning", "-e", "-f", "%o:%s\n", *x)
+    assert out.stdout.decode().split() == [f"{i}:{line}" for i, line in enumerate(lines)]
+    assert values(ck_consume(broker.bootstrap, topic_name, [0], 20)) == [line.encode() for line in lines]
+
+
+# ---------------------------------------------------------------- old and new clients on one topic
+
+
+def test_old_consumers_read_new_producers_data(broker, topic_name: str) -> None:
+    """Compressed v2 batches with headers, down-converted: magic 1 keeps timestamps, headers are dropped."""
+    create_topic(broker.bootstrap, topic_name, 1)
+    sent = [m._replace(headers=(("h", b"1"),)) for m in msgs("new")]
+    ck_produce(broker.bootstrap, topic_name, sent, **{"compression.codec": "lz4", "linger.ms": 50})
+    kp_produce(broker.bootstrap, topic_name, msgs("new2"), compression_type="gzip")
+    want = [m.value for m in sent] + [m.value for m in msgs("new2")]
+    for fallback in ("0.8.2", "0.9.0"):
+        assert values(ck_consume(broker.bootstrap, topic_name, [0], 2 * N, **old_ck(fallback))) == want
+    v1 = kp_consume(broker.bootstrap, topic_name, [0], 2 * N, api_version=(0, 10, 0))
+    assert values(v1) == want
+    assert all(r.headers == () for r in v1)
+    ordered = sorted(v1, key=lambda r: r.offset)
+    assert [r.offset for r in ordered] == list(range(2 * N))
+    assert [r.timestamp for r in ordered] == [m.timestamp for m in sent] + [m.timestamp for m in msgs("new2")]
+
+
+def test_new_consumers_read_old_producers_data(broker, topic_name: str) -> None:
+    create_topic(broker.bootstrap, topic_name, 1)
+    ck_produce(broker.bootstrap, topic_name, msgs("a"), **old_ck("0.9.0"), **{"compression.codec": "gzip"})
+    kp_produce(broker.bootstrap, topic_name, msgs("b"), api_version=(0, 10, 0), compression_type="snappy")
+    sent = msgs("a") + msgs("b")
+    for recs in (ck_consume(broker.bootstrap, topic_name, [0], 2 * N),
+                 kp_consume(broker.bootstrap, topic_name, [0], 2 * N)):
+        ordered = sorted(recs, key=lambda r: r.offset)
+        assert [r.value for r in ordered] == [m.value for m in sent]
+        # Magic 0 (librdkafka 0.9) has no timestamps, magic 1 (kafka-python 0.10) keeps the producer's.
+        assert [r.timestamp for r in ordered] == [-1] * N + [m.timestamp for m in msgs("b")]
+
+
+def test_log_append_time_topic(broker, topic_name: str) -> None:
+    """message.timestamp.type=LogAppendTime: old producers' messages get the broker's time, and old v1 consumers
+    see it as LogAppendTime."""
+    create_topic(broker.bootstrap, topic_name, 1, **{"message.timestamp.type": "LogAppendTime"})
+    before = int(time.time() * 1000)
+    kp_produce(broker.bootstrap, topic_name, msgs("lat", 5), api_version=(0, 10, 0))
+    ck_produce(broker.bootstrap, topic_name, msgs("lat0", 5), **old_ck("0.9.0"))
+    after = int(time.time() * 1000)
+    for recs in (ck_consume(broker.bootstrap, topic_name, [0], 10),
+                 kp_consume(broker.bootstrap, topic_name, [0], 10)):
+        assert len(recs) == 10 and all(before <= r.timestamp <= after for r in recs), recs
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=broker.bootstrap, api_version=(0, 10, 0), auto_offset_reset="earliest")
+    try:
+        c.assign([TopicPartition(topic_name, 0)])
+        got: list[Any] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 10 and time.monotonic() < deadline:
+            for recs in c.poll(timeout_ms=500).values():
+                got.extend(recs)
+        assert len(got) == 10 and {r.timestamp_type for r in got} == {1}
+        assert all(before <= r.timestamp <= after for r in got)
+    finally:
+        c.close()
+
+
+def test_old_consumers_skip_transaction_markers(broker, topic_name: str) -> None:
+    """A committed transaction's records reach 0.9/0.10 consumers; its COMMIT marker (a control batch) does not,
+    and the offsets go on past it."""
+    create_topic(broker.bootstrap, topic_name, 1)
+    p = Producer(ck_conf(broker.bootstrap, **{"transactional.id": f"tx-{topic_name}", "linger.ms": 5}))
+    p.init_transactions(15)
+    p.begin_transaction()
+    for m in msgs("txn", 10):
+        p.produce(topic_name, key=m.key, value=m.value, partition=0, timestamp=m.timestamp)
+    p.commit_transaction(15)
+    ck_produce(broker.bootstrap, topic_name, msgs("after", 5))
+    want = [m.value for m in msgs("txn", 10)] + [m.value for m in msgs("after", 5)]
+    for recs in (ck_consume(broker.bootstrap, topic_name, [0], 15, **old_ck("0.8.2")),
+                 ck_consume(broker.bootstrap, topic_name, [0], 15, **old_ck("0.9.0")),
+                 kp_consume(broker.bootstrap, topic_name, [0], 15, api_version=(0, 10, 0))):
+        ordered = sorted(recs, key=lambda r: r.offset)
+        assert [r.value for r in ordered] == want
+        assert [r.offset for r in ordered] == list(range(10)) + list(range(11, 16))  # 10 is the marker
+
+
+# ---------------------------------------------------------------- raw v0/v1 frames and refusals
+
+
+def _produce(bootstrap: str, topic: str, records: bytes, version: int) -> Any:
+    P = ProduceRequest
+    req = P(acks=1, timeout_ms=10000, topic_data=[P.TopicProduceData(
+        name=topic, partition_data=[P.PartitionProduceData(index=0, records=records)])])
+    with RawClient(bootstrap) as raw:
+        return raw.request(0, version, req).responses[0].partition_responses[0]
+
+
+def _fetch(bootstrap: str, topic: str, version: int, offset: int = 0, max_bytes: int = 1 << 20) -> Any:
+    F = FetchRequest
+    req = F(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=max_bytes, topics=[F.FetchTopic(
+        topic=topic, partitions=[F.FetchPartition(partition=0, fetch_offset=offset, partition_max_bytes=max_bytes)])])
+    with RawClient(bootstrap) as raw:
+        return raw.request(1, version, req).responses[0].partitions[0]
+
+
+def test_raw_v0_v1_frames_round_trip(broker, topic_name: str) -> None:
+    create_topic(broker.bootstrap, topic_name, 1)
+    v0 = build_message_set([Record(i, -1, None, b"zero-%d" % i) for i in range(3)], magic=0)
+    v1 = build_message_set([Record(i, TS0 + i, b"k", b"one-%d" % i) for i in range(3)], magic=1,
+                           compression=COMPRESSION_GZIP)
+    assert _produce(broker.bootstrap, topic_name, v0, 0).base_offset == 0
+    assert _produce(broker.bootstrap, topic_name, v1, 2).base_offset == 3
+    for version, magic in ((0, 0), (1, 0), (2, 1), (3, 1)):
+        part = _fetch(broker.bootstrap, topic_name, version)
+        assert part.error_code == 0 and part.high_watermark == 6
+        got = read_message_set(part.records)
+        assert {m.magic for m in got} == {magic}
+        assert [(m.offset, m.value) for m in got] == [(i, b"zero-%d" % i) for i in range(3)] + [
+            (3 + i, b"one-%d" % i) for i in range(3)]
+        if magic:
+            assert [m.timestamp for m in got[3:]] == [TS0, TS0 + 1, TS0 + 2]
+    # Fetch v0-v2 bound a partition by its max bytes, cutting the last message; the client reads whole ones.
+    part = _fetch(broker.bootstrap, topic_name, 2, offset=0, max_bytes=60)
+    assert len(part.records) == 60 and [m.offset for m in read_message_set(part.records)] == [0]
+
+
+def test_raw_refusals(broker, topic_name: str) -> None:
+    create_topic(broker.bootstrap, topic_name, 1)
+    good = build_message_set([Record(0, TS0, b"k", b"v")], magic=1)
+    bad_crc = bytearray(good)
+    bad_crc[-1] ^= 1
+    assert _produce(broker.bootstrap, topic_name, bytes(bad_crc), 2).error_code == ErrorCode.CORRUPT_MESSAGE
+    # zstd below magic 2: Kafka's legacy record iterator refuses it (InvalidRecordException).
+    zstd_wrapper = bytearray(build_message_set([Record(0, TS0, b"k", b"v")], magic=1, compression=COMPRESSION_GZIP))
+    zstd_wrapper[17] = (zstd_wrapper[17] & ~0x07) | 4
+    zstd_wrapper[12:16] = zlib.crc32(bytes(zstd_wrapper[16:])).to_bytes(4, "big")
+    assert _produce(broker.bootstrap, topic_name, bytes(zstd_wrapper), 2).error_code == ErrorCode.INVALID_RECORD
+    # From Produce v3 only record batches v2 (ProduceRequest.validateRecords).
+    assert _produce(broker.bootstrap, topic_name, good, 3).error_code == ErrorCode.INVALID_RECORD
+    resp = _produce(broker.bootstrap, topic_name, good, 8)
+    assert resp.error_code == ErrorCode.INVALID_RECORD and "magic version 2" in resp.error_message
+    assert _fetch(broker.bootstrap, topic_name, 3).high_watermark == 0
+
+
+def test_max_message_bytes_applies_to_each_message(broker, topic_name: str) -> None:
+    create_topic(broker.bootstrap, topic_name, 1, **{"max.message.bytes": "2000"})
+    big = build_message_set([Record(0, TS0, b"k", b"x" * 3000)], magic=1)
+    assert _produce(broker.bootstrap, topic_name, big, 2).error_code == ErrorCode.MESSAGE_TOO_LARGE
+    with pytest.raises(ProduceFailed) as e:
+        ck_produce(broker.bootstrap, topic_name, [Msg(b"k", b"x" * 3000, partition=0)], **old_ck("0.9.0"))
+    assert e.value.errors[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+    ok = build_message_set([Record(i, TS0, b"k", b"x" * 500) for i in range(3)], magic=1)
+    assert _produce(broker.bootstrap, topic_name, ok, 2).error_code == 0
+
+
+def test_down_conversion_disabled(broker, topic_name: str) -> None:
+    """message.downconversion.enable=false: Fetch v0-v3 get UNSUPPORTED_VERSION for the partition, newer fetches
+    read on."""
+    create_topic(broker.bootstrap, topic_name, 1, **{"message.downconversion.enable": "false"})
+    ck_produce(broker.bootstrap, topic_name, msgs("dc", 5))
+    for version in (0, 1, 2, 3):
+        assert _fetch(broker.bootstrap, topic_name, version).error_code == ErrorCode.UNSUPPORTED_VERSION
+    assert _fetch(broker.bootstrap, topic_name, 4).error_code == 0
+    assert len(ck_consume(broker.bootstrap, topic_name, [0], 5)) == 5
+    # librdkafka as a 0.9 client surfaces the partition error.
+    with pytest.raises(KafkaException) as e:
+        ck_consume(broker.bootstrap, topic_name, [0], 5, timeout=10, **old_ck("0.9.0"))
+    assert e.value.args[0].code() == KafkaError.UNSUPPORTED_VERSION
+
+
+def test_zstd_topic_refused_to_fetches_before_v10(broker, topic_name: str) -> None:
+    create_topic(broker.bootstrap, topic_name, 1, **{"compression.type": "zstd"})
+    ck_produce(broker.bootstrap, topic_name, msgs("z", 3))
+    for version in (2, 9):
+        assert _fetch(broker.bootstrap, topic_name, version).error_code == ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
+    assert _fetch(broker.bootstrap, topic_name, 10).error_code == 0
+
+
+def test_old_metadata_list_offsets_and_api_versions(broker, topic_name: str) -> None:
+    from kafka.protocol.metadata.api_versions import ApiVersionsRequest as KpApiVersions
+
+    from tests.clients import KpRaw
+
+    create_topic(broker.bootstrap, topic_name, 2)
+    ck_produce(broker.bootstrap, topic_name, msgs("lo", 4))
+    with RawClient(broker.bootstrap) as raw:
+        md = raw.request(3, 0, MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic_name)]))
+        assert md.topics[0].error_code == 0 and len(md.topics[0].partitions) == 2
+        L = ListOffsetsRequest
+        lo = raw.request(2, 0, L(replica_id=-1, topics=[L.ListOffsetsTopic(name=topic_name, partitions=[
+            L.ListOffsetsPartition(partition_index=0, timestamp=-1, max_num_offsets=1)])]))
+        assert lo.topics[0].partitions[0].old_style_offsets == [4]
+        av = raw.request(18, 0, ApiVersionsRequest())
+        ranges = {a.api_key: (a.min_version, a.max_version) for a in av.api_keys}
+        assert ranges[0] == (0, 11) and ranges[1] == (0, 17)
+    with KpRaw(broker.bootstrap) as kp:
+        ranges = {k.api_key: (k.min_version, k.max_version) for k in kp.send(KpApiVersions[0]()).api_keys}
+        assert ranges[0] == (0, 11) and ranges[1] == (0, 17)
