@@ -364,3 +364,54 @@ def test_old_metadata_list_offsets_and_api_versions(broker, topic_name: str) -> 
     with KpRaw(broker.bootstrap) as kp:
         ranges = {k.api_key: (k.min_version, k.max_version) for k in kp.send(KpApiVersions[0]()).api_keys}
         assert ranges[0] == (0, 11) and ranges[1] == (0, 17)
+
+
+def test_down_conversion_config_described_and_altered(broker, topic_name: str) -> None:
+    """message.downconversion.enable is a topic config (default true, broker synonym
+    log.message.downconversion.enable) that DescribeConfigs lists and AlterConfigs changes live."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+    from kafka import KafkaAdminClient
+    from kafka.admin import AlterConfigOp
+    from kafka.admin import ConfigResource as KConfigResource
+    from kafka.admin import ConfigResourceType as KType
+
+    create_topic(broker.bootstrap, topic_name, 1)
+    ck_produce(broker.bootstrap, topic_name, msgs("cfg", 3))
+    ck_admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    kp_admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=10000)
+
+    def ck_entry(rtype: str, name: str, key: str) -> Any:
+        return next(iter(ck_admin.describe_configs([ConfigResource(rtype, name)]).values())).result(15)[key]
+
+    def ck_set(rtype: str, name: str, key: str, value: str | None) -> None:
+        op = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
+        res = ConfigResource(rtype, name, incremental_configs=[ConfigEntry(key, value, incremental_operation=op)])
+        next(iter(ck_admin.incremental_alter_configs([res]).values())).result(15)
+
+    try:
+        entry = ck_entry("topic", topic_name, "message.downconversion.enable")
+        assert (entry.value, entry.is_default) == ("true", True)
+        described = kp_admin.describe_configs([KConfigResource(KType.TOPIC, topic_name)], config_filter="all")
+        assert described["topic"][topic_name]["message.downconversion.enable"]["value"] == "true"
+        assert ck_entry("broker", "0", "log.message.downconversion.enable").value == "true"
+
+        ck_set("topic", topic_name, "message.downconversion.enable", "false")
+        assert ck_entry("topic", topic_name, "message.downconversion.enable").value == "false"
+        assert _fetch(broker.bootstrap, topic_name, 1).error_code == ErrorCode.UNSUPPORTED_VERSION
+        r = kp_admin.alter_configs([KConfigResource(KType.TOPIC, topic_name, {
+            "message.downconversion.enable": (AlterConfigOp.SET, "TRUE")})], incremental=True)
+        assert r["topic"][topic_name] == "OK"
+        assert len(read_message_set(_fetch(broker.bootstrap, topic_name, 1).records)) == 3
+        with pytest.raises(KafkaException) as e:
+            ck_set("topic", topic_name, "message.downconversion.enable", "maybe")
+        assert e.value.args[0].code() == KafkaError.INVALID_CONFIG
+
+        # The broker-wide default applies to topics without their own value.
+        ck_set("topic", topic_name, "message.downconversion.enable", None)
+        ck_set("broker", "0", "log.message.downconversion.enable", "false")
+        assert ck_entry("topic", topic_name, "message.downconversion.enable").value == "false"
+        assert _fetch(broker.bootstrap, topic_name, 3).error_code == ErrorCode.UNSUPPORTED_VERSION
+    finally:
+        ck_set("broker", "0", "log.message.downconversion.enable", None)
+        kp_admin.close()
+    assert _fetch(broker.bootstrap, topic_name, 3).error_code == 0
