@@ -415,3 +415,64 @@ def test_down_conversion_config_described_and_altered(broker, topic_name: str) -
         ck_set("broker", "0", "log.message.downconversion.enable", None)
         kp_admin.close()
     assert _fetch(broker.bootstrap, topic_name, 3).error_code == 0
+
+
+def test_kafka_python_0_8_2_assign_and_commit(broker, topic_name: str) -> None:
+    """kafka-python at (0, 8, 2): Produce v0 / Fetch v0 with magic 0, offsets through OffsetCommit v1 and
+    OffsetFetch v1 (no group membership before 0.9)."""
+    from kafka import KafkaConsumer, OffsetAndMetadata, TopicPartition
+
+    create_topic(broker.bootstrap, topic_name, 1)
+    sent = msgs("082", 10)
+    assert [r.offset for r in kp_produce(broker.bootstrap, topic_name, sent, api_version=(0, 8, 2))] == list(
+        range(10))
+    c = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=f"g-{topic_name}", api_version=(0, 8, 2),
+                      enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=100)
+    tp = TopicPartition(topic_name, 0)
+    try:
+        c.assign([tp])
+        got: list[Any] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 10 and time.monotonic() < deadline:
+            for recs in c.poll(timeout_ms=500).values():
+                got.extend(recs)
+        assert [r.value for r in got] == [m.value for m in sent]
+        c.commit({tp: OffsetAndMetadata(7, "seven", -1)})
+        assert c.committed(tp) == 7
+    finally:
+        c.close()
+
+
+def test_offset_commit_and_fetch_v0(broker, topic_name: str) -> None:
+    """OffsetCommit v0 / OffsetFetch v0. Kafka keeps v0 offsets in ZooKeeper, apart from the v1+ ones; kbroker keeps
+    them with the group coordinator like every other commit (README: Old clients)."""
+    from kafka.protocol.consumer.group import OffsetCommitRequest as KpCommit
+    from kafka.protocol.consumer.group import OffsetFetchRequest as KpFetch
+
+    from protocol.messages import OffsetCommitRequest, OffsetFetchRequest
+    from tests.clients import KpRaw
+
+    create_topic(broker.bootstrap, topic_name, 1)
+    group = f"g0-{topic_name}"
+    C = KpCommit[0]
+    with KpRaw(broker.bootstrap) as kp:
+        resp = kp.send(C(group_id=group, topics=[C.OffsetCommitRequestTopic(name=topic_name, partitions=[
+            C.OffsetCommitRequestTopic.OffsetCommitRequestPartition(partition_index=0, committed_offset=5,
+                                                                    committed_metadata="m")])]))
+        assert resp.topics[0].partitions[0].error_code == 0
+        F = KpFetch[0]
+        got = kp.send(F(group_id=group, topics=[F.OffsetFetchRequestTopic(name=topic_name, partition_indexes=[0])]))
+        p = got.topics[0].partitions[0]
+        assert (p.error_code, p.committed_offset, p.metadata) == (0, 5, "m")
+    OC, OF = OffsetCommitRequest, OffsetFetchRequest
+    with RawClient(broker.bootstrap) as raw:
+        resp = raw.request(8, 0, OC(group_id=group, topics=[OC.OffsetCommitRequestTopic(name=topic_name, partitions=[
+            OC.OffsetCommitRequestPartition(partition_index=0, committed_offset=9, committed_metadata="")])]))
+        assert resp.topics[0].partitions[0].error_code == 0
+        resp = raw.request(9, 0, OF(group_id=group, topics=[OF.OffsetFetchRequestTopic(name=topic_name,
+                                                                                       partition_indexes=[0])]))
+        assert resp.topics[0].partitions[0].committed_offset == 9
+        # A partition that does not exist: UNKNOWN_TOPIC_OR_PARTITION, as Kafka's metadata check.
+        resp = raw.request(8, 0, OC(group_id=group, topics=[OC.OffsetCommitRequestTopic(name=topic_name, partitions=[
+            OC.OffsetCommitRequestPartition(partition_index=3, committed_offset=1, committed_metadata="")])]))
+        assert resp.topics[0].partitions[0].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
