@@ -21,7 +21,7 @@ from protocol.messages import (
     MetadataRequest,
     ProduceRequest,
 )
-from protocol.records import COMPRESSION_GZIP, Record
+from protocol.records import COMPRESSION_GZIP, Record, build_batch
 from tests.broker.test_produce_consume import create_topic
 from tests.clients import (
     Msg,
@@ -287,6 +287,10 @@ def test_raw_v0_v1_frames_round_trip(broker, topic_name: str) -> None:
             (3 + i, b"one-%d" % i) for i in range(3)]
         if magic:
             assert [m.timestamp for m in got[3:]] == [TS0, TS0 + 1, TS0 + 2]
+    # Produce v0-v2 take record batches v2 too (Kafka checks the magic from v3 only).
+    v2 = build_batch([(b"k", b"two", (), TS0)])
+    assert _produce(broker.bootstrap, topic_name, v2, 1).base_offset == 6
+    assert read_message_set(_fetch(broker.bootstrap, topic_name, 1, offset=6).records)[0].value == b"two"
     # Fetch v0-v2 bound a partition by its max bytes, cutting the last message; the client reads whole ones.
     part = _fetch(broker.bootstrap, topic_name, 2, offset=0, max_bytes=60)
     assert len(part.records) == 60 and [m.offset for m in read_message_set(part.records)] == [0]
