@@ -480,3 +480,31 @@ def test_offset_commit_and_fetch_v0(broker, topic_name: str) -> None:
         resp = raw.request(8, 0, OC(group_id=group, topics=[OC.OffsetCommitRequestTopic(name=topic_name, partitions=[
             OC.OffsetCommitRequestPartition(partition_index=3, committed_offset=1, committed_metadata="")])]))
         assert resp.topics[0].partitions[0].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_long_poll_wakes_old_fetches(broker, topic_name: str) -> None:
+    """Fetch v2 with max_wait_ms/min_bytes waits for data like newer versions, and answers as soon as a produce
+    arrives (raw frames, then kafka-python at (0, 10, 0) with a 10 s fetch wait)."""
+    import threading
+
+    create_topic(broker.bootstrap, topic_name, 1)
+    F = FetchRequest
+    req = F(replica_id=-1, max_wait_ms=10000, min_bytes=1, topics=[F.FetchTopic(topic=topic_name, partitions=[
+        F.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])])
+    later = threading.Timer(0.5, lambda: kp_produce(broker.bootstrap, topic_name, msgs("lp", 3),
+                                                    api_version=(0, 10, 0)))
+    with RawClient(broker.bootstrap, timeout=15) as raw:
+        start = time.monotonic()
+        later.start()
+        part = raw.request(1, 2, req).responses[0].partitions[0]
+        waited = time.monotonic() - start
+    later.join()
+    assert 0.4 < waited < 8, waited
+    assert [m.value for m in read_message_set(part.records)] == [m.value for m in msgs("lp", 3)]
+    later = threading.Timer(0.5, lambda: ck_produce(broker.bootstrap, topic_name, msgs("lp2", 2)))
+    later.start()
+    start = time.monotonic()
+    got = kp_consume(broker.bootstrap, topic_name, [0], 5, api_version=(0, 10, 0), fetch_max_wait_ms=10000)
+    later.join()
+    assert values(got) == [m.value for m in msgs("lp", 3) + msgs("lp2", 2)]
+    assert time.monotonic() - start < 8
