@@ -8,6 +8,8 @@ import zlib
 
 import lz4.frame
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
 
@@ -247,3 +249,28 @@ def test_down_convert_log_append_time_and_limits() -> None:
     # converted batch goes out whole.
     assert down_convert(two, 1, 0, 10, whole_first=False) == whole[:10]
     assert down_convert(two, 1, 0, 10) == out
+
+
+@given(st.sampled_from([(m, c) for m in (0, 1) for c in CODECS]), st.lists(
+    st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4), st.integers(0, 10_000),
+    st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_mangled_sets_are_refused_with_kafka_errors(kind: tuple[int, int], flips: list[tuple[int, int]],
+                                                    cut: int, fix_crc: bool) -> None:
+    """Whatever a producer sends, the conversion answers with a Kafka error (CORRUPT_MESSAGE, INVALID_RECORD,
+    INVALID_TIMESTAMP) or a valid batch, never another exception (which would be UNKNOWN_SERVER_ERROR)."""
+    magic, codec = kind
+    buf = bytearray(build_message_set([Record(i, TS0 + i, b"k%d" % i, b"v" * i) for i in range(4)], magic=magic,
+                                      compression=codec))
+    for pos, value in flips:
+        buf[pos % len(buf)] = value
+    if fix_crc and len(buf) > 16:
+        # Past the CRC check, so the deeper checks get garbage too.
+        buf[12:16] = zlib.crc32(bytes(buf[16:12 + int.from_bytes(buf[8:12], "big", signed=True)])).to_bytes(4, "big")
+    data = bytes(buf[: max(1, len(buf) - cut % 8)])
+    try:
+        batch = to_record_batch(data, scan_shallow_entries(data))
+    except (CorruptRecordError, InvalidRecordError):
+        return
+    validate_batches(batch)
+    read_message_set(data)
