@@ -508,3 +508,37 @@ def test_long_poll_wakes_old_fetches(broker, topic_name: str) -> None:
     later.join()
     assert values(got) == [m.value for m in msgs("lp", 3) + msgs("lp2", 2)]
     assert time.monotonic() - start < 8
+
+
+def test_old_group_admin_apis(broker, topic_name: str) -> None:
+    """ListGroups v0 and DescribeGroups v0 (kafka-python's admin at (0, 10, 0), and raw frames) see a group of an
+    old consumer (JoinGroup v0); its LeaveGroup v0 on close empties the group."""
+    from kafka import KafkaAdminClient, KafkaConsumer
+
+    from protocol.messages import DescribeGroupsRequest, ListGroupsRequest
+
+    create_topic(broker.bootstrap, topic_name, 1)
+    group = f"adm-{topic_name}"
+    c = KafkaConsumer(topic_name, bootstrap_servers=broker.bootstrap, group_id=group, api_version=(0, 10, 0))
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, api_version=(0, 10, 0))
+    try:
+        deadline = time.monotonic() + 20
+        while not c.assignment() and time.monotonic() < deadline:
+            c.poll(200)
+        assert c.assignment()
+        assert {"group_id": group, "protocol_type": "consumer"} in admin.list_groups()
+        desc = admin.describe_groups([group])[group]
+        assert desc["group_state"] == "Stable" and len(desc["members"]) == 1
+        assert desc["members"][0]["member_assignment"]["assigned_partitions"] == [
+            {"topic": topic_name, "partitions": [0]}]
+        with RawClient(broker.bootstrap) as raw:
+            listed = raw.request(16, 0, ListGroupsRequest())
+            assert group in {g.group_id for g in listed.groups}
+            raw_desc = raw.request(15, 0, DescribeGroupsRequest(groups=[group])).groups[0]
+            assert (raw_desc.error_code, raw_desc.group_state, len(raw_desc.members)) == (0, "Stable", 1)
+        c.close()
+        with RawClient(broker.bootstrap) as raw:
+            assert raw.request(15, 0, DescribeGroupsRequest(groups=[group])).groups[0].group_state == "Empty"
+    finally:
+        c.close()
+        admin.close()
