@@ -542,3 +542,55 @@ def test_old_group_admin_apis(broker, topic_name: str) -> None:
     finally:
         c.close()
         admin.close()
+
+
+def test_record_level_refusals_of_old_messages(broker, topic_name: str) -> None:
+    """Kafka's per-record checks apply to converted messages: no key on a compacted topic (INVALID_RECORD), a
+    CreateTime outside message.timestamp.*.max.ms (INVALID_TIMESTAMP; magic 0 messages have none to check), and a
+    producer claiming LogAppendTime (INVALID_TIMESTAMP). librdkafka as a 0.9 client gets the same answers."""
+    compacted, bounded = f"{topic_name}-c", f"{topic_name}-b"
+    create_topic(broker.bootstrap, compacted, 1, **{"cleanup.policy": "compact"})
+    create_topic(broker.bootstrap, bounded, 1, **{"message.timestamp.difference.max.ms": "3600000"})
+    keyless = build_message_set([Record(0, TS0, b"k", b"v"), Record(1, TS0, None, b"v")], magic=1)
+    resp = _produce(broker.bootstrap, compacted, keyless, 2)
+    assert resp.error_code == ErrorCode.INVALID_RECORD
+    assert _produce(broker.bootstrap, compacted, build_message_set([Record(0, -1, b"k", b"v")], magic=0),
+                    1).error_code == 0
+    with pytest.raises(ProduceFailed) as e:
+        ck_produce(broker.bootstrap, compacted, [Msg(None, b"no key", partition=0)], **old_ck("0.9.0"))
+    assert e.value.errors[0].code() == KafkaError.INVALID_RECORD
+
+    old = build_message_set([Record(0, TS0, b"k", b"v")], magic=1)  # 2023: far outside one hour
+    assert _produce(broker.bootstrap, bounded, old, 2).error_code == ErrorCode.INVALID_TIMESTAMP
+    now = int(time.time() * 1000)
+    assert _produce(broker.bootstrap, bounded, build_message_set([Record(0, now, b"k", b"v")], magic=1),
+                    2).error_code == 0
+    assert _produce(broker.bootstrap, bounded, build_message_set([Record(0, -1, b"k", b"v")], magic=0),
+                    0).error_code == 0
+    claimed = build_message_set([Record(0, now, b"k", b"v")], magic=1, log_append_time=now)
+    assert _produce(broker.bootstrap, bounded, claimed, 2).error_code == ErrorCode.INVALID_TIMESTAMP
+    assert _fetch(broker.bootstrap, bounded, 3).high_watermark == 2
+
+
+@pytest.mark.parametrize("acks", [0, -1])
+def test_acks_with_old_producers(broker, topic_name: str, acks: int) -> None:
+    """acks=0 gets no answer and acks=all waits for the ISR, as with newer Produce versions (kafka-python at
+    (0, 10, 0), then librdkafka as a 0.9 client)."""
+    create_topic(broker.bootstrap, topic_name, 1)
+    kp_produce(broker.bootstrap, topic_name, msgs("a", 5), api_version=(0, 10, 0), acks=acks if acks else 0)
+    ck_produce(broker.bootstrap, topic_name, msgs("b", 5), **old_ck("0.9.0"), **{"acks": acks})
+    got = ck_consume(broker.bootstrap, topic_name, [0], 10)
+    assert values(got) == [m.value for m in msgs("a", 5) + msgs("b", 5)]
+    if acks == 0:
+        # No answer on the wire: the next frame is the answer to the request after it.
+        from protocol import codec
+
+        P = ProduceRequest
+        req = P(acks=0, timeout_ms=10000, topic_data=[P.TopicProduceData(name=topic_name, partition_data=[
+            P.PartitionProduceData(index=0, records=build_message_set([Record(0, -1, b"k", b"v")], magic=0))])])
+        with RawClient(broker.bootstrap) as raw:
+            raw.send_bytes(raw.frame(0, 0, req))
+            raw.send_bytes(raw.frame(3, 0, MetadataRequest(topics=[])))
+            cid, _ = codec.decode_response(3, 0, raw.recv_frame())
+            assert cid == raw.correlation_id
+        assert _fetch(broker.bootstrap, topic_name, 0).high_watermark == 11
