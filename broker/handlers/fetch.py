@@ -9,6 +9,7 @@ from typing import Any
 
 from broker import metrics
 from broker.apis import ApiHandler, RequestContext
+from broker.down_conversion import check_down_conversion, down_convert_fetched, legacy_fetch_magic
 from broker.fetch_session import (
     INVALID_SESSION_ID,
     CachedPartition,
@@ -17,7 +18,6 @@ from broker.fetch_session import (
     SessionErrorContext,
     SessionlessFetchContext,
 )
-from broker.handlers.down_conversion import check_down_conversion, down_convert_fetched, legacy_fetch_magic
 from broker.replica_manager import LEADER_EPOCH, error_of
 from broker.security.acls import AclOperation, ResourceType
 from protocol.errors import ErrorCode, KafkaError
