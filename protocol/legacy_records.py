@@ -56,10 +56,12 @@ __all__ = [
     "RECORD_OVERHEAD_V0",
     "RECORD_OVERHEAD_V1",
     "LegacyMessage",
+    "MessageTooLargeError",
     "ShallowEntry",
     "UNSUPPORTED_COMPRESSION_TYPE",
     "UnsupportedCompressionTypeError",
     "build_message_set",
+    "convert_produced_set",
     "down_convert",
     "first_magic",
     "read_message_set",
@@ -79,6 +81,12 @@ _I64 = struct.Struct(">q")
 RECORD_OVERHEAD_V0 = 4 + 1 + 1 + 4 + 4
 RECORD_OVERHEAD_V1 = RECORD_OVERHEAD_V0 + 8
 _MAGIC_POS = LOG_OVERHEAD + 4  # the magic byte follows the offset, the size and the CRC
+
+
+class MessageTooLargeError(ValueError):
+    """A produced message (or compressed wrapper) larger than max.message.bytes (Kafka's RecordTooLargeException)."""
+
+    error_code = 10  # MESSAGE_TOO_LARGE
 
 
 class UnsupportedCompressionTypeError(ValueError):
@@ -311,6 +319,18 @@ def to_record_batch(buf: Buffer, entries: list[ShallowEntry], *,
     if refused:
         raise RecordValidationError(32, "One or more records have been rejected due to invalid timestamp", refused)
     return build_batch([(m.key, m.value, (), m.timestamp) for m in messages], compression=codec)
+
+
+def convert_produced_set(buf: Buffer, *, max_message_bytes: int,
+                         max_decompressed: int = DEFAULT_MAX_DECOMPRESSED) -> bytes:
+    """A produced magic 0/1 set as the one v2 batch the log stores (to_record_batch); each message or wrapper as
+    sent must fit max_message_bytes first, as Kafka checks every shallow entry before it converts."""
+    entries = scan_shallow_entries(buf)
+    for entry in entries:
+        if entry.size > max_message_bytes:
+            raise MessageTooLargeError(f"The message at position {entry.position} is {entry.size} bytes, larger "
+                                       f"than max.message.bytes {max_message_bytes}")
+    return to_record_batch(buf, entries, max_decompressed=max_decompressed)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.control_records import build_end_txn_marker_batch, parse_end_txn_marker
-from protocol.legacy_records import MAGIC_V1, first_magic, scan_shallow_entries, to_record_batch
+from protocol.legacy_records import MAGIC_V1, convert_produced_set, first_magic
 from protocol.records import (
     ATTR_TIMESTAMP_TYPE,
     BatchesSummary,
@@ -357,7 +357,9 @@ class Log(ReplicaLogMixin):
         """
         config = self.config
         if from_client and 0 <= first_magic(records) <= MAGIC_V1:
-            records = self._convert_legacy(records, config)
+            # Magic 0/1 (Produce v0-v2 from clients of Kafka 0.8-0.10): stored as one v2 batch.
+            records = bytearray(convert_produced_set(records, max_message_bytes=config.max_message_bytes,
+                                                     max_decompressed=max_decompressed_size(config.max_message_bytes)))
         # Every record of every batch is walked (Kafka's LogValidator): a compacted topic refuses records
         # without a key, and CreateTime outside message.timestamp.before/after.max.ms is refused, each record
         # by its index in its batch (RecordValidationError -> record_errors in the Produce response).
@@ -433,19 +435,6 @@ class Log(ReplicaLogMixin):
             max_ts, offset_of_max = -1, first_offset
         return LogAppendInfo(first_offset, last_offset, max_ts, offset_of_max, log_append_time,
                              self._log_start_offset, summary.num_records, summary.valid_bytes)
-
-    def _convert_legacy(self, records: bytes | bytearray | memoryview, config: LogConfig) -> bytearray:
-        """A message set of magic 0 or 1 (Produce v0-v2 from a 0.8-0.10 client) as the one v2 batch the log stores;
-        each message (or compressed wrapper) as sent must fit max.message.bytes, as Kafka checks it before
-        converting."""
-        entries = scan_shallow_entries(records)
-        for entry in entries:
-            if entry.size > config.max_message_bytes:
-                raise RecordTooLargeError(
-                    f"message at position {entry.position} is {entry.size} bytes, larger than max.message.bytes "
-                    f"{config.max_message_bytes} of {self.name}")
-        return bytearray(to_record_batch(records, entries,
-                                         max_decompressed=max_decompressed_size(config.max_message_bytes)))
 
     def _check_batch_sizes(self, summary: BatchesSummary, config: LogConfig) -> None:
         for pos, h in summary.batches:

@@ -274,3 +274,18 @@ def test_mangled_sets_are_refused_with_kafka_errors(kind: tuple[int, int], flips
         return
     validate_batches(batch)
     read_message_set(data)
+
+
+def test_each_produced_message_must_fit_max_message_bytes() -> None:
+    from protocol.legacy_records import MessageTooLargeError, convert_produced_set
+
+    plain = build_message_set([Record(i, TS0, b"k", b"x" * 300) for i in range(5)], magic=1)
+    # Five messages of ~340 bytes: each fits 400 bytes although the set (and the v2 batch) does not.
+    assert parse_batch_header(convert_produced_set(plain, max_message_bytes=400)).records_count == 5
+    with pytest.raises(MessageTooLargeError):
+        convert_produced_set(plain, max_message_bytes=300)
+    wrapper = build_message_set([Record(i, TS0, b"k", bytes(range(256))) for i in range(5)], magic=1,
+                                compression=COMPRESSION_GZIP)
+    with pytest.raises(MessageTooLargeError) as e:
+        convert_produced_set(wrapper, max_message_bytes=len(wrapper) - 1)
+    assert e.value.error_code == 10
