@@ -29,6 +29,7 @@ from protocol.messages import (
     OffsetForLeaderEpochRequest,
     OffsetForLeaderEpochResponse,
 )
+from storage.legacy_offsets import legacy_offsets_before
 
 log = logging.getLogger("kbroker.fetch")
 
@@ -329,6 +330,13 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
             try:
                 rm.check_leader_epoch(t.name, p.partition_index, p.current_leader_epoch)
                 lg = rm.get_log(t.name, p.partition_index)
+                if v == 0:
+                    # Offsets of segment starts, as clients of Kafka 0.8-0.10 expect from v0.
+                    resp.error_code = 0
+                    resp.old_style_offsets = legacy_offsets_before(lg, p.timestamp, p.max_num_offsets,
+                                                                   from_consumer=req.replica_id == -1)
+                    parts.append(resp)
+                    continue
                 ts = p.timestamp
                 if ts == EARLIEST_LOCAL:
                     ts = EARLIEST

@@ -594,3 +594,36 @@ def test_acks_with_old_producers(broker, topic_name: str, acks: int) -> None:
             cid, _ = codec.decode_response(3, 0, raw.recv_frame())
             assert cid == raw.correlation_id
         assert _fetch(broker.bootstrap, topic_name, 0).high_watermark == 11
+
+
+def test_list_offsets_v0_answers_segment_offsets(broker, topic_name: str) -> None:
+    """ListOffsets v0 (Kafka's legacyFetchOffsetsBefore): latest is the log end offset followed by the segment
+    starts, a timestamp the starts of the segments last modified before it, newest first, at most max_num_offsets
+    (raw frames, and kafka-python's protocol classes)."""
+    from kafka.protocol.consumer.offsets import ListOffsetsRequest as KpListOffsets
+
+    from tests.clients import KpRaw
+
+    create_topic(broker.bootstrap, topic_name, 1, **{"segment.bytes": "100"})
+    for i in range(3):  # each produce rolls a new segment (one batch fills 100 bytes)
+        kp_produce(broker.bootstrap, topic_name, msgs(f"s{i}", 2), api_version=(0, 10, 0))
+    L = ListOffsetsRequest
+
+    def raw_v0(timestamp: int, max_num: int) -> list[int]:
+        with RawClient(broker.bootstrap) as raw:
+            resp = raw.request(2, 0, L(replica_id=-1, topics=[L.ListOffsetsTopic(name=topic_name, partitions=[
+                L.ListOffsetsPartition(partition_index=0, timestamp=timestamp, max_num_offsets=max_num)])]))
+        part = resp.topics[0].partitions[0]
+        assert part.error_code == 0
+        return list(part.old_style_offsets)
+
+    assert raw_v0(-1, 1) == [6]
+    assert raw_v0(-1, 10) == [6, 4, 2, 0]
+    assert raw_v0(-2, 10) == [0]
+    assert raw_v0(int(time.time() * 1000) + 3_600_000, 2) == [6, 4]
+    assert raw_v0(1, 10) == []  # every segment was written after 1970
+    K = KpListOffsets[0]
+    with KpRaw(broker.bootstrap) as kp:
+        resp = kp.send(K(replica_id=-1, topics=[K.ListOffsetsTopic(name=topic_name, partitions=[
+            K.ListOffsetsTopic.ListOffsetsPartition(partition_index=0, timestamp=-1, max_num_offsets=3)])]))
+    assert list(resp.topics[0].partitions[0].old_style_offsets) == [6, 4, 2]
