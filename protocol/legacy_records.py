@@ -139,13 +139,14 @@ def first_magic(buf: Buffer) -> int:
 # parsing
 
 
-def _parse_message(view: memoryview, pos: int, size: int, offset: int) -> LegacyMessage:
-    """The message whose CRC field starts at pos and whose body (CRC included) is size bytes; its CRC is checked."""
+def _parse_message(view: memoryview, pos: int, size: int, offset: int, *, check_crc: bool = True) -> LegacyMessage:
+    """The message whose CRC field starts at pos and whose body (CRC included) is size bytes."""
     end = pos + size
-    crc = _CRC.unpack_from(view, pos)[0]
-    if zlib.crc32(view[pos + 4 : end]) != crc:
-        raise CorruptRecordError(f"Record is corrupt (stored crc = {crc}, computed crc = "
-                                 f"{zlib.crc32(view[pos + 4 : end])})")
+    if check_crc:
+        crc = _CRC.unpack_from(view, pos)[0]
+        computed = zlib.crc32(view[pos + 4 : end])
+        if computed != crc:
+            raise CorruptRecordError(f"Record is corrupt (stored crc = {crc}, computed crc = {computed})")
     magic = view[pos + 4]
     if magic not in (MAGIC_V0, MAGIC_V1):
         raise CorruptRecordError(f"Invalid magic {magic} of a legacy message")
@@ -208,16 +209,17 @@ def scan_shallow_entries(buf: Buffer) -> list[ShallowEntry]:
     entries: list[ShallowEntry] = []
     for pos, size, _offset in _iter_entries(view, partial_ok=False):
         start = pos + LOG_OVERHEAD
+        magic = view[start + 4]
+        if magic > 2:
+            raise CorruptRecordError(f"Invalid magic {magic} in a legacy message set")
+        if magic == 2 or (entries and magic != entries[0].magic):
+            # Kafka's LogValidator.validateBatch: every batch of a request has the first one's magic.
+            first = entries[0].magic if entries else MAGIC_V1
+            raise InvalidRecordError(f"Batch magic {magic} is not the same as the first batch's magic byte {first}")
         crc = _CRC.unpack_from(view, start)[0]
         computed = zlib.crc32(view[start + 4 : pos + size])
         if computed != crc:
             raise CorruptRecordError(f"Record is corrupt (stored crc = {crc}, computed crc = {computed})")
-        magic = view[start + 4]
-        if magic > MAGIC_V1:
-            raise CorruptRecordError(f"Invalid magic {magic} in a legacy message set")
-        if entries and magic != entries[0].magic:
-            raise InvalidRecordError(f"Batch magic {magic} is not the same as the first batch's magic byte "
-                                     f"{entries[0].magic}")
         entries.append(ShallowEntry(pos, size, magic, view[start + 5]))
     return entries
 
@@ -291,7 +293,8 @@ def to_record_batch(buf: Buffer, entries: list[ShallowEntry], *,
     claimed_log_append: list[bool] = []
     errors: list[RecordError] = []
     for entry in entries:
-        msg = _parse_message(view, entry.position + LOG_OVERHEAD, entry.size - LOG_OVERHEAD, 0)
+        # The CRC was checked by scan_shallow_entries.
+        msg = _parse_message(view, entry.position + LOG_OVERHEAD, entry.size - LOG_OVERHEAD, 0, check_crc=False)
         if msg.compression == COMPRESSION_NONE:
             messages.append(msg)
             claimed_log_append.append(msg.timestamp_type == TIMESTAMP_LOG_APPEND_TIME)

@@ -189,6 +189,14 @@ def test_mixed_magics_are_invalid() -> None:
                                                                                        magic=1)
     with pytest.raises(InvalidRecordError, match="magic"):
         scan_shallow_entries(buf)
+    # A v2 batch after a legacy message: the same refusal (Kafka checks the magic before the batch's CRC).
+    with pytest.raises(InvalidRecordError, match="Batch magic 2"):
+        scan_shallow_entries(build_message_set([Record(0, TS0, b"k", b"v")], magic=1) + build_batch(
+            [(b"k", b"v", (), TS0)]))
+    bad = bytearray(build_message_set([Record(0, TS0, b"k", b"v")], magic=1))
+    bad[16] = 7
+    with pytest.raises(CorruptRecordError, match="magic 7"):
+        scan_shallow_entries(bytes(bad))
 
 
 def test_xxh32_and_lz4_header_checksums() -> None:
