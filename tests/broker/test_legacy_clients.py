@@ -155,6 +155,22 @@ def test_kafka_python_old_api_version(broker, topic_name: str, api_version: tupl
         assert got and got[0].offset == 10
     finally:
         c.close()
+    # A current client joining the same group (JoinGroup v9 etc.) goes on from the old client's commit.
+    from confluent_kafka import Consumer
+
+    ck = Consumer(ck_conf(broker.bootstrap, **{"group.id": group, "enable.auto.commit": False,
+                                               "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100}))
+    try:
+        ck.subscribe([topic_name])
+        first = None
+        deadline = time.monotonic() + 30
+        while first is None and time.monotonic() < deadline:
+            m = ck.poll(0.5)
+            if m is not None and not m.error():
+                first = m
+        assert first is not None and first.offset() == 10 and first.value() == sent[10].value
+    finally:
+        ck.close()
 
 
 # ---------------------------------------------------------------- kcat
