@@ -217,6 +217,7 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("log.message.timestamp.before.max.ms", _long, LONG_MAX, at_least(0), dynamic=True),
         ConfigKey("log.message.timestamp.after.max.ms", _long, LONG_MAX, at_least(0), dynamic=True),
         ConfigKey("log.message.format.version", _str, "3.0-IV1"),
+        ConfigKey("log.message.downconversion.enable", _bool, True, dynamic=True),
         ConfigKey("compression.type", _str, "producer",
                   one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"), dynamic=True),
         ConfigKey("compression.gzip.level", _int, -1,
@@ -308,7 +309,7 @@ KAFKA_DYNAMIC_CONFIGS: frozenset[str] = frozenset({
     "log.cleaner.min.cleanable.ratio", "log.cleanup.policy", "unclean.leader.election.enable", "min.insync.replicas",
     "compression.type", "compression.gzip.level", "compression.lz4.level", "compression.zstd.level",
     "log.message.timestamp.type", "log.message.timestamp.difference.max.ms", "log.message.timestamp.before.max.ms",
-    "log.message.timestamp.after.max.ms",
+    "log.message.timestamp.after.max.ms", "log.message.downconversion.enable",
     # DynamicThreadPool.ReconfigurableConfigs
     "num.io.threads", "num.network.threads", "num.recovery.threads.per.data.dir", "background.threads",
     "num.replica.fetchers",

@@ -35,6 +35,7 @@ TOPIC_TO_BROKER: dict[str, str] = {
     "compression.lz4.level": "compression.lz4.level",
     "compression.zstd.level": "compression.zstd.level",
     "unclean.leader.election.enable": "unclean.leader.election.enable",
+    "message.downconversion.enable": "log.message.downconversion.enable",
 }
 
 # Kafka's ConfigEntry.ConfigType ids for DescribeConfigs v3+.
@@ -50,6 +51,7 @@ _TOPIC_TYPES = {
     "unclean.leader.election.enable": "boolean", "compression.gzip.level": "int", "compression.lz4.level": "int",
     "compression.zstd.level": "int", "message.timestamp.difference.max.ms": "long",
     "message.timestamp.before.max.ms": "long", "message.timestamp.after.max.ms": "long",
+    "message.downconversion.enable": "boolean",
 }
 
 

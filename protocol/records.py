@@ -718,6 +718,8 @@ def decode_records(buf: Buffer, pos: int = 0, *, max_size: int = DEFAULT_MAX_DEC
             if p != rec_end:
                 raise CorruptRecordError("record length does not match its content")
             ts = header.max_timestamp if log_append else base_ts + ts_delta
+            if not _INT64_MIN <= ts <= _INT64_MAX:
+                ts = _wrap_int64(ts)
             records.append(Record(base_offset + off_delta, ts, key, value, headers, attributes))
     except IndexError as e:
         raise CorruptRecordError(f"malformed record in batch at offset {base_offset}: {e}") from e
@@ -728,7 +730,7 @@ def _encode_record(out: bytearray, offset_delta: int, ts_delta: int, key: bytes 
                    headers: Sequence[tuple[str, bytes | None]], attributes: int = 0) -> None:
     body = bytearray()
     body.append(attributes & 0xFF)
-    write_varint(ts_delta, body)
+    write_varint(ts_delta if _INT64_MIN <= ts_delta <= _INT64_MAX else _wrap_int64(ts_delta), body)
     write_varint(offset_delta, body)
     if key is None:
         write_varint(-1, body)
@@ -752,6 +754,15 @@ def _encode_record(out: bytearray, offset_delta: int, ts_delta: int, key: bytes 
             body += hval
     write_varint(len(body), out)
     out += body
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _wrap_int64(value: int) -> int:
+    """Java's long arithmetic: a timestamp delta or base + delta past the int64 range wraps around, so a batch
+    whose base timestamp was replaced by a delete horizon (KIP-534) still gives back its records' timestamps."""
+    return ((value - _INT64_MIN) & 0xFFFF_FFFF_FFFF_FFFF) + _INT64_MIN
 
 
 RecordLike = Record | tuple[Any, ...]

@@ -36,6 +36,8 @@ class LogConfig:
     message_timestamp_difference_max_ms: int = _LONG_MAX
     message_timestamp_before_max_ms: int = _LONG_MAX
     message_timestamp_after_max_ms: int = _LONG_MAX
+    # Fetch v0-v3 consumers get the log's v2 batches converted to their message format only when this is true.
+    message_downconversion_enable: bool = True
 
     # Filled in below the class: the topic config keys this class understands.
     TOPIC_CONFIG_KEYS: ClassVar[frozenset[str]]
@@ -107,7 +109,8 @@ class LogConfig:
     def to_topic_configs(self) -> dict[str, str]:
         out = {}
         for key, (attr, _) in _SPECS.items():
-            out[key] = str(getattr(self, attr))
+            value = getattr(self, attr)
+            out[key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
         return out
 
 
@@ -153,6 +156,13 @@ def _gzip_level(s: str) -> int:
     return v
 
 
+def _bool(s: str) -> bool:
+    # Kafka's ConfigDef BOOLEAN: true or false, any case.
+    if s.lower() not in ("true", "false"):
+        raise ValueError("Expected value to be either true or false")
+    return s.lower() == "true"
+
+
 def _ts_type(s: str) -> str:
     if s not in ("CreateTime", "LogAppendTime"):
         raise ValueError("must be CreateTime or LogAppendTime")
@@ -184,6 +194,7 @@ _SPECS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "message.timestamp.difference.max.ms": ("message_timestamp_difference_max_ms", _int(0)),
     "message.timestamp.before.max.ms": ("message_timestamp_before_max_ms", _int(0)),
     "message.timestamp.after.max.ms": ("message_timestamp_after_max_ms", _int(0)),
+    "message.downconversion.enable": ("message_downconversion_enable", _bool),
 }
 
 TOPIC_CONFIG_KEYS: frozenset[str] = frozenset(_SPECS)

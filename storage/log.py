@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.control_records import build_end_txn_marker_batch, parse_end_txn_marker
+from protocol.legacy_records import MAGIC_V1, convert_produced_set, first_magic
 from protocol.records import (
     ATTR_TIMESTAMP_TYPE,
     BatchesSummary,
@@ -355,6 +356,10 @@ class Log(ReplicaLogMixin):
         from_client=False is for internal writers (coordinators): it allows control batches.
         """
         config = self.config
+        if from_client and 0 <= first_magic(records) <= MAGIC_V1:
+            # Magic 0/1 (Produce v0-v2 from clients of Kafka 0.8-0.10): stored as one v2 batch.
+            records = bytearray(convert_produced_set(records, max_message_bytes=config.max_message_bytes,
+                                                     max_decompressed=max_decompressed_size(config.max_message_bytes)))
         # Every record of every batch is walked (Kafka's LogValidator): a compacted topic refuses records
         # without a key, and CreateTime outside message.timestamp.before/after.max.ms is refused, each record
         # by its index in its batch (RecordValidationError -> record_errors in the Produce response).

@@ -9,6 +9,7 @@ from typing import Any
 
 from broker import metrics
 from broker.apis import ApiHandler, RequestContext
+from broker.down_conversion import check_down_conversion, down_convert_fetched, legacy_fetch_magic
 from broker.fetch_session import (
     INVALID_SESSION_ID,
     CachedPartition,
@@ -28,6 +29,7 @@ from protocol.messages import (
     OffsetForLeaderEpochRequest,
     OffsetForLeaderEpochResponse,
 )
+from storage.legacy_offsets import legacy_offsets_before
 
 log = logging.getLogger("kbroker.fetch")
 
@@ -84,6 +86,8 @@ class _FetchPlan:
         total = 0
         has_error = False
         committed_only = req.isolation_level == READ_COMMITTED
+        # Fetch v0-v3 consumers read message sets of magic 0 (v0-v1) or 1 (v2-v3): the log's batches are converted.
+        legacy_magic = legacy_fetch_magic(self.ctx.api_version) if self.replica_id < 0 else None
         denied = self.denied
         # Topic ids of session partitions whose names were resolved earlier: a topic since recreated under the
         # same name has another id (Kafka's INCONSISTENT_TOPIC_ID).
@@ -115,17 +119,25 @@ class _FetchPlan:
                     continue
                 rm.check_leader_epoch(name, p.partition, p.current_leader_epoch)
                 lg = rm.get_log(name, p.partition)
+                if self.ctx.api_version < 10 or legacy_magic is not None:
+                    check_down_conversion(lg.config, self.ctx.api_version)
                 hw = lg.high_watermark
                 lso = lg.last_stable_offset
                 records: Any = b""
                 aborted: list[Any] | None = [] if committed_only else None  # Kafka: null unless read_committed
                 if remaining > 0 or min_one:
-                    info = lg.read(p.fetch_offset, max(0, min(p.partition_max_bytes, remaining)),
-                                   max_offset=hw, min_one_message=min_one, isolation_committed=committed_only)
+                    budget = max(0, min(p.partition_max_bytes, remaining))
+                    info = lg.read(p.fetch_offset, budget, max_offset=hw,
+                                   min_one_message=min_one or legacy_magic is not None,
+                                   isolation_committed=committed_only)
                     if info.records is not None and info.records.size > 0:
                         records = info.records
-                        remaining -= records.size
-                        total += records.size
+                        if legacy_magic is not None:
+                            records = down_convert_fetched(records, legacy_magic, p.fetch_offset, budget,
+                                                           whole_first=min_one and self.ctx.api_version >= 3,
+                                                           config=lg.config)
+                        remaining -= len(records) if legacy_magic is not None else records.size
+                        total += len(records) if legacy_magic is not None else records.size
                         min_one = False
                         if committed_only and info.aborted_transactions:
                             aborted = [AbortedTransaction(producer_id=a.producer_id, first_offset=a.first_offset)
@@ -318,6 +330,13 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
             try:
                 rm.check_leader_epoch(t.name, p.partition_index, p.current_leader_epoch)
                 lg = rm.get_log(t.name, p.partition_index)
+                if v == 0:
+                    # Offsets of segment starts, as clients of Kafka 0.8-0.10 expect from v0.
+                    resp.error_code = 0
+                    resp.old_style_offsets = legacy_offsets_before(lg, p.timestamp, p.max_num_offsets,
+                                                                   from_consumer=req.replica_id == -1)
+                    parts.append(resp)
+                    continue
                 ts = p.timestamp
                 if ts == EARLIEST_LOCAL:
                     ts = EARLIEST
@@ -397,7 +416,7 @@ def handle_offset_for_leader_epoch(ctx: RequestContext, req: OffsetForLeaderEpoc
 
 
 HANDLERS = [
-    ApiHandler(1, 4, 17, handle_fetch),
+    ApiHandler(1, 0, 17, handle_fetch),
     ApiHandler(2, 0, 8, handle_list_offsets),
     ApiHandler(23, 0, 4, handle_offset_for_leader_epoch),
 ]

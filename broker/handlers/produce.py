@@ -1,4 +1,8 @@
-"""Produce (key 0): append record batches as they arrive; offsets are assigned per batch."""
+"""Produce (key 0): append record batches as they arrive; offsets are assigned per batch.
+
+Produce v0-v2 (clients of Kafka 0.8-0.10) may carry message sets of magic 0 and 1: the log converts them to
+record batch v2 on append (protocol/legacy_records.py). From v3 only magic 2 is accepted, as Kafka's
+ProduceRequest.validateRecords says."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from broker.network import DelayedResponse
 from broker.replica_manager import error_of
 from broker.security.acls import AclOperation, ResourceType
 from protocol.errors import ErrorCode
+from protocol.legacy_records import first_magic
 from protocol.messages import ProduceRequest, ProduceResponse
 from protocol.records import (
     ATTR_TRANSACTIONAL,
@@ -147,7 +152,13 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
                 parts.append(_error(p.index, code, None if code == ErrorCode.TOPIC_AUTHORIZATION_FAILED else
                                     "the partition is not part of the producer's ongoing transaction"))
                 continue
-            if req.transactional_id is None and _is_transactional(p.records):
+            magic = first_magic(p.records)
+            if ctx.api_version >= 3 and 0 <= magic <= 1:
+                parts.append(_error(p.index, ErrorCode.INVALID_RECORD,
+                                    f"Produce requests with version {ctx.api_version} are only allowed to contain "
+                                    f"record batches with magic version 2"))
+                continue
+            if req.transactional_id is None and magic > 1 and _is_transactional(p.records):
                 # Kafka authorizes transactional records through the request's transactional id.
                 parts.append(_error(p.index, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                                     "transactional records need the request's transactional id"))
@@ -234,4 +245,4 @@ async def _after_replication(rm: Any, to_flush: list[tuple[Any, int]], delayed: 
     return response
 
 
-HANDLERS = [ApiHandler(0, 3, 11, handle_produce)]
+HANDLERS = [ApiHandler(0, 0, 11, handle_produce)]

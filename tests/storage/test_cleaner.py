@@ -350,3 +350,21 @@ def test_merge_interrupted_after_the_swap_completes_on_load(log_dir: Path) -> No
         assert [(r.offset, r.value) for r in read_all(log)] == expected
     finally:
         log.close()
+
+
+def test_delete_horizon_with_extreme_record_timestamps(make_log) -> None:
+    """A batch whose records sit at the bottom of the int64 range (accepted from a client, as Kafka accepts it)
+    keeps its timestamps when the cleaner puts a delete horizon in its base timestamp: the deltas wrap around as
+    Java's longs do, instead of the rebuild failing and the log being marked uncleanable (found by the batch
+    fuzzer)."""
+    low = -(2**63)
+    log = _compacted(make_log, delete_retention_ms=DAY)
+    records = [(b"a", None, [], low), (b"b", b"x", [], low + 67_108_863), (b"a", None, [], low + 242_435)]
+    log.append_as_leader(build_batch(records), NOW)  # type: ignore[arg-type]
+    log.roll()
+    log.append_as_leader(kv_batch([(b"c", b"1")]), NOW)
+    assert clean_log(log, NOW) is not None
+    assert log.tombstone_horizon_ms == NOW + DAY
+    assert [(r.key, r.timestamp) for r in read_all(log)][:2] == [(b"b", low + 67_108_863), (b"a", low + 242_435)]
+    clean_log(log, NOW + 1)  # the batch with the horizon is rebuilt again
+    assert [r.key for r in read_all(log)] == [b"b", b"a", b"c"]

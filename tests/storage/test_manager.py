@@ -130,7 +130,7 @@ def test_topic_configs_and_background_threads(tmp_path: Path) -> None:
 def test_config_parsing() -> None:
     base = LogConfig()
     assert LogConfig.TOPIC_CONFIG_KEYS == TOPIC_CONFIG_KEYS and "cleanup.policy" in TOPIC_CONFIG_KEYS
-    assert len(TOPIC_CONFIG_KEYS) == 22
+    assert len(TOPIC_CONFIG_KEYS) == 23
     cfg = LogConfig.from_topic_configs(base, {"cleanup.policy": "compact,delete", "retention.ms": "-1",
                                               "message.timestamp.type": "LogAppendTime",
                                               "min.cleanable.dirty.ratio": "0.1", "segment.bytes": "1024",
@@ -138,9 +138,13 @@ def test_config_parsing() -> None:
     assert cfg.compact and cfg.delete and cfg.retention_ms == -1 and cfg.log_append_time
     assert cfg.min_cleanable_dirty_ratio == 0.1 and cfg.segment_bytes == 1024
     assert base.segment_bytes == 1073741824  # base untouched
+    assert base.message_downconversion_enable
+    off = LogConfig.from_topic_configs(base, {"message.downconversion.enable": "FALSE"})
+    assert not off.message_downconversion_enable
+    assert off.to_topic_configs()["message.downconversion.enable"] == "false"
     for key, bad in [("segment.bytes", "abc"), ("retention.ms", "-2"), ("cleanup.policy", "shred"),
                      ("min.cleanable.dirty.ratio", "1.5"), ("message.timestamp.type", "Now"),
-                     ("segment.bytes", "10")]:
+                     ("segment.bytes", "10"), ("message.downconversion.enable", "yes")]:
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
             LogConfig.from_topic_configs(base, {key: bad})
 
