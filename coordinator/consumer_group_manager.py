@@ -320,45 +320,8 @@ class ConsumerGroupManager:
             bump = new_member or (sorted(updated.subscribed_topic_names) != sorted(before.subscribed_topic_names)
                                   or updated.subscribed_topic_regex != before.subscribed_topic_regex)
 
-        # Subscribed topics' metadata: recomputed when the subscriptions or the cluster's topics changed.
-        others = [m for m in cg.members.values()
-                  if m.member_id != updated.member_id and (replaced is None or m.member_id != replaced.member_id)]
         topics = self.host.consumer_group_topics()
-        metadata = cg.subscription_metadata
-        if bump or cg.checked_topics is not topics:
-            metadata = self._subscription_metadata([*others, updated], topics)
-            if metadata != cg.subscription_metadata:
-                records.append(cgr.partition_metadata_record(gid, metadata))
-                bump = True
-        group_epoch = cg.group_epoch
-        if bump:
-            group_epoch += 1
-            records.append(cgr.group_epoch_record(gid, group_epoch))
-
-        target_epoch = cg.assignment_epoch
-        target = cg.target.get(replaced.member_id if replaced is not None else updated.member_id, {})
-        if group_epoch > cg.assignment_epoch:
-            subs = {m.member_id: sorted(member_topics(m, topics)) for m in others}
-            subs[updated.member_id] = sorted(member_topics(updated, topics))
-            current_targets = {m: cg.target.get(m, {}) for m in subs}
-            current_targets[updated.member_id] = target
-            preferred = updated.server_assignor or cg.preferred_assignor(self.config.consumer_assignors[0])
-            result = TargetAssignmentBuilder(assignor_named(preferred), metadata).build(subs, current_targets)
-            for mid, a in sorted(result.changed.items()):
-                records.append(cgr.target_assignment_record(gid, mid, a))
-            records.append(cgr.target_epoch_record(gid, group_epoch))
-            target_epoch, target = group_epoch, result.assignment.get(updated.member_id, {})
-            log.info("Group %s: epoch %d, new target assignment of %d partitions over %d members (assignor %s)",
-                     gid, group_epoch, sum(len(ps) for a in result.assignment.values() for ps in a.values()),
-                     len(subs), preferred)
-
-        reconciled = (CurrentAssignmentBuilder(updated)
-                      .with_target(target_epoch, target)
-                      .with_owner_lookup(lambda t, p: self._owner_for(cg, replaced, updated.member_id, t, p))
-                      .with_owned(hb.owned)
-                      .build())
-        if new_member or replaced is not None or not reconciled.same_assignment(before):
-            records.append(reconciled.assignment_record(gid))
+        reconciled = self._update_member(cg, before, updated, new_member, replaced, bump, hb.owned, topics, records)
 
         extra: list[tuple[bytes, bytes | None]] = []
         for upgrade in upgrades:
@@ -509,6 +472,53 @@ class ConsumerGroupManager:
         if g.consumer is None:
             return []
         return [r.entry() for r in cgr.group_tombstones(g.group_id, list(g.consumer.members))]
+
+    def _update_member(self, cg: ConsumerGroup, before: ConsumerGroupMember, updated: ConsumerGroupMember,
+                       new_member: bool, replaced: ConsumerGroupMember | None, bump: bool, owned: Any, topics: Any,
+                       records: list[ConsumerGroupRecord]) -> ConsumerGroupMember:
+        """Kafka's consumerGroupHeartbeat after the member's own record (classicGroupJoinToConsumerGroup repeats
+        it): subscription metadata, group epoch, target assignment, then the member's reconciliation. Appends
+        the records; returns the reconciled member."""
+        gid = cg.group_id
+        # Subscribed topics' metadata: recomputed when the subscriptions or the cluster's topics changed.
+        others = [m for m in cg.members.values()
+                  if m.member_id != updated.member_id and (replaced is None or m.member_id != replaced.member_id)]
+        metadata = cg.subscription_metadata
+        if bump or cg.checked_topics is not topics:
+            metadata = self._subscription_metadata([*others, updated], topics)
+            if metadata != cg.subscription_metadata:
+                records.append(cgr.partition_metadata_record(gid, metadata))
+                bump = True
+        group_epoch = cg.group_epoch
+        if bump:
+            group_epoch += 1
+            records.append(cgr.group_epoch_record(gid, group_epoch))
+
+        target_epoch = cg.assignment_epoch
+        target = cg.target.get(replaced.member_id if replaced is not None else updated.member_id, {})
+        if group_epoch > cg.assignment_epoch:
+            subs = {m.member_id: sorted(member_topics(m, topics)) for m in others}
+            subs[updated.member_id] = sorted(member_topics(updated, topics))
+            current_targets = {m: cg.target.get(m, {}) for m in subs}
+            current_targets[updated.member_id] = target
+            preferred = updated.server_assignor or cg.preferred_assignor(self.config.consumer_assignors[0])
+            result = TargetAssignmentBuilder(assignor_named(preferred), metadata).build(subs, current_targets)
+            for mid, a in sorted(result.changed.items()):
+                records.append(cgr.target_assignment_record(gid, mid, a))
+            records.append(cgr.target_epoch_record(gid, group_epoch))
+            target_epoch, target = group_epoch, result.assignment.get(updated.member_id, {})
+            log.info("Group %s: epoch %d, new target assignment of %d partitions over %d members (assignor %s)",
+                     gid, group_epoch, sum(len(ps) for a in result.assignment.values() for ps in a.values()),
+                     len(subs), preferred)
+
+        reconciled = (CurrentAssignmentBuilder(updated)
+                      .with_target(target_epoch, target)
+                      .with_owner_lookup(lambda t, p: self._owner_for(cg, replaced, updated.member_id, t, p))
+                      .with_owned(owned)
+                      .build())
+        if new_member or replaced is not None or not reconciled.same_assignment(before):
+            records.append(reconciled.assignment_record(gid))
+        return reconciled
 
     # ------------------------------------------------------------ timers
 

@@ -33,9 +33,7 @@ from typing import TYPE_CHECKING, Any
 from coordinator import consumer_group_records as cgr
 from coordinator import group_records
 from coordinator.consumer_group import ClassicMemberMetadata, ConsumerGroup, ConsumerGroupMember, MemberState
-from coordinator.consumer_group_assignors import TargetAssignmentBuilder, assignor_named
-from coordinator.consumer_group_current_assignment import CurrentAssignmentBuilder
-from coordinator.consumer_group_manager import ConsumerGroupError, ConsumerGroupManager, member_topics
+from coordinator.consumer_group_manager import ConsumerGroupError, ConsumerGroupManager
 from coordinator.consumer_group_records import Assignment, ConsumerGroupRecord
 from coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata
 from protocol import codec
@@ -312,39 +310,7 @@ class ConsumerGroupMigration(ConsumerGroupManager):
         if joined or replaced is not None or not updated.same_metadata(before):
             records.append(updated.metadata_record(gid))
             bump = joined or sorted(updated.subscribed_topic_names) != sorted(before.subscribed_topic_names)
-        others = [m for m in cg.members.values()
-                  if m.member_id != updated.member_id and (replaced is None or m.member_id != replaced.member_id)]
-        metadata = cg.subscription_metadata
-        if bump or cg.checked_topics is not topics:
-            metadata = self._subscription_metadata([*others, updated], topics)
-            if metadata != cg.subscription_metadata:
-                records.append(cgr.partition_metadata_record(gid, metadata))
-                bump = True
-        group_epoch = cg.group_epoch + (1 if bump else 0)
-        if bump:
-            records.append(cgr.group_epoch_record(gid, group_epoch))
-        target_epoch = cg.assignment_epoch
-        target = cg.target.get(replaced.member_id if replaced is not None else updated.member_id, {})
-        if group_epoch > cg.assignment_epoch:
-            subs = {m.member_id: sorted(member_topics(m, topics)) for m in others}
-            subs[updated.member_id] = sorted(member_topics(updated, topics))
-            current_targets = {m: cg.target.get(m, {}) for m in subs}
-            current_targets[updated.member_id] = target
-            preferred = cg.preferred_assignor(self.config.consumer_assignors[0])
-            result = TargetAssignmentBuilder(assignor_named(preferred), metadata).build(subs, current_targets)
-            for mid, a in sorted(result.changed.items()):
-                records.append(cgr.target_assignment_record(gid, mid, a))
-            records.append(cgr.target_epoch_record(gid, group_epoch))
-            target_epoch, target = group_epoch, result.assignment.get(updated.member_id, {})
-            log.info("Group %s: epoch %d, new target assignment over %d members (assignor %s)", gid, group_epoch,
-                     len(subs), preferred)
-        reconciled = (CurrentAssignmentBuilder(updated)
-                      .with_target(target_epoch, target)
-                      .with_owner_lookup(lambda t, p: self._owner_for(cg, replaced, updated.member_id, t, p))
-                      .with_owned(owned)
-                      .build())
-        if joined or replaced is not None or not reconciled.same_assignment(before):
-            records.append(reconciled.assignment_record(gid))
+        reconciled = self._update_member(cg, before, updated, joined, replaced, bump, owned, topics, records)
         return records, reconciled
 
     def _classic_member(self, cg: ConsumerGroup, member_id: str, instance_id: str | None
