@@ -21,7 +21,8 @@ from confluent_kafka import Producer
 
 from tests.broker_process import BrokerProcess
 from tests.clients import wait_until
-from tests.coordinator.test_consumer_groups import committed, create_topic, describe, end_offsets
+from tests.coordinator.test_consumer_groups import create_topic
+from tests.group_helpers import committed, describe, end_offsets
 
 PARTITIONS = 6
 RATE = 300  # records a second over all partitions: one every ~20 ms on each, so a 1 s gap is a real stall

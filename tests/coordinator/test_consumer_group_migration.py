@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer
 
 from protocol import codec
 from protocol.errors import ErrorCode
 from protocol.messages import (
-    ConsumerGroupDescribeRequest,
     ConsumerGroupHeartbeatRequest,
     ConsumerProtocolAssignment,
     ConsumerProtocolSubscription,
@@ -37,6 +36,7 @@ from protocol.messages import (
 from protocol.primitives import I16
 from tests.broker_process import BrokerProcess
 from tests.clients import RawClient, wait_until
+from tests.group_helpers import committed, describe, produce_steadily
 
 OVERRIDES = {
     "group.consumer.heartbeat.interval.ms": "300",
@@ -94,40 +94,10 @@ class Member(threading.Thread):
         return sum(1 for r in self.records if r[0] >= t)
 
 
-def produce_steadily(bootstrap: str, topic: str, count: int, per_second: int) -> threading.Thread:
-    def run() -> None:
-        p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-        for i in range(count):
-            p.produce(topic, str(i).encode(), partition=i % PARTITIONS)
-            if i % 20 == 19:
-                p.poll(0)
-                time.sleep(20 / per_second)
-        p.flush(30)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t
-
-
-def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    try:
-        tps = c.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=10)
-        return {tp.partition: tp.offset for tp in tps}
-    finally:
-        c.close()
-
-
 def group_type(bootstrap: str, group: str) -> str | None:
     with RawClient(bootstrap) as raw:
         resp = raw.request(16, 5, ListGroupsRequest())
     return next((g.group_type for g in resp.groups if g.group_id == group), None)
-
-
-def describe(bootstrap: str, group: str) -> Any:
-    with RawClient(bootstrap) as raw:
-        [g] = raw.request(69, 0, ConsumerGroupDescribeRequest(group_ids=[group])).groups
-    return g
 
 
 def assert_contiguous(consumed: dict[int, set[int]], commits: dict[int, int], produced: int) -> None:
@@ -148,7 +118,7 @@ def test_classic_group_upgrades_then_downgrades_under_produce(broker: BrokerProc
     create_topic(broker.bootstrap, topic_name, PARTITIONS)
     group = "mig-" + topic_name
     total = 1500
-    producer = produce_steadily(broker.bootstrap, topic_name, total, 300)
+    producer = produce_steadily(broker.bootstrap, topic_name, total, 300, PARTITIONS)
     classic = [Member(broker.bootstrap, group, topic_name, **{"partition.assignment.strategy": strategy})
                for _ in range(2)]
     modern: Member | None = None
@@ -205,7 +175,7 @@ def test_classic_group_upgrades_then_downgrades_under_produce(broker: BrokerProc
         with RawClient(broker.bootstrap) as raw:
             [dg] = raw.request(15, 5, DescribeGroupsRequest(groups=[group])).groups
         assert (dg.protocol_type, dg.group_state) == ("consumer", "Empty")
-        assert_contiguous(consumed(), committed(broker.bootstrap, group, topic_name), total)
+        assert_contiguous(consumed(), committed(broker.bootstrap, group, topic_name, PARTITIONS), total)
         assert not [e for m in [*classic, modern] for e in m.errors if e.fatal()]
         assert joined < left
         log = broker.read_log()
@@ -241,7 +211,7 @@ def test_mixed_group_survives_a_broker_kill(tmp_path: Path, topic_name: str) -> 
     kp = threading.Thread(target=kafka_python_member, daemon=True)
     try:
         create_topic(b.bootstrap, topic_name, PARTITIONS)
-        producer = produce_steadily(b.bootstrap, topic_name, 600, 600)
+        producer = produce_steadily(b.bootstrap, topic_name, 600, 600, PARTITIONS)
         kp.start()
         wait_until(lambda: kp_records, timeout=30, what="kafka-python consumes")
         modern = Member(b.bootstrap, group, topic_name, **{"group.protocol": "consumer",
@@ -258,7 +228,7 @@ def test_mixed_group_survives_a_broker_kill(tmp_path: Path, topic_name: str) -> 
         assert {m.member_id for m in after.members} == {m.member_id for m in d.members}
         assert after.group_epoch == d.group_epoch
         restarted = time.monotonic()
-        producer = produce_steadily(b.bootstrap, topic_name, 600, 600)
+        producer = produce_steadily(b.bootstrap, topic_name, 600, 600, PARTITIONS)
         producer.join(30)
         assert modern is not None
         m2 = modern
@@ -287,7 +257,7 @@ def test_mixed_group_survives_a_broker_kill(tmp_path: Path, topic_name: str) -> 
         b.start()
         assert [m.member_id for m in described().members] == [kp_id] and group_type(b.bootstrap, group) == "classic"
         restarted = time.monotonic()
-        produce_steadily(b.bootstrap, topic_name, 600, 600).join(30)
+        produce_steadily(b.bootstrap, topic_name, 600, 600, PARTITIONS).join(30)
         wait_until(lambda: sum(len(v) for v in _merge(consumed, kp_records, m2.records).values()) == 1800,
                    timeout=40, what="every record, the last ones by the classic member alone")
         assert any(r[0] >= restarted for r in kp_records)
@@ -295,7 +265,7 @@ def test_mixed_group_survives_a_broker_kill(tmp_path: Path, topic_name: str) -> 
         time.sleep(0.6)  # auto commit
         stop.set()
         kp.join(15)
-        assert_contiguous(consumed, committed(b.bootstrap, group, topic_name), 1800)
+        assert_contiguous(consumed, committed(b.bootstrap, group, topic_name, PARTITIONS), 1800)
     finally:
         stop.set()
         if modern is not None:

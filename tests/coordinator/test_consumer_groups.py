@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from protocol.errors import ErrorCode
@@ -24,6 +24,7 @@ from protocol.messages import (
 )
 from tests.broker_process import BrokerProcess
 from tests.clients import RawClient, wait_until
+from tests.group_helpers import committed, describe, end_offsets, produce_steadily
 
 OVERRIDES = {
     "group.consumer.heartbeat.interval.ms": "300",
@@ -85,45 +86,6 @@ class Member(threading.Thread):
     def max_gap(self, start: float, end: float) -> float:
         times = [start] + [r[0] for r in self.records if start <= r[0] <= end] + [end]
         return max(b - a for a, b in zip(times, times[1:], strict=False))
-
-
-def produce_steadily(bootstrap: str, topic: str, count: int, per_second: int, partitions: int) -> threading.Thread:
-    def run() -> None:
-        p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-        for i in range(count):
-            p.produce(topic, str(i).encode(), partition=i % partitions)
-            if i % 20 == 19:
-                p.poll(0)
-                time.sleep(20 / per_second)
-        p.flush(30)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t
-
-
-def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    try:
-        tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
-        return {tp.partition: tp.offset for tp in tps}
-    finally:
-        c.close()
-
-
-def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe-" + uuid.uuid4().hex})
-    try:
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
-    finally:
-        c.close()
-
-
-def describe(bootstrap: str, group: str) -> Any:
-    with RawClient(bootstrap) as raw:
-        resp = raw.request(69, 0, ConsumerGroupDescribeRequest(group_ids=[group]))
-    [g] = resp.groups
-    return g
 
 
 # ---------------------------------------------------------------- confluent-kafka

@@ -1,0 +1,52 @@
+"""Helpers shared by the consumer group tests (classic, KIP-848, migration, kill -9 of members)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from protocol.messages import ConsumerGroupDescribeRequest
+from tests.clients import RawClient
+
+
+def produce_steadily(bootstrap: str, topic: str, count: int, per_second: int, partitions: int) -> threading.Thread:
+    def run() -> None:
+        p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        for i in range(count):
+            p.produce(topic, str(i).encode(), partition=i % partitions)
+            if i % 20 == 19:
+                p.poll(0)
+                time.sleep(20 / per_second)
+        p.flush(30)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+        return {tp.partition: tp.offset for tp in tps}
+    finally:
+        c.close()
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe-" + uuid.uuid4().hex})
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+    finally:
+        c.close()
+
+
+def describe(bootstrap: str, group: str) -> Any:
+    with RawClient(bootstrap) as raw:
+        resp = raw.request(69, 0, ConsumerGroupDescribeRequest(group_ids=[group]))
+    [g] = resp.groups
+    return g
