@@ -13,6 +13,19 @@ from protocol.messages import ConsumerGroupDescribeRequest
 from tests.clients import RawClient
 
 
+def kip848_broker(session_ms: int = 6000, **more: str) -> dict[str, str]:
+    """Broker overrides for consumer-group tests: short KIP-848 heartbeats and sessions (below Kafka's default
+    bounds, so the bounds are lowered too) and few __consumer_offsets partitions."""
+    return {
+        "group.consumer.heartbeat.interval.ms": "300",
+        "group.consumer.min.heartbeat.interval.ms": "100",
+        "group.consumer.session.timeout.ms": str(session_ms),
+        "group.consumer.min.session.timeout.ms": "1000",
+        "offsets.topic.num.partitions": "4",
+        **more,
+    }
+
+
 def produce_steadily(bootstrap: str, topic: str, count: int, per_second: int, partitions: int) -> threading.Thread:
     def run() -> None:
         p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})

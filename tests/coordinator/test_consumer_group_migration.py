@@ -36,17 +36,9 @@ from protocol.messages import (
 from protocol.primitives import I16
 from tests.broker_process import BrokerProcess
 from tests.clients import RawClient, wait_until
-from tests.group_helpers import committed, describe, produce_steadily
+from tests.group_helpers import committed, describe, kip848_broker, produce_steadily
 
-OVERRIDES = {
-    "group.consumer.heartbeat.interval.ms": "300",
-    "group.consumer.min.heartbeat.interval.ms": "100",
-    "group.consumer.session.timeout.ms": "6000",
-    "group.consumer.min.session.timeout.ms": "1000",
-    "group.initial.rebalance.delay.ms": "200",
-    "group.min.session.timeout.ms": "1000",
-    "offsets.topic.num.partitions": "4",
-}
+OVERRIDES = kip848_broker(**{"group.initial.rebalance.delay.ms": "200", "group.min.session.timeout.ms": "1000"})
 PARTITIONS = 6
 
 

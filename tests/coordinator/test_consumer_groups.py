@@ -24,15 +24,9 @@ from protocol.messages import (
 )
 from tests.broker_process import BrokerProcess
 from tests.clients import RawClient, wait_until
-from tests.group_helpers import committed, describe, end_offsets, produce_steadily
+from tests.group_helpers import committed, describe, end_offsets, kip848_broker, produce_steadily
 
-OVERRIDES = {
-    "group.consumer.heartbeat.interval.ms": "300",
-    "group.consumer.min.heartbeat.interval.ms": "100",
-    "group.consumer.session.timeout.ms": "6000",
-    "group.consumer.min.session.timeout.ms": "1000",
-    "offsets.topic.num.partitions": "4",
-}
+OVERRIDES = kip848_broker()
 
 
 @pytest.fixture(scope="module")

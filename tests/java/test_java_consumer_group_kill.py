@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.broker_process import ROOT, BrokerProcess
+from tests.group_helpers import kip848_broker
 from tests.group_kill import kill_one_of_three
 from tests.java.test_java_client import _missing, compile_java
 
@@ -29,13 +30,7 @@ def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path_factory.mktemp("broker"), {
-        "group.consumer.heartbeat.interval.ms": "300",
-        "group.consumer.min.heartbeat.interval.ms": "100",
-        "group.consumer.session.timeout.ms": str(SESSION_TIMEOUT_MS),
-        "group.consumer.min.session.timeout.ms": "1000",
-        "offsets.topic.num.partitions": "4",
-    })
+    b = BrokerProcess(tmp_path_factory.mktemp("broker"), kip848_broker(SESSION_TIMEOUT_MS))
     b.start()
     yield b
     b.stop()
