@@ -58,11 +58,11 @@ def test_invalid_config_and_unknown_resource_type_kafka_python(broker, topic_nam
         admin.close()
     line = wait_until(lambda: refusal_lines(broker, "'refusal-kp'"), what="kafka-python's refusal")[0]
     assert "IncrementalAlterConfigs" in line and "compression.type" in line and "INVALID_CONFIG" in line
-    # A resource type kbroker does not serve (GROUP, 32): INVALID_REQUEST, logged.
+    # A resource type kbroker does not serve (CLIENT_METRICS, 16): INVALID_REQUEST, logged.
     with KpRaw(broker.bootstrap) as raw:
-        resp = raw.send(DescribeConfigsRequest(resources=[(32, "some-group", None)], include_synonyms=False))
+        resp = raw.send(DescribeConfigsRequest(resources=[(16, "some-metrics", None)], include_synonyms=False))
     assert resp.results[0].error_code == ErrorCode.INVALID_REQUEST
-    line = wait_until(lambda: refusal_lines(broker, "resource type 32"), what="the unknown resource type")[0]
+    line = wait_until(lambda: refusal_lines(broker, "resource type 16"), what="the unknown resource type")[0]
     assert "DescribeConfigs" in line and "INVALID_REQUEST" in line and "Unsupported resource type" in line
 
 
