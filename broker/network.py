@@ -440,7 +440,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if result is None:
             return
         if isinstance(result, Response):
-            if self._answers:
+            if self._answering:
+                # The answer task may be sending an earlier answer still (sendfile in parts): queue behind it.
                 self._owe(result, blocking=bool(self._mute_ms))
                 return
             sent = self._send(result)

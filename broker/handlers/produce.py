@@ -32,6 +32,8 @@ log = logging.getLogger("kbroker.produce")
 
 PartitionResponse = ProduceResponse.PartitionProduceResponse
 _ATTRIBUTES_LOW_BYTE = 22  # batch attributes are the int16 at offset 21
+_MAGIC = 16
+_PRODUCER_ID = 43  # first byte of the batch's producer id: 0xFF only for -1 (ids are never negative otherwise)
 
 
 def _error(index: int, code: ErrorCode, message: str | None = None,
@@ -201,12 +203,28 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
         if to_flush:
             rm.flush_in_background(to_flush)
         return None
+    if not delayed and not to_flush:
+        return response
+    pending = (_after_replication(rm, to_flush, delayed, response, req.timeout_ms) if delayed
+               else _after_flush(rm, to_flush, response))
+    if _has_producer_id(req):
+        # Idempotent and transactional producers keep Kafka's one-request-at-a-time: their sequence bookkeeping
+        # (the Java client's above all) is built for a broker that appends a request only after answering the
+        # one before it; pipelining them hung a Java producer in the chaos test.
+        return pending
     # Appended: only the answer waits, so the connection may go on with its next Produce meanwhile.
-    if delayed:
-        return DelayedResponse(_after_replication(rm, to_flush, delayed, response, req.timeout_ms))
-    if to_flush:
-        return DelayedResponse(_after_flush(rm, to_flush, response))
-    return response
+    return DelayedResponse(pending)
+
+
+def _has_producer_id(req: ProduceRequest) -> bool:
+    """Whether the request's batches carry a producer id (the int64 at byte 43 of a v2 batch; -1 without)."""
+    for t in req.topic_data:
+        for p in t.partition_data:
+            records = p.records
+            if (records is not None and len(records) >= BATCH_HEADER_SIZE and records[_MAGIC] == 2
+                    and records[_PRODUCER_ID] != 0xFF):
+                return True
+    return False
 
 
 def _is_transactional(records: Any) -> bool:
