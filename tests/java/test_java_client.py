@@ -165,16 +165,17 @@ def api_keys(bootstrap: str) -> set[int]:
 
 
 def stored_batches(bootstrap: str, topic: str, partition: int, max_bytes: int = 1 << 20) -> list[Any]:
-    """The record batch headers the broker returns from offset 0 (a raw Fetch v4)."""
+    """The record batch headers the broker returns from offset 0 (a raw Fetch v12: zstd topics need v10+)."""
     from protocol.messages import FetchRequest
     from protocol.records import iter_batch_headers
 
     req = FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=max_bytes, isolation_level=0,
+                       session_id=0, session_epoch=-1,
                        topics=[FetchRequest.FetchTopic(topic=topic, partitions=[
                            FetchRequest.FetchPartition(partition=partition, fetch_offset=0,
                                                        partition_max_bytes=max_bytes)])])
     with RawClient(bootstrap) as raw:
-        resp = raw.request(1, 4, req)
+        resp = raw.request(1, 12, req)
     [pd] = resp.responses[0].partitions
     assert pd.error_code == 0
     return [h for _, h in iter_batch_headers(pd.records or b"")]
