@@ -643,7 +643,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         return self._closed
 
     def in_flight(self) -> bool:
-        return (self._busy or bool(self._answers)) and not self._closed
+        # The answer task runs while any answer is owed or still being sent.
+        return self._answering and not self._closed
 
     def close(self, abort: bool = False) -> None:
         if self._closed:

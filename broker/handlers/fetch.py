@@ -119,7 +119,7 @@ class _FetchPlan:
                     continue
                 rm.check_leader_epoch(name, p.partition, p.current_leader_epoch)
                 lg = rm.get_log(name, p.partition)
-                if self.ctx.api_version < 10 or legacy_magic is not None:
+                if self.ctx.api_version < 10:  # every Fetch that may convert is below v10 too
                     check_down_conversion(lg.config, self.ctx.api_version)
                 hw = lg.high_watermark
                 lso = lg.last_stable_offset
@@ -132,12 +132,14 @@ class _FetchPlan:
                                    isolation_committed=committed_only)
                     if info.records is not None and info.records.size > 0:
                         records = info.records
+                        size = records.size
                         if legacy_magic is not None:
                             records = down_convert_fetched(records, legacy_magic, p.fetch_offset, budget,
                                                            whole_first=min_one and self.ctx.api_version >= 3,
                                                            config=lg.config)
-                        remaining -= len(records) if legacy_magic is not None else records.size
-                        total += len(records) if legacy_magic is not None else records.size
+                            size = len(records)
+                        remaining -= size
+                        total += size
                         min_one = False
                         if committed_only and info.aborted_transactions:
                             aborted = [AbortedTransaction(producer_id=a.producer_id, first_offset=a.first_offset)

@@ -32,8 +32,7 @@ log = logging.getLogger("kbroker.produce")
 
 PartitionResponse = ProduceResponse.PartitionProduceResponse
 _ATTRIBUTES_LOW_BYTE = 22  # batch attributes are the int16 at offset 21
-_MAGIC = 16
-_PRODUCER_ID = 43  # first byte of the batch's producer id: 0xFF only for -1 (ids are never negative otherwise)
+_PRODUCER_ID = 43  # first byte of a v2 batch's producer id: 0xFF only for -1 (ids are never negative otherwise)
 
 
 def _error(index: int, code: ErrorCode, message: str | None = None,
@@ -133,6 +132,7 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
     to_flush: list[tuple[Any, int]] = []
     # acks=all partitions whose high watermark has not reached the batch yet: (topic, partition, required offset)
     delayed: list[tuple[str, int, int]] = []
+    sequenced = False  # a batch with a producer id (idempotent or transactional) was appended
     topics: list[ProduceResponse.TopicProduceResponse] = []
     for t in req.topic_data:
         parts: list[PartitionResponse] = []
@@ -176,6 +176,8 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
                 parts.append(_error(p.index, code, str(e) or None, record_errors))
                 continue
             counters.produced(t.name, info.num_records, len(p.records))
+            if magic == 2 and len(p.records) >= BATCH_HEADER_SIZE and p.records[_PRODUCER_ID] != 0xFF:
+                sequenced = True
             if rm.needs_flush(lg):
                 to_flush.append((lg, info.last_offset))
             if acks == -1 and info.last_offset >= lg.high_watermark:
@@ -207,24 +209,13 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
         return response
     pending = (_after_replication(rm, to_flush, delayed, response, req.timeout_ms) if delayed
                else _after_flush(rm, to_flush, response))
-    if _has_producer_id(req):
+    if sequenced:
         # Idempotent and transactional producers keep Kafka's one-request-at-a-time: their sequence bookkeeping
         # (the Java client's above all) is built for a broker that appends a request only after answering the
         # one before it; pipelining them hung a Java producer in the chaos test.
         return pending
     # Appended: only the answer waits, so the connection may go on with its next Produce meanwhile.
     return DelayedResponse(pending)
-
-
-def _has_producer_id(req: ProduceRequest) -> bool:
-    """Whether the request's batches carry a producer id (the int64 at byte 43 of a v2 batch; -1 without)."""
-    for t in req.topic_data:
-        for p in t.partition_data:
-            records = p.records
-            if (records is not None and len(records) >= BATCH_HEADER_SIZE and records[_MAGIC] == 2
-                    and records[_PRODUCER_ID] != 0xFF):
-                return True
-    return False
 
 
 def _is_transactional(records: Any) -> bool:
