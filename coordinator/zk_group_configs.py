@@ -18,7 +18,6 @@ from typing import Any
 from urllib.parse import unquote
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from coordinator import zk_paths as zp
@@ -69,18 +68,7 @@ class ZkGroupConfigs:
 
         return changed
 
-    def write(self, client: KazooClient, group_id: str, configs: dict[str, str]) -> None:
-        path = zp.group_config_path(group_id)
-        if configs:
-            doc = zp.config_doc(configs)
-            try:
-                client.set(path, doc)
-            except NoNodeError:
-                client.create(path, doc, makepath=True)
-        else:
-            try:
-                client.delete(path)
-            except NoNodeError:
-                pass
+    def put(self, group_id: str, configs: dict[str, str]) -> None:
+        """This broker wrote them: visible at once, before the watch fires."""
         with self._lock:
             self.configs = with_group_configs(self.configs, group_id, configs)

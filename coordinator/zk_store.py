@@ -62,6 +62,14 @@ class ZkStartupError(OSError):
     """
 
 
+def _set_or_create(client: KazooClient, path: str, data: bytes) -> None:
+    """Write a znode's data, creating it (and its parents) when missing."""
+    try:
+        client.set(path, data)
+    except NoNodeError:
+        client.create(path, data, makepath=True)
+
+
 class ZkMetadataStore:
     def __init__(self, config: KafkaConfig) -> None:
         self.config = config
@@ -688,10 +696,7 @@ class ZkMetadataStore:
             client = self._zk()
             path = zp.client_config_path(entity)
             doc = zp.config_doc({k: repr(v) for k, v in values.items()})
-            try:
-                client.set(path, doc)
-            except NoNodeError:
-                client.create(path, doc, makepath=True)
+            _set_or_create(client, path, doc)
             self._notify_config_change(path.removeprefix("/config/"))
             self.client_quotas = with_client_quotas(self.client_quotas, entity, values)
 
@@ -702,7 +707,16 @@ class ZkMetadataStore:
 
     def set_group_configs(self, group_id: str, configs: dict[str, str]) -> None:
         with self._sync_lock:
-            self._group_configs.write(self._zk(), group_id, configs)
+            client = self._zk()
+            path = zp.group_config_path(group_id)
+            if configs:
+                _set_or_create(client, path, zp.config_doc(configs))
+            else:
+                try:
+                    client.delete(path)
+                except NoNodeError:
+                    pass
+            self._group_configs.put(group_id, configs)
 
     def producer_id_block_source(self) -> ZkProducerIdBlockAllocator:
         """Producer id blocks from /latest_producer_id_block (usable once start() has connected)."""
@@ -808,10 +822,7 @@ class ZkMetadataStore:
             rec = self.topics[name]
             path = zp.topic_config_path(name)
             doc = zp.config_doc(configs)
-            try:
-                client.set(path, doc)
-            except NoNodeError:
-                client.create(path, doc, makepath=True)
+            _set_or_create(client, path, doc)
             self._notify_config_change(f"topics/{name}")
             self._replace_topics(put=rec.with_configs(configs))
 
@@ -840,9 +851,6 @@ class ZkMetadataStore:
             client = self._zk()
             path = zp.broker_config_path()
             doc = zp.config_doc(configs)
-            try:
-                client.set(path, doc)
-            except NoNodeError:
-                client.create(path, doc, makepath=True)
+            _set_or_create(client, path, doc)
             self._notify_config_change(f"brokers/{zp.DEFAULT_BROKER_ENTITY}")
             self.broker_configs = dict(configs)

@@ -129,7 +129,7 @@ def handle_describe_configs(ctx: RequestContext, req: DescribeConfigsRequest) ->
             elif res.resource_type == GROUP:
                 if not res.resource_name:
                     raise KafkaError(ErrorCode.INVALID_REQUEST, "Group name must not be empty")
-                entries = describe_group(ctx.server.config, ctx.server.metadata.group_configs.get(res.resource_name, {}))
+                entries = describe_group(ctx.server.config, ctx.server.consumer_group_config(res.resource_name))
             else:
                 raise KafkaError(ErrorCode.INVALID_REQUEST, f"Unsupported resource type {res.resource_type}")
             keys = None if res.configuration_keys is None else set(res.configuration_keys)
@@ -177,7 +177,7 @@ def _current(ctx: RequestContext, resource_type: int, name: str) -> dict[str, st
             raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {name} does not exist")
         return dict(rec.configs)
     if resource_type == GROUP:
-        return dict(ctx.server.metadata.group_configs.get(name, {}))
+        return dict(ctx.server.consumer_group_config(name))
     return dict(ctx.server.metadata.broker_configs)
 
 
