@@ -408,20 +408,25 @@ class ConsumerGroupManager:
         if self.can_downgrade(cg, member.member_id):
             await self.downgrade_to_classic_group(cg, member, why)
             return
-        records = cgr.member_tombstones(gid, member.member_id)
         topics = self.host.consumer_group_topics()
-        metadata = self._subscription_metadata(
-            [m for m in cg.members.values() if m.member_id != member.member_id], topics)
-        if metadata != cg.subscription_metadata:
-            records.append(cgr.partition_metadata_record(gid, metadata))
-        records.append(cgr.group_epoch_record(gid, cg.group_epoch + 1))
-        await self._apply_and_flush(gid, cg, records, topics)
+        await self._apply_and_flush(gid, cg, self._removal_records(cg, [member.member_id], topics), topics)
         self._cancel_session_timeout(cg, member.member_id)
         self._cancel_rebalance_timeout(cg, member.member_id)
         log.info("Member %s %s consumer group %s; group epoch %d, %d members left", member.member_id,
                  why if why != "left the group" else "left", gid, cg.group_epoch, len(cg.members))
 
     # ------------------------------------------------------------ records
+
+    def _removal_records(self, cg: ConsumerGroup, gone: list[str], topics: Any) -> list[ConsumerGroupRecord]:
+        """Kafka's consumerGroupFenceMember records for members that go at once: their tombstones, the subscription
+        metadata without them when it changes, and a group epoch bump."""
+        gid = cg.group_id
+        records = [r for mid in gone for r in cgr.member_tombstones(gid, mid)]
+        metadata = self._subscription_metadata([m for m in cg.members.values() if m.member_id not in gone], topics)
+        if metadata != cg.subscription_metadata:
+            records.append(cgr.partition_metadata_record(gid, metadata))
+        records.append(cgr.group_epoch_record(gid, cg.group_epoch + 1))
+        return records
 
     async def _apply_and_flush(self, gid: str, cg: ConsumerGroup, records: list[ConsumerGroupRecord],
                                topics: object | None, extra: Sequence[tuple[bytes, bytes | None]] = ()) -> None:

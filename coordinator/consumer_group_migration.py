@@ -386,7 +386,6 @@ class ConsumerGroupMigration(ConsumerGroupManager):
         assert cg is not None
         gid = g.group_id
         results: list[ErrorCode] = []
-        records: list[ConsumerGroupRecord] = []
         gone: list[ConsumerGroupMember] = []
         for member_id, instance_id in leaving:
             if instance_id is None:
@@ -400,22 +399,15 @@ class ConsumerGroupMigration(ConsumerGroupManager):
             if member is None or member.classic is None or any(m.member_id == member.member_id for m in gone):
                 results.append(ErrorCode.UNKNOWN_MEMBER_ID)
                 continue
-            records += cgr.member_tombstones(gid, member.member_id)
             gone.append(member)
             results.append(ErrorCode.NONE)
-        if records:
+        if gone:
             topics = self.host.consumer_group_topics()
-            left = {m.member_id for m in gone}
-            metadata = self._subscription_metadata([m for m in cg.members.values() if m.member_id not in left],
-                                                   topics)
-            if metadata != cg.subscription_metadata:
-                records.append(cgr.partition_metadata_record(gid, metadata))
-            records.append(cgr.group_epoch_record(gid, cg.group_epoch + 1))
+            records = self._removal_records(cg, [m.member_id for m in gone], topics)
             for m in gone:
                 self._cancel_session_timeout(cg, m.member_id)
                 self._cancel_rebalance_timeout(cg, m.member_id)
-                self._cancel_classic_timer(cg, "join", m.member_id)
-                self._cancel_classic_timer(cg, "sync", m.member_id)
+                self.cancel_classic_timers(cg, m.member_id)
             await self._apply_and_flush(gid, cg, records, topics)
             for m in gone:
                 log.info("Classic member %s has left consumer group %s", m.member_id, gid)
