@@ -150,7 +150,9 @@ def run_user_suite(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedPro
     out.mkdir()
     # The plugin of this checkout is loaded by name with entry-point autoloading off: an installed kbroker's
     # entry point would register the same module a second time (and may belong to another checkout).
-    env = dict(os.environ, KBROKER_PLUGIN_OUT=str(out), PYTHONPATH=str(ROOT), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    # Without this run's own xdist variables: under `pytest -n`, the nested run would take itself for a worker.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    env.update(KBROKER_PLUGIN_OUT=str(out), PYTHONPATH=str(ROOT), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     args = [sys.executable, "-m", "pytest", "-p", "kbroker_tools.pytest_plugin", "-p", "xdist.plugin",
             "-p", "no:cacheprovider", "-q", "--kbroker-override", "log.segment.bytes=1048576", *extra]
     proc = subprocess.run(args, cwd=project, env=env, capture_output=True, text=True, timeout=300)
