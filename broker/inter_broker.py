@@ -50,51 +50,96 @@ def partitions_by_topic(tps: list[tuple[str, int]]) -> dict[str, list[int]]:
     return out
 
 
-class _Connection:
-    """One pipelined connection to one broker, owned by the channel's loop."""
+class _Connection(asyncio.Protocol):
+    """One pipelined connection to one broker, owned by the loop that made it. Responses are decoded as their
+    bytes arrive and resolve the waiting request's future in the same callback: a reader task between the socket
+    and the request costs two more loop iterations per answer, and each iteration of a fetcher thread's loop may
+    wait for the GIL (the tail of acks=all latency with replication)."""
 
-    def __init__(self, broker_id: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, broker_id: int) -> None:
         self.broker_id = broker_id
-        self.reader = reader
-        self.writer = writer
+        self.transport: asyncio.Transport | None = None
         self.pending: dict[int, tuple[int, int, asyncio.Future[Any]]] = {}
         self.closed = False
-        self.reader_task: asyncio.Task[None] | None = None
+        self._buf = bytearray()
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         # With a SASL session lifetime the other broker closes the connection after it: it is replaced before.
         self.retire_at: float | None = None
 
-    async def read_loop(self) -> None:
+    @classmethod
+    def adopt(cls, broker_id: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Connection:
+        """Take over a stream connection (TLS, after SASL): its transport now feeds this protocol."""
+        conn = cls(broker_id)
+        # The streams live as long as the connection: a StreamWriter that is collected closes its transport.
+        conn._streams = (reader, writer)
+        transport = writer.transport
+        conn.transport = transport  # type: ignore[assignment]
+        transport.set_protocol(conn)
+        leftover = bytes(getattr(reader, "_buffer", b""))  # nothing is sent unasked after SASL, but be exact
+        if leftover:
+            conn.data_received(leftover)
+        if reader.at_eof() or transport.is_closing():
+            conn.connection_lost(None)
+        return conn
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        pos, end = 0, len(buf)
         try:
-            while True:
-                head = await self.reader.readexactly(4)
-                (size,) = _SIZE.unpack(head)
-                frame = await self.reader.readexactly(size)
-                (correlation_id,) = _SIZE.unpack_from(frame, 0)
-                entry = self.pending.pop(correlation_id, None)
-                if entry is None:
-                    raise ConnectionError(f"response with unknown correlation id {correlation_id}")
-                api_key, version, fut = entry
-                try:
-                    _, body = codec.decode_response(api_key, version, frame)
-                except codec.DecodeError as e:
-                    if not fut.done():
-                        fut.set_exception(ConnectionError(f"malformed response from broker {self.broker_id}: {e}"))
-                    continue
-                if not fut.done():
-                    fut.set_result(body)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
-            self.fail(ConnectionError(f"connection to broker {self.broker_id} lost: {e}"))
-        except asyncio.CancelledError:
-            self.fail(ConnectionError(f"connection to broker {self.broker_id} closed"))
-            raise
+            while end - pos >= 4:
+                (size,) = _SIZE.unpack_from(buf, pos)
+                if end - pos - 4 < size:
+                    break
+                frame = bytes(buf[pos + 4:pos + 4 + size])
+                pos += 4 + size
+                self._answer(frame)
+        except ConnectionError as e:
+            self.fail(e)
+            return
+        finally:
+            if pos:
+                del buf[:pos]
+
+    def _answer(self, frame: bytes) -> None:
+        (correlation_id,) = _SIZE.unpack_from(frame, 0)
+        entry = self.pending.pop(correlation_id, None)
+        if entry is None:
+            raise ConnectionError(f"response with unknown correlation id {correlation_id} from broker {self.broker_id}")
+        api_key, version, fut = entry
+        if fut.done():
+            return
+        try:
+            _, body = codec.decode_response(api_key, version, frame)
+        except codec.DecodeError as e:
+            fut.set_exception(ConnectionError(f"malformed response from broker {self.broker_id}: {e}"))
+            return
+        fut.set_result(body)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.fail(ConnectionError(f"connection to broker {self.broker_id} lost: {exc or 'closed'}"))
+
+    def write(self, data: bytes) -> None:
+        if self.closed or self.transport is None:
+            raise ConnectionError(f"connection to broker {self.broker_id} is closed")
+        self.transport.write(data)
 
     def fail(self, exc: Exception) -> None:
         self.closed = True
-        for _, _, fut in self.pending.values():
+        pending, self.pending = self.pending, {}
+        for _, _, fut in pending.values():
             if not fut.done():
                 fut.set_exception(exc)
-        self.pending.clear()
-        self.writer.close()
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _time_out(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
 
 
 class BrokerClient:
@@ -127,17 +172,22 @@ class BrokerClient:
         correlation_id = next(self._correlation) & 0x7FFFFFFF
         header = RequestHeader(request_api_key=api_key, request_api_version=version, correlation_id=correlation_id,
                                client_id=self.client_id)
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
         conn.pending[correlation_id] = (api_key, version, fut)
-        conn.writer.write(bytes(codec.encode_request(header, body)))
+        conn.write(bytes(codec.encode_request(header, body)))
+        # A timer on the future, not wait_for: that wraps the wait in one more future and loop iteration.
+        timer = loop.call_later(self.request_timeout, _time_out, fut)
         try:
-            return await asyncio.wait_for(fut, self.request_timeout)
+            return await fut
         except TimeoutError:
             # A broker that stopped answering (SIGSTOP, a cut network): start over with a new connection.
             log.warning("Request %d (api %d) to broker %d timed out; reconnecting", correlation_id, api_key, broker_id)
             conn.fail(ConnectionError(f"request to broker {broker_id} timed out"))
             self._conns.pop((broker_id, purpose), None)
             raise ConnectionError(f"request to broker {broker_id} timed out") from None
+        finally:
+            timer.cancel()
 
     async def _connection(self, broker_id: int, purpose: str) -> _Connection:
         key = (broker_id, purpose)
@@ -159,14 +209,14 @@ class BrokerClient:
             host, port = endpoint
             lifetime_ms = 0
             if self.security is None:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), self.request_timeout)
+                _, conn = await asyncio.wait_for(
+                    loop.create_connection(lambda: _Connection(broker_id), host, port), self.request_timeout)
             else:
                 reader, writer, lifetime_ms = await asyncio.wait_for(
                     self.security.connect(host, port, self.client_id), self.request_timeout)
-            conn = _Connection(broker_id, reader, writer)
+                conn = _Connection.adopt(broker_id, reader, writer)
             if lifetime_ms > 0:
                 conn.retire_at = time.monotonic() + lifetime_ms * 0.8 / 1000
-            conn.reader_task = loop.create_task(conn.read_loop())
             self._conns[key] = conn
             log.info("Connected to broker %d at %s:%d for %s (%s)", broker_id, host, port, purpose,
                      self.security.protocol if self.security is not None else "PLAINTEXT")
@@ -181,10 +231,9 @@ class BrokerClient:
             self._connecting.pop(key, None)
 
     def close(self) -> None:
-        """On the owning loop, as it stops: no reader task is left pending."""
+        """On the owning loop, as it stops: every request still waiting fails with ConnectionError."""
         for conn in list(self._conns.values()):
-            if conn.reader_task is not None:
-                conn.reader_task.cancel()
+            conn.fail(ConnectionError(f"connection to broker {conn.broker_id} closed"))
         self._conns.clear()
 
 
