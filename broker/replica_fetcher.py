@@ -1,7 +1,8 @@
 """Replica fetchers: followers copy their leaders' logs (Kafka's ReplicaFetcherManager / ReplicaFetcherThread).
 
-Each (leader broker, fetcher id) pair gets one thread with its own event loop; a partition goes to fetcher
-hash(topic, partition) % num.replica.fetchers of its leader. A fetcher first truncates each new partition
+Each (leader broker, fetcher id) pair gets one fetcher, a task on a network processor's event loop (Kafka runs
+each in a thread of its own; under the GIL a thread would only contend with the processors); a partition goes
+to fetcher hash(topic, partition) % num.replica.fetchers of its leader. A fetcher first truncates each new partition
 (KIP-101/KIP-279: OffsetForLeaderEpoch with the follower's latest epoch, truncate to where the leader's log
 agrees, repeated until both name the same epoch), then fetches with replica_id = this broker's id from the
 log end, appending the leader's batches unchanged and taking its high watermark. A Fetch answer naming a
@@ -20,8 +21,6 @@ import time
 import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-import uvloop
 
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import (
@@ -88,7 +87,8 @@ def whole_batches(records: bytes | memoryview) -> memoryview:
 
 
 class ReplicaFetcherThread:
-    def __init__(self, server: KafkaServer, rm: ReplicaManager, source_broker: int, fetcher_id: int) -> None:
+    def __init__(self, server: KafkaServer, rm: ReplicaManager, source_broker: int, fetcher_id: int,
+                 host_loop: asyncio.AbstractEventLoop) -> None:
         self.server = server
         self.rm = rm
         self.source_broker = source_broker
@@ -104,11 +104,12 @@ class ReplicaFetcherThread:
         self._lock = threading.Lock()
         self._running = True
         self._failing = False  # one warning per streak of failed requests, not one per backoff
-        self.loop = uvloop.new_event_loop()
         self.client = server.inter_broker.new_client()
         self._wake = asyncio.Event()
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
+        # A network processor's loop runs the fetcher: with the GIL, a thread of its own only makes the two
+        # contend for it (each handoff can wait a switch interval) and adds a wake-up per fetch.
+        self.loop = host_loop
+        self._done = asyncio.run_coroutine_threadsafe(self._run(), host_loop)
 
     # -- control (any thread) ------------------------------------------------------------------
 
@@ -133,18 +134,19 @@ class ReplicaFetcherThread:
 
     def shutdown(self) -> None:
         self.initiate_shutdown()
-        self._thread.join(timeout=5)
+        if self.loop.is_running():
+            try:
+                self._done.result(timeout=5)
+            except Exception:  # noqa: BLE001 - stopping anyway; _run logged what went wrong
+                pass
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
+    async def _run(self) -> None:
         try:
-            self.loop.run_until_complete(self._fetch_loop())
+            await self._fetch_loop()
         finally:
             self.client.close()
-            self.loop.run_until_complete(asyncio.sleep(0))
-            self.loop.close()
 
     async def _fetch_loop(self) -> None:
         while self._running:
@@ -324,6 +326,10 @@ class ReplicaFetcherManager:
         self._fetchers: dict[tuple[int, int], ReplicaFetcherThread] = {}
         self._assigned: dict[TopicPartition, tuple[int, int]] = {}
 
+    def _host_loop(self, n: int) -> asyncio.AbstractEventLoop:
+        processors = self.server.socket_server.processors
+        return processors[n % len(processors)].loop
+
     def _fetcher_id(self, topic: str, partition: int) -> int:
         return (31 * zlib.crc32(topic.encode()) + partition) % self.num_fetchers
 
@@ -333,7 +339,8 @@ class ReplicaFetcherManager:
                 key = (p.leader_id, self._fetcher_id(p.topic, p.partition))
                 fetcher = self._fetchers.get(key)
                 if fetcher is None:
-                    fetcher = self._fetchers[key] = ReplicaFetcherThread(self.server, self.rm, *key)
+                    fetcher = self._fetchers[key] = ReplicaFetcherThread(self.server, self.rm, *key,
+                                                                         self._host_loop(len(self._fetchers)))
                     log.info("Started %s", fetcher.name)
                 fetcher.add(p)
                 self._assigned[(p.topic, p.partition)] = key
