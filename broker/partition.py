@@ -184,8 +184,11 @@ class Partition:
             old = self.isr
             self.isr = tuple(isr)
             self.partition_epoch = partition_epoch
+            before = self.log.high_watermark
+            # An ISR of one moves the high watermark to the log end inside set_hw_tracks_leo.
             self.log.set_hw_tracks_leo(self.isr == (self.local_id,))
-            moved = self._maybe_increment_hw()
+            self._maybe_increment_hw()
+            moved = self.log.high_watermark != before
         log.info("%s: ISR %s -> %s (partition epoch %d), high watermark %d", self.name, list(old), isr,
                  partition_epoch, self.log.high_watermark)
         return moved

@@ -2,6 +2,11 @@
 
 Appends and fetches may run on different processor threads, so a waiter is woken on its own
 event loop: directly when the append runs on that loop's thread, else via call_soon_threadsafe.
+
+A waiter says what it waits for: a follower's fetch for the log end (new data to copy), a consumer's for the high
+watermark (data it may read). With replication a leader's append moves only the log end and a follower's fetch only
+the high watermark, so each wakes just the fetches it can answer (each needless wake-up re-read the partitions and
+went back to sleep, two per produced batch on a leader with two followers).
 """
 
 from __future__ import annotations
@@ -12,15 +17,21 @@ from collections.abc import Iterable
 
 from storage.manager import TopicPartition
 
+# What moved (notify) and what a waiter waits for (watch); a bit mask.
+LOG_END = 1
+HIGH_WATERMARK = 2
+ANY = LOG_END | HIGH_WATERMARK  # also: leadership, markers, deletions - anything that may change an answer
+
 
 class FetchWaiter:
-    __slots__ = ("loop", "future", "thread_id", "keys")
+    __slots__ = ("loop", "future", "thread_id", "keys", "wants")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, keys: list[TopicPartition]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, keys: list[TopicPartition], wants: int) -> None:
         self.loop = loop
         self.future: asyncio.Future[None] = loop.create_future()
         self.thread_id = threading.get_ident()
         self.keys = keys
+        self.wants = wants
 
     def wake(self) -> None:
         if threading.get_ident() == self.thread_id:
@@ -42,8 +53,8 @@ class FetchPurgatory:
         # (an unlocked += may lose a concurrent increment, but the value still moves, which is all that is asked).
         self.generation = 0
 
-    def watch(self, keys: Iterable[TopicPartition]) -> FetchWaiter:
-        waiter = FetchWaiter(asyncio.get_running_loop(), list(keys))
+    def watch(self, keys: Iterable[TopicPartition], wants: int = ANY) -> FetchWaiter:
+        waiter = FetchWaiter(asyncio.get_running_loop(), list(keys), wants)
         with self._lock:
             for key in waiter.keys:
                 self._watchers.setdefault(key, set()).add(waiter)
@@ -58,12 +69,17 @@ class FetchPurgatory:
                     if not ws:
                         del self._watchers[key]
 
-    def notify(self, key: TopicPartition) -> None:
+    def notify(self, key: TopicPartition, moved: int = ANY) -> None:
         self.generation += 1
         if key not in self._watchers:  # unlocked peek: appends with no waiter pay nothing more
             return
         with self._lock:
             waiters = self._watchers.pop(key, None)
+            if waiters and moved != ANY:
+                rest = {w for w in waiters if not w.wants & moved}
+                if rest:
+                    self._watchers[key] = rest
+                    waiters -= rest
         for w in waiters or ():
             w.wake()
 

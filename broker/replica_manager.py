@@ -23,7 +23,7 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 from broker.partition import Partition
-from broker.purgatory import FetchPurgatory
+from broker.purgatory import ANY, HIGH_WATERMARK, LOG_END, FetchPurgatory
 from broker.replica_fetcher import ReplicaFetcherManager
 from coordinator.group_coordinator import OFFSETS_TOPIC
 from coordinator.metadata_store import PartitionState
@@ -153,7 +153,8 @@ class ReplicaManager:
             log.error("Append to %s-%d at offset %d failed (KAFKA_STORAGE_ERROR): %s",
                       topic, partition, lg.log_end_offset, e)
             raise
-        self.purgatory.notify((topic, partition))
+        # Without followers to wait for, the high watermark moved with the log end.
+        self.purgatory.notify((topic, partition), ANY if lg.high_watermark > info.last_offset else LOG_END)
         return lg, info
 
     async def wait_for_replication(self, pending: list[tuple[str, int, int]],
@@ -202,7 +203,7 @@ class ReplicaManager:
             tp, ErrorCode.NONE)
 
     def _high_watermark_moved(self, tp: TopicPartition) -> None:
-        self.purgatory.notify(tp)
+        self.purgatory.notify(tp, HIGH_WATERMARK)
         self.produce_purgatory.notify(tp)
 
     # ------------------------------------------------------------ leader side of replication

@@ -18,6 +18,7 @@ from broker.fetch_session import (
     SessionErrorContext,
     SessionlessFetchContext,
 )
+from broker.purgatory import HIGH_WATERMARK, LOG_END
 from broker.replica_manager import LEADER_EPOCH, error_of
 from broker.security.acls import AclOperation, ResourceType
 from protocol.errors import ErrorCode, KafkaError
@@ -278,13 +279,16 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContex
     purgatory = ctx.server.replica_manager.purgatory
     deadline = time.monotonic() + max_wait
     keys = plan.keys()
+    # A follower copies up to the log end; a consumer reads up to the high watermark (or the last stable offset,
+    # which only markers and the high watermark move).
+    wants = LOG_END if plan.replica_id >= 0 else HIGH_WATERMARK
     read = first
     while True:
         # Watch before re-reading, so an append between the read and the wait still wakes us. The last read still
         # counts when nothing was notified since it began (appends, high watermarks, markers and leadership
         # changes all notify): an idle long poll reads its partitions once, not again after watching and again
         # when its wait expires.
-        waiter = purgatory.watch(keys)
+        waiter = purgatory.watch(keys, wants)
         try:
             if purgatory.generation != generation:
                 generation = purgatory.generation
