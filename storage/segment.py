@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 
 from protocol.records import (
@@ -84,6 +86,11 @@ class SegmentReadResult:
     next_offset: int = -1
 
 
+_RECENT_BATCHES = 64
+_LAST_OFFSET = itemgetter(0)
+_POSITION = itemgetter(1)
+
+
 class LogSegment:
     """Mutated only under the owning Log's lock; reads are lock-free snapshots of `size`."""
 
@@ -97,6 +104,12 @@ class LogSegment:
         if create:
             os.close(os.open(self.log_path, os.O_WRONLY | os.O_CREAT, 0o644))
         self._size = os.stat(self.log_path).st_size  # FileNotFoundError for a missing segment, as before
+        # (last offset, position) of the batches appended last, the segment's tail: the reads of a replicated
+        # partition stop at the high watermark just behind the log end, and finding it from the offset index meant
+        # parsing every batch header of up to index.interval.bytes, twice per read (Kafka keeps the high
+        # watermark's position with it; this is the same shortcut for any offset near the end). Replaced, never
+        # changed in place but for appends, so lock-free readers see a consistent list.
+        self._recent: list[tuple[int, int]] = []
         # One descriptor for reads (pread, sendfile) and writes (pwrite): opened on first use, closed again
         # when idle (storage.file_handles).
         self._file = LazyFile(self.log_path, os.O_RDWR)
@@ -190,8 +203,12 @@ class LogSegment:
             raise
         if self._rolling_base_ms is None:
             self._rolling_base_ms = now_ms if now_ms is not None else (batches[0][1].max_timestamp if batches else None)
+        recent = self._recent
+        if len(recent) + len(batches) > _RECENT_BATCHES:
+            recent = self._recent = recent[-(_RECENT_BATCHES // 2):]
         for pos, header in batches:
             self._index_batch(start + pos, header)
+            recent.append((header.last_offset, start + pos))
         self._size = start + len(view)
 
     def _index_batch(self, position: int, header: RecordBatchHeader) -> None:
@@ -216,6 +233,7 @@ class LogSegment:
     def truncate_to_position(self, position: int) -> int:
         """Cut the file at position (a batch boundary); returns bytes removed. Indexes must be fixed by the caller."""
         removed = self._size - position
+        self._recent = []
         if removed > 0:
             os.ftruncate(self._writer().fd, position)
             self._size = position
@@ -279,11 +297,28 @@ class LogSegment:
 
     def translate_offset(self, offset: int, starting_position: int = 0) -> BatchLocation | None:
         """The first batch whose last offset >= offset (the one containing it, or the next after a gap)."""
-        _, position = self.index.lookup(offset)
+        position = self._recent_position_of(offset)
+        if position is None:
+            _, position = self.index.lookup(offset)
         for loc in self.iter_batches(max(position, starting_position)):
             if loc.header.last_offset >= offset:
                 return loc
         return None
+
+    def _recent_position_of(self, offset: int) -> int | None:
+        """Position of the first batch with last offset >= offset, when the recent batches know it (the one
+        before it is among them too); the segment's end when offset is past them all."""
+        recent = self._recent
+        if not recent or offset <= recent[0][0]:
+            return None
+        i = bisect.bisect_left(recent, offset, key=_LAST_OFFSET)
+        return recent[i][1] if i < len(recent) else self._size
+
+    def _recent_start_below(self, position: int) -> int:
+        """The start of the last recent batch starting before position (a batch boundary to scan from), or 0."""
+        recent = self._recent
+        i = bisect.bisect_left(recent, position, key=_POSITION)
+        return recent[i - 1][1] if i > 0 else 0
 
     def read(self, start_offset: int, max_size: int, max_position: int | None = None,
              min_one_message: bool = True) -> SegmentReadResult | None:
@@ -300,7 +335,7 @@ class LogSegment:
         limit = min(limit_pos, start.position + budget)
         # Jump close to the limit via the index (positions there are batch starts), then scan.
         _, scan_from = self.index.lookup_by_position(limit)
-        scan_from = max(scan_from, start.position)
+        scan_from = max(scan_from, start.position, self._recent_start_below(limit))
         end = scan_from
         last: RecordBatchHeader | None = None
         for loc in self.iter_batches(scan_from, limit):

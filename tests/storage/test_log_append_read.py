@@ -273,3 +273,37 @@ def test_truncate_fully_and_truncate_to(make_log) -> None:
     log.truncate_fully_and_start_at(100)
     assert (log.log_start_offset, log.log_end_offset, len(log.segments)) == (100, 100, 1)
     assert log.append_as_leader(batch(1), NOW).first_offset == 100
+
+
+def test_recent_batch_positions_answer_as_the_index_scan(make_log) -> None:
+    """Reads near the log end find their batches from the positions of the batches appended last; every offset
+    and read limit must give what the offset index and a header scan give, across the window's trims, a
+    truncation and the appends after it."""
+    log = make_log(index_interval_bytes=1000)
+    sizes = [1 + i % 3 for i in range(150)]  # more batches than the window keeps
+
+    def check() -> None:
+        seg = log.active_segment
+        recent = seg._recent
+        leo = log.log_end_offset
+        got = []
+        for cached in (True, False):
+            seg._recent = recent if cached else []
+            got.append([
+                (loc.position if (loc := seg.translate_offset(o)) is not None else None,
+                 *(((r.records.position, r.records.size, r.next_offset) if r is not None and r.records is not None
+                    else None) for r in [seg.read(o, 10_000, max_position=mp) for mp in (None, seg.size // 2)]))
+                for o in range(max(0, leo - 120), leo + 2)])
+        seg._recent = recent
+        assert got[0] == got[1]
+
+    for n in sizes:
+        log.append_as_leader(batch(n), NOW)
+    assert 0 < len(log.active_segment._recent) <= 64
+    check()
+    log.truncate_to(log.log_end_offset - 20)
+    assert log.active_segment._recent == []
+    check()
+    for n in sizes[:30]:
+        log.append_as_leader(batch(n), NOW)
+    check()
