@@ -22,6 +22,7 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from broker.fetch_session import next_epoch
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import (
     FetchRequest,
@@ -86,6 +87,45 @@ def whole_batches(records: bytes | memoryview) -> memoryview:
     return view[:pos]
 
 
+class FollowerFetchSession:
+    """The follower's half of a KIP-227 fetch session with one leader (Kafka's FetchSessionHandler): after a full
+    fetch opens the session, each fetch names only the partitions whose fetch position changed (new, or data was
+    appended since) and the ones to forget; the leader answers only partitions with something new. Without it every
+    fetch carried every followed partition both ways, idle or not. Any failure starts over with a full fetch that
+    closes the old session (epoch 0)."""
+
+    def __init__(self) -> None:
+        self.session_id = 0
+        self.epoch = 0  # 0: the next fetch is a full one
+        self._sent: dict[TopicPartition, FetchRequest.FetchPartition] = {}
+
+    def request(self, wanted: dict[TopicPartition, FetchRequest.FetchPartition]
+                ) -> tuple[dict[TopicPartition, FetchRequest.FetchPartition], list[TopicPartition], int, int]:
+        """(partitions to send, partitions to forget, session id, epoch) for a fetch of `wanted`."""
+        if self.epoch == 0:
+            return wanted, [], self.session_id, 0
+        sent = self._sent
+        send = {tp: fp for tp, fp in wanted.items() if sent.get(tp) != fp}
+        return send, [tp for tp in sent if tp not in wanted], self.session_id, self.epoch
+
+    def answered(self, session_id: int, sent: dict[TopicPartition, FetchRequest.FetchPartition],
+                 forgotten: list[TopicPartition]) -> None:
+        if self.epoch == 0:
+            # A full fetch: the leader opened a session (or had no room: session id 0, full fetches go on).
+            self.session_id = session_id
+            self._sent = dict(sent)
+            self.epoch = 1 if session_id else 0
+            return
+        for tp in forgotten:
+            self._sent.pop(tp, None)
+        self._sent.update(sent)
+        self.epoch = next_epoch(self.epoch)
+
+    def failed(self) -> None:
+        self.epoch = 0
+        self._sent = {}
+
+
 class ReplicaFetcherThread:
     def __init__(self, server: KafkaServer, rm: ReplicaManager, source_broker: int, fetcher_id: int,
                  host_loop: asyncio.AbstractEventLoop) -> None:
@@ -104,6 +144,7 @@ class ReplicaFetcherThread:
         self._lock = threading.Lock()
         self._running = True
         self._failing = False  # one warning per streak of failed requests, not one per backoff
+        self.session = FollowerFetchSession()
         self.client = server.inter_broker.new_client()
         self._wake = asyncio.Event()
         # A network processor's loop runs the fetcher: with the GIL, a thread of its own only makes the two
@@ -232,20 +273,41 @@ class ReplicaFetcherThread:
 
     async def _fetch(self, states: list[PartitionFetchState]) -> None:
         F = FetchRequest
-        by_topic: dict[str, list[FetchRequest.FetchPartition]] = {}
+        session = self.session
+        wanted: dict[TopicPartition, FetchRequest.FetchPartition] = {}
         for s in states:
             p = s.partition
             lg = p.log
-            by_topic.setdefault(p.topic, []).append(F.FetchPartition(
+            wanted[(p.topic, p.partition)] = F.FetchPartition(
                 partition=p.partition, current_leader_epoch=s.leader_epoch, fetch_offset=lg.log_end_offset,
                 last_fetched_epoch=lg.latest_epoch, log_start_offset=lg.log_start_offset,
-                partition_max_bytes=self.partition_max_bytes))
+                partition_max_bytes=self.partition_max_bytes)
+        send, forgotten, session_id, epoch = session.request(wanted)
+        by_topic: dict[str, list[FetchRequest.FetchPartition]] = {}
+        for (topic, _), fp in send.items():
+            by_topic.setdefault(topic, []).append(fp)
+        forgotten_by_topic: dict[str, list[int]] = {}
+        for topic, partition in forgotten:
+            forgotten_by_topic.setdefault(topic, []).append(partition)
         req = F(replica_id=self.server.broker_id, max_wait_ms=self.max_wait_ms, min_bytes=self.min_bytes,
-                max_bytes=self.max_bytes, isolation_level=0, session_id=0, session_epoch=-1,
-                topics=[F.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()])
-        resp: FetchResponse = await self.client.request(self.source_broker, 1, FETCH_VERSION, req, self.name)
-        if resp.error_code != ErrorCode.NONE:
-            raise KafkaError(ErrorCode(resp.error_code), "fetch request refused")
+                max_bytes=self.max_bytes, isolation_level=0, session_id=session_id, session_epoch=epoch,
+                topics=[F.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
+                forgotten_topics_data=[F.ForgottenTopic(topic=t, partitions=ps) for t, ps in forgotten_by_topic.items()])
+        try:
+            resp: FetchResponse = await self.client.request(self.source_broker, 1, FETCH_VERSION, req, self.name)
+        except BaseException:
+            session.failed()  # the leader may or may not have seen it: the next fetch starts a new session
+            raise
+        code = ErrorCode(resp.error_code)
+        if code in (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH):
+            log.info("%s: fetch session %d at epoch %d answered %s; starting a new one", self.name, session_id,
+                     epoch, code.name)
+            session.failed()
+            return
+        if code != ErrorCode.NONE:
+            session.failed()
+            raise KafkaError(code, "fetch request refused")
+        session.answered(resp.session_id, send, forgotten)
         out_of_range: list[PartitionFetchState] = []
         with self._lock:
             answers = {(t.topic, pd.partition_index): pd for t in resp.responses for pd in t.partitions}

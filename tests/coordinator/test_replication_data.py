@@ -581,3 +581,61 @@ def test_transactions_survive_the_loss_of_their_coordinators_broker(cluster: Clu
         hung.kill()
         cluster.restart(coordinator)
         cluster.wait_isr("txn-coord", {1, 2, 3})
+
+
+# ---------------------------------------------------------------- follower fetch sessions (KIP-227)
+
+
+def fetch_session_gauges(c: Cluster) -> tuple[float, float]:
+    """Broker 1's (incremental fetch sessions, partitions cached in them)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{c.metrics_port}/metrics", timeout=10).read().decode()
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line.startswith("kafka_server_fetchsessioncache_")}
+    return (values["kafka_server_fetchsessioncache_numincrementalfetchsessions"],
+            values["kafka_server_fetchsessioncache_numincrementalfetchpartitionscached"])
+
+
+def test_followers_fetch_in_incremental_sessions(cluster: Cluster) -> None:
+    """Each follower keeps one KIP-227 session with broker 1 for everything broker 1 leads, and fetches within it
+    name only partitions whose position moved: data produced to any of 8 partitions is replicated (acks=all
+    answers, the high watermarks reach the log ends) and a follower restarted mid-way opens a new session."""
+    name = "follower-sessions"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    for f in admin.create_topics([NewTopic(name, num_partitions=8, replica_assignment=[[1, 2, 3]] * 8)]).values():
+        f.result(20)
+
+    def full_isrs() -> bool:
+        md = admin.list_topics(topic=name, timeout=10).topics[name]
+        return len(md.partitions) == 8 and all(p.leader == 1 and len(p.isrs) == 3 for p in md.partitions.values())
+
+    wait_for(full_isrs, f"{name}: 8 partitions led by broker 1 with full ISRs")
+    wait_for(lambda: fetch_session_gauges(cluster)[0] >= 2 and fetch_session_gauges(cluster)[1] >= 16,
+             "both followers in a fetch session with broker 1 holding the 8 partitions")
+
+    def produce(start: int, end: int) -> None:
+        errors: list[Any] = []
+        p = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "enable.idempotence": True,
+                      "linger.ms": 0})
+        for i in range(start, end):
+            p.produce(name, value=b"%d" % i, partition=i % 8,
+                      on_delivery=lambda err, _m: errors.append(err) if err is not None else None)
+            p.poll(0)
+        assert p.flush(30) == 0 and errors == []
+
+    def high_watermarks() -> list[int]:
+        c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "follower-sessions"})
+        try:
+            return [c.get_watermark_offsets(TopicPartition(name, i), timeout=10)[1] for i in range(8)]
+        finally:
+            c.close()
+
+    produce(0, 800)
+    assert high_watermarks() == [100] * 8  # acks=all answered: every follower had each batch
+
+    cluster[3].kill()
+    cluster.restart(3)
+    produce(800, 1600)
+    wait_for(full_isrs, f"{name}: broker 3 back in every ISR")
+    produce(1600, 2400)
+    assert high_watermarks() == [300] * 8
+    wait_for(lambda: fetch_session_gauges(cluster)[0] >= 2, "the restarted follower in a new session")
