@@ -29,6 +29,9 @@ from protocol.records import (
 from storage.errors import KafkaStorageError
 
 log = logging.getLogger("kbroker.produce")
+# Answers that tell an idempotent producer the broker's idea of its sequence differs from its own.
+_PRODUCER_STATE_ERRORS = frozenset({ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.UNKNOWN_PRODUCER_ID,
+                                    ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED})
 
 PartitionResponse = ProduceResponse.PartitionProduceResponse
 _ATTRIBUTES_LOW_BYTE = 22  # batch attributes are the int16 at offset 21
@@ -171,6 +174,9 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
                 code = error_of(e)
                 if code == ErrorCode.UNKNOWN_SERVER_ERROR:
                     log.exception("Produce to %s-%d failed", t.name, p.index)
+                elif code in _PRODUCER_STATE_ERRORS:
+                    # Rare, and what makes an idempotent client bump its epoch: worth a line each.
+                    log.info("Produce to %s-%d refused with %s: %s", t.name, p.index, code.name, e)
                 # Records refused one by one (v8+): the client fails just those and retries nothing else.
                 record_errors = e.record_errors if isinstance(e, RecordValidationError) else None
                 parts.append(_error(p.index, code, str(e) or None, record_errors))

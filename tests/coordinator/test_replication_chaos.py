@@ -400,6 +400,26 @@ def read_partition(c: Cluster, p: int, end: int) -> list[tuple[int, bytes]]:
     return out
 
 
+def batch_producers(c: Cluster, tmp_path: Path) -> Callable[[int, int], tuple[int, int]]:
+    """(producer id, producer epoch) of the batch holding (partition, offset), from a copy of one replica."""
+    batches: dict[int, list[tuple[int, int, int, int]]] = {}
+    b = next(iter(c.brokers.values()))
+    for p in range(PARTITIONS):
+        dest = tmp_path / "batches" / f"{TOPIC}-{p}"
+        shutil.copytree(b.data_dir / "logs" / f"{TOPIC}-{p}", dest)
+        replica = Log.open(dest, TOPIC, p, LogConfig(), clean_shutdown=False)
+        try:
+            batches[p] = [(h.base_offset, h.last_offset, h.producer_id, h.producer_epoch)
+                          for seg in replica.segments for h in (loc.header for loc in seg.iter_batches())]
+        finally:
+            replica.close()
+
+    def producer_of(p: int, offset: int) -> tuple[int, int]:
+        return next((pid, epoch) for base, last, pid, epoch in batches[p] if base <= offset <= last)
+
+    return producer_of
+
+
 def end_offsets(c: Cluster) -> dict[int, int]:
     """High watermarks, asked again while a leader moves (the auto rebalance may still be restoring preferred
     leaders)."""
@@ -460,13 +480,29 @@ def test_no_acknowledged_record_lost_or_duplicated_under_faults(cluster: Cluster
     for p in range(PARTITIONS):
         logs[p] = read_partition(cluster, p, ends[p])
         assert [o for o, _ in logs[p]] == list(range(ends[p])), f"partition {p}: offsets not contiguous"
-    position = {v.decode(): (p, o) for p, recs in logs.items() for o, v in recs}
+    copies: dict[str, list[tuple[int, int]]] = {}
+    for p, recs in logs.items():
+        for o, v in recs:
+            copies.setdefault(v.decode(), []).append((p, o))
+    position = {v: at[0] for v, at in copies.items()}
     total = sum(len(recs) for recs in logs.values())
-    assert len(position) == total, f"{total - len(position)} duplicated records"
+    # A broker deduplicates a retried batch by its producer id, epoch and sequence. librdkafka, after an
+    # OUT_OF_ORDER_SEQUENCE_NUMBER answer at a leader change (Kafka answers the same), bumps its producer epoch and
+    # re-sends batches that were in fact written under the old epoch from sequence 0 (librdkafka issue 4953;
+    # tests/coordinator/CHAOS_FINDINGS.md): no broker can recognise those. Any other duplicate fails the test.
+    duplicated = {v: at for v, at in copies.items() if len(at) > 1}
+    if duplicated:
+        producer_of = batch_producers(cluster, tmp_path)
+        broker_missed = {v: [(at, producer_of(*at)) for at in ats] for v, ats in duplicated.items()
+                         if v.startswith("j-") or len({producer_of(*at) for at in ats}) < len(ats)}
+        assert not broker_missed, f"{len(broker_missed)} records duplicated within one producer epoch: " \
+                                  f"{list(broker_missed.items())[:5]}"
+        log(f"{len(duplicated)} records written again by librdkafka under a bumped producer epoch "
+            f"(e.g. {[(v, [(at, producer_of(*at)) for at in ats]) for v, ats in list(duplicated.items())[:3]]})")
     lost = {v: at for v, at in producers.acked.items() if v not in position}
     assert not lost, f"{len(lost)} acknowledged records lost, e.g. {sorted(lost.items())[:5]}"
     # librdkafka acknowledges some retried batches without their offset (None): persisted, offset unknown.
-    moved = {v: (at, position[v]) for v, at in producers.acked.items() if at[1] is not None and position[v] != at}
+    moved = {v: (at, copies[v]) for v, at in producers.acked.items() if at[1] is not None and at not in copies[v]}
     assert not moved, f"acknowledged at another offset than read: {list(moved.items())[:5]}"
     unknown = sorted(v for v, at in producers.acked.items() if at[1] is None)
     if unknown:
