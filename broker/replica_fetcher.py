@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker.fetch_session import next_epoch
+from broker.inter_broker import partitions_by_topic
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import (
     FetchRequest,
@@ -286,13 +287,11 @@ class ReplicaFetcherThread:
         by_topic: dict[str, list[FetchRequest.FetchPartition]] = {}
         for (topic, _), fp in send.items():
             by_topic.setdefault(topic, []).append(fp)
-        forgotten_by_topic: dict[str, list[int]] = {}
-        for topic, partition in forgotten:
-            forgotten_by_topic.setdefault(topic, []).append(partition)
         req = F(replica_id=self.server.broker_id, max_wait_ms=self.max_wait_ms, min_bytes=self.min_bytes,
                 max_bytes=self.max_bytes, isolation_level=0, session_id=session_id, session_epoch=epoch,
                 topics=[F.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
-                forgotten_topics_data=[F.ForgottenTopic(topic=t, partitions=ps) for t, ps in forgotten_by_topic.items()])
+                forgotten_topics_data=[F.ForgottenTopic(topic=t, partitions=ps)
+                                       for t, ps in partitions_by_topic(forgotten).items()])
         try:
             resp: FetchResponse = await self.client.request(self.source_broker, 1, FETCH_VERSION, req, self.name)
         except BaseException:

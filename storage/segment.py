@@ -204,11 +204,11 @@ class LogSegment:
         if self._rolling_base_ms is None:
             self._rolling_base_ms = now_ms if now_ms is not None else (batches[0][1].max_timestamp if batches else None)
         recent = self._recent
-        if len(recent) + len(batches) > _RECENT_BATCHES:
-            recent = self._recent = recent[-(_RECENT_BATCHES // 2):]
         for pos, header in batches:
             self._index_batch(start + pos, header)
             recent.append((header.last_offset, start + pos))
+        if len(recent) > _RECENT_BATCHES:  # bounded however many batches one append brings (a follower's catch-up)
+            self._recent = recent[-(_RECENT_BATCHES // 2):]
         self._size = start + len(view)
 
     def _index_batch(self, position: int, header: RecordBatchHeader) -> None:
@@ -255,7 +255,9 @@ class LogSegment:
         return removed
 
     def on_become_inactive(self) -> None:
-        """Record the final max timestamp in the time index so retention needs no scan later."""
+        """Record the final max timestamp in the time index so retention needs no scan later; reads near the log
+        end are no longer this segment's, so its recent batch positions go."""
+        self._recent = []
         ts, off = self.max_timestamp_and_offset
         if ts >= 0:
             self.time_index.maybe_append(ts, off, skip_full_check=True)
