@@ -4,6 +4,7 @@ import java.time.Duration;
 import java.util.*;
 import java.util.concurrent.atomic.AtomicBoolean;
 import org.apache.kafka.clients.consumer.*;
+import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 
 /**
@@ -38,17 +39,45 @@ public class ConsumerGroupMember {
         p.put("enable.auto.commit", "true");
         p.put("auto.commit.interval.ms", "200");
         boolean announced = false;
+        Map<Integer, Long> returned = new HashMap<>();  // partition -> offset of the last record printed
         try (KafkaConsumer<byte[], byte[]> c = new KafkaConsumer<>(p, new ByteArrayDeserializer(),
                                                                    new ByteArrayDeserializer())) {
             c.subscribe(List.of(topic));
             while (!stop.get()) {
-                ConsumerRecords<byte[], byte[]> records = c.poll(Duration.ofMillis(100));
+                ConsumerRecords<byte[], byte[]> records;
+                try {
+                    records = c.poll(Duration.ofMillis(100));
+                } catch (IllegalStateException e) {
+                    // kafka-clients 3.9's new consumer races its own background thread: a partition revoked between
+                    // FetchCollector's isAssigned check and its position read throws here (KAFKA-20332, fixed in
+                    // later clients), and the records this poll had already collected for other partitions are
+                    // dropped with their positions advanced. Rewind those to what this member really returned.
+                    if (e.getMessage() == null || !e.getMessage().startsWith("No current assignment for partition"))
+                        throw e;
+                    System.err.println("client race on revocation, rewinding and polling again: " + e.getMessage());
+                    for (TopicPartition tp : c.assignment()) {
+                        try {
+                            Long last = returned.get(tp.partition());
+                            OffsetAndMetadata committed = last == null ? c.committed(Set.of(tp)).get(tp) : null;
+                            if (last != null)
+                                c.seek(tp, last + 1);
+                            else if (committed != null)
+                                c.seek(tp, committed.offset());
+                            else
+                                c.seekToBeginning(List.of(tp));
+                        } catch (IllegalStateException gone) {
+                            // revoked meanwhile: its next owner starts from the group's commit
+                        }
+                    }
+                    continue;
+                }
                 if (!announced && !c.assignment().isEmpty()) {
                     System.out.println("M " + c.groupMetadata().memberId());
                     System.out.flush();
                     announced = true;
                 }
                 for (ConsumerRecord<byte[], byte[]> r : records) {
+                    returned.put(r.partition(), r.offset());
                     String value = r.value() == null ? "" : new String(r.value(), StandardCharsets.UTF_8);
                     System.out.println(String.format(Locale.ROOT, "R %.6f %d %d %s", System.nanoTime() / 1e9,
                                                      r.partition(), r.offset(), value));
