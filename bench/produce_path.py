@@ -1,11 +1,11 @@
 """Produce-path micro-benchmark: broker CPU per Produce request, for before/after comparisons of the request path.
 
-    python -m bench.produce_path [--root CHECKOUT] [--requests N] [--pipeline K] [--reps R]
+    python -m bench.produce_path [--root CHECKOUT] [--requests N] [--pipeline K] [--records M] [--reps R]
 
 Starts `python -m broker` from CHECKOUT (default: this one) on loopback, sends N ProduceRequests (acks=1, one
-10-record batch of 100-byte values to one partition) over one connection with K in flight, and reports the broker
-process's CPU time (utime+stime from /proc, which other load on the machine disturbs far less than wall time) per
-request. Run it for two checkouts in alternation and compare medians.
+M-record batch, default 10, of 100-byte values to one partition) over one connection with K in flight, and reports
+the broker process's CPU time (utime+stime from /proc, which other load on the machine disturbs far less than wall
+time) per request. Run it for two checkouts in alternation and compare medians.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def run_once(root: Path, requests: int, pipeline: int) -> float:
+def run_once(root: Path, requests: int, pipeline: int, records: int = 10) -> float:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
         props = Path(data) / "server.properties"
@@ -68,7 +68,7 @@ def run_once(root: Path, requests: int, pipeline: int) -> float:
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.05)
-            batch = build_batch([(None, b"v" * 100, (), 1_700_000_000_000 + i) for i in range(10)])
+            batch = build_batch([(None, b"v" * 100, (), 1_700_000_000_000 + i) for i in range(records)])
             body = ProduceRequest(transactional_id=None, acks=1, timeout_ms=30000, topic_data=[
                 ProduceRequest.TopicProduceData(name="bench", partition_data=[
                     ProduceRequest.PartitionProduceData(index=0, records=batch)])])
@@ -104,13 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", action="append", type=Path, help="checkout(s) to run the broker from (repeatable)")
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--pipeline", type=int, default=8)
+    ap.add_argument("--records", type=int, default=10, help="records per batch")
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
     roots = args.root or [ROOT]
     results: dict[Path, list[float]] = {r: [] for r in roots}
     for rep in range(args.reps):
         for r in roots:  # alternate, so drifting machine load hits every checkout alike
-            us = run_once(r, args.requests, args.pipeline)
+            us = run_once(r, args.requests, args.pipeline, args.records)
             results[r].append(us)
             print(f"rep {rep + 1} {r}: {us:.1f} us broker CPU per produce request", flush=True)
     for r, values in results.items():

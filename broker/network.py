@@ -217,6 +217,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         # Quota throttling: after the current response, read no request for this long (KIP-219).
         self._mute_ms = 0
         self._sendfile_remaining = 0  # bytes of the region being sendfile()d that the socket has not taken
+        self._out: list[bytes | bytearray | memoryview] | None = None  # answers held for one write per read
 
     # ------------------------------------------------------------ asyncio callbacks
 
@@ -284,6 +285,17 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 self._account()
             return
         self._end += nbytes
+        # The answers to this read's requests go out in one write after them: a loopback send costs as much
+        # as handling a small request, and clients pipeline (librdkafka up to 5 Produce requests at once).
+        self._out = []
+        try:
+            self._frames()
+        finally:
+            out, self._out = self._out, None
+            if out and not self._closed:
+                self.transport.writelines(out)  # type: ignore[union-attr]
+
+    def _frames(self) -> None:
         buf = self._buf
         while self._end - self._start >= 4:
             (size,) = _SIZE.unpack_from(buf, self._start)
@@ -522,7 +534,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
             return True
         ext = response.ext
         if not ext:
-            self.transport.write(response.frame)  # type: ignore[union-attr]
+            if self._out is not None:
+                self._out.append(response.frame)
+            else:
+                self.transport.write(response.frame)  # type: ignore[union-attr]
             return True
         if sum(region.size for _, region in ext) > (TLS_INLINE_FILE_BYTES if self.tls else INLINE_FILE_BYTES):
             return False
@@ -534,7 +549,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
             parts.append(region.read_bytes())
             prev = offset
         parts.append(memoryview(frame)[prev:])
-        self.transport.write(b"".join(parts))  # type: ignore[union-attr]
+        if self._out is not None:
+            self._out.extend(parts)
+        else:
+            self.transport.writelines(parts)  # type: ignore[union-attr]
         return True
 
     async def _send_file_response(self, response: Response) -> None:
@@ -651,6 +669,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
             return
         self._closed = True
         if self.transport is not None:
+            if self._out:
+                # Answers to the requests before the one that ends the connection still go out.
+                out, self._out = self._out, None
+                self.transport.writelines(out)
             if abort:
                 self.transport.abort()
             else:

@@ -155,6 +155,20 @@ def test_pipelined_requests_answered_in_order(broker):
             assert cid == first + i
 
 
+def test_answers_before_a_malformed_request_still_arrive(broker, health_topic):
+    """Answers to one read's requests go out in one write after them; a malformed request at the end of the read
+    closes the connection, but only after the answers owed to the valid requests before it."""
+    with RawClient(broker.bootstrap) as raw:
+        good = b"".join(raw.frame(18, 1, ApiVersionsRequest()) for _ in range(3))
+        first = raw.correlation_id - 2
+        raw.send_bytes(good + sized(header_bytes(3, 1, 99) + b"\xff\xff\xff"))  # a Metadata body cut short
+        for i in range(3):
+            cid, resp = codec.decode_response(18, 1, raw.recv_frame())
+            assert (cid, resp.error_code) == (first + i, 0)
+        assert raw.closed_by_peer(5)
+    assert_healthy(broker, health_topic)
+
+
 def test_client_disconnects_mid_long_poll(broker, health_topic):
     """Closing a connection that has a parked Fetch must not hurt the broker."""
     from protocol.messages import FetchRequest as F
