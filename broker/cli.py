@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     _raise_open_files_limit()
     import uvloop
 
+    from broker.gc_tuning import tune_after_startup
     from broker.server import KafkaServer
 
     try:
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kbroker: invalid configuration: {e}", file=sys.stderr)
         return 2
     try:
-        uvloop.run(server.run_until_stopped())
+        uvloop.run(server.run_until_stopped(after_startup=tune_after_startup))
     except OSError as e:
         logging.getLogger("kbroker.server").error("Fatal error during startup: %s", e)
         return 1

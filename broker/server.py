@@ -7,7 +7,7 @@ import logging
 import resource
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from broker.admin_manager import AdminManager
@@ -315,11 +315,13 @@ class KafkaServer:
     def request_stop(self) -> None:
         self._stopped.set()
 
-    async def run_until_stopped(self) -> None:
+    async def run_until_stopped(self, after_startup: Callable[[], None] | None = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         await self.startup()
+        if after_startup is not None:
+            after_startup()
         await self._stopped.wait()
         await self.shutdown()
 
