@@ -1,8 +1,8 @@
 """TxnMarkerChannel: writes a transaction's COMMIT/ABORT markers to its partitions (Kafka's
 TransactionMarkerChannelManager plus the partition side of KafkaApis.handleWriteTxnMarkersRequest).
 
-Partitions this broker leads get the control batch appended here, on the io pool; the others get a
-WriteTxnMarkers request to their leader over the inter-broker channel. A marker written to
+Partitions this broker leads get the control batch appended here, on a network processor's loop; the others
+get a WriteTxnMarkers request to their leader over the inter-broker channel. A marker written to
 __consumer_offsets completes the producer's pending transactional offset commits in the group
 coordinator, as Kafka's handleTxnCompletion does.
 """
@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker.inter_broker import TXN_MARKERS, partitions_by_topic
 from broker.replica_manager import error_of
@@ -67,10 +67,12 @@ class TxnMarkerChannel:
                                         commit: bool, tps: list[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
         """append_markers, answered once replicated partitions' ISRs have the markers (Kafka writes them with
         acks=all): a marker lost in a leader change would leave the transaction open there."""
-        loop = asyncio.get_running_loop()
         required: dict[TopicPartition, int] = {}
-        results = await loop.run_in_executor(self.server.io_pool, self.append_markers, producer_id, producer_epoch,
-                                             coordinator_epoch, commit, tps, required)
+        results, to_flush = await self._append_on_processor(producer_id, producer_epoch, coordinator_epoch, commit,
+                                                            tps, required)
+        if to_flush:
+            await asyncio.get_running_loop().run_in_executor(self.server.io_pool, self._flush, to_flush, results)
+        self._complete_offsets(producer_id, commit, results)
         if required:
             codes = await self.server.replica_manager.wait_for_replication(
                 [(t, p, offset) for (t, p), offset in required.items()], self.server.config["request.timeout.ms"])
@@ -78,6 +80,29 @@ class TxnMarkerChannel:
                 if code != ErrorCode.NONE:
                     results[tp] = code
         return results
+
+    async def _append_on_processor(self, producer_id: int, producer_epoch: int, coordinator_epoch: int,
+                                   commit: bool, tps: list[TopicPartition], required: dict[TopicPartition, int]
+                                   ) -> tuple[dict[TopicPartition, ErrorCode], list[tuple[Any, int]]]:
+        """append_markers on a network processor's loop: inline when called on one (WriteTxnMarkers), else on the
+        first processor's. A marker is Python work between short syscalls, and on a thread of its own (the io
+        pool) every one of those syscalls handed the GIL back and forth with the processor that serves the
+        producer's next requests: measured with commits every 1,000 records, 106-110k -> 132-140k msg/s. The io
+        pool remains the way once the processors have stopped (shutdown)."""
+        here = asyncio.get_running_loop()
+        processors = self.server.socket_server.processors
+        args = (producer_id, producer_epoch, coordinator_epoch, commit, tps, required)
+        if any(p.loop is here for p in processors):
+            return self.append_markers(*args)
+        target = processors[0].loop
+        if target.is_running():
+            async def append() -> tuple[dict[TopicPartition, ErrorCode], list[tuple[Any, int]]]:
+                return self.append_markers(*args)
+            try:
+                return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(append(), target))
+            except RuntimeError:  # the loop closed in between
+                pass
+        return await here.run_in_executor(self.server.io_pool, self.append_markers, *args)
 
     async def _write_remote(self, leader: int, producer_id: int, producer_epoch: int, coordinator_epoch: int,
                             commit: bool, tps: list[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
@@ -105,14 +130,13 @@ class TxnMarkerChannel:
 
     def append_markers(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
                        tps: list[TopicPartition], required: dict[TopicPartition, int] | None = None,
-                       ) -> dict[TopicPartition, ErrorCode]:
-        """Append the control batch to each local partition (blocking: run on the io pool). required collects,
-        for partitions whose high watermark is not past the marker yet, the offset it must reach."""
-        server = self.server
-        rm = server.replica_manager
+                       ) -> tuple[dict[TopicPartition, ErrorCode], list[tuple[Any, int]]]:
+        """Append the control batch to each local partition: per-partition errors, and the logs whose flush
+        policy wants an fsync now, with the marker's offset (the caller has them flushed off its loop). required
+        collects, for partitions whose high watermark is not past the marker yet, the offset it must reach."""
+        rm = self.server.replica_manager
         results: dict[TopicPartition, ErrorCode] = {}
-        offsets_partitions: list[int] = []
-        to_flush = []
+        to_flush: list[tuple[Any, int]] = []
         now = int(time.time() * 1000)
         for topic, partition in tps:
             try:
@@ -131,17 +155,23 @@ class TxnMarkerChannel:
                 required[(topic, partition)] = info.last_offset + 1
             if rm.needs_flush(lg):
                 to_flush.append((lg, info.last_offset))
-            if topic == OFFSETS_TOPIC:
-                offsets_partitions.append(partition)
             results[(topic, partition)] = ErrorCode.NONE
+        return results, to_flush
+
+    @staticmethod
+    def _flush(to_flush: list[tuple[Any, int]], results: dict[TopicPartition, ErrorCode]) -> None:
+        """fsync the logs the flush policy names (blocking: run on the io pool)."""
         for lg, offset in to_flush:
             try:
                 lg.flush(offset + 1)
             except Exception as e:  # noqa: BLE001 - the marker is not durable: the coordinator retries
                 log.error("fsync of %s after a transaction marker failed: %s", lg.name, e)
                 results[(lg.topic, lg.partition)] = ErrorCode.KAFKA_STORAGE_ERROR
-        gc = server.group_coordinator
-        for p in offsets_partitions:
-            if results.get((OFFSETS_TOPIC, p)) == ErrorCode.NONE:
+
+    def _complete_offsets(self, producer_id: int, commit: bool, results: dict[TopicPartition, ErrorCode]) -> None:
+        """A marker written to __consumer_offsets completes the producer's pending transactional offset commits
+        there (Kafka's handleTxnCompletion), once it is durable per the flush policy."""
+        gc = self.server.group_coordinator
+        for (topic, p), code in results.items():
+            if topic == OFFSETS_TOPIC and code == ErrorCode.NONE:
                 gc.loop.call_soon_threadsafe(gc.complete_txn, producer_id, p, commit)
-        return results
