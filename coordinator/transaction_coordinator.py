@@ -684,8 +684,10 @@ class TransactionCoordinator:
             err = await self._append_transit(transactional_id, meta, complete, coordinator_epoch,
                                              keep_pending_on_error=True)
             if err is ErrorCode.NONE:
-                log.info("Completed %s of transactional id %s (producer %d epoch %d)", result, transactional_id,
-                         meta.producer_id, meta.producer_epoch)
+                # A commit is routine, one per transaction (hundreds a second from one producer): debug, as in
+                # Kafka. An abort is worth a line.
+                log.log(logging.INFO if not commit else logging.DEBUG, "Completed %s of transactional id %s "
+                        "(producer %d epoch %d)", result, transactional_id, meta.producer_id, meta.producer_epoch)
                 return
             if err is ErrorCode.NOT_COORDINATOR:
                 return
