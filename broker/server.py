@@ -137,7 +137,7 @@ class KafkaServer:
             # The embedded single node has one replica per partition: it cannot ask for more in-sync replicas.
             replication_factor=config["transaction.state.log.replication.factor"] if config["zookeeper.connect"] else 1,
             min_isr=config["transaction.state.log.min.isr"] if config["zookeeper.connect"] else 1,
-        ))
+        ), loop=self.socket_server.processors[0].loop)
         # LeaderAndIsr, UpdateMetadata and StopReplica are applied one at a time, in arrival order.
         self.controller_requests = ThreadPoolExecutor(1, thread_name_prefix="controller-requests")
         self.controller: KafkaController | None = None

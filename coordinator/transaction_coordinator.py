@@ -1,8 +1,9 @@
 """TransactionCoordinator: transactional ids, producer epochs and transaction outcomes, as Kafka's
 TransactionCoordinator + TransactionStateManager + the completion side of TransactionMarkerChannelManager.
 
-Concurrency: all transaction state lives on one event loop thread (the coordinator loop). Handlers on the network
-processors hop in with `call()`, so the state machine needs no locks. Between the awaits of one request (the
+Concurrency: all transaction state lives on one event loop thread (the coordinator loop: in the broker, the first
+network processor's; standalone, a thread of its own). Handlers come in with `call()` (a task on that loop, from
+another loop a thread hop), so the state machine needs no locks. Between the awaits of one request (the
 __transaction_state write and its flush, a producer id block, marker writes) other requests run; a prepared
 transition's pending state refuses them meanwhile (CONCURRENT_TRANSACTIONS), exactly as Kafka's per-transaction
 lock plus pending state do. Every transition is written to the compacted __transaction_state topic (Kafka's record
@@ -121,7 +122,10 @@ class _NeedProducerId(Exception):
 
 class TransactionCoordinator:
     def __init__(self, host: TxnCoordinatorHost, config: TxnConfig,
-                 time_ms: Callable[[], int] = _now_ms) -> None:
+                 time_ms: Callable[[], int] = _now_ms, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """loop: an event loop run by someone else (the broker passes its first network processor's, so that the
+        requests it serves reach the coordinator without a thread hop and its log writes do not trade the GIL with
+        that processor); without one the coordinator runs its own loop on a thread of its own."""
         self.host = host
         self.config = config
         self.time_ms = time_ms
@@ -129,10 +133,12 @@ class TransactionCoordinator:
         self.loading: set[int] = set()
         self.coordinator_epochs: dict[int, int] = {}
         self.active = False
-        self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        self._owns_loop = loop is None
+        self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop() if loop is None else loop
         self._thread = threading.Thread(target=self._run, name="txn-coordinator", daemon=True)
         self._started = threading.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._calls: set[asyncio.Task[Any]] = set()
         self._timers: list[asyncio.TimerHandle] = []
         # transactional id -> resolved when its markers and Complete* record are written (or given up on).
         self._completions: dict[str, asyncio.Future[None]] = {}
@@ -145,9 +151,11 @@ class TransactionCoordinator:
         self.loop.run_forever()
 
     def start(self, partitions: list[int]) -> None:
-        """Start the loop and load the given __transaction_state partitions in the background."""
-        self._thread.start()
-        self._started.wait()
+        """Start the loop (when it is the coordinator's own) and load the given __transaction_state partitions in
+        the background."""
+        if self._owns_loop:
+            self._thread.start()
+            self._started.wait()
 
         def begin() -> None:
             self.loading = set(partitions)
@@ -187,7 +195,12 @@ class TransactionCoordinator:
         """Cancel the marker tasks and timers and end the loop; state is in __transaction_state already, and
         a Prepare* whose markers were not all written is completed again when the partition is loaded."""
         if self.loop.is_running():
-            asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop)
+            done = asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop)
+            if not self._owns_loop:
+                try:
+                    done.result(timeout=5)
+                except Exception:  # noqa: BLE001 - the loop stopped first: its tasks ended with it
+                    pass
         if self._thread.is_alive():
             self._thread.join(timeout=5)
 
@@ -199,10 +212,21 @@ class TransactionCoordinator:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self.loop.stop()
+        if self._owns_loop:
+            self.loop.stop()
 
     def call(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> Awaitable[T]:
-        """Run a coordinator coroutine on the coordinator loop; awaitable from any other loop."""
+        """Run a coordinator coroutine on the coordinator loop as a task of its own (a caller that goes away
+        does not stop it half-way); awaitable from any loop."""
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is self.loop:
+            task = self.loop.create_task(fn(*args))
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+            return task
         return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fn(*args), self.loop))
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
