@@ -281,6 +281,24 @@ def list_offsets(bootstrap: str, topic: str, partitions: Sequence[int], isolatio
     return out
 
 
+def high_watermark_and_lso(bootstrap: str, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
+    """partition -> (high watermark, last stable offset), both from one raw Fetch v4 answer, so from one instant
+    (two ListOffsets, read_uncommitted then read_committed, miss a transaction that opens and commits between
+    them)."""
+    from protocol.messages import FetchRequest
+
+    req = FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1, isolation_level=0, topics=[
+        FetchRequest.FetchTopic(topic=topic, partitions=[
+            FetchRequest.FetchPartition(partition=p, fetch_offset=0, partition_max_bytes=1) for p in partitions])])
+    with RawClient(bootstrap) as raw:
+        resp = raw.request(1, 4, req)
+    out = {}
+    for pd in resp.responses[0].partitions:
+        assert pd.error_code == 0, pd
+        out[pd.partition_index] = (pd.high_watermark, pd.last_stable_offset)
+    return out
+
+
 def txn_app(*args: str) -> subprocess.Popen[str]:
     """python -m tests.txn_apps ... in its own process (stdout piped, line-buffered text)."""
     return subprocess.Popen([sys.executable, "-m", "tests.txn_apps", *args], cwd=ROOT, stdout=subprocess.PIPE,
