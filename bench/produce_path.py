@@ -1,11 +1,14 @@
 """Produce-path micro-benchmark: broker CPU per Produce request, for before/after comparisons of the request path.
 
-    python -m bench.produce_path [--root CHECKOUT] [--requests N] [--pipeline K] [--records M] [--reps R]
+    python -m bench.produce_path [--root CHECKOUT] [--requests N] [--pipeline K] [--records M] [--partitions P]
+                                 [--reps R]
 
-Starts `python -m broker` from CHECKOUT (default: this one) on loopback, sends N ProduceRequests (acks=1, one
-M-record batch, default 10, of 100-byte values to one partition) over one connection with K in flight, and reports
-the broker process's CPU time (utime+stime from /proc, which other load on the machine disturbs far less than wall
-time) per request. Run it for two checkouts in alternation and compare medians.
+Starts `python -m broker` from CHECKOUT (default: this one) on loopback, creates topic `bench` with P partitions
+(default 1), sends N ProduceRequests (acks=1, one M-record batch, default 10, of 100-byte values, to the partitions in
+turn) over one connection with K in flight, and reports the broker process's CPU time (utime+stime from /proc, which
+other load on the machine disturbs far less than wall time) per request. Every answer is decoded and must carry no
+error and the next offset, so what is measured is the append path (until 2026-11-26 the topic was never created and
+every request was answered UNKNOWN_TOPIC_OR_PARTITION). Run it for two checkouts in alternation and compare medians.
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ import time
 from pathlib import Path
 
 from protocol import codec
-from protocol.messages import ProduceRequest, RequestHeader
+from protocol.messages import (
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    ProduceRequest,
+    ProduceResponse,
+    RequestHeader,
+)
 from protocol.records import build_batch
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -50,12 +59,34 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def run_once(root: Path, requests: int, pipeline: int, records: int = 10) -> float:
+def _call(sock: socket.socket, api_key: int, version: int, body: object, response_cls: type, cid: int) -> object:
+    header = RequestHeader(request_api_key=api_key, request_api_version=version, correlation_id=cid,
+                           client_id="bench")
+    sock.sendall(bytes(codec.encode_request(header, body)))
+    (size,) = struct.unpack(">i", recv_exact(sock, 4))
+    answer = recv_exact(sock, size)
+    return codec.decode(response_cls, version, answer, _response_header_size(api_key, version))[0]
+
+
+def _response_header_size(api_key: int, version: int) -> int:
+    # Correlation id, plus the tagged-field count of the flexible header versions.
+    return 4 + (1 if codec.response_header_version(api_key, version) >= 1 else 0)
+
+
+def create_topic(sock: socket.socket, partitions: int) -> None:
+    req = CreateTopicsRequest(topics=[CreateTopicsRequest.CreatableTopic(
+        name="bench", num_partitions=partitions, replication_factor=1)], timeout_ms=30000)
+    resp = _call(sock, 19, 7, req, CreateTopicsResponse, 1)
+    code = resp.topics[0].error_code  # type: ignore[attr-defined]
+    if code:
+        raise RuntimeError(f"CreateTopics bench: error {code}")
+
+
+def run_once(root: Path, requests: int, pipeline: int, records: int = 10, partitions: int = 1) -> float:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
         props = Path(data) / "server.properties"
-        props.write_text(f"listeners=PLAINTEXT://127.0.0.1:{port}\nlog.dirs={data}/logs\nnum.network.threads=1\n"
-                         "num.partitions=1\n")
+        props.write_text(f"listeners=PLAINTEXT://127.0.0.1:{port}\nlog.dirs={data}/logs\nnum.network.threads=1\n")
         proc = subprocess.Popen([sys.executable, "-m", "broker", str(props)], cwd=root,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -68,29 +99,40 @@ def run_once(root: Path, requests: int, pipeline: int, records: int = 10) -> flo
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.05)
+            create_topic(sock, partitions)
             batch = build_batch([(None, b"v" * 100, (), 1_700_000_000_000 + i) for i in range(records)])
-            body = ProduceRequest(transactional_id=None, acks=1, timeout_ms=30000, topic_data=[
-                ProduceRequest.TopicProduceData(name="bench", partition_data=[
-                    ProduceRequest.PartitionProduceData(index=0, records=batch)])])
+            frames = []
+            for part in range(partitions):
+                body = ProduceRequest(transactional_id=None, acks=1, timeout_ms=30000, topic_data=[
+                    ProduceRequest.TopicProduceData(name="bench", partition_data=[
+                        ProduceRequest.PartitionProduceData(index=part, records=batch)])])
+                header = RequestHeader(request_api_key=0, request_api_version=9, correlation_id=0, client_id="bench")
+                frames.append(bytearray(codec.encode_request(header, body)))
+            next_offset = [0] * partitions
+            resp_header = _response_header_size(0, 9)
 
-            def frame(cid: int) -> bytes:
-                header = RequestHeader(request_api_key=0, request_api_version=9, correlation_id=cid,
-                                       client_id="bench")
-                return bytes(codec.encode_request(header, body))
-
-            def roundtrip(n: int, start_cid: int) -> None:
+            def roundtrip(n: int, start: int) -> None:
                 sent = received = 0
                 while received < n:
                     while sent < n and sent - received < pipeline:
-                        sock.sendall(frame(start_cid + sent))
+                        i = start + sent
+                        f = frames[i % partitions]
+                        struct.pack_into(">i", f, 8, i)  # correlation id
+                        sock.sendall(f)
                         sent += 1
                     (size,) = struct.unpack(">i", recv_exact(sock, 4))
-                    recv_exact(sock, size)
+                    resp, _ = codec.decode(ProduceResponse, 9, recv_exact(sock, size), resp_header)
+                    part = resp.responses[0].partition_responses[0]
+                    expected = next_offset[part.index]
+                    if part.error_code or part.base_offset != expected:
+                        raise RuntimeError(f"Produce to bench-{part.index}: error {part.error_code}, base offset "
+                                           f"{part.base_offset}, expected {expected}")
+                    next_offset[part.index] = expected + records
                     received += 1
 
-            roundtrip(200, 1)  # topic auto-created, code paths warm
+            roundtrip(200, 0)  # code paths warm
             cpu0 = cpu_seconds(proc.pid)
-            roundtrip(requests, 1000)
+            roundtrip(requests, 200)
             cpu1 = cpu_seconds(proc.pid)
             sock.close()
             return (cpu1 - cpu0) / requests * 1e6
@@ -105,13 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--pipeline", type=int, default=8)
     ap.add_argument("--records", type=int, default=10, help="records per batch")
+    ap.add_argument("--partitions", type=int, default=1, help="partitions of topic bench, written in turn")
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
     roots = args.root or [ROOT]
     results: dict[Path, list[float]] = {r: [] for r in roots}
     for rep in range(args.reps):
         for r in roots:  # alternate, so drifting machine load hits every checkout alike
-            us = run_once(r, args.requests, args.pipeline, args.records)
+            us = run_once(r, args.requests, args.pipeline, args.records, args.partitions)
             results[r].append(us)
             print(f"rep {rep + 1} {r}: {us:.1f} us broker CPU per produce request", flush=True)
     for r, values in results.items():
