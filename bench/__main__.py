@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import harness, report
+from bench import harness, page_cache, report
 
 WORKLOADS = ["produce", "consume", "transactions", "authz", "tls", "latency", "replication", "sizes", "scale",
              "restart", "fetch_sessions", "rebalance"]
@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx.extra["restart_gb"] = args.restart_gb if args.restart_gb is not None else (0.2 if args.quick else 10.0)
     ctx.extra["latency_seconds"] = args.latency_seconds or (2.0 if args.quick else 5.0)
     info = harness.machine_info()
+    # Before any broker writes: what each new MiB of log costs on this machine, against rewriting cached pages.
+    info["page_cache"] = page_cache.describe(base)
     if info["record_walk"] != "compiled":
         print(f"warning: produce record walk in {info['record_walk']}", flush=True)
     command = "python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
