@@ -122,6 +122,7 @@ class Log(ReplicaLogMixin):
                  *, log_start_offset: int, log_end_offset: int, recovery_point: int) -> None:
         self.topic = topic
         self.partition = partition
+        self.name = f"{topic}-{partition}"  # the topic-partition, as Kafka's logs name themselves
         self.config = config
         self.producer_state = ProducerStateManager(dir, f"{topic}-{partition}")
         self.leader_epoch_cache = LeaderEpochFileCache(dir, f"{topic}-{partition}")
@@ -274,10 +275,6 @@ class Log(ReplicaLogMixin):
                           max_index_size=config.segment_index_bytes, create=True)
 
     # -- simple state --------------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return f"{self.topic}-{self.partition}"
 
     @property
     def dir(self) -> Path:

@@ -63,6 +63,7 @@ class ReplicaLogMixin:
     _dir_dirty: bool
     cleaner_checkpoint: int
     config: LogConfig
+    name: str
 
     if TYPE_CHECKING:
         @property
@@ -78,8 +79,6 @@ class ReplicaLogMixin:
             ...
         def _update_producers(self, updates, completed, segment) -> None:  # type: ignore[no-untyped-def]
             ...
-        @property
-        def name(self) -> str: ...
 
     # -- follower append -----------------------------------------------------------------------
 
