@@ -119,7 +119,7 @@ class KafkaServer:
             consumer_max_size=config["group.consumer.max.size"],
             consumer_assignors=[CLASS_NAMES.get(a, a) for a in config["group.consumer.assignors"]],
             consumer_migration_policy=config["group.consumer.migration.policy"],
-        ))
+        ), loop=self.socket_server.processors[0].loop)
         ib_listener = inter_broker_listener(config)
         self.inter_broker = InterBrokerChannel(
             self.broker_id, self._inter_broker_endpoint, config["request.timeout.ms"],

@@ -107,15 +107,21 @@ def _now_ms() -> int:
 
 
 class GroupCoordinator(GroupOffsets, ConsumerGroupMigration):
-    def __init__(self, host: CoordinatorHost, config: GroupConfig) -> None:
+    def __init__(self, host: CoordinatorHost, config: GroupConfig,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """loop: an event loop run by someone else (the broker passes its first network processor's, as for the
+        transaction coordinator: a group request then reaches the coordinator without two thread hops, each a
+        wake-up and a GIL hand-over); without one the coordinator runs its own loop on a thread of its own."""
         self.host = host
         self.config = config
         self.groups: dict[str, GroupMetadata] = {}
         self.txn_groups: dict[int, set[str]] = {}
         self.loading: set[int] = set()
-        self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        self._owns_loop = loop is None
+        self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop() if loop is None else loop
         self._thread = threading.Thread(target=self._run, name="group-coordinator", daemon=True)
         self._started = threading.Event()
+        self._calls: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -125,9 +131,11 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration):
         self.loop.run_forever()
 
     def start(self, partitions: list[int]) -> None:
-        """Start the loop and load the given __consumer_offsets partitions in the background."""
-        self._thread.start()
-        self._started.wait()
+        """Start the loop (when it is the coordinator's own) and load the given __consumer_offsets partitions in the
+        background."""
+        if self._owns_loop:
+            self._thread.start()
+            self._started.wait()
         self.loading = set(partitions)
         self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._load_all(partitions)))
         self.loop.call_soon_threadsafe(self._schedule_sweeps)
@@ -170,12 +178,27 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration):
             log.info("Unloaded %d groups of %s-%d", len(gone), OFFSETS_TOPIC, p)
 
     def stop(self) -> None:
+        """End the coordinator's own loop; a borrowed loop ends with its owner (the broker stops its network
+        processors first). Groups are in __consumer_offsets already."""
+        if not self._owns_loop:
+            return
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
     def call(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> Awaitable[T]:
-        """Run a coordinator coroutine on the coordinator loop; awaitable from any other loop."""
+        """Run a coordinator coroutine on the coordinator loop as a task of its own (a caller that goes away does
+        not stop it half-way); awaitable from any loop."""
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is self.loop:
+            task = self.loop.create_task(fn(*args))
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+            return task
         return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fn(*args), self.loop))
 
     def _schedule_sweeps(self) -> None:
