@@ -312,7 +312,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 elif frame_end - self._start > len(buf):
                     self._make_room(frame_end - self._start)
                 break
-            frame = bytes(memoryview(buf)[self._start + 4 : frame_end])
+            # A private, writable copy: a Produce's batches are then given their offsets in place in it
+            # (Log.append_as_leader copies read-only records first), as a large request's own buffer already is.
+            frame = bytearray(memoryview(buf)[self._start + 4 : frame_end])
             self._start = frame_end
             self._dispatch(frame)
             if self._closed:
