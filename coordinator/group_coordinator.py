@@ -1,9 +1,9 @@
 """GroupCoordinator: the classic consumer group protocol, as Kafka's GroupCoordinator, and (mixed in from
 consumer_group_manager) KIP-848 consumer groups.
 
-All group state lives on one event loop thread (the coordinator loop); handlers on the network
-processors call in with `call()`, which hops to that loop and back, so the state machine needs
-no locks. Committed offsets and group metadata are appended to the compacted __consumer_offsets
+All group state lives on one event loop (coordinator_loop: in the broker, the first network
+processor's; standalone, a thread of its own); handlers call in with `call()` (a task on that loop,
+from another loop a thread hop), so the state machine needs no locks. Committed offsets and group metadata are appended to the compacted __consumer_offsets
 topic (Kafka's record schemas) and reloaded from it at startup.
 """
 
@@ -12,18 +12,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
-
-import uvloop
+from typing import Any, Protocol
 
 from coordinator import consumer_group_records as cgr
 from coordinator import group_records as records
 from coordinator.consumer_group_migration import ConsumerGroupMigration
+from coordinator.coordinator_loop import CoordinatorLoop
 from coordinator.group_loader import LoadedEntry, LoadedMarker, LoadedRecord, read_entries
 from coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata
 from coordinator.group_offsets import GroupOffsets
@@ -33,7 +31,6 @@ from protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, build_batch
 log = logging.getLogger("kbroker.group")
 
 OFFSETS_TOPIC = "__consumer_offsets"
-T = TypeVar("T")
 
 
 @functools.lru_cache(maxsize=8192)
@@ -106,36 +103,23 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class GroupCoordinator(GroupOffsets, ConsumerGroupMigration):
+class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
     def __init__(self, host: CoordinatorHost, config: GroupConfig,
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """loop: an event loop run by someone else (the broker passes its first network processor's, as for the
-        transaction coordinator: a group request then reaches the coordinator without two thread hops, each a
-        wake-up and a GIL hand-over); without one the coordinator runs its own loop on a thread of its own."""
+        """loop: an event loop run by someone else (coordinator_loop); without one, a loop of its own."""
         self.host = host
         self.config = config
         self.groups: dict[str, GroupMetadata] = {}
         self.txn_groups: dict[int, set[str]] = {}
         self.loading: set[int] = set()
-        self._owns_loop = loop is None
-        self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop() if loop is None else loop
-        self._thread = threading.Thread(target=self._run, name="group-coordinator", daemon=True)
-        self._started = threading.Event()
-        self._calls: set[asyncio.Task[Any]] = set()
+        self._init_loop(loop, "group-coordinator")
 
     # ------------------------------------------------------------ lifecycle
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.call_soon(self._started.set)
-        self.loop.run_forever()
 
     def start(self, partitions: list[int]) -> None:
         """Start the loop (when it is the coordinator's own) and load the given __consumer_offsets partitions in the
         background."""
-        if self._owns_loop:
-            self._thread.start()
-            self._started.wait()
+        self._start_own_loop()
         self.loading = set(partitions)
         self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._load_all(partitions)))
         self.loop.call_soon_threadsafe(self._schedule_sweeps)
@@ -184,22 +168,7 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration):
             return
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
-    def call(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> Awaitable[T]:
-        """Run a coordinator coroutine on the coordinator loop as a task of its own (a caller that goes away does
-        not stop it half-way); awaitable from any loop."""
-        try:
-            here = asyncio.get_running_loop()
-        except RuntimeError:
-            here = None
-        if here is self.loop:
-            task = self.loop.create_task(fn(*args))
-            self._calls.add(task)
-            task.add_done_callback(self._calls.discard)
-            return task
-        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fn(*args), self.loop))
+        self._join_own_loop()
 
     def _schedule_sweeps(self) -> None:
         self.loop.call_later(self.config.offsets_retention_check_ms / 1000, self._expire_offsets_tick)

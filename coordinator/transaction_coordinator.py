@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
-
-import uvloop
+from typing import Any, Protocol
 
 from coordinator import transaction_records as records
+from coordinator.coordinator_loop import CoordinatorLoop
 from coordinator.group_coordinator import partition_for
 from coordinator.producer_ids import ProducerIdsExhausted
 from coordinator.transaction_metadata import (
@@ -50,7 +48,6 @@ from storage.errors import KafkaStorageError, RecordTooLargeError
 log = logging.getLogger("kbroker.txn")
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
-T = TypeVar("T")
 S = TransactionState
 
 # The marker's producer or coordinator epoch is stale: a newer coordinator owns the transaction (Kafka stops).
@@ -120,12 +117,10 @@ class _NeedProducerId(Exception):
     """Raised by the init transit when a fresh producer id is needed (fetched outside, then retried)."""
 
 
-class TransactionCoordinator:
+class TransactionCoordinator(CoordinatorLoop):
     def __init__(self, host: TxnCoordinatorHost, config: TxnConfig,
                  time_ms: Callable[[], int] = _now_ms, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """loop: an event loop run by someone else (the broker passes its first network processor's, so that the
-        requests it serves reach the coordinator without a thread hop and its log writes do not trade the GIL with
-        that processor); without one the coordinator runs its own loop on a thread of its own."""
+        """loop: an event loop run by someone else (coordinator_loop); without one, a loop of its own."""
         self.host = host
         self.config = config
         self.time_ms = time_ms
@@ -133,29 +128,18 @@ class TransactionCoordinator:
         self.loading: set[int] = set()
         self.coordinator_epochs: dict[int, int] = {}
         self.active = False
-        self._owns_loop = loop is None
-        self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop() if loop is None else loop
-        self._thread = threading.Thread(target=self._run, name="txn-coordinator", daemon=True)
-        self._started = threading.Event()
+        self._init_loop(loop, "txn-coordinator")
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._calls: set[asyncio.Task[Any]] = set()
         self._timers: list[asyncio.TimerHandle] = []
         # transactional id -> resolved when its markers and Complete* record are written (or given up on).
         self._completions: dict[str, asyncio.Future[None]] = {}
 
     # ------------------------------------------------------------ lifecycle
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.call_soon(self._started.set)
-        self.loop.run_forever()
-
     def start(self, partitions: list[int]) -> None:
         """Start the loop (when it is the coordinator's own) and load the given __transaction_state partitions in
         the background."""
-        if self._owns_loop:
-            self._thread.start()
-            self._started.wait()
+        self._start_own_loop()
 
         def begin() -> None:
             self.loading = set(partitions)
@@ -201,8 +185,7 @@ class TransactionCoordinator:
                     done.result(timeout=5)
                 except Exception:  # noqa: BLE001 - the loop stopped first: its tasks ended with it
                     pass
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+        self._join_own_loop()
 
     async def _shutdown(self) -> None:
         self.active = False
@@ -214,20 +197,6 @@ class TransactionCoordinator:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._owns_loop:
             self.loop.stop()
-
-    def call(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> Awaitable[T]:
-        """Run a coordinator coroutine on the coordinator loop as a task of its own (a caller that goes away
-        does not stop it half-way); awaitable from any loop."""
-        try:
-            here = asyncio.get_running_loop()
-        except RuntimeError:
-            here = None
-        if here is self.loop:
-            task = self.loop.create_task(fn(*args))
-            self._calls.add(task)
-            task.add_done_callback(self._calls.discard)
-            return task
-        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fn(*args), self.loop))
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = self.loop.create_task(coro)
