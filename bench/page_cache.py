@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +47,22 @@ def write_cost(directory: Path, mb: int = 128) -> tuple[float, float]:
     finally:
         path.unlink(missing_ok=True)
     return new / mb * 1e6, cached / mb * 1e6
+
+
+def resident_share(files: list[Path]) -> float | None:
+    """The share of the files' bytes in the page cache now (util-linux fincore), None without fincore. This VM
+    also runs DAMON proactive reclaim, which pages out what has not been touched for about a minute, so a large
+    log written a while ago is partly read from disk again."""
+    if not files or shutil.which("fincore") is None:
+        return None
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES,SIZE", *map(str, files)],
+                         capture_output=True, text=True, timeout=60)
+    res = size = 0
+    for line in out.stdout.splitlines():
+        r, sz = line.split()
+        res += int(r)
+        size += int(sz)
+    return res / size if size else None
 
 
 def describe(directory: Path, mb: int = 128) -> str:
