@@ -23,15 +23,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from protocol import codec
-from protocol.messages import (
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    ProduceRequest,
-    ProduceResponse,
-    RequestHeader,
-)
+from protocol.messages import CreateTopicsRequest, ProduceRequest, RequestHeader
 from protocol.records import build_batch
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -59,25 +54,17 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _call(sock: socket.socket, api_key: int, version: int, body: object, response_cls: type, cid: int) -> object:
-    header = RequestHeader(request_api_key=api_key, request_api_version=version, correlation_id=cid,
-                           client_id="bench")
-    sock.sendall(bytes(codec.encode_request(header, body)))
+def recv_response(sock: socket.socket, api_key: int, version: int) -> Any:
     (size,) = struct.unpack(">i", recv_exact(sock, 4))
-    answer = recv_exact(sock, size)
-    return codec.decode(response_cls, version, answer, _response_header_size(api_key, version))[0]
-
-
-def _response_header_size(api_key: int, version: int) -> int:
-    # Correlation id, plus the tagged-field count of the flexible header versions.
-    return 4 + (1 if codec.response_header_version(api_key, version) >= 1 else 0)
+    return codec.decode_response(api_key, version, recv_exact(sock, size))[1]
 
 
 def create_topic(sock: socket.socket, partitions: int) -> None:
     req = CreateTopicsRequest(topics=[CreateTopicsRequest.CreatableTopic(
         name="bench", num_partitions=partitions, replication_factor=1)], timeout_ms=30000)
-    resp = _call(sock, 19, 7, req, CreateTopicsResponse, 1)
-    code = resp.topics[0].error_code  # type: ignore[attr-defined]
+    header = RequestHeader(request_api_key=19, request_api_version=7, correlation_id=1, client_id="bench")
+    sock.sendall(bytes(codec.encode_request(header, req)))
+    code = recv_response(sock, 19, 7).topics[0].error_code
     if code:
         raise RuntimeError(f"CreateTopics bench: error {code}")
 
@@ -109,7 +96,6 @@ def run_once(root: Path, requests: int, pipeline: int, records: int = 10, partit
                 header = RequestHeader(request_api_key=0, request_api_version=9, correlation_id=0, client_id="bench")
                 frames.append(bytearray(codec.encode_request(header, body)))
             next_offset = [0] * partitions
-            resp_header = _response_header_size(0, 9)
 
             def roundtrip(n: int, start: int) -> None:
                 sent = received = 0
@@ -120,9 +106,7 @@ def run_once(root: Path, requests: int, pipeline: int, records: int = 10, partit
                         struct.pack_into(">i", f, 8, i)  # correlation id
                         sock.sendall(f)
                         sent += 1
-                    (size,) = struct.unpack(">i", recv_exact(sock, 4))
-                    resp, _ = codec.decode(ProduceResponse, 9, recv_exact(sock, size), resp_header)
-                    part = resp.responses[0].partition_responses[0]
+                    part = recv_response(sock, 0, 9).responses[0].partition_responses[0]
                     expected = next_offset[part.index]
                     if part.error_code or part.base_offset != expected:
                         raise RuntimeError(f"Produce to bench-{part.index}: error {part.error_code}, base offset "
