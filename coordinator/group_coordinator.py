@@ -3,8 +3,9 @@ consumer_group_manager) KIP-848 consumer groups.
 
 All group state lives on one event loop (coordinator_loop: in the broker, the first network
 processor's; standalone, a thread of its own); handlers call in with `call()` (a task on that loop,
-from another loop a thread hop), so the state machine needs no locks. Committed offsets and group metadata are appended to the compacted __consumer_offsets
-topic (Kafka's record schemas) and reloaded from it at startup.
+from another loop a thread hop), so the state machine needs no locks. Committed offsets and group
+metadata are appended to the compacted __consumer_offsets topic (Kafka's record schemas) and
+reloaded from it at startup.
 """
 
 from __future__ import annotations

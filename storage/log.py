@@ -124,8 +124,8 @@ class Log(ReplicaLogMixin):
         self.partition = partition
         self.name = f"{topic}-{partition}"  # the topic-partition, as Kafka's logs name themselves
         self.config = config
-        self.producer_state = ProducerStateManager(dir, f"{topic}-{partition}")
-        self.leader_epoch_cache = LeaderEpochFileCache(dir, f"{topic}-{partition}")
+        self.producer_state = ProducerStateManager(dir, self.name)
+        self.leader_epoch_cache = LeaderEpochFileCache(dir, self.name)
         self.leader_epoch = 0
         self._hw_tracks_leo = True
         self._dir = dir
