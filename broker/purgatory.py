@@ -52,6 +52,9 @@ class FetchPurgatory:
         # Moves on every notify: a fetch that read before watching re-reads only if something was notified since
         # (an unlocked += may lose a concurrent increment, but the value still moves, which is all that is asked).
         self.generation = 0
+        # Set when the broker shuts down: long polls answer with what they have instead of waiting out max_wait_ms,
+        # so the processors close their connections at once and clients move to the new leaders.
+        self.closing = False
 
     def watch(self, keys: Iterable[TopicPartition], wants: int = ANY) -> FetchWaiter:
         waiter = FetchWaiter(asyncio.get_running_loop(), list(keys), wants)
@@ -82,6 +85,11 @@ class FetchPurgatory:
                     waiters -= rest
         for w in waiters or ():
             w.wake()
+
+    def close(self) -> None:
+        """Shutdown: every waiter is woken now, and no wait starts again (see closing)."""
+        self.closing = True
+        self.notify_all()
 
     def notify_all(self) -> None:
         self.generation += 1

@@ -293,10 +293,13 @@ class KafkaServer:
             self.metrics_exporter.stop()
         await self.controlled_shutdown()
         self.socket_server.stop_accepting()
+        # Parked long polls answer now: otherwise the processors' drain waits out their max_wait_ms (500 ms for
+        # librdkafka, up to its 5 s grace for others) while the clients' next requests sit unread in the sockets,
+        # and producers reach the new leaders only when the connections finally close.
+        self.replica_manager.purgatory.close()
+        self.replica_manager.produce_purgatory.notify_all()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.socket_server.stop_processors)
-        self.replica_manager.purgatory.notify_all()
-        self.replica_manager.produce_purgatory.notify_all()
         self.replica_manager.shutdown()
         self.txn_coordinator.stop()
         self.group_coordinator.stop()

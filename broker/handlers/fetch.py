@@ -295,7 +295,7 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContex
                 read = plan.read()
             results, nbytes, has_error = read
             left = deadline - time.monotonic()
-            if nbytes >= min_bytes or has_error or left <= 0:
+            if nbytes >= min_bytes or has_error or left <= 0 or purgatory.closing:
                 return _respond(ctx, plan, context, results, nbytes)
             # A plain timer on the waiter's future: cheaper than wait_for(shield()), which makes a task per wait.
             timer = asyncio.get_running_loop().call_later(left, _expire, waiter.future)

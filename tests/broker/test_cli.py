@@ -113,6 +113,49 @@ def test_kill_9_and_restart_keeps_acked_data(tmp_path):
         assert b.stop() == 0
 
 
+def test_sigterm_answers_parked_long_polls_and_closes_at_once(tmp_path):
+    """Fetches parked in the purgatory answer with what they have when the broker stops, instead of holding the
+    shutdown (and every client's next request, unread in its socket) for their max_wait_ms: a Java or kafka-python
+    consumer's long poll used to keep a stopping broker serving nothing for the processors' 5 s grace."""
+    from confluent_kafka import Consumer, TopicPartition  # noqa: PLC0415
+
+    from protocol import codec  # noqa: PLC0415
+
+    b = BrokerProcess(tmp_path / "broker").start()
+    stopped = False
+    try:
+        ck_produce(b.bootstrap, "parked", [Msg(None, b"v", partition=0)])
+        consumer = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "parked", "enable.auto.commit": False,
+                             "fetch.wait.max.ms": 30000, "fetch.min.bytes": 1_000_000, "log_level": 0})
+        consumer.assign([TopicPartition("parked", 0, 0)])
+        assert consumer.poll(1.0) is None  # its fetch waits for 1 MB or 30 s
+        fetch = FetchRequest(
+            replica_id=-1, max_wait_ms=30000, min_bytes=1_000_000, max_bytes=1_000_000, isolation_level=0,
+            topics=[FetchRequest.FetchTopic(topic="parked", partitions=[
+                FetchRequest.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1_000_000)])],
+        )
+        with RawClient(b.bootstrap, timeout=T) as raw:
+            raw.send_bytes(raw.frame(1, 4, fetch))
+            time.sleep(0.5)  # both fetches are parked
+            t0 = time.monotonic()
+            assert b.stop() == 0
+            stopped = True
+            took = time.monotonic() - t0
+            # The raw long poll got its answer, with the record it had, before the connection closed.
+            _, resp = codec.decode_response(1, 4, raw.recv_frame())
+        part = resp.responses[0].partitions[0]
+        assert part.error_code == 0 and part.high_watermark == 1 and len(part.records) > 0
+        assert took < 3.0, f"SIGTERM took {took:.2f} s with two fetches parked"
+        # So did librdkafka's.
+        got = consumer.poll(5.0)
+        assert got is not None and got.error() is None and got.value() == b"v"
+        consumer.close()
+    finally:
+        if not stopped:
+            b.stop()
+    assert "shut down cleanly" in b.read_log()
+
+
 def test_first_start_and_shutdown_log_no_false_alarms(tmp_path):
     """A new log dir is not an unclean shutdown, and a long-poll fetch whose client went away does not leave a
     pending task to be destroyed at exit."""
