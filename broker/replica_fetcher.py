@@ -148,6 +148,8 @@ class ReplicaFetcherThread:
         self.session = FollowerFetchSession()
         self.client = server.inter_broker.new_client()
         self._wake = asyncio.Event()
+        self._fetching = False  # a Fetch is in flight (on the loop only)
+        self._restart = False  # it was given up so the next one carries newly added partitions
         # A network processor's loop runs the fetcher: with the GIL, a thread of its own only makes the two
         # contend for it (each handoff can wait a switch interval) and adds a wake-up per fetch.
         self.loop = host_loop
@@ -158,7 +160,18 @@ class ReplicaFetcherThread:
     def add(self, p: Partition) -> None:
         with self._lock:
             self.partitions[(p.topic, p.partition)] = PartitionFetchState(p, p.leader_epoch)
-        self.loop.call_soon_threadsafe(self._wake.set)
+        self.loop.call_soon_threadsafe(self._added)
+
+    def _added(self) -> None:
+        self._wake.set()
+        if self._fetching and not self._restart:
+            # The Fetch in flight may be parked in the leader's purgatory for up to replica.fetch.wait.max.ms and
+            # cannot carry the new partition: after a leadership change (a controlled shutdown, a failover) the
+            # new leader's acks=all produce would wait that long for this follower. A broker answers one
+            # connection's requests in order, so the fetch is given up with its connection (the leader drops
+            # the parked request) and the next one starts at once on a new connection.
+            self._restart = True
+            self.client.close()
 
     def remove(self, tps: list[TopicPartition]) -> None:
         with self._lock:
@@ -213,6 +226,8 @@ class ReplicaFetcherThread:
                     self._failing = False
                     log.info("%s: fetching from broker %d again", self.name, self.source_broker)
             except (ConnectionError, KafkaError, OSError) as e:
+                if self._restart and isinstance(e, ConnectionError):
+                    continue  # given up for newly added partitions (_added): fetch again now
                 (log.debug if self._failing else log.warning)(
                     "%s: fetch from broker %d failed: %s (retrying every %.1f s)", self.name, self.source_broker, e,
                     self.backoff)
@@ -292,11 +307,14 @@ class ReplicaFetcherThread:
                 topics=[F.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
                 forgotten_topics_data=[F.ForgottenTopic(topic=t, partitions=ps)
                                        for t, ps in partitions_by_topic(forgotten).items()])
+        self._fetching, self._restart = True, False
         try:
             resp: FetchResponse = await self.client.request(self.source_broker, 1, FETCH_VERSION, req, self.name)
         except BaseException:
             session.failed()  # the leader may or may not have seen it: the next fetch starts a new session
             raise
+        finally:
+            self._fetching = False
         code = ErrorCode(resp.error_code)
         if code in (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH):
             log.info("%s: fetch session %d at epoch %d answered %s; starting a new one", self.name, session_id,
