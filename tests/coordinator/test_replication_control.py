@@ -614,9 +614,13 @@ def test_controlled_shutdown_moves_leaderships_first(cluster: Cluster, zk_client
         window = [t for t in acked if t >= t0 - 0.5]
         pause = max(b - a for a, b in zip(window, window[1:], strict=False))
         print(f"controlled shutdown: longest wait between acknowledgements {pause * 1000:.0f} ms")
-        # The target (well under a second) is measured in bench/; here only: faster than failing over a dead broker.
-        assert pause < SESSION_MS / 1000, (pause, _log_lines(cluster[leader], "ontrolled shutdown"),
-                                           _log_lines(cluster[controller], "ontrolled shutdown"))
+        # Issue 13: well under a second. Measured by hand in 26 repetitions (a script doing what this test does):
+        # 85-170 ms in 24, 390 ms in 2 (librdkafka's own leader re-query after it forgets the stopped broker).
+        # Before 2026-11-26 it was 0.1-1.4 s, once 5.1 s in CI: parked long polls held the stopping broker's
+        # connections open, its metadata still named it leader, and the followers' parked fetches could not
+        # carry the partitions they had just been given.
+        assert pause < 1.0, (pause, _log_lines(cluster[leader], "ontrolled shutdown"),
+                             _log_lines(cluster[controller], "ontrolled shutdown"))
         # The controller moved the leaderships while the broker was still registered and serving.
         moves = re.findall(rf"Controlled shutdown of broker {leader}: (\d+) leaderships moved", cluster[controller].read_log())
         assert moves and int(moves[0]) >= len(led), moves
