@@ -293,11 +293,12 @@ class KafkaServer:
             self.metrics_exporter.stop()
         await self.controlled_shutdown()
         self.socket_server.stop_accepting()
-        # Parked long polls answer now: otherwise the processors' drain waits out their max_wait_ms (500 ms for
-        # librdkafka, up to its 5 s grace for others) while the clients' next requests sit unread in the sockets,
-        # and producers reach the new leaders only when the connections finally close.
+        # Parked long polls and group joins answer now: otherwise the processors' drain waits them out (a fetch's
+        # max_wait_ms, 500 ms for librdkafka; a rebalance, up to the drain's 5 s grace) while the clients' next
+        # requests sit unread in the sockets, and producers reach the new leaders only when the connections close.
         self.replica_manager.purgatory.close()
         self.replica_manager.produce_purgatory.notify_all()
+        self.group_coordinator.resign()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.socket_server.stop_processors)
         self.replica_manager.shutdown()

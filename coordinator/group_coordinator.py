@@ -113,6 +113,7 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
         self.groups: dict[str, GroupMetadata] = {}
         self.txn_groups: dict[int, set[str]] = {}
         self.loading: set[int] = set()
+        self.resigned = False  # the broker is stopping: no group is coordinated here any more (resign)
         self._init_loop(loop, "group-coordinator")
 
     # ------------------------------------------------------------ lifecycle
@@ -161,6 +162,17 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
                 del self.txn_groups[pid]
         if gone:
             log.info("Unloaded %d groups of %s-%d", len(gone), OFFSETS_TOPIC, p)
+
+    def resign(self) -> None:
+        """The broker is stopping: members waiting in JoinGroup or SyncGroup are answered NOT_COORDINATOR now, and
+        so is every group request after, instead of the waits holding the broker's shutdown for the network
+        processors' grace period (5 s). After a controlled shutdown the groups have moved already; on a single
+        node the members look for the coordinator until it is back. Callable from any thread."""
+        def resign() -> None:
+            self.resigned = True
+            for p in sorted({self.offsets_partition(gid) for gid in self.groups}):
+                self._unload(p)
+        self.loop.call_soon_threadsafe(resign)
 
     def stop(self) -> None:
         """End the coordinator's own loop; a borrowed loop ends with its owner (the broker stops its network
@@ -270,7 +282,7 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
 
     def coordinator_error(self, group_id: str) -> ErrorCode | None:
         p = self.offsets_partition(group_id)
-        if not self.host.leads_offsets_partition(p):
+        if self.resigned or not self.host.leads_offsets_partition(p):
             return ErrorCode.NOT_COORDINATOR
         if p in self.loading:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS

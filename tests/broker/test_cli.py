@@ -156,6 +156,44 @@ def test_sigterm_answers_parked_long_polls_and_closes_at_once(tmp_path):
     assert "shut down cleanly" in b.read_log()
 
 
+def test_sigterm_answers_a_parked_join_group_at_once(tmp_path):
+    """A JoinGroup waiting for a rebalance (a member that does not rejoin) is answered when the broker stops: it
+    used to hold the shutdown for the network processors' 5 s grace."""
+    import threading  # noqa: PLC0415
+
+    from confluent_kafka import Consumer  # noqa: PLC0415
+    from kafka import KafkaConsumer  # noqa: PLC0415
+
+    b = BrokerProcess(tmp_path / "broker").start()
+    stopped = False
+    joiner = None
+    try:
+        ck_produce(b.bootstrap, "joined", [Msg(None, b"v", partition=0)])
+        member = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "parked", "session.timeout.ms": 30000,
+                           "max.poll.interval.ms": 300000, "log_level": 0})
+        member.subscribe(["joined"])
+        deadline = time.monotonic() + T
+        while not member.assignment() and time.monotonic() < deadline:
+            member.poll(0.2)
+        assert member.assignment()
+        # kafka-python joins too; the confluent member stops polling, so the rebalance waits for it (up to its
+        # 300 s max.poll.interval.ms) and kafka-python's JoinGroup stays parked.
+        joiner = KafkaConsumer("joined", bootstrap_servers=b.bootstrap, group_id="parked", session_timeout_ms=30000,
+                               max_poll_interval_ms=300000, request_timeout_ms=305000)
+        threading.Thread(target=lambda: joiner.poll(timeout_ms=20000), daemon=True).start()
+        time.sleep(1.5)
+        assert "Preparing to rebalance group parked" in b.read_log()
+        t0 = time.monotonic()
+        assert b.stop() == 0
+        stopped = True
+        took = time.monotonic() - t0
+        assert took < 3.0, f"SIGTERM took {took:.2f} s with a JoinGroup parked"
+    finally:
+        if not stopped:
+            b.stop()
+    assert "shut down cleanly" in b.read_log()
+
+
 def test_first_start_and_shutdown_log_no_false_alarms(tmp_path):
     """A new log dir is not an unclean shutdown, and a long-poll fetch whose client went away does not leave a
     pending task to be destroyed at exit."""
