@@ -1,22 +1,33 @@
-"""A follower whose fetch is parked at its leader is given a new partition of that leader (a topic created, a
-leadership moved): it must start copying it at once, not when the parked fetch returns. With long follower long
-polls (replica.fetch.wait.max.ms 10 s here) the first acks=all produce to the new partition would otherwise wait
-up to those 10 s for the ISR, and after a controlled shutdown or a failover every moved partition would too.
+"""Leadership changes seen from a follower's long poll (replica.fetch.wait.max.ms 10 s here, so the follower's
+fetch waits at its leader for that long whenever there is nothing new):
 
-Two real brokers on a real ZooKeeper; confluent-kafka and kafka-python producers with acks=all."""
+- A follower given a new partition of that leader (a topic created, a leadership moved) must start copying it at
+  once, not when the parked fetch returns; else the first acks=all produce to the partition waits up to those 10 s
+  for the ISR, and after a controlled shutdown or a failover every moved partition would too.
+- A follower learns the high watermark from its next fetch answer. Made leader before that, its high watermark is
+  below what the old leader acknowledged: its "latest offset" would go backwards, so ListOffsets answers
+  OFFSET_NOT_AVAILABLE (retriable) until it catches up, as Kafka's maybeOffsetsError does.
+
+Two real brokers on a real ZooKeeper (broker 2 starts first: the controller); confluent-kafka and kafka-python."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, ElectionType, KafkaError, KafkaException, Producer
+from confluent_kafka import TopicPartition as CKTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka import KafkaProducer
+from kafka import KafkaAdminClient, KafkaProducer, TopicPartition
 
+from protocol.errors import ErrorCode
+from protocol.messages import ListOffsetsRequest
 from tests.broker_process import BrokerProcess
+from tests.clients import RawClient
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
 
 pytestmark = pytest.mark.skipif(zookeeper_missing() is not None, reason=zookeeper_missing() or "")
@@ -34,8 +45,8 @@ def brokers(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
                                              # leaderships: 3 retries of 200 ms, not Kafka's default 5 s
                                              "controlled.shutdown.retry.backoff.ms": "200"})
           for b in (1, 2)}
-    for b in bs.values():
-        b.start()
+    for b in (2, 1):  # broker 2 is the controller: the last test freezes broker 1
+        bs[b].start()
     admin = AdminClient({"bootstrap.servers": bs[1].bootstrap})
     deadline = time.monotonic() + T
     while len(admin.list_topics(timeout=10).brokers) < 2:
@@ -82,3 +93,57 @@ def test_a_new_partition_is_copied_while_the_followers_fetch_is_parked(brokers: 
     log = brokers[2].read_log()
     # Given up with its connection and fetched again at once, without a warning.
     assert "fetch from broker 1 failed" not in log, log[-3000:]
+
+
+def test_a_new_leader_behind_on_the_high_watermark_answers_offset_not_available(
+        brokers: dict[int, BrokerProcess]) -> None:
+    topic = "lagging"
+    _create(brokers[2], topic, leader=1)
+    p = Producer({"bootstrap.servers": brokers[1].bootstrap, "acks": "all"})
+    p.produce(topic, b"acked", partition=0)
+    assert p.flush(T) == 0  # broker 2 has it; it hears the high watermark 1 only in its next fetch answer, 10 s away
+    kp = KafkaAdminClient(bootstrap_servers=brokers[2].bootstrap, request_timeout_ms=10000)
+    try:
+        kp.alter_partition_reassignments({TopicPartition(topic, 0): [2, 1]})  # broker 2 preferred, 1 still leads
+    finally:
+        kp.close()
+    frozen = brokers[1].proc
+    assert frozen is not None
+    os.kill(frozen.pid, signal.SIGSTOP)  # the old leader answers nothing more: the new one stays behind
+    try:
+        admin = AdminClient({"bootstrap.servers": brokers[2].bootstrap})  # kept referenced: it must outlive the future
+        errors = admin.elect_leaders(ElectionType.PREFERRED, [CKTopicPartition(topic, 0)]).result(T)
+        assert errors[CKTopicPartition(topic, 0)] is None
+        req = ListOffsetsRequest(replica_id=-1, isolation_level=0, topics=[ListOffsetsRequest.ListOffsetsTopic(
+            name=topic, partitions=[ListOffsetsRequest.ListOffsetsPartition(partition_index=0, timestamp=-1)])])
+        deadline = time.monotonic() + T
+        while True:
+            with RawClient(brokers[2].bootstrap) as raw:
+                part = raw.request(2, 7, req).topics[0].partitions[0]
+            if part.error_code != ErrorCode.NOT_LEADER_OR_FOLLOWER or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)  # the LeaderAndIsr is on its way
+        # Not 0: the record at offset 0 was acknowledged.
+        assert (part.error_code, part.offset) == (ErrorCode.OFFSET_NOT_AVAILABLE, -1), part
+        consumer = Consumer({"bootstrap.servers": brokers[2].bootstrap, "group.id": "lagging"})
+        try:
+            with pytest.raises(KafkaException) as refused:
+                consumer.get_watermark_offsets(CKTopicPartition(topic, 0), timeout=5)
+            assert refused.value.args[0].code() == KafkaError.OFFSET_NOT_AVAILABLE
+        finally:
+            consumer.close()
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+    # Broker 1 follows now; its first fetch moves broker 2's high watermark to 1, and the answer with it.
+    consumer = Consumer({"bootstrap.servers": brokers[2].bootstrap, "group.id": "lagging"})
+    try:
+        deadline = time.monotonic() + T
+        while True:
+            try:
+                assert consumer.get_watermark_offsets(CKTopicPartition(topic, 0), timeout=5) == (0, 1)
+                break
+            except KafkaException as e:  # retriable: asked again, as a client does
+                assert e.args[0].code() == KafkaError.OFFSET_NOT_AVAILABLE and time.monotonic() < deadline, e
+                time.sleep(0.1)
+    finally:
+        consumer.close()
