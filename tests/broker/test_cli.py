@@ -128,7 +128,8 @@ def test_sigterm_answers_parked_long_polls_and_closes_at_once(tmp_path):
         consumer = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "parked", "enable.auto.commit": False,
                              "fetch.wait.max.ms": 30000, "fetch.min.bytes": 1_000_000, "log_level": 0})
         consumer.assign([TopicPartition("parked", 0, 0)])
-        assert consumer.poll(1.0) is None  # its fetch waits for 1 MB or 30 s
+        for _ in range(4):
+            assert consumer.poll(0.5) is None  # its fetch waits for 1 MB or 30 s
         fetch = FetchRequest(
             replica_id=-1, max_wait_ms=30000, min_bytes=1_000_000, max_bytes=1_000_000, isolation_level=0,
             topics=[FetchRequest.FetchTopic(topic="parked", partitions=[
@@ -181,8 +182,11 @@ def test_sigterm_answers_a_parked_join_group_at_once(tmp_path):
         joiner = KafkaConsumer("joined", bootstrap_servers=b.bootstrap, group_id="parked", session_timeout_ms=30000,
                                max_poll_interval_ms=300000, request_timeout_ms=305000)
         threading.Thread(target=lambda: joiner.poll(timeout_ms=20000), daemon=True).start()
-        time.sleep(1.5)
-        assert "Preparing to rebalance group parked" in b.read_log()
+        deadline = time.monotonic() + T
+        while "Preparing to rebalance group parked" not in b.read_log():
+            assert time.monotonic() < deadline, "kafka-python's JoinGroup never came"
+            time.sleep(0.1)
+        time.sleep(0.5)  # its JoinGroup waits for the member that does not rejoin
         t0 = time.monotonic()
         assert b.stop() == 0
         stopped = True
