@@ -244,7 +244,10 @@ class ReplicaManager:
         if code == ErrorCode.NONE and answer is not None:
             code = ErrorCode(answer.error_code)
         if code != ErrorCode.NONE or answer is None:
-            log.warning("%s: AlterPartition to ISR %s answered %s", p.name, list(new_isr), code.name)
+            # INELIGIBLE_REPLICA is the expected answer while the follower's broker is in its controlled shutdown
+            # (it still fetches until it closes): Kafka logs that one at info too.
+            (log.info if code == ErrorCode.INELIGIBLE_REPLICA else log.warning)(
+                "%s: AlterPartition to ISR %s answered %s", p.name, list(new_isr), code.name)
             p.clear_pending_isr()
             return
         if p.apply_isr(answer.leader_epoch, list(answer.isr), answer.partition_epoch):
