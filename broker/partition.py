@@ -62,6 +62,13 @@ class Partition:
     def is_leader(self) -> bool:
         return self.leader_id == self.local_id
 
+    @property
+    def high_watermark_lagging(self) -> bool:
+        """Leader here, with a high watermark not yet at the start of its leader epoch (Kafka's maybeOffsetsError):
+        it learns the high watermark from its followers' next fetches, so for a moment it is below what the previous
+        leader had acknowledged."""
+        return self.is_leader and self.leader_epoch_start_offset > self.log.high_watermark
+
     def leader_log(self) -> Log:
         if self.leader_id != self.local_id:
             raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER,

@@ -363,11 +363,10 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
                     found = lg.offset_for_timestamp(ts)
                     if found is not None and ts != EARLIEST and found[0] >= fetchable:
                         found = None
+                part = rm.partitions.get((t.name, p.partition_index))
                 if (req.replica_id == -1 and ts != EARLIEST and (found is None or found[0] >= fetchable)
-                        and _high_watermark_lagging(rm, t.name, p.partition_index, lg)):
-                    # Kafka's maybeOffsetsError: a new leader learns the high watermark from its followers' next
-                    # fetches, so for a moment it is below what the previous leader had acknowledged. Its "latest"
-                    # would move backwards; the client is told to ask again.
+                        and part is not None and part.high_watermark_lagging):
+                    # The new leader's "latest" would move backwards: the client is told to ask again.
                     raise KafkaError(ErrorCode.OFFSET_NOT_AVAILABLE if v >= 5 else ErrorCode.LEADER_NOT_AVAILABLE,
                                      f"the high watermark {lg.high_watermark} of {t.name}-{p.partition_index} is "
                                      f"below the start of its leader epoch")
@@ -387,12 +386,6 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
             parts.append(resp)
         topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=t.name, partitions=parts))
     return ListOffsetsResponse(throttle_time_ms=0, topics=topics)
-
-
-def _high_watermark_lagging(rm: Any, topic: str, partition: int, lg: Any) -> bool:
-    """This broker leads the partition and its high watermark has not reached the start of its leader epoch."""
-    part = rm.partitions.get((topic, partition))
-    return part is not None and part.is_leader and part.leader_epoch_start_offset > lg.high_watermark
 
 
 # ---------------------------------------------------------------- OffsetForLeaderEpoch
