@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from protocol.errors import ErrorCode
 from protocol.messages import ConsumerGroupDescribeRequest
-from tests.clients import RawClient
+from tests.clients import RawClient, wait_until
 
 
 def kip848_broker(session_ms: int = 6000, **more: str) -> dict[str, str]:
@@ -58,8 +60,17 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
         c.close()
 
 
+def once_loaded(answer: Callable[[], Any]) -> Any:
+    """`answer()` again while it says COORDINATOR_LOAD_IN_PROGRESS, as clients retry it: a restarted broker listens
+    before its __consumer_offsets partitions are loaded."""
+    return wait_until(lambda: (lambda a: a if a.error_code != ErrorCode.COORDINATOR_LOAD_IN_PROGRESS else None)(
+        answer()), timeout=15, what="the group coordinator to load")
+
+
 def describe(bootstrap: str, group: str) -> Any:
-    with RawClient(bootstrap) as raw:
-        resp = raw.request(69, 0, ConsumerGroupDescribeRequest(group_ids=[group]))
-    [g] = resp.groups
-    return g
+    def answer() -> Any:
+        with RawClient(bootstrap) as raw:
+            [g] = raw.request(69, 0, ConsumerGroupDescribeRequest(group_ids=[group])).groups
+        return g
+
+    return once_loaded(answer)

@@ -36,7 +36,7 @@ from protocol.messages import (
 from protocol.primitives import I16
 from tests.broker_process import BrokerProcess
 from tests.clients import RawClient, wait_until
-from tests.group_helpers import committed, describe, kip848_broker, produce_steadily
+from tests.group_helpers import committed, describe, kip848_broker, once_loaded, produce_steadily
 
 OVERRIDES = kip848_broker(**{"group.initial.rebalance.delay.ms": "200", "group.min.session.timeout.ms": "1000"})
 PARTITIONS = 6
@@ -87,8 +87,11 @@ class Member(threading.Thread):
 
 
 def group_type(bootstrap: str, group: str) -> str | None:
-    with RawClient(bootstrap) as raw:
-        resp = raw.request(16, 5, ListGroupsRequest())
+    def answer() -> Any:
+        with RawClient(bootstrap) as raw:
+            return raw.request(16, 5, ListGroupsRequest())
+
+    resp = once_loaded(answer)
     return next((g.group_type for g in resp.groups if g.group_id == group), None)
 
 
@@ -239,8 +242,11 @@ def test_mixed_group_survives_a_broker_kill(tmp_path: Path, topic_name: str) -> 
         wait_until(lambda: group_type(b.bootstrap, group) == "classic", timeout=20, what="downgrade")
 
         def described() -> Any:
-            with RawClient(b.bootstrap) as raw:
-                return raw.request(15, 5, DescribeGroupsRequest(groups=[group])).groups[0]
+            def answer() -> Any:
+                with RawClient(b.bootstrap) as raw:
+                    return raw.request(15, 5, DescribeGroupsRequest(groups=[group])).groups[0]
+
+            return once_loaded(answer)
 
         stable = wait_until(lambda: (lambda g: g if g.group_state == "Stable" else None)(described()), timeout=20,
                             what="the classic group is Stable")
