@@ -154,17 +154,28 @@ class Partition:
             if (replica_id not in self.isr and self.pending_isr is None and replica_id in self.replicas
                     and fetch_offset >= self.log.high_watermark and fetch_offset >= self.leader_epoch_start_offset):
                 expand = self.pending_isr = (*self.isr, replica_id)
+                # Counted from now on: a leader that was the whole ISR no longer commits each append at once.
+                self.log.set_hw_tracks_leo(False)
             return self._maybe_increment_hw(), expand
 
     def maybe_increment_hw(self) -> bool:
         with self.lock:
             return self._maybe_increment_hw()
 
+    def _maximal_isr(self) -> tuple[int, ...]:
+        """The ISR and a proposed addition not yet committed (Kafka's maximalIsr): once the controller commits it,
+        the new member may be elected, so the high watermark must not pass its log end meanwhile. A proposed
+        shrink removes nobody before it is committed."""
+        pending = self.pending_isr
+        if pending is None:
+            return self.isr
+        return self.isr + tuple(b for b in pending if b not in self.isr)
+
     def _maybe_increment_hw(self) -> bool:
         if not self.is_leader:
             return False
         hw = self.log.log_end_offset
-        for b in self.isr:
+        for b in self._maximal_isr():
             if b != self.local_id:
                 r = self.remotes.get(b)
                 hw = min(hw, r.log_end_offset if r is not None else -1)
@@ -208,9 +219,16 @@ class Partition:
             self.pending_isr = None
             self.log.set_hw_tracks_leo(False)
 
-    def clear_pending_isr(self) -> None:
+    def clear_pending_isr(self) -> bool:
+        """The proposal failed: the committed ISR alone counts again. True when the high watermark moved."""
         with self.lock:
             self.pending_isr = None
+            if not self.is_leader:
+                return False
+            before = self.log.high_watermark
+            self.log.set_hw_tracks_leo(self.isr == (self.local_id,))
+            self._maybe_increment_hw()
+            return self.log.high_watermark != before
 
     # -- min.insync.replicas -------------------------------------------------------------------
 

@@ -236,7 +236,7 @@ class ReplicaManager:
         except (ConnectionError, KafkaError) as e:
             log.warning("%s: AlterPartition to the controller failed: %s", p.name, e)
             await asyncio.sleep(0.1)
-            p.clear_pending_isr()
+            self._proposal_failed(p)
             return
         code = ErrorCode(resp.error_code)
         answer = next((pd for t in resp.topics for pd in t.partitions
@@ -248,12 +248,16 @@ class ReplicaManager:
             # (it still fetches until it closes): Kafka logs that one at info too.
             (log.info if code == ErrorCode.INELIGIBLE_REPLICA else log.warning)(
                 "%s: AlterPartition to ISR %s answered %s", p.name, list(new_isr), code.name)
-            p.clear_pending_isr()
+            self._proposal_failed(p)
             return
         if p.apply_isr(answer.leader_epoch, list(answer.isr), answer.partition_epoch):
             self._high_watermark_moved((p.topic, p.partition))
         else:
             self.produce_purgatory.notify((p.topic, p.partition))
+
+    def _proposal_failed(self, p: Partition) -> None:
+        if p.clear_pending_isr():
+            self._high_watermark_moved((p.topic, p.partition))
 
     def _start_isr_checks(self) -> None:
         if self._isr_task_started:

@@ -1,0 +1,78 @@
+"""The leader's high watermark and ISR changes (broker/partition.py), as pure logic on a real log: the cluster
+tests (tests/coordinator/test_replication_*.py) run the same code between broker processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.partition import Partition
+from coordinator.metadata_store import PartitionState
+from storage.config import LogConfig
+from storage.log import Log
+from tests.storage.storage_helpers import NOW, batch
+
+LEADER = 1
+
+
+@pytest.fixture
+def lg(tmp_path: Path) -> Iterator[Log]:
+    log = Log.open(tmp_path / "t-0", "t", 0, LogConfig(), clean_shutdown=True, high_watermark=0)
+    yield log
+    log.close()
+
+
+def leader(lg: Log, isr: list[int], replicas: list[int]) -> Partition:
+    p = Partition("t", 0, LEADER, lg)
+    p.make_leader(PartitionState(leader=LEADER, leader_epoch=1, isr=isr, replicas=replicas, partition_epoch=1), NOW)
+    return p
+
+
+def append(lg: Log, n: int) -> int:
+    lg.append_as_leader(batch(n), NOW, leader_epoch=1)
+    return lg.log_end_offset
+
+
+def test_a_joining_follower_holds_the_high_watermark_while_its_isr_change_is_pending(lg: Log) -> None:
+    """The proposal leaves with the follower at the high watermark; until the controller answers, the high
+    watermark may not pass the follower's log end, or the ISR the controller commits would name a member without
+    acknowledged records, and electing it would lose them (found by the chaos test: 784 records)."""
+    p = leader(lg, isr=[1, 2], replicas=[1, 2, 3])
+    end = append(lg, 10)
+    assert p.update_follower_fetch_state(2, end, end, NOW) == (True, None)
+    assert lg.high_watermark == 10
+    moved, expand = p.update_follower_fetch_state(3, 10, end, NOW)
+    assert (moved, expand) == (False, (1, 2, 3))
+    end = append(lg, 10)
+    # Follower 2 has all 20 records; follower 3, in the pending ISR, only 10.
+    assert p.update_follower_fetch_state(2, end, end, NOW) == (False, None)
+    assert lg.high_watermark == 10
+    assert p.update_follower_fetch_state(3, 15, end, NOW) == (True, None)
+    assert lg.high_watermark == 15
+    assert p.apply_isr(1, [1, 2, 3], 2) is False
+    assert p.update_follower_fetch_state(3, end, end, NOW) == (True, None)
+    assert lg.high_watermark == 20
+
+
+def test_a_leader_alone_in_the_isr_stops_committing_each_append_once_a_follower_joins(lg: Log) -> None:
+    p = leader(lg, isr=[1], replicas=[1, 2])
+    end = append(lg, 5)
+    assert lg.high_watermark == 5  # the whole ISR has it
+    assert p.update_follower_fetch_state(2, end, end, NOW) == (False, (1, 2))
+    append(lg, 5)
+    assert lg.high_watermark == 5  # follower 2 is at 5 and may be in the ISR the controller commits
+    # The controller refused: the leader is the whole ISR again, and its appends are committed.
+    assert p.clear_pending_isr() is True
+    assert lg.high_watermark == 10
+
+
+def test_a_pending_shrink_keeps_counting_the_leaving_follower(lg: Log) -> None:
+    p = leader(lg, isr=[1, 2, 3], replicas=[1, 2, 3])
+    end = append(lg, 10)
+    p.update_follower_fetch_state(2, end, end, NOW + 50_000)
+    assert p.isr_to_shrink(NOW + 60_000, 30_000) == (1, 2)
+    assert lg.high_watermark == 0  # follower 3 never fetched: until the shrink is committed, it counts
+    assert p.apply_isr(1, [1, 2], 2) is True
+    assert lg.high_watermark == 10
