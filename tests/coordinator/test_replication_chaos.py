@@ -14,6 +14,7 @@ Leader failover times after kill -9 and the produce pause of controlled shutdown
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import shutil
@@ -244,73 +245,131 @@ class JavaProducer:
             self.proc.wait()
 
 
+def _group_member(bootstrap: str, stop: Any, out: Any, k: int, ends: dict[int, int] | None) -> None:
+    """One member of the group, in a process of its own: (k, partition, offset, value) batches to `out`, then
+    a last synchronous commit of its positions once `stop` is set (with `ends`: once it has read to them)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP, "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+                         "heartbeat.interval.ms": 1000, "socket.timeout.ms": 10000})
+    consumer.subscribe([TOPIC])
+
+    def at_ends() -> bool:
+        """Every partition assigned here, and read (or committed before) up to `ends`."""
+        assert ends is not None
+        tps = consumer.position(consumer.assignment())
+        if len(tps) < PARTITIONS:
+            return False
+        unread = [tp for tp in tps if tp.offset < 0]
+        if unread:
+            tps = [tp for tp in tps if tp.offset >= 0] + consumer.committed(unread, timeout=10)
+        return all(tp.offset >= ends[tp.partition] for tp in tps)
+
+    try:
+        while not stop.is_set() and not (ends is not None and at_ends()):
+            msgs = consumer.consume(500, 0.5)
+            batch = []
+            for m in msgs:
+                if m.error() is None:
+                    batch.append((m.partition(), m.offset(), m.value()))
+                elif m.error().code() != KafkaError._PARTITION_EOF:
+                    out.put(("error", k, str(m.error())))
+            if batch:
+                out.put(("records", k, batch))
+                try:
+                    consumer.commit(asynchronous=True)
+                except KafkaException:
+                    pass  # no coordinator just now: the next commit covers it
+        positions = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
+        deadline = time.monotonic() + 60
+        while positions:
+            try:
+                consumer.commit(offsets=positions, asynchronous=False)
+                break
+            except KafkaException as e:  # retried while the group's coordinator is still settling
+                if time.monotonic() > deadline or not e.args[0].retriable():
+                    out.put(("error", k, f"final commit: {e}"))
+                    break
+                time.sleep(0.5)
+    finally:
+        consumer.close()
+        out.put(("done", k, None))
+
+
 class GroupConsumers:
-    """Consumers of one group: (partition, offset) -> value as each saw it; commits as they go."""
+    """Consumers of one group, each in a process of its own: (partition, offset) -> value as each saw it; they
+    commit as they go.
+
+    Processes, because librdkafka can deadlock its own threads when a broker it fetches from goes away
+    (rk_lock against a partition lock: librdkafka issue 5476, seen here in CI) and confluent-kafka then waits for
+    that thread holding the GIL (`Consumer.assignment`): in a thread of the test, that froze the whole test process
+    with the proxies in it, and every broker lost ZooKeeper. A member hung that way is killed at the end and a new
+    member reads on from the group's commits, as an application would restart a stuck consumer."""
 
     def __init__(self, c: Cluster, count: int = 2) -> None:
         self.c = c
+        self.ctx = multiprocessing.get_context("spawn")
+        self.out = self.ctx.Queue()
+        self.stop_event = self.ctx.Event()
         self.seen: list[dict[tuple[int, int], bytes]] = [{} for _ in range(count)]
         self.positions: dict[int, int] = {}
         self.errors: list[str] = []
+        self.finished: set[int] = set()
         self.lock = threading.Lock()
-        self.done = threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(k,), daemon=True) for k in range(count)]
+        self.procs = [self._spawn(k, None) for k in range(count)]
+        self.reader = threading.Thread(target=self._read, daemon=True)
+
+    def _spawn(self, k: int, ends: dict[int, int] | None) -> Any:
+        return self.ctx.Process(target=_group_member, args=(self.c.bootstrap(), self.stop_event, self.out, k, ends),
+                                daemon=True)
 
     def start(self) -> None:
-        for t in self.threads:
-            t.start()
+        for proc in self.procs:
+            proc.start()
+        self.reader.start()
 
-    def _run(self, k: int) -> None:
-        consumer = Consumer({"bootstrap.servers": self.c.bootstrap(), "group.id": GROUP,
-                             "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                             "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000,
-                             "socket.timeout.ms": 10000})
-        consumer.subscribe([TOPIC])
-        n = 0
-        try:
-            while not self.done.is_set():
-                msgs = consumer.consume(500, 0.5)
-                for m in msgs:
-                    if m.error() is not None:
-                        if m.error().code() != KafkaError._PARTITION_EOF:
-                            with self.lock:
-                                self.errors.append(str(m.error()))
-                        continue
-                    with self.lock:
-                        self.seen[k][(m.partition(), m.offset())] = m.value()
-                        self.positions[m.partition()] = max(self.positions.get(m.partition(), 0), m.offset() + 1)
-                    n += 1
-                if msgs:
-                    try:
-                        consumer.commit(asynchronous=True)
-                    except Exception:  # noqa: BLE001  (no coordinator just now: the next commit covers it)
-                        pass
-            self._commit_positions(consumer)
-        finally:
-            consumer.close()
-
-    def _commit_positions(self, consumer: Consumer) -> None:
-        """The last commit, synchronous: retried while the group's coordinator is still settling."""
-        positions = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
-        if not positions:
-            return
-        deadline = time.monotonic() + 60
+    def _read(self) -> None:
         while True:
-            try:
-                consumer.commit(offsets=positions, asynchronous=False)
-                return
-            except KafkaException as e:
-                if time.monotonic() > deadline or not e.args[0].retriable():
-                    with self.lock:
-                        self.errors.append(f"final commit: {e}")
-                    raise
-                time.sleep(0.5)
+            kind, k, body = self.out.get()
+            with self.lock:
+                if kind == "records":
+                    for p, o, v in body:
+                        self.seen[k][(p, o)] = v
+                        self.positions[p] = max(self.positions.get(p, 0), o + 1)
+                elif kind == "error":
+                    self.errors.append(body)
+                else:
+                    self.finished.add(k)
 
-    def stop(self) -> None:
-        self.done.set()
-        for t in self.threads:
-            t.join(90)
-        assert all(not t.is_alive() for t in self.threads), "a consumer did not finish"
+    def _wait_finished(self, members: list[int], timeout: float) -> list[int]:
+        """The members of `members` that did not say done in time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.finished.issuperset(members):
+                    return []
+            time.sleep(0.1)
+        with self.lock:
+            return [k for k in members if k not in self.finished]
+
+    def stop(self, ends: dict[int, int]) -> None:
+        self.stop_event.set()
+        hung = self._wait_finished(list(range(len(self.procs))), 60)
+        for k in hung:
+            log(f"consumer {k} did not finish (librdkafka deadlocked, see GroupConsumers): killed; a new member "
+                f"reads on from the group's commits")
+            self.procs[k].kill()
+        for proc in self.procs:
+            proc.join(10)
+        if hung:
+            k = len(self.seen)
+            self.seen.append({})
+            self.stop_event.clear()
+            self.procs.append(self._spawn(k, ends))
+            self.procs[-1].start()
+            assert not self._wait_finished([k], 120), "the replacement consumer did not finish"
+            self.procs[-1].join(10)
+        with self.lock:
+            assert not [e for e in self.errors if e.startswith("final commit")], self.errors
 
 
 class Chaos:
@@ -473,7 +532,7 @@ def test_no_acknowledged_record_lost_or_duplicated_under_faults(cluster: Cluster
     ends = end_offsets(cluster)
     wait_for(lambda: all(consumers.positions.get(p, 0) >= ends[p] for p in range(PARTITIONS)),
              "the group consumed to the end", 120)
-    consumers.stop()
+    consumers.stop(ends)
 
     # Every partition: offsets contiguous from 0; not one acknowledged record missing or moved; no duplicate.
     logs: dict[int, list[tuple[int, bytes]]] = {}
