@@ -570,6 +570,8 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
     async def _store_quietly(self, g: GroupMetadata) -> None:
         try:
             await self._store_group(g)
+        except KafkaError as e:  # the partition moved or lost its ISR: expected while brokers come and go
+            log.warning("Could not store metadata of group %s: %s", g.group_id, e)
         except Exception:
             log.exception("Could not store metadata of group %s", g.group_id)
 
@@ -619,6 +621,9 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
             try:
                 await self._store_group(g)
                 error = ErrorCode.NONE
+            except KafkaError as e:
+                log.warning("Could not store the assignment of group %s: %s", g.group_id, e)
+                error = ErrorCode.COORDINATOR_NOT_AVAILABLE
             except Exception:
                 log.exception("Could not store the assignment of group %s", g.group_id)
                 error = ErrorCode.COORDINATOR_NOT_AVAILABLE

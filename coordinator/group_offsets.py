@@ -122,7 +122,10 @@ class GroupOffsets:
             try:
                 await self._flush_if_needed(lg, info.last_offset)
             except Exception as e:  # noqa: BLE001
-                log.error("Offset commit for group %s failed: %s", group_id, e)
+                # Not replicated (the partition moved, or its ISR fell below min.insync.replicas): the client
+                # retries; an error only when the disk failed.
+                (log.warning if isinstance(e, KafkaError) else log.error)(
+                    "Offset commit for group %s failed: %s", group_id, e)
                 return {**results, **{tp: append_error(e) for tp in accepted}}
             g.offsets.update(accepted)
         results.update({tp: ErrorCode.NONE for tp in accepted})
