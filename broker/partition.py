@@ -247,6 +247,7 @@ class Partition:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         if self.log.high_watermark < required_offset:
             return None
-        if len(self.isr) < min_isr:
+        # The members the high watermark waited for, as Kafka's checkEnoughReplicasReachOffset counts them.
+        if len(self._maximal_isr()) < min_isr:
             return ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
         return ErrorCode.NONE

@@ -10,6 +10,7 @@ import pytest
 
 from broker.partition import Partition
 from coordinator.metadata_store import PartitionState
+from protocol.errors import ErrorCode
 from storage.config import LogConfig
 from storage.log import Log
 from tests.storage.storage_helpers import NOW, batch
@@ -76,3 +77,16 @@ def test_a_pending_shrink_keeps_counting_the_leaving_follower(lg: Log) -> None:
     assert lg.high_watermark == 0  # follower 3 never fetched: until the shrink is committed, it counts
     assert p.apply_isr(1, [1, 2], 2) is True
     assert lg.high_watermark == 10
+
+
+def test_acks_all_counts_the_members_the_high_watermark_waited_for(lg: Log) -> None:
+    """min.insync.replicas after the append, as Kafka's checkEnoughReplicasReachOffset: the ISR shrank to the leader
+    alone, follower 2 is joining again and has the batch: two copies, so no NOT_ENOUGH_REPLICAS_AFTER_APPEND."""
+    p = leader(lg, isr=[1], replicas=[1, 2])
+    end = append(lg, 5)
+    assert p.replication_status(end, 2) is ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    p.update_follower_fetch_state(2, end, end, NOW)
+    end = append(lg, 5)
+    assert p.replication_status(end, 2) is None  # the pending member does not have it yet
+    p.update_follower_fetch_state(2, end, end, NOW)
+    assert p.replication_status(end, 2) is ErrorCode.NONE
