@@ -69,6 +69,9 @@ class ReplicaManager:
         self._state_lock = threading.RLock()
         self._fetchers: ReplicaFetcherManager | None = None
         self._isr_task_started = False
+        # Partitions whose last AlterPartition could not reach the controller: the repeats (one a second while it is
+        # away) are logged at debug.
+        self._unreached: set[tuple[str, int]] = set()
 
     # ------------------------------------------------------------ lookup
 
@@ -234,10 +237,14 @@ class ReplicaManager:
             resp: AlterPartitionResponse = await self.server.inter_broker.send_to_controller(
                 56, ALTER_PARTITION_VERSION, req)
         except (ConnectionError, KafkaError) as e:
-            log.warning("%s: AlterPartition to the controller failed: %s", p.name, e)
+            tp = (p.topic, p.partition)
+            (log.debug if tp in self._unreached else log.warning)(
+                "%s: AlterPartition to the controller failed: %s", p.name, e)
+            self._unreached.add(tp)
             await asyncio.sleep(0.1)
             self._proposal_failed(p)
             return
+        self._unreached.discard((p.topic, p.partition))
         code = ErrorCode(resp.error_code)
         answer = next((pd for t in resp.topics for pd in t.partitions
                        if t.topic_name == p.topic and pd.partition_index == p.partition), None)
@@ -281,8 +288,9 @@ class ReplicaManager:
         for p in list(self.partitions.values()):
             new_isr = p.isr_to_shrink(now, lag)
             if new_isr is not None:
-                log.info("%s: shrinking ISR %s -> %s (followers behind for more than %d ms)", p.name,
-                         list(p.isr), list(new_isr), lag)
+                (log.debug if (p.topic, p.partition) in self._unreached else log.info)(
+                    "%s: shrinking ISR %s -> %s (followers behind for more than %d ms)", p.name, list(p.isr),
+                    list(new_isr), lag)
                 self._submit_alter_partition(p, new_isr)
 
     # ------------------------------------------------------------ LeaderAndIsr / StopReplica
