@@ -18,6 +18,8 @@ from broker.fetch_session import (
     SessionErrorContext,
     SessionlessFetchContext,
 )
+from broker.leader_hints import FETCH_VERSION as HINTS_VERSION
+from broker.leader_hints import LeaderHints
 from broker.purgatory import HIGH_WATERMARK, LOG_END
 from broker.replica_manager import LEADER_EPOCH, error_of
 from broker.security.acls import AclOperation, ResourceType
@@ -238,12 +240,12 @@ def handle_fetch(ctx: RequestContext, req: FetchRequest) -> Any:
     first = plan.read()
     results, nbytes, has_error = first
     if nbytes >= req.min_bytes or req.max_wait_ms <= 0 or has_error or not plan.keys():
-        return _respond(ctx, plan, context, results, nbytes)
+        return _respond(ctx, plan, context, results, nbytes, has_error)
     return _long_poll(ctx, plan, context, req.max_wait_ms / 1000.0, req.min_bytes, first, generation)
 
 
 def _respond(ctx: RequestContext, plan: _FetchPlan, context: FetchContext,
-             results: list[tuple[CachedPartition, PartitionData]], nbytes: int) -> FetchResponse:
+             results: list[tuple[CachedPartition, PartitionData]], nbytes: int, has_error: bool) -> FetchResponse:
     """The response: empty with throttle_time_ms for a client over its quota (consumer_byte_rate, as Kafka; no
     client quota applies to followers' replication), else what the context picks (and, for a session, remembers)."""
     replica = plan.replica_id >= 0
@@ -268,9 +270,25 @@ def _respond(ctx: RequestContext, plan: _FetchPlan, context: FetchContext,
             last_key = key
         responses[-1].partitions.append(pd)
     response = FetchResponse(throttle_time_ms=0, error_code=error, session_id=session_id, responses=responses)
+    if has_error and ctx.api_version >= HINTS_VERSION:
+        _name_leaders(ctx, response, selected)
     if nbytes and not replica:
         metrics.shard().fetched(response)
     return response
+
+
+def _name_leaders(ctx: RequestContext, response: FetchResponse,
+                  selected: list[tuple[CachedPartition, PartitionData]]) -> None:
+    """KIP-951 (v16+): partitions answered NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH carry their current leader
+    and epoch, and the response those leaders' endpoints (Kafka's KafkaApis.handleFetchRequest)."""
+    hints = LeaderHints(ctx.server, ctx.conn.listener_name)
+    for cp, pd in selected:
+        if pd.error_code in _LEADER_MOVED and cp.topic is not None:
+            pd.current_leader = hints.leader(cp.topic, pd.partition_index, FetchResponse.LeaderIdAndEpoch)
+    response.node_endpoints = hints.endpoints(FetchResponse.NodeEndpoint)
+
+
+_LEADER_MOVED = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH)
 
 
 async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContext, max_wait: float,
@@ -296,7 +314,7 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContex
             results, nbytes, has_error = read
             left = deadline - time.monotonic()
             if nbytes >= min_bytes or has_error or left <= 0 or purgatory.closing:
-                return _respond(ctx, plan, context, results, nbytes)
+                return _respond(ctx, plan, context, results, nbytes, has_error)
             # A plain timer on the waiter's future: cheaper than wait_for(shield()), which makes a task per wait.
             timer = asyncio.get_running_loop().call_later(left, _expire, waiter.future)
             try:

@@ -13,6 +13,8 @@ from typing import Any
 from broker import metrics
 from broker.admin_manager import INTERNAL_TOPICS
 from broker.apis import ApiHandler, RequestContext
+from broker.leader_hints import PRODUCE_VERSION as HINTS_VERSION
+from broker.leader_hints import LeaderHints
 from broker.network import DelayedResponse
 from broker.replica_manager import error_of
 from broker.security.acls import AclOperation, ResourceType
@@ -136,6 +138,7 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
     # acks=all partitions whose high watermark has not reached the batch yet: (topic, partition, required offset)
     delayed: list[tuple[str, int, int]] = []
     sequenced = False  # a batch with a producer id (idempotent or transactional) was appended
+    not_leader = False  # a partition answered NOT_LEADER_OR_FOLLOWER: the response names its leader (KIP-951)
     topics: list[ProduceResponse.TopicProduceResponse] = []
     for t in req.topic_data:
         parts: list[PartitionResponse] = []
@@ -172,6 +175,7 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
                 lg, info = rm.append(t.name, p.index, p.records, acks)
             except Exception as e:  # noqa: BLE001 - every failure becomes this partition's error code
                 code = error_of(e)
+                not_leader = not_leader or code == ErrorCode.NOT_LEADER_OR_FOLLOWER
                 if code == ErrorCode.UNKNOWN_SERVER_ERROR:
                     log.exception("Produce to %s-%d failed", t.name, p.index)
                 elif code in _PRODUCER_STATE_ERRORS:
@@ -207,13 +211,15 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
         # producer_byte_rate: the data is appended; the client is told to back off and its connection waits.
         ctx.conn.mute_for(throttle)
     response = ProduceResponse(responses=topics, throttle_time_ms=throttle)
+    if not_leader:
+        _name_leaders(ctx, response)
     if acks == 0:
         if to_flush:
             rm.flush_in_background(to_flush)
         return None
     if not delayed and not to_flush:
         return response
-    pending = (_after_replication(rm, to_flush, delayed, response, req.timeout_ms) if delayed
+    pending = (_after_replication(ctx, to_flush, delayed, response, req.timeout_ms) if delayed
                else _after_flush(rm, to_flush, response))
     if sequenced:
         # Idempotent and transactional producers keep Kafka's one-request-at-a-time: their sequence bookkeeping
@@ -246,9 +252,11 @@ async def _after_flush(rm: Any, to_flush: list[tuple[Any, int]], response: Produ
     return response
 
 
-async def _after_replication(rm: Any, to_flush: list[tuple[Any, int]], delayed: list[tuple[str, int, int]],
-                             response: ProduceResponse, timeout_ms: int) -> ProduceResponse:
+async def _after_replication(ctx: RequestContext, to_flush: list[tuple[Any, int]],
+                             delayed: list[tuple[str, int, int]], response: ProduceResponse,
+                             timeout_ms: int) -> ProduceResponse:
     """acks=all on a replicated partition: answer once the ISR has the batch (Kafka's DelayedProduce)."""
+    rm = ctx.server.replica_manager
     if to_flush:
         response = await _after_flush(rm, to_flush, response)
     codes = await rm.wait_for_replication(delayed, timeout_ms)
@@ -257,7 +265,22 @@ async def _after_replication(rm: Any, to_flush: list[tuple[Any, int]], delayed: 
             code = codes.get((t.name, p.index))
             if code and p.error_code == 0:
                 t.partition_responses[i] = _error(p.index, code)
+    if ErrorCode.NOT_LEADER_OR_FOLLOWER in codes.values():  # the leadership moved while the batch waited
+        _name_leaders(ctx, response)
     return response
+
+
+def _name_leaders(ctx: RequestContext, response: ProduceResponse) -> None:
+    """KIP-951 (v10+): partitions answered NOT_LEADER_OR_FOLLOWER carry their current leader and epoch, and the
+    response those leaders' endpoints, as Kafka's KafkaApis.handleProduceRequest fills them."""
+    if ctx.api_version < HINTS_VERSION:
+        return
+    hints = LeaderHints(ctx.server, ctx.conn.listener_name)
+    for t in response.responses:
+        for p in t.partition_responses:
+            if p.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                p.current_leader = hints.leader(t.name, p.index, ProduceResponse.LeaderIdAndEpoch)
+    response.node_endpoints = hints.endpoints(ProduceResponse.NodeEndpoint)
 
 
 HANDLERS = [ApiHandler(0, 0, 11, handle_produce)]

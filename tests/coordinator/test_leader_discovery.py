@@ -1,0 +1,116 @@
+"""KIP-951 leader discovery: a broker that is not a partition's leader answers Produce v10+ and Fetch v16+ with
+NOT_LEADER_OR_FOLLOWER plus the leader and epoch it knows and that leader's endpoint, so a client retries at the
+right broker without a Metadata round trip; older versions carry neither. Two real brokers on a real ZooKeeper:
+raw requests decoded with the codec, then librdkafka (2.4+ reads these fields) through a leader move."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from protocol.errors import ErrorCode
+from protocol.messages import FetchRequest, MetadataRequest, ProduceRequest
+from protocol.records import build_batch
+from tests.broker_process import BrokerProcess
+from tests.clients import RawClient
+from tests.zookeeper import ZooKeeperServer, zookeeper_missing
+
+pytestmark = pytest.mark.skipif(zookeeper_missing() is not None, reason=zookeeper_missing() or "")
+
+T = 15
+TOPIC = "hinted"
+
+
+@pytest.fixture(scope="module")
+def brokers(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, BrokerProcess]]:
+    base: Path = tmp_path_factory.mktemp("hints")
+    bs = {b: BrokerProcess(base / f"b{b}", {"zookeeper.connect": zookeeper.connect, "broker.id": str(b),
+                                             "auto.leader.rebalance.enable": "false",
+                                             # the last broker's controlled shutdown has nowhere to move its
+                                             # leaderships: 3 retries of 200 ms, not Kafka's default 5 s
+                                             "controlled.shutdown.retry.backoff.ms": "200"}) for b in (1, 2)}
+    for b in bs.values():
+        b.start()
+    admin = AdminClient({"bootstrap.servers": bs[1].bootstrap})
+    deadline = time.monotonic() + T
+    while len(admin.list_topics(timeout=10).brokers) < 2:
+        assert time.monotonic() < deadline, "two brokers registered"
+        time.sleep(0.1)
+    # Broker 2 leads the partition, broker 1 follows.
+    admin.create_topics([NewTopic(TOPIC, 1, replica_assignment=[[2, 1]])])[TOPIC].result(T)
+    yield bs
+    for b in bs.values():
+        b.stop()
+
+
+def _produce(b: BrokerProcess, version: int) -> tuple[object, list[object]]:
+    req = ProduceRequest(transactional_id=None, acks=1, timeout_ms=5000, topic_data=[
+        ProduceRequest.TopicProduceData(name=TOPIC, partition_data=[
+            ProduceRequest.PartitionProduceData(index=0, records=build_batch([(None, b"v", (), 0)]))])])
+    with RawClient(b.bootstrap) as raw:
+        resp = raw.request(0, version, req)
+    [pr] = resp.responses[0].partition_responses
+    return pr, resp.node_endpoints
+
+
+def _fetch(b: BrokerProcess, version: int) -> tuple[object, list[object]]:
+    with RawClient(b.bootstrap) as raw:
+        md = raw.request(3, 12, MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=TOPIC)],
+                                                allow_auto_topic_creation=False))
+        topic_id = md.topics[0].topic_id
+        req = FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+                           session_id=0, session_epoch=-1, topics=[FetchRequest.FetchTopic(
+                               topic=TOPIC, topic_id=topic_id, partitions=[FetchRequest.FetchPartition(
+                                   partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])])
+        resp = raw.request(1, version, req)
+    [pd] = resp.responses[0].partitions
+    return pd, resp.node_endpoints
+
+
+@pytest.mark.parametrize("call, version", [(_produce, 10), (_produce, 11), (_fetch, 16), (_fetch, 17)])
+def test_a_follower_names_the_leader_and_its_endpoint(brokers: dict[int, BrokerProcess], call: object,
+                                                     version: int) -> None:
+    part, endpoints = call(brokers[1], version)  # type: ignore[operator]
+    assert part.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER  # type: ignore[attr-defined]
+    assert (part.current_leader.leader_id, part.current_leader.leader_epoch) == (2, 0)  # type: ignore[attr-defined]
+    assert [(e.node_id, e.host, e.port) for e in endpoints] == [  # type: ignore[attr-defined]
+        (2, "127.0.0.1", brokers[2].port)]
+
+
+@pytest.mark.parametrize("call, version", [(_produce, 9), (_fetch, 15)])
+def test_older_versions_carry_no_leader(brokers: dict[int, BrokerProcess], call: object, version: int) -> None:
+    part, endpoints = call(brokers[1], version)  # type: ignore[operator]
+    assert part.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER  # type: ignore[attr-defined]
+    assert part.current_leader.leader_id == -1 and endpoints == []  # type: ignore[attr-defined]
+
+
+def test_librdkafka_follows_a_moved_leader(brokers: dict[int, BrokerProcess]) -> None:
+    """Broker 1 leads `moving`; its SIGTERM (controlled shutdown) moves the leadership to broker 2 while an
+    idempotent acks=all librdkafka producer writes: the producer's requests still at broker 1 get
+    NOT_LEADER_OR_FOLLOWER naming broker 2, and every record is acknowledged, none refused."""
+    admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
+    admin.create_topics([NewTopic("moving", 1, replica_assignment=[[1, 2]])])["moving"].result(T)
+    p = Producer({"bootstrap.servers": brokers[2].bootstrap, "acks": "all", "enable.idempotence": True,
+                  "linger.ms": 0})
+    errors: list[object] = []
+    acked: list[float] = []
+
+    def produce(n: int) -> None:
+        for i in range(n):
+            p.produce("moving", str(i).encode(), on_delivery=lambda e, _m: errors.append(e) if e else
+                      acked.append(time.monotonic()))
+            p.poll(0.005)
+
+    produce(100)
+    brokers[1].stop()
+    produce(100)
+    assert p.flush(T) == 0
+    brokers[1].start()
+    assert not errors and len(acked) == 200
+    pause = max(b - a for a, b in zip(acked, acked[1:], strict=False))
+    print(f"longest wait between acknowledgements: {pause * 1000:.0f} ms")
