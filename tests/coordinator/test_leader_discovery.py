@@ -5,6 +5,7 @@ raw requests decoded with the codec, then librdkafka (2.4+ reads these fields) t
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,26 +92,37 @@ def test_older_versions_carry_no_leader(brokers: dict[int, BrokerProcess], call:
 
 def test_librdkafka_follows_a_moved_leader(brokers: dict[int, BrokerProcess]) -> None:
     """Broker 1 leads `moving`; its SIGTERM (controlled shutdown) moves the leadership to broker 2 while an
-    idempotent acks=all librdkafka producer writes: the producer's requests still at broker 1 get
-    NOT_LEADER_OR_FOLLOWER naming broker 2, and every record is acknowledged, none refused."""
+    idempotent acks=all librdkafka producer writes without pause: its requests that reach broker 1 after the move
+    get NOT_LEADER_OR_FOLLOWER naming broker 2, and every record is acknowledged, none refused."""
     admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
     admin.create_topics([NewTopic("moving", 1, replica_assignment=[[1, 2]])])["moving"].result(T)
-    p = Producer({"bootstrap.servers": brokers[2].bootstrap, "acks": "all", "enable.idempotence": True,
-                  "linger.ms": 0})
     errors: list[object] = []
     acked: list[float] = []
+    done = threading.Event()
+    sent = 0
 
-    def produce(n: int) -> None:
-        for i in range(n):
-            p.produce("moving", str(i).encode(), on_delivery=lambda e, _m: errors.append(e) if e else
+    def produce() -> None:
+        nonlocal sent
+        p = Producer({"bootstrap.servers": brokers[2].bootstrap, "acks": "all", "enable.idempotence": True,
+                      "linger.ms": 0})
+        while not done.is_set():
+            p.produce("moving", str(sent).encode(), on_delivery=lambda e, _m: errors.append(e) if e else
                       acked.append(time.monotonic()))
+            sent += 1
             p.poll(0.005)
+        assert p.flush(T) == 0
 
-    produce(100)
+    producer = threading.Thread(target=produce)
+    producer.start()
+    deadline = time.monotonic() + T
+    while len(acked) < 50:
+        assert time.monotonic() < deadline, "the producer running"
+        time.sleep(0.05)
     brokers[1].stop()
-    produce(100)
-    assert p.flush(T) == 0
+    time.sleep(1.5)
+    done.set()
+    producer.join(T + 5)
     brokers[1].start()
-    assert not errors and len(acked) == 200
+    assert not errors and len(acked) == sent
     pause = max(b - a for a, b in zip(acked, acked[1:], strict=False))
     print(f"longest wait between acknowledgements: {pause * 1000:.0f} ms")
