@@ -570,10 +570,8 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
     async def _store_quietly(self, g: GroupMetadata) -> None:
         try:
             await self._store_group(g)
-        except KafkaError as e:  # the partition moved or lost its ISR: expected while brokers come and go
-            log.warning("Could not store metadata of group %s: %s", g.group_id, e)
-        except Exception:
-            log.exception("Could not store metadata of group %s", g.group_id)
+        except Exception as e:  # noqa: BLE001 - logged by _store_failed
+            _store_failed("metadata", g.group_id, e)
 
     def _expire_pending(self, group_id: str, member_id: str) -> None:
         g = self.groups.get(group_id)
@@ -621,11 +619,8 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
             try:
                 await self._store_group(g)
                 error = ErrorCode.NONE
-            except KafkaError as e:
-                log.warning("Could not store the assignment of group %s: %s", g.group_id, e)
-                error = ErrorCode.COORDINATOR_NOT_AVAILABLE
-            except Exception:
-                log.exception("Could not store the assignment of group %s", g.group_id)
+            except Exception as e:  # noqa: BLE001 - logged by _store_failed
+                _store_failed("the assignment", g.group_id, e)
                 error = ErrorCode.COORDINATOR_NOT_AVAILABLE
             if g.state is GroupState.COMPLETING_REBALANCE and g.generation_id == gen:
                 if error is ErrorCode.NONE:
@@ -765,3 +760,12 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
         if self.loading:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
         return ErrorCode.NONE, [g for g in self.groups.values() if g.state is not GroupState.DEAD]
+
+
+def _store_failed(what: str, group_id: str, e: Exception) -> None:
+    """A group write that did not replicate (the partition moved or lost its ISR) is expected while brokers come and
+    go: one line. Anything else comes with its traceback."""
+    if isinstance(e, KafkaError):
+        log.warning("Could not store %s of group %s: %s", what, group_id, e)
+    else:
+        log.error("Could not store %s of group %s", what, group_id, exc_info=e)
