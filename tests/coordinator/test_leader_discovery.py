@@ -18,7 +18,7 @@ from protocol.errors import ErrorCode
 from protocol.messages import FetchRequest, MetadataRequest, ProduceRequest
 from protocol.records import build_batch
 from tests.broker_process import BrokerProcess
-from tests.clients import RawClient
+from tests.clients import RawClient, wait_until
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
 
 pytestmark = pytest.mark.skipif(zookeeper_missing() is not None, reason=zookeeper_missing() or "")
@@ -38,10 +38,7 @@ def brokers(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
     for b in bs.values():
         b.start()
     admin = AdminClient({"bootstrap.servers": bs[1].bootstrap})
-    deadline = time.monotonic() + T
-    while len(admin.list_topics(timeout=10).brokers) < 2:
-        assert time.monotonic() < deadline, "two brokers registered"
-        time.sleep(0.1)
+    wait_until(lambda: len(admin.list_topics(timeout=10).brokers) == 2, timeout=T, what="two brokers registered")
     # Broker 2 leads the partition, broker 1 follows.
     admin.create_topics([NewTopic(TOPIC, 1, replica_assignment=[[2, 1]])])[TOPIC].result(T)
     yield bs
@@ -114,10 +111,7 @@ def test_librdkafka_follows_a_moved_leader(brokers: dict[int, BrokerProcess]) ->
 
     producer = threading.Thread(target=produce)
     producer.start()
-    deadline = time.monotonic() + T
-    while len(acked) < 50:
-        assert time.monotonic() < deadline, "the producer running"
-        time.sleep(0.05)
+    wait_until(lambda: len(acked) >= 50, timeout=T, what="the producer running")
     brokers[1].stop()
     time.sleep(1.5)
     done.set()
