@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from protocol.messages import FetchRequest
 from tests.broker_process import ROOT, BrokerProcess, free_port
-from tests.clients import Msg, RawClient, aio_consume, ck_produce, kp_consume
+from tests.clients import Msg, RawClient, aio_consume, ck_produce, kp_consume, wait_until
 
 T = 15
 
@@ -173,19 +173,14 @@ def test_sigterm_answers_a_parked_join_group_at_once(tmp_path):
         member = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "parked", "session.timeout.ms": 30000,
                            "max.poll.interval.ms": 300000, "log_level": 0})
         member.subscribe(["joined"])
-        deadline = time.monotonic() + T
-        while not member.assignment() and time.monotonic() < deadline:
-            member.poll(0.2)
-        assert member.assignment()
+        wait_until(lambda: (member.poll(0.2), member.assignment())[1], timeout=T, what="an assignment")
         # kafka-python joins too; the confluent member stops polling, so the rebalance waits for it (up to its
         # 300 s max.poll.interval.ms) and kafka-python's JoinGroup stays parked.
         joiner = KafkaConsumer("joined", bootstrap_servers=b.bootstrap, group_id="parked", session_timeout_ms=30000,
                                max_poll_interval_ms=300000, request_timeout_ms=305000)
         threading.Thread(target=lambda: joiner.poll(timeout_ms=20000), daemon=True).start()
-        deadline = time.monotonic() + T
-        while "Preparing to rebalance group parked" not in b.read_log():
-            assert time.monotonic() < deadline, "kafka-python's JoinGroup never came"
-            time.sleep(0.1)
+        wait_until(lambda: "Preparing to rebalance group parked" in b.read_log(), timeout=T,
+                   what="kafka-python's JoinGroup")
         time.sleep(0.5)  # its JoinGroup waits for the member that does not rejoin
         t0 = time.monotonic()
         assert b.stop() == 0

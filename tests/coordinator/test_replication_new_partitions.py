@@ -27,7 +27,7 @@ from kafka import KafkaAdminClient, KafkaProducer, TopicPartition
 from protocol.errors import ErrorCode
 from protocol.messages import ListOffsetsRequest
 from tests.broker_process import BrokerProcess
-from tests.clients import RawClient
+from tests.clients import RawClient, wait_until
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
 
 pytestmark = pytest.mark.skipif(zookeeper_missing() is not None, reason=zookeeper_missing() or "")
@@ -48,10 +48,7 @@ def brokers(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
     for b in (2, 1):  # broker 2 is the controller: the last test freezes broker 1
         bs[b].start()
     admin = AdminClient({"bootstrap.servers": bs[1].bootstrap})
-    deadline = time.monotonic() + T
-    while len(admin.list_topics(timeout=10).brokers) < 2:
-        assert time.monotonic() < deadline, "two brokers registered"
-        time.sleep(0.1)
+    wait_until(lambda: len(admin.list_topics(timeout=10).brokers) == 2, timeout=T, what="two brokers registered")
     yield bs
     for b in bs.values():
         b.stop()
