@@ -54,6 +54,13 @@ def error_of(exc: Exception) -> ErrorCode:
     return ErrorCode.UNKNOWN_SERVER_ERROR
 
 
+def _check_epoch(current_leader_epoch: int, epoch: int) -> None:
+    if current_leader_epoch > epoch:
+        raise KafkaError(ErrorCode.UNKNOWN_LEADER_EPOCH)
+    if current_leader_epoch < epoch:
+        raise KafkaError(ErrorCode.FENCED_LEADER_EPOCH)
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -78,14 +85,22 @@ class ReplicaManager:
     def get_partition(self, topic: str, partition: int) -> Partition | None:
         return self.partitions.get((topic, partition))
 
-    def get_log(self, topic: str, partition: int) -> Log:
-        """The local log of a partition this broker leads, or KafkaError with Kafka's code."""
+    def get_log(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Log:
+        """The local log of a partition this broker leads, or KafkaError with Kafka's code. A client that names a
+        leader epoch (>= 0) other than this replica's gets FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH first, as
+        Kafka's Partition checks it before leadership; one lookup answers both."""
         p = self.partitions.get((topic, partition))
         if p is not None:
+            if current_leader_epoch >= 0:
+                p.check_leader_epoch(current_leader_epoch)
             return p.leader_log()
         rec = self.server.metadata.topics.get(topic)
-        if rec is None or not 0 <= partition < rec.num_partitions:
+        if rec is None or not 0 <= partition < len(rec.partitions):
+            if current_leader_epoch >= 0:
+                _check_epoch(current_leader_epoch, LEADER_EPOCH)
             raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        if current_leader_epoch >= 0:
+            _check_epoch(current_leader_epoch, rec.partitions[partition].leader_epoch)
         if rec.leaders[partition] != self.server.broker_id:
             raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER)
         lg = self.server.log_manager.get_log(topic, partition)
@@ -107,20 +122,6 @@ class ReplicaManager:
         if rec is None or not 0 <= partition < rec.num_partitions:
             return LEADER_EPOCH
         return rec.partitions[partition].leader_epoch
-
-    def check_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int) -> None:
-        """FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH for a client whose leader epoch is not ours."""
-        if current_leader_epoch < 0:
-            return
-        p = self.partitions.get((topic, partition))
-        if p is not None:
-            p.check_leader_epoch(current_leader_epoch)
-            return
-        epoch = self.leader_epoch(topic, partition)
-        if current_leader_epoch > epoch:
-            raise KafkaError(ErrorCode.UNKNOWN_LEADER_EPOCH)
-        if current_leader_epoch < epoch:
-            raise KafkaError(ErrorCode.FENCED_LEADER_EPOCH)
 
     def under_replicated_count(self) -> int:
         return sum(1 for p in list(self.partitions.values()) if p.is_leader and len(p.isr) < len(p.replicas))

@@ -120,17 +120,21 @@ class _FetchPlan:
                         total += size
                         min_one = False
                     continue
-                rm.check_leader_epoch(name, p.partition, p.current_leader_epoch)
-                lg = rm.get_log(name, p.partition)
+                lg = rm.get_log(name, p.partition, p.current_leader_epoch)
                 if self.ctx.api_version < 10:  # every Fetch that may convert is below v10 too
                     check_down_conversion(lg.config, self.ctx.api_version)
                 hw = lg.high_watermark
                 lso = lg.last_stable_offset
+                log_start = lg.log_start_offset
+                fetch_offset = p.fetch_offset
                 records: Any = b""
                 aborted: list[Any] | None = [] if committed_only else None  # Kafka: null unless read_committed
-                if remaining > 0 or min_one:
+                # A consumer already at the end of what it may read (an idle partition, most of a long poll's
+                # partitions) is answered without a read; an offset out of range still goes to the read, which raises.
+                caught_up = (lso if committed_only else hw) <= fetch_offset <= lg.log_end_offset and fetch_offset >= log_start
+                if not caught_up and (remaining > 0 or min_one):
                     budget = max(0, min(p.partition_max_bytes, remaining))
-                    info = lg.read(p.fetch_offset, budget, max_offset=hw,
+                    info = lg.read(fetch_offset, budget, max_offset=hw,
                                    min_one_message=min_one or legacy_magic is not None,
                                    isolation_committed=committed_only)
                     if info.records is not None and info.records.size > 0:
@@ -152,7 +156,7 @@ class _FetchPlan:
                     error_code=0,
                     high_watermark=hw,
                     last_stable_offset=lso,
-                    log_start_offset=lg.log_start_offset,
+                    log_start_offset=log_start,
                     aborted_transactions=aborted,
                     preferred_read_replica=-1,
                     records=records,
@@ -352,8 +356,7 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
                 parts.append(resp)
                 continue
             try:
-                rm.check_leader_epoch(t.name, p.partition_index, p.current_leader_epoch)
-                lg = rm.get_log(t.name, p.partition_index)
+                lg = rm.get_log(t.name, p.partition_index, p.current_leader_epoch)
                 if v == 0:
                     # Offsets of segment starts, as clients of Kafka 0.8-0.10 expect from v0.
                     resp.error_code = 0
@@ -430,8 +433,7 @@ def handle_offset_for_leader_epoch(ctx: RequestContext, req: OffsetForLeaderEpoc
                 parts.append(out)
                 continue
             try:
-                rm.check_leader_epoch(t.topic, p.partition, p.current_leader_epoch)
-                lg = rm.get_log(t.topic, p.partition)
+                lg = rm.get_log(t.topic, p.partition, p.current_leader_epoch)
                 if lg.latest_epoch < 0 and rm.get_partition(t.topic, p.partition) is None:
                     # A log written before leader epochs were recorded: all of it is epoch 0's.
                     if 0 <= p.leader_epoch <= LEADER_EPOCH:
