@@ -50,6 +50,12 @@ _RESPONSE_OVERHEAD = 4096
 
 _NONE_DENIED: frozenset[str] = frozenset()
 
+# A PartitionData's three tagged structs at their defaults, shared: the generated constructor would build three
+# objects for every partition of every Fetch. Never edited in place: a partition that diverges or names its leader
+# is given its own.
+_UNSET = {"diverging_epoch": FetchResponse.EpochEndOffset(), "current_leader": FetchResponse.LeaderIdAndEpoch(),
+          "snapshot_id": FetchResponse.SnapshotId()}
+
 
 class _FetchPlan:
     """The partitions one Fetch reads (the request's, or all of its session's for an incremental fetch), with
@@ -160,6 +166,7 @@ class _FetchPlan:
                     aborted_transactions=aborted,
                     preferred_read_replica=-1,
                     records=records,
+                    **_UNSET,
                 )))
             except Exception as e:  # noqa: BLE001 - each partition answers with its own error code
                 code = error_of(e)
@@ -195,7 +202,7 @@ class _FetchPlan:
         rm.record_follower_fetch(part, self.replica_id, p.fetch_offset, leo)
         return PartitionData(partition_index=p.partition, error_code=0, high_watermark=lg.high_watermark,
                              last_stable_offset=lg.last_stable_offset, log_start_offset=lg.log_start_offset,
-                             preferred_read_replica=-1, records=records), size
+                             preferred_read_replica=-1, records=records, **_UNSET), size
 
 
 def _replica_id(ctx: RequestContext, req: FetchRequest) -> int:
