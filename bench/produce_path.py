@@ -5,7 +5,7 @@
 
 Starts `python -m broker` from CHECKOUT (default: this one) on loopback, creates topic `bench` with P partitions
 (default 1), sends N ProduceRequests (acks=1, one M-record batch, default 10, of 100-byte values, to the partitions in
-turn) over one connection with K in flight, and reports the broker process's CPU time (utime+stime from /proc, which
+turn) over one connection with K in flight, and reports the broker process's CPU time (its CPU-time clock, which
 other load on the machine disturbs far less than wall time) per request. Every answer is decoded and must carry no
 error and the next offset, so what is measured is the append path (until 2026-11-26 the topic was never created and
 every request was answered UNKNOWN_TOPIC_OR_PARTITION). Run it for two checkouts in alternation and compare medians.
@@ -14,7 +14,6 @@ every request was answered UNKNOWN_TOPIC_OR_PARTITION). Run it for two checkouts
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import statistics
 import struct
@@ -25,23 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.harness import ROOT, cpu_seconds, free_port
 from protocol import codec
 from protocol.messages import CreateTopicsRequest, ProduceRequest, RequestHeader
 from protocol.records import build_batch
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:

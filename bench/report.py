@@ -137,7 +137,7 @@ def render(rows: list[Row], command: str, started: float, elapsed: float, info: 
         "- peer: librdkafka's mock cluster (in-memory C, one I/O thread; /work/shared/bench-peers), "
         "same topics (4 partitions each) and the same client settings",
         f"- each figure: median of {reps} repetition(s) (min-max), kbroker and peer alternating (A/B/A/B); "
-        "CPU = broker process utime+stime delta per message (/proc/PID/stat, 10 ms ticks); "
+        "CPU = broker process CPU time delta per message (its CPU-time clock, ns); "
         "peak RSS = VmHWM of the kbroker process at the end of the workload",
         "- clients run on the same machine and compete with the broker for the 2 cores: throughput figures are "
         "client-bound where the peer is too",
