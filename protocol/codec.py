@@ -76,6 +76,20 @@ def _struct_class(cls: type, type_name: str) -> type:
     return getattr(owner, type_name.removeprefix("[]"))  # type: ignore[no-any-return]
 
 
+_struct_defaults: dict[type, Any] = {}
+
+
+def tagged_default(struct_cls: type) -> Any:
+    """The one instance of struct_cls at its defaults that the encoders compare a tagged struct field against.
+    A field holding this very object is known to be at its default without calling the dataclass's __eq__ (three
+    Python calls per partition of a Fetch response otherwise), so a hot path may put it in place of the fresh one
+    the constructor would build. Shared: never edit it, assign another object instead."""
+    found = _struct_defaults.get(struct_cls)
+    if found is None:
+        found = _struct_defaults[struct_cls] = struct_cls()
+    return found
+
+
 def _default_src(f: FieldSpec, cls: type, env: dict[str, Any]) -> str:
     if f.default is NEW_STRUCT:
         key = f"_cls_{f.attr}"
@@ -392,10 +406,11 @@ def _compile_encoder(cls: type, version: int) -> Encoder:
             for f in tagged:
                 dkey = f"_tdef_{f.attr}"
                 if f.default is NEW_STRUCT:
-                    env[dkey] = _struct_class(cls, f.type)()
+                    env[dkey] = tagged_default(_struct_class(cls, f.type))
+                    cond = f"o.{f.attr} is not {dkey} and o.{f.attr} != {dkey}"
                 else:
                     env[dkey] = [] if isinstance(f.default, list) else f.default
-                cond = f"o.{f.attr} != {dkey}"
+                    cond = f"o.{f.attr} != {dkey}"
                 lines.append(f"    if {cond}:")
                 lines.append("        _o, out = out, bytearray()")
                 lines += _encode_value_src(f, cls, version, True, f"o.{f.attr}", env, "        ")
@@ -474,7 +489,7 @@ def plan(cls: type, version: int) -> Any:
         if flexible and f.tagged_in(version):
             defaults.append(_c_default(f, cls))
             if f.default is NEW_STRUCT:
-                dflt = _struct_class(cls, f.type)()
+                dflt = tagged_default(_struct_class(cls, f.type))  # compared by identity first
             else:
                 dflt = [] if isinstance(f.default, list) else f.default
             tagged.append((f.tag, f.attr, _c_op(f, cls, version, True, f.nullable_in(version)), dflt))

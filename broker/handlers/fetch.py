@@ -23,6 +23,7 @@ from broker.leader_hints import LeaderHints
 from broker.purgatory import HIGH_WATERMARK, LOG_END
 from broker.replica_manager import LEADER_EPOCH, error_of
 from broker.security.acls import AclOperation, ResourceType
+from protocol import codec
 from protocol.errors import ErrorCode, KafkaError
 from protocol.messages import (
     FetchRequest,
@@ -50,11 +51,13 @@ _RESPONSE_OVERHEAD = 4096
 
 _NONE_DENIED: frozenset[str] = frozenset()
 
-# A PartitionData's three tagged structs at their defaults, shared: the generated constructor would build three
-# objects for every partition of every Fetch. Never edited in place: a partition that diverges or names its leader
-# is given its own.
-_UNSET = {"diverging_epoch": FetchResponse.EpochEndOffset(), "current_leader": FetchResponse.LeaderIdAndEpoch(),
-          "snapshot_id": FetchResponse.SnapshotId()}
+# A PartitionData's three tagged structs at their defaults: the encoders' own instances (codec.tagged_default),
+# which they recognise by identity. The generated constructor would build three objects for every partition of every
+# Fetch, and the encoder compare each with the dataclass's __eq__. Never edited in place: a partition that diverges
+# or names its leader is given its own.
+_UNSET = {"diverging_epoch": codec.tagged_default(FetchResponse.EpochEndOffset),
+          "current_leader": codec.tagged_default(FetchResponse.LeaderIdAndEpoch),
+          "snapshot_id": codec.tagged_default(FetchResponse.SnapshotId)}
 
 
 class _FetchPlan:
@@ -96,7 +99,8 @@ class _FetchPlan:
         has_error = False
         committed_only = req.isolation_level == READ_COMMITTED
         # Fetch v0-v3 consumers read message sets of magic 0 (v0-v1) or 1 (v2-v3): the log's batches are converted.
-        legacy_magic = legacy_fetch_magic(self.ctx.api_version) if self.replica_id < 0 else None
+        version = self.ctx.api_version
+        legacy_magic = legacy_fetch_magic(version) if self.replica_id < 0 else None
         denied = self.denied
         # Topic ids of session partitions whose names were resolved earlier: a topic since recreated under the
         # same name has another id (Kafka's INCONSISTENT_TOPIC_ID).
@@ -127,8 +131,8 @@ class _FetchPlan:
                         min_one = False
                     continue
                 lg = rm.get_log(name, p.partition, p.current_leader_epoch)
-                if self.ctx.api_version < 10:  # every Fetch that may convert is below v10 too
-                    check_down_conversion(lg.config, self.ctx.api_version)
+                if version < 10:  # every Fetch that may convert is below v10 too
+                    check_down_conversion(lg.config, version)
                 hw = lg.high_watermark
                 lso = lg.last_stable_offset
                 log_start = lg.log_start_offset
@@ -148,7 +152,7 @@ class _FetchPlan:
                         size = records.size
                         if legacy_magic is not None:
                             records = down_convert_fetched(records, legacy_magic, p.fetch_offset, budget,
-                                                           whole_first=min_one and self.ctx.api_version >= 3,
+                                                           whole_first=min_one and version >= 3,
                                                            config=lg.config)
                             size = len(records)
                         remaining -= size

@@ -18,6 +18,7 @@ from broker.leader_hints import LeaderHints
 from broker.network import DelayedResponse
 from broker.replica_manager import error_of
 from broker.security.acls import AclOperation, ResourceType
+from protocol import codec
 from protocol.errors import ErrorCode
 from protocol.legacy_records import first_magic
 from protocol.messages import ProduceRequest, ProduceResponse
@@ -36,6 +37,10 @@ _PRODUCER_STATE_ERRORS = frozenset({ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, Erro
                                     ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED})
 
 PartitionResponse = ProduceResponse.PartitionProduceResponse
+# The encoders' own default of the tagged current_leader (codec.tagged_default), recognised by identity: a fresh one
+# per partition would be built and then compared with the dataclass's __eq__. Never edited in place (KIP-951 hints
+# assign another object).
+_NO_LEADER = codec.tagged_default(ProduceResponse.LeaderIdAndEpoch)
 _ATTRIBUTES_LOW_BYTE = 22  # batch attributes are the int16 at offset 21
 _PRODUCER_ID = 43  # first byte of a v2 batch's producer id: 0xFF only for -1 (ids are never negative otherwise)
 
@@ -199,6 +204,7 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
                     base_offset=info.first_offset,
                     log_append_time_ms=info.log_append_time,
                     log_start_offset=info.log_start_offset,
+                    current_leader=_NO_LEADER,
                 )
             )
         topics.append(ProduceResponse.TopicProduceResponse(name=t.name, partition_responses=parts))
