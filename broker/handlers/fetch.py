@@ -338,6 +338,14 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContex
                 timer.cancel()
         finally:
             purgatory.unwatch(waiter)
+        if time.monotonic() >= deadline:
+            # Expired: the answer goes now, read again only if something was notified since the last read. No new
+            # watch (an idle long poll registered and unregistered all its partitions twice): a change after this
+            # check comes after the answer, and the client's next Fetch sees it.
+            if purgatory.generation != generation:
+                read = plan.read()
+            results, nbytes, has_error = read
+            return _respond(ctx, plan, context, results, nbytes, has_error)
 
 
 def _expire(fut: asyncio.Future[None]) -> None:
