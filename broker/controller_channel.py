@@ -22,11 +22,31 @@ RETRY_BACKOFF_S = 0.1
 _NAMES = {4: "LeaderAndIsr", 5: "StopReplica", 6: "UpdateMetadata"}
 
 
+# A queue item that is no request: a barrier, resolved when every request queued before it has been answered.
+_BARRIER = -1
+
+
 class ControllerChannelManager:
     def __init__(self, channel: InterBrokerChannel) -> None:
         self.channel = channel
         self._queues: dict[int, asyncio.Queue[tuple[int, int, Any]]] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
+
+    async def sent(self, exclude: int, timeout: float) -> None:
+        """Wait (from any loop) until every request queued so far to the brokers other than `exclude` has been
+        answered, or timeout seconds."""
+
+        async def barriers() -> None:
+            loop = asyncio.get_running_loop()
+            waits: list[asyncio.Future[None]] = []
+            for broker_id, q in self._queues.items():
+                if broker_id != exclude:
+                    waits.append(loop.create_future())
+                    q.put_nowait((_BARRIER, 0, waits[-1]))
+            if waits:
+                await asyncio.wait(waits, timeout=timeout)
+
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(barriers(), self.channel.loop))
 
     def send(self, broker_id: int, api_key: int, version: int, body: Any) -> None:
         """Queue a request to a broker (thread-safe, never blocks)."""
@@ -71,6 +91,10 @@ class ControllerChannelManager:
     async def _run(self, broker_id: int, q: asyncio.Queue[tuple[int, int, Any]]) -> None:
         while True:
             api_key, version, body = await q.get()
+            if api_key == _BARRIER:  # everything queued before it is answered
+                if not body.done():
+                    body.set_result(None)
+                continue
             failures = 0
             while True:
                 try:

@@ -43,6 +43,9 @@ from protocol.messages import (
 log = logging.getLogger("kbroker.replication")
 T = TypeVar("T")
 DENIED = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+# How long a ControlledShutdown answer waits for the new leaderships to reach the other brokers: bounded, as a
+# broker that is unreachable must not hold up another one's shutdown.
+CONTROLLED_SHUTDOWN_PROPAGATION_S = 2.0
 
 
 def _cluster_denied(ctx: RequestContext, op: AclOperation) -> bool:
@@ -235,6 +238,11 @@ async def handle_controlled_shutdown(ctx: RequestContext, req: ControlledShutdow
         code, remaining = await asyncio.wrap_future(controller.controlled_shutdown(req.broker_id, req.broker_epoch))
     except NotControllerError:
         return R(error_code=ErrorCode.NOT_CONTROLLER)
+    if code == ErrorCode.NONE:
+        # The stopping broker closes its connections once answered. Its clients then ask the others for metadata:
+        # they must already know the new leaders (LeaderAndIsr and UpdateMetadata answered), or librdkafka is told
+        # the old leader again and asks once more a second later (a ~1.1 s produce pause instead of ~0.1 s).
+        await ctx.server.controller_channel.sent(exclude=req.broker_id, timeout=CONTROLLED_SHUTDOWN_PROPAGATION_S)
     return R(error_code=code, remaining_partitions=[
         R.RemainingPartition(topic_name=t, partition_index=p) for t, p in remaining])
 
