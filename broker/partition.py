@@ -37,6 +37,14 @@ class ReplicaState:
     last_fetch_ms: int = 0
 
 
+def check_leader_epoch(current_leader_epoch: int, epoch: int) -> None:
+    """UNKNOWN_LEADER_EPOCH for a request from a newer epoch than the replica's, FENCED_LEADER_EPOCH from an older."""
+    if current_leader_epoch > epoch:
+        raise KafkaError(ErrorCode.UNKNOWN_LEADER_EPOCH)
+    if current_leader_epoch < epoch:
+        raise KafkaError(ErrorCode.FENCED_LEADER_EPOCH)
+
+
 class Partition:
     def __init__(self, topic: str, partition: int, local_id: int, lg: Log) -> None:
         self.topic = topic
@@ -77,11 +85,8 @@ class Partition:
 
     def check_leader_epoch(self, current_leader_epoch: int) -> None:
         """Kafka's fencing of a request that names the leader epoch it knows (-1: it knows none)."""
-        if current_leader_epoch < 0 or current_leader_epoch == self.leader_epoch:
-            return
-        if current_leader_epoch > self.leader_epoch:
-            raise KafkaError(ErrorCode.UNKNOWN_LEADER_EPOCH)
-        raise KafkaError(ErrorCode.FENCED_LEADER_EPOCH)
+        if current_leader_epoch >= 0:
+            check_leader_epoch(current_leader_epoch, self.leader_epoch)
 
     # -- role changes (LeaderAndIsr) -----------------------------------------------------------
 

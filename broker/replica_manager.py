@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
-from broker.partition import Partition
+from broker.partition import Partition, check_leader_epoch
 from broker.purgatory import ANY, HIGH_WATERMARK, LOG_END, FetchPurgatory
 from broker.replica_fetcher import ReplicaFetcherManager
 from coordinator.group_coordinator import OFFSETS_TOPIC
@@ -52,13 +52,6 @@ def error_of(exc: Exception) -> ErrorCode:
     if code is not None:
         return ErrorCode(code)
     return ErrorCode.UNKNOWN_SERVER_ERROR
-
-
-def _check_epoch(current_leader_epoch: int, epoch: int) -> None:
-    if current_leader_epoch > epoch:
-        raise KafkaError(ErrorCode.UNKNOWN_LEADER_EPOCH)
-    if current_leader_epoch < epoch:
-        raise KafkaError(ErrorCode.FENCED_LEADER_EPOCH)
 
 
 def _now_ms() -> int:
@@ -97,10 +90,10 @@ class ReplicaManager:
         rec = self.server.metadata.topics.get(topic)
         if rec is None or not 0 <= partition < len(rec.partitions):
             if current_leader_epoch >= 0:
-                _check_epoch(current_leader_epoch, LEADER_EPOCH)
+                check_leader_epoch(current_leader_epoch, LEADER_EPOCH)
             raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         if current_leader_epoch >= 0:
-            _check_epoch(current_leader_epoch, rec.partitions[partition].leader_epoch)
+            check_leader_epoch(current_leader_epoch, rec.partitions[partition].leader_epoch)
         if rec.leaders[partition] != self.server.broker_id:
             raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER)
         lg = self.server.log_manager.get_log(topic, partition)
