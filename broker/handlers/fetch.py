@@ -320,15 +320,16 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContex
         # Watch before re-reading, so an append between the read and the wait still wakes us. The last read still
         # counts when nothing was notified since it began (appends, high watermarks, markers and leadership
         # changes all notify): an idle long poll reads its partitions once, not again after watching and again
-        # when its wait expires.
-        waiter = purgatory.watch(keys, wants)
+        # when its wait expires. An expired poll answers without watching again: a change after its check comes
+        # after the answer, and the client's next Fetch sees it.
+        waiter = purgatory.watch(keys, wants) if time.monotonic() < deadline else None
         try:
             if purgatory.generation != generation:
                 generation = purgatory.generation
                 read = plan.read()
             results, nbytes, has_error = read
             left = deadline - time.monotonic()
-            if nbytes >= min_bytes or has_error or left <= 0 or purgatory.closing:
+            if waiter is None or nbytes >= min_bytes or has_error or left <= 0 or purgatory.closing:
                 return _respond(ctx, plan, context, results, nbytes, has_error)
             # A plain timer on the waiter's future: cheaper than wait_for(shield()), which makes a task per wait.
             timer = asyncio.get_running_loop().call_later(left, _expire, waiter.future)
@@ -337,15 +338,8 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContex
             finally:
                 timer.cancel()
         finally:
-            purgatory.unwatch(waiter)
-        if time.monotonic() >= deadline:
-            # Expired: the answer goes now, read again only if something was notified since the last read. No new
-            # watch (an idle long poll registered and unregistered all its partitions twice): a change after this
-            # check comes after the answer, and the client's next Fetch sees it.
-            if purgatory.generation != generation:
-                read = plan.read()
-            results, nbytes, has_error = read
-            return _respond(ctx, plan, context, results, nbytes, has_error)
+            if waiter is not None:
+                purgatory.unwatch(waiter)
 
 
 def _expire(fut: asyncio.Future[None]) -> None:
