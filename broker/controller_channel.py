@@ -32,17 +32,16 @@ class ControllerChannelManager:
         self._queues: dict[int, asyncio.Queue[tuple[int, int, Any]]] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
 
-    async def sent(self, exclude: int, timeout: float) -> None:
-        """Wait (from any loop) until every request queued so far to the brokers other than `exclude` has been
-        answered, or timeout seconds."""
+    async def sent(self, timeout: float) -> None:
+        """Wait (from any loop) until every request queued so far to every broker has been answered, or timeout
+        seconds."""
 
         async def barriers() -> None:
             loop = asyncio.get_running_loop()
             waits: list[asyncio.Future[None]] = []
-            for broker_id, q in self._queues.items():
-                if broker_id != exclude:
-                    waits.append(loop.create_future())
-                    q.put_nowait((_BARRIER, 0, waits[-1]))
+            for q in self._queues.values():
+                waits.append(loop.create_future())
+                q.put_nowait((_BARRIER, 0, waits[-1]))
             if waits:
                 await asyncio.wait(waits, timeout=timeout)
 
