@@ -95,7 +95,7 @@ class Partition:
         with self.lock:
             new_epoch = not self.is_leader or state.leader_epoch != self.leader_epoch
             lg = self.log
-            leo = lg.log_end_offset
+            leo = lg.become_leader(state.leader_epoch)
             self.leader_id = self.local_id
             self.leader_epoch = state.leader_epoch
             self.partition_epoch = state.partition_epoch
@@ -107,11 +107,9 @@ class Partition:
                 self.remotes = {b: ReplicaState(b, last_caught_up_ms=now_ms if b in self.isr else 0)
                                 for b in self.replicas if b != self.local_id}
                 self.leader_epoch_start_offset = leo
-                lg.assign_epoch_start_offset(state.leader_epoch, leo)
             else:
                 self.remotes = {b: self.remotes.get(b) or ReplicaState(b) for b in self.replicas
                                 if b != self.local_id}
-            lg.leader_epoch = state.leader_epoch
             lg.set_hw_tracks_leo(self.isr == (self.local_id,))
             self._maybe_increment_hw()
         if new_epoch:
@@ -130,6 +128,7 @@ class Partition:
             self.isr = tuple(state.isr)
             self.remotes = {}
             self.pending_isr = None
+            self.log.become_follower(state.leader_epoch)
             self.log.set_hw_tracks_leo(False)
         if changed:
             log.info("%s: follower of broker %d at epoch %d, log end %d, high watermark %d", self.name,
@@ -222,6 +221,7 @@ class Partition:
             self.leader_id = -1
             self.remotes = {}
             self.pending_isr = None
+            self.log.become_follower(self.leader_epoch)
             self.log.set_hw_tracks_leo(False)
 
     def clear_pending_isr(self) -> bool:

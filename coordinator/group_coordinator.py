@@ -28,6 +28,7 @@ from coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata
 from coordinator.group_offsets import GroupOffsets
 from protocol.errors import ErrorCode, KafkaError
 from protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, build_batch
+from storage.errors import NotLeaderOrFollowerError
 
 log = logging.getLogger("kbroker.group")
 
@@ -765,7 +766,7 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
 def _store_failed(what: str, group_id: str, e: Exception) -> None:
     """A group write that did not replicate (the partition moved or lost its ISR) is expected while brokers come and
     go: one line. Anything else comes with its traceback."""
-    if isinstance(e, KafkaError):
+    if isinstance(e, (KafkaError, NotLeaderOrFollowerError)):
         log.warning("Could not store %s of group %s: %s", what, group_id, e)
     else:
         log.error("Could not store %s of group %s", what, group_id, exc_info=e)

@@ -43,7 +43,7 @@ from coordinator.transaction_metadata import (
 from protocol.errors import ErrorCode
 from protocol.messages import DescribeTransactionsResponse, ListTransactionsResponse
 from protocol.records import build_batch, decode_records, iter_batch_headers
-from storage.errors import KafkaStorageError, RecordTooLargeError
+from storage.errors import KafkaStorageError, NotLeaderOrFollowerError, RecordTooLargeError
 
 log = logging.getLogger("kbroker.txn")
 
@@ -331,6 +331,9 @@ class TransactionCoordinator(CoordinatorLoop):
                                 TRANSACTION_STATE_TOPIC, p, code.name)
                     return (ErrorCode.NOT_COORDINATOR if code == ErrorCode.NOT_LEADER_OR_FOLLOWER
                             else ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        except NotLeaderOrFollowerError as e:  # the partition moved while this write was on its way
+            log.info("Writing transactional id %s to %s-%d: %s", transactional_id, TRANSACTION_STATE_TOPIC, p, e)
+            return ErrorCode.NOT_COORDINATOR
         except KafkaStorageError as e:
             log.error("Writing transactional id %s to %s-%d failed: %s", transactional_id, TRANSACTION_STATE_TOPIC,
                       p, e)

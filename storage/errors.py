@@ -10,6 +10,7 @@ __all__ = [
     "InvalidRecordError",
     "InvalidTxnStateError",
     "KafkaStorageError",
+    "NotLeaderOrFollowerError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "RecordTooLargeError",
@@ -33,6 +34,10 @@ class OffsetOutOfRangeError(StorageError):
 
 class KafkaStorageError(StorageError):
     error_code = 56  # KAFKA_STORAGE_ERROR
+
+
+class NotLeaderOrFollowerError(StorageError):
+    error_code = 6  # NOT_LEADER_OR_FOLLOWER
 
 
 class OutOfOrderSequenceError(StorageError):

@@ -33,7 +33,12 @@ from protocol.records import (
 )
 from storage.atomic_file import fsync_dir
 from storage.config import LogConfig
-from storage.errors import KafkaStorageError, OffsetOutOfRangeError, RecordTooLargeError
+from storage.errors import (
+    KafkaStorageError,
+    NotLeaderOrFollowerError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+)
 from storage.flush_stats import FLUSH_STATS
 from storage.leader_epoch_cache import LeaderEpochFileCache
 from storage.log_loader import (
@@ -127,6 +132,7 @@ class Log(ReplicaLogMixin):
         self.producer_state = ProducerStateManager(dir, self.name)
         self.leader_epoch_cache = LeaderEpochFileCache(dir, self.name)
         self.leader_epoch = 0
+        self._leading = True
         self._hw_tracks_leo = True
         self._dir = dir
         self._lock = threading.RLock()
@@ -383,6 +389,11 @@ class Log(ReplicaLogMixin):
         log_append_time = now_ms if config.log_append_time else -1
         with self._lock:
             self._check_open()
+            if leader_epoch is not None and (leader_epoch < self.leader_epoch or not self._leading):
+                # The caller read its epoch before a LeaderAndIsr moved this replica on (become_leader/_follower).
+                raise NotLeaderOrFollowerError(
+                    f"{self.name} is no longer leader at epoch {leader_epoch} (epoch {self.leader_epoch}, "
+                    f"{'leading' if self._leading else 'not leading'})")
             first_offset = self._leo
             offset = first_offset
             for pos, h in summary.batches:

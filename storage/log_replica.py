@@ -52,8 +52,10 @@ class ReplicaLogMixin:
     producer_state: ProducerStateManager
     leader_epoch_cache: LeaderEpochFileCache
     # The leader epoch this replica writes with while it leads (set by the broker's Partition; 0 in the
-    # single-node default, where leadership never moves).
+    # single-node default, where leadership never moves), and whether it leads: appends_as_leader at an older
+    # epoch, or once it follows, are refused.
     leader_epoch: int
+    _leading: bool
     _hw_tracks_leo: bool
 
     _segments: tuple[LogSegment, ...]
@@ -138,10 +140,23 @@ class ReplicaLogMixin:
     def latest_epoch(self) -> int:
         return self.leader_epoch_cache.latest_epoch
 
-    def assign_epoch_start_offset(self, epoch: int, start_offset: int) -> None:
-        """A new leader's epoch starts at its log end (Kafka's maybeAssignEpochStartOffset on makeLeader)."""
+    def become_leader(self, epoch: int) -> int:
+        """Lead at epoch from the log end, which is returned (Kafka's maybeAssignEpochStartOffset on makeLeader).
+
+        One step under the log's lock, as the appends that stamp their batches: read apart, an append racing the
+        change could land at the offset the new epoch starts at stamped with the old one, and followers would then
+        truncate and refetch that batch forever (its epoch ends where it starts)."""
         with self._lock:
-            self.leader_epoch_cache.assign(epoch, start_offset)
+            self.leader_epoch_cache.assign(epoch, self._leo)
+            self.leader_epoch = epoch
+            self._leading = True
+            return self._leo
+
+    def become_follower(self, epoch: int) -> None:
+        """Follow at epoch (or neither lead nor follow, after StopReplica): leader appends are refused from now on."""
+        with self._lock:
+            self.leader_epoch = max(self.leader_epoch, epoch)
+            self._leading = False
 
     # -- high watermark ------------------------------------------------------------------------
 

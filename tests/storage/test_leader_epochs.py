@@ -3,12 +3,15 @@ and its replication-offset-checkpoint."""
 
 from __future__ import annotations
 
+import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from protocol.records import iter_batch_headers
 from storage.config import LogConfig
+from storage.errors import NotLeaderOrFollowerError
 from storage.leader_epoch_cache import LEADER_EPOCH_CHECKPOINT, EpochEntry, LeaderEpochFileCache
 from storage.log import Log
 from storage.log_replica import UnexpectedAppendOffsetError
@@ -90,6 +93,61 @@ def test_leader_appends_stamp_epochs_and_truncation_follows(make_log) -> None:  
     log.truncate_to(3)
     assert log.leader_epoch_cache.entries == [EpochEntry(0, 0)]
     assert log.end_offset_for_epoch(0) == (0, 3)
+
+
+def test_appends_that_lost_a_race_with_a_leadership_change_are_refused(make_log) -> None:  # type: ignore[no-untyped-def]
+    # The broker reads a partition's leader epoch and then appends; LeaderAndIsr is handled on another thread. An
+    # append stamped with the old epoch landing where the new epoch starts left a batch of epoch 5 at the offset
+    # epoch 6 starts at: the followers truncated it and fetched it again forever, and an acks=all Produce waited
+    # its whole timeout (the controlled-shutdown test, 30 s).
+    log: Log = make_log()
+    assert log.become_leader(5) == 0
+    log.append_as_leader(batch(2), NOW, leader_epoch=5)
+    assert log.become_leader(6) == 2
+    with pytest.raises(NotLeaderOrFollowerError):
+        log.append_as_leader(batch(1), NOW, leader_epoch=5)
+    log.append_as_leader(batch(1), NOW, leader_epoch=6)
+    log.become_follower(7)
+    with pytest.raises(NotLeaderOrFollowerError):
+        log.append_as_leader(batch(1), NOW, leader_epoch=7)
+    assert log.log_end_offset == 3
+    assert log.leader_epoch_cache.entries == [EpochEntry(5, 0), EpochEntry(6, 2)]
+    assert log.end_offset_for_epoch(5) == (5, 2)
+
+
+def test_every_batch_lies_in_its_epoch_while_leadership_changes_concurrently(make_log) -> None:  # type: ignore[no-untyped-def]
+    log: Log = make_log()
+    log.become_leader(0)
+    current = [0]
+    done = threading.Event()
+    refused = 0
+
+    def appender() -> None:
+        nonlocal refused
+        while not done.is_set():
+            epoch = current[0]  # read apart from the append, as ReplicaManager does
+            try:
+                log.append_as_leader(batch(1), NOW, leader_epoch=epoch)
+            except NotLeaderOrFollowerError:
+                refused += 1
+
+    t = threading.Thread(target=appender)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads interleave inside the append, not once per 5 ms
+    t.start()
+    try:
+        for epoch in range(1, 300):
+            log.become_leader(epoch)
+            current[0] = epoch
+    finally:
+        done.set()
+        t.join()
+        sys.setswitchinterval(interval)
+    print(f"{refused} appends refused, {log.log_end_offset} appended over 299 leader epochs")
+    data = log.read(0, 1 << 30).records.read_bytes()  # type: ignore[union-attr]
+    for _, h in iter_batch_headers(data):
+        epoch, end = log.end_offset_for_epoch(h.partition_leader_epoch)
+        assert epoch == h.partition_leader_epoch and h.base_offset < end, (h.base_offset, h.partition_leader_epoch)
 
 
 def test_epoch_cache_survives_reopen_and_unclean_truncation(make_log, log_dir: Path) -> None:  # type: ignore[no-untyped-def]
