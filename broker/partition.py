@@ -37,6 +37,15 @@ class ReplicaState:
     last_fetch_ms: int = 0
 
 
+def _reset_replica_state(prev: ReplicaState | None, broker_id: int, in_sync: bool, now_ms: int,
+                         leader_leo: int) -> ReplicaState:
+    caught_up_ms = now_ms if in_sync else 0
+    if prev is None:
+        return ReplicaState(broker_id, last_caught_up_ms=caught_up_ms)
+    return ReplicaState(broker_id, log_end_offset=prev.log_end_offset, last_caught_up_ms=caught_up_ms,
+                        last_fetch_leader_leo=leader_leo, last_fetch_ms=caught_up_ms)
+
+
 def check_leader_epoch(current_leader_epoch: int, epoch: int) -> None:
     """UNKNOWN_LEADER_EPOCH for a request from a newer epoch than the replica's, FENCED_LEADER_EPOCH from an older."""
     if current_leader_epoch > epoch:
@@ -93,7 +102,8 @@ class Partition:
     def make_leader(self, state: PartitionState, now_ms: int) -> bool:
         """Become (or stay) leader with state; True when this is a new leader epoch."""
         with self.lock:
-            new_epoch = not self.is_leader or state.leader_epoch != self.leader_epoch
+            was_leader = self.is_leader
+            new_epoch = not was_leader or state.leader_epoch != self.leader_epoch
             lg = self.log
             leo = lg.become_leader(state.leader_epoch)
             self.leader_id = self.local_id
@@ -103,8 +113,12 @@ class Partition:
             self.isr = tuple(state.isr)
             self.pending_isr = None
             if new_epoch:
-                # Followers start unknown; those in the ISR count as caught up now (Kafka's resetReplicaState).
-                self.remotes = {b: ReplicaState(b, last_caught_up_ms=now_ms if b in self.isr else 0)
+                # Kafka's resetReplicaState: those in the ISR count as caught up now. A new leader knows nothing of
+                # its followers' logs; one re-elected at a new epoch (the controller changed the ISR, as in another
+                # broker's controlled shutdown) keeps their log ends, which it served itself, so the high watermark
+                # does not wait for their first fetches at the new epoch (a Produce pause of up to a second).
+                old = self.remotes if was_leader else {}
+                self.remotes = {b: _reset_replica_state(old.get(b), b, b in self.isr, now_ms, leo)
                                 for b in self.replicas if b != self.local_id}
                 self.leader_epoch_start_offset = leo
             else:

@@ -90,3 +90,37 @@ def test_acks_all_counts_the_members_the_high_watermark_waited_for(lg: Log) -> N
     assert p.replication_status(end, 2) is None  # the pending member does not have it yet
     p.update_follower_fetch_state(2, end, end, NOW)
     assert p.replication_status(end, 2) is ErrorCode.NONE
+
+
+def test_a_leader_reelected_at_a_new_epoch_keeps_its_followers_log_ends(lg: Log) -> None:
+    """Another broker's controlled shutdown bumps the epoch of partitions whose leader stays (Kafka's
+    resetReplicaState with isNewLeader false): the high watermark moves on with what the followers already have
+    instead of waiting for their first fetches at the new epoch, which held acks=all Produce for up to a second."""
+    p = leader(lg, isr=[1, 2, 3], replicas=[1, 2, 3])
+    end = append(lg, 10)
+    p.update_follower_fetch_state(3, end, end, NOW)
+    p.update_follower_fetch_state(2, 4, end, NOW)
+    assert lg.high_watermark == 4
+    # Broker 2 stops: the controller shrinks the ISR to [1, 3] at epoch 2; the leader stays.
+    p.make_leader(PartitionState(leader=LEADER, leader_epoch=2, isr=[1, 3], replicas=[1, 2, 3], partition_epoch=2),
+                  NOW + 10)
+    assert lg.high_watermark == 10
+    lg.append_as_leader(batch(5), NOW, leader_epoch=2)
+    assert lg.high_watermark == 10  # follower 3 has not fetched the new records yet
+    assert p.update_follower_fetch_state(3, 15, 15, NOW + 20) == (True, None)
+    assert lg.high_watermark == 15
+
+
+def test_a_new_leader_knows_nothing_of_its_followers_log_ends(tmp_path: Path) -> None:
+    lg = Log.open(tmp_path / "t-0", "t", 0, LogConfig(), clean_shutdown=True, high_watermark=0)
+    try:
+        p = Partition("t", 0, LEADER, lg)
+        p.make_follower(PartitionState(leader=2, leader_epoch=1, isr=[1, 2], replicas=[1, 2], partition_epoch=1))
+        lg.append_as_follower(batch(3, base_offset=0, partition_leader_epoch=1))
+        p.make_leader(PartitionState(leader=LEADER, leader_epoch=2, isr=[1, 2], replicas=[1, 2], partition_epoch=2),
+                      NOW)
+        assert lg.high_watermark == 0  # follower 2's log end is unknown until it fetches
+        assert p.update_follower_fetch_state(2, 3, 3, NOW) == (True, None)
+        assert lg.high_watermark == 3
+    finally:
+        lg.close()
