@@ -47,6 +47,8 @@ log = logging.getLogger("kbroker.replica_fetcher")
 
 FETCH_VERSION = 12  # replica_id, last_fetched_epoch and diverging_epoch, topics by name
 OFFSET_FOR_LEADER_EPOCH_VERSION = 4
+# How soon a partition is fetched again after its leader answered UNKNOWN_LEADER_EPOCH (see _delay).
+_LEADER_CATCH_UP_S = 0.05
 LIST_OFFSETS_VERSION = 4
 
 
@@ -208,11 +210,12 @@ class ReplicaFetcherThread:
             now = time.monotonic()
             with self._lock:
                 states = [s for s in self.partitions.values() if s.delayed_until <= now]
-                idle = not self.partitions
+                # All delayed: sleep until the first is due (or a change wakes us).
+                due = min((s.delayed_until for s in self.partitions.values()), default=None)
             if not states:
                 self._wake.clear()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), None if idle else self.backoff / 4)
+                    await asyncio.wait_for(self._wake.wait(), None if due is None else max(due - now, 0.001))
                 except TimeoutError:
                     pass
                 continue
@@ -242,8 +245,12 @@ class ReplicaFetcherThread:
         p = s.partition
         return self.partitions.get((p.topic, p.partition)) is s and p.leader_epoch == s.leader_epoch
 
-    def _delay(self, s: PartitionFetchState) -> None:
-        s.delayed_until = time.monotonic() + self.backoff
+    def _delay(self, s: PartitionFetchState, code: int = ErrorCode.NONE) -> None:
+        # UNKNOWN_LEADER_EPOCH: the leader has not applied the LeaderAndIsr the controller sent us both at once; it
+        # will within milliseconds, and until it does the high watermark waits for us (in a controlled shutdown,
+        # acks=all Produce paused for the whole backoff, a second).
+        wait = min(self.backoff, _LEADER_CATCH_UP_S) if code == ErrorCode.UNKNOWN_LEADER_EPOCH else self.backoff
+        s.delayed_until = time.monotonic() + wait
 
     # -- truncation ----------------------------------------------------------------------------
 
@@ -268,7 +275,7 @@ class ReplicaFetcherThread:
                 if a is None or a.error_code != ErrorCode.NONE:
                     log.info("%s: OffsetForLeaderEpoch for %s answered %s", self.name, p.name,
                              ErrorCode(a.error_code).name if a is not None else "nothing")
-                    self._delay(s)
+                    self._delay(s, a.error_code if a is not None else ErrorCode.NONE)
                     continue
                 self._apply_truncation(s, a.leader_epoch, a.end_offset)
 
@@ -342,7 +349,7 @@ class ReplicaFetcherThread:
                     # FENCED / UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER...: the controller's next
                     # LeaderAndIsr settles it; retry after the backoff meanwhile.
                     log.info("%s: fetch of %s answered %s", self.name, p.name, code.name)
-                    self._delay(s)
+                    self._delay(s, code)
         for s in out_of_range:
             await self._handle_out_of_range(s)
 

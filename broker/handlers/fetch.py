@@ -187,8 +187,10 @@ class _FetchPlan:
         part = rm.get_partition(name, p.partition)
         if part is None:
             raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER)
-        lg = part.leader_log()
+        # The epoch first, as Kafka's localLogWithEpochOrThrow: a new leader that has not applied its LeaderAndIsr
+        # yet answers a follower already told of it UNKNOWN_LEADER_EPOCH, which it retries at once.
         part.check_leader_epoch(p.current_leader_epoch)
+        lg = part.leader_log()
         if p.last_fetched_epoch >= 0:
             epoch, end = lg.end_offset_for_epoch(p.last_fetched_epoch)
             if epoch < p.last_fetched_epoch or end < p.fetch_offset:
