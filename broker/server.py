@@ -289,9 +289,12 @@ class KafkaServer:
 
     async def shutdown(self) -> None:
         log.info("Shutting down broker %d", self.broker_id)
-        if self.metrics_exporter is not None:
-            self.metrics_exporter.stop()
         await self.controlled_shutdown()
+        loop = asyncio.get_running_loop()
+        # The metrics endpoint stops alongside (its HTTP server notices a stop only at its next poll, up to half a
+        # second later: first in line, it delayed the controlled shutdown by as much).
+        metrics_stopped = (loop.run_in_executor(None, self.metrics_exporter.stop)
+                           if self.metrics_exporter is not None else None)
         self.socket_server.stop_accepting()
         # Parked long polls and group joins answer now: otherwise the processors' drain waits them out (a fetch's
         # max_wait_ms, 500 ms for librdkafka; a rebalance, up to the drain's 5 s grace) while the clients' next
@@ -299,7 +302,6 @@ class KafkaServer:
         self.replica_manager.purgatory.close()
         self.replica_manager.produce_purgatory.notify_all()
         self.group_coordinator.resign()
-        loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.socket_server.stop_processors)
         self.replica_manager.shutdown()
         self.txn_coordinator.stop()
@@ -314,6 +316,8 @@ class KafkaServer:
         self.io_pool.shutdown(wait=True)
         await loop.run_in_executor(None, self.log_manager.shutdown)
         self.metadata.stop()
+        if metrics_stopped is not None:
+            await metrics_stopped
         log.info("Broker %d shut down cleanly", self.broker_id)
 
     def request_stop(self) -> None:
