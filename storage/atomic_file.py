@@ -14,14 +14,17 @@ def fsync_dir(path: Path) -> None:
         os.close(dfd)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """tmp file + fsync + rename + directory fsync."""
+def write_atomically(path: Path, data: bytes, *, sync: bool = True) -> None:
+    """tmp file + fsync + rename + directory fsync; sync=False leaves both fsyncs to a later sync (the file then
+    holds the old or the new contents after a crash, or nothing if the crash came before the data reached disk)."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.write(fd, data)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if sync:
+        fsync_dir(path.parent)

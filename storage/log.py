@@ -181,10 +181,12 @@ class Log(ReplicaLogMixin):
         tp = f"{topic}-{partition}"
         # Segments whose indexes were rebuilt; their transaction indexes come back from the producer state.
         recovered: set[int] = set()
+        # (epoch, base offset) of the batches recovery walks: the checkpoint may not have the newest (flush).
+        epochs: list[tuple[int, int]] = []
         if not segments:
             segments.append(cls._new_segment(dir, max(log_start_offset, 0), config))
         elif not clean_shutdown:
-            segments, recovered = recover_segments(tp, segments, recovery_point, rebuild)
+            segments, recovered = recover_segments(tp, segments, recovery_point, rebuild, epochs)
         elif rebuild:
             for seg in segments:
                 if seg.base_offset in rebuild:
@@ -199,6 +201,12 @@ class Log(ReplicaLogMixin):
         if leo < log_start_offset:
             # DeleteRecords moved the start past everything we still have.
             log.truncate_fully_and_start_at(log_start_offset)
+        cache = log.leader_epoch_cache
+        for epoch, base_offset in epochs:
+            # Only where the checkpoint disagrees with the batches: re-assigning an epoch it already has further
+            # back would move that epoch's start up to the first recovered batch.
+            if cache.epoch_for_offset(base_offset) != epoch:
+                cache.assign(epoch, base_offset)
         # Epochs past what recovery kept, or before the log start, name no batch any more.
         log.leader_epoch_cache.truncate_from_end(log._leo)
         log.leader_epoch_cache.truncate_from_start(log._log_start_offset)
@@ -779,6 +787,9 @@ class Log(ReplicaLogMixin):
                             raise
                 if dir_dirty:
                     fsync_dir(self.dir)
+                with self._lock:
+                    # Epochs that start below the new recovery point are never rebuilt from the log again.
+                    self.leader_epoch_cache.sync()
             except OSError as e:
                 with self._lock:
                     self._dir_dirty = self._dir_dirty or dir_dirty
@@ -867,6 +878,7 @@ class Log(ReplicaLogMixin):
         self.delete_pending_files(force=True)
 
     def _persist_for_restart(self) -> None:
+        self.leader_epoch_cache.sync()
         active = self._segments[-1]
         # Persist the active segment's max timestamp so the next start needs no scan.
         try:

@@ -91,12 +91,13 @@ def cleanup_leftover_files(dir: Path) -> set[int]:
     return {b for b in rebuild if (dir / f"{b:020d}{LOG_SUFFIX}").exists()}
 
 
-def recover_segments(tp: str, segments: list[LogSegment], recovery_point: int,
-                     rebuild: set[int]) -> tuple[list[LogSegment], set[int]]:
+def recover_segments(tp: str, segments: list[LogSegment], recovery_point: int, rebuild: set[int],
+                     epochs: list[tuple[int, int]] | None = None) -> tuple[list[LogSegment], set[int]]:
     """Unclean start: trust segments wholly below the recovery point (index sanity only), recover the rest.
 
     Returns the segments left and the bases of those recovered (their transaction indexes are empty now:
-    the caller rebuilds them from the producer state).
+    the caller rebuilds them from the producer state); epochs collects (leader epoch, base offset) of the
+    recovered batches.
     """
     bases = [s.base_offset for s in segments]
     first_unflushed = max(0, bisect.bisect_right(bases, recovery_point) - 1)
@@ -106,7 +107,7 @@ def recover_segments(tp: str, segments: list[LogSegment], recovery_point: int,
         if i < first_unflushed and seg.base_offset not in rebuild and _index_sane(seg):
             next_offset = segments[i + 1].base_offset
             continue
-        result = recover_segment(seg, next_offset if i else seg.base_offset)
+        result = recover_segment(seg, next_offset if i else seg.base_offset, epochs)
         recovered.add(seg.base_offset)
         next_offset = result.next_offset
         if result.truncated_bytes:

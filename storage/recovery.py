@@ -31,9 +31,11 @@ class SegmentRecoveryResult:
     reason: str | None = None
 
 
-def recover_segment(segment: LogSegment, min_offset: int) -> SegmentRecoveryResult:
+def recover_segment(segment: LogSegment, min_offset: int,
+                    epochs: list[tuple[int, int]] | None = None) -> SegmentRecoveryResult:
     """Rebuild the offset and time indexes of segment from its data (empty its transaction index) and
-    truncate at the first invalid batch.
+    truncate at the first invalid batch; epochs, when given, collects (leader epoch, base offset) where the valid
+    batches' epoch changes.
 
     A batch is valid when it fits the file, has magic 2, a matching CRC, sane counts and a
     base offset >= min_offset / the previous batch's next offset (offsets never go backwards).
@@ -85,6 +87,9 @@ def recover_segment(segment: LogSegment, min_offset: int) -> SegmentRecoveryResu
             reason = f"offset {header.last_offset} out of range for segment"
             break
         segment._index_batch(pos, header)
+        epoch = header.partition_leader_epoch
+        if epochs is not None and epoch >= 0 and (not epochs or epochs[-1][0] != epoch):
+            epochs.append((epoch, header.base_offset))
         next_offset = header.next_offset
         pos += batch_size
     truncated = segment.truncate_to_position(pos) if pos < size else 0

@@ -3,6 +3,7 @@ and its replication-offset-checkpoint."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from pathlib import Path
@@ -12,7 +13,13 @@ import pytest
 from protocol.records import iter_batch_headers
 from storage.config import LogConfig
 from storage.errors import NotLeaderOrFollowerError
-from storage.leader_epoch_cache import LEADER_EPOCH_CHECKPOINT, EpochEntry, LeaderEpochFileCache
+from storage.leader_epoch_cache import (
+    LEADER_EPOCH_CHECKPOINT,
+    EpochEntry,
+    LeaderEpochFileCache,
+    read_checkpoint,
+    write_checkpoint,
+)
 from storage.log import Log
 from storage.log_replica import UnexpectedAppendOffsetError
 from storage.manager import LogManager
@@ -167,6 +174,51 @@ def test_epoch_cache_survives_reopen_and_unclean_truncation(make_log, log_dir: P
         assert reopened.leader_epoch_cache.entries == [EpochEntry(1, 0)]
     finally:
         reopened.close()
+
+
+def test_epoch_changes_skip_fsync_and_the_flush_makes_them_durable(make_log, log_dir: Path,  # type: ignore[no-untyped-def]
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # A LeaderAndIsr starts an epoch on every partition it names: two fsyncs each held it up to a second on a busy
+    # disk (Kafka 3.7 dropped them too, KAFKA-15046).
+    log: Log = make_log()
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    log.become_leader(3)
+    log.append_as_leader(batch(2), NOW, leader_epoch=3)
+    log.become_leader(4)
+    assert synced == []
+    assert read_checkpoint(log_dir / LEADER_EPOCH_CHECKPOINT) == [EpochEntry(3, 0), EpochEntry(4, 2)]
+    log.flush()
+    assert len(synced) >= 2  # the segment, and the checkpoint before the recovery point moved
+    count = len(synced)
+    log.flush()
+    assert len(synced) == count  # nothing changed since
+
+
+@pytest.mark.parametrize("stale", [[EpochEntry(1, 0)], [EpochEntry(1, 0), EpochEntry(7, 2)]],
+                         ids=["newest entry lost", "truncation lost"])
+def test_recovery_rebuilds_epochs_an_unsynced_checkpoint_lost(log_dir: Path, stale: list[EpochEntry]) -> None:
+    log = Log.open(log_dir, "topic", 0, LogConfig(), clean_shutdown=True)
+    log.append_as_leader(batch(2), NOW, leader_epoch=1)
+    log.flush()
+    recovery_point = log.recovery_point
+    log.become_leader(5)
+    log.append_as_leader(batch(3), NOW, leader_epoch=5)
+    log.append_as_leader(batch(1), NOW, leader_epoch=5)
+    for seg in log.segments:
+        seg.flush()  # the batches reached the disk; the checkpoint's last write did not:
+    write_checkpoint(log_dir / LEADER_EPOCH_CHECKPOINT, stale)
+    log._closed = True  # a crash: nothing of close() runs
+    reopened = Log.open(log_dir, "topic", 0, LogConfig(), recovery_point=recovery_point, clean_shutdown=False)
+    try:
+        assert reopened.log_end_offset == 6
+        assert reopened.leader_epoch_cache.entries == [EpochEntry(1, 0), EpochEntry(5, 2)]
+        assert reopened.end_offset_for_epoch(1) == (1, 2)
+    finally:
+        reopened.close()
+        for seg in log.segments:
+            seg.close()
 
 
 def test_follower_keeps_offsets_epochs_and_producer_state(tmp_path: Path) -> None:
