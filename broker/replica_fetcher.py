@@ -210,8 +210,10 @@ class ReplicaFetcherThread:
             now = time.monotonic()
             with self._lock:
                 states = [s for s in self.partitions.values() if s.delayed_until <= now]
-                # All delayed: sleep until the first is due (or a change wakes us).
-                due = min((s.delayed_until for s in self.partitions.values()), default=None)
+                # The first delayed partition: when all are, sleep until it is due (or a change wakes us); else the
+                # fetch's long poll ends by then, so a partition delayed 50 ms does not wait out
+                # replica.fetch.wait.max.ms behind a Fetch that left it out.
+                due = min((s.delayed_until for s in self.partitions.values() if s.delayed_until > now), default=None)
             if not states:
                 self._wake.clear()
                 try:
@@ -224,7 +226,8 @@ class ReplicaFetcherThread:
                 if truncating:
                     await self._truncate(truncating)
                     continue
-                await self._fetch(states)
+                wait_ms = self.max_wait_ms if due is None else min(self.max_wait_ms, int((due - now) * 1000) + 1)
+                await self._fetch(states, wait_ms)
                 if self._failing:
                     self._failing = False
                     log.info("%s: fetching from broker %d again", self.name, self.source_broker)
@@ -294,7 +297,7 @@ class ReplicaFetcherThread:
 
     # -- fetching ------------------------------------------------------------------------------
 
-    async def _fetch(self, states: list[PartitionFetchState]) -> None:
+    async def _fetch(self, states: list[PartitionFetchState], max_wait_ms: int) -> None:
         F = FetchRequest
         session = self.session
         wanted: dict[TopicPartition, FetchRequest.FetchPartition] = {}
@@ -309,7 +312,7 @@ class ReplicaFetcherThread:
         by_topic: dict[str, list[FetchRequest.FetchPartition]] = {}
         for (topic, _), fp in send.items():
             by_topic.setdefault(topic, []).append(fp)
-        req = F(replica_id=self.server.broker_id, max_wait_ms=self.max_wait_ms, min_bytes=self.min_bytes,
+        req = F(replica_id=self.server.broker_id, max_wait_ms=max_wait_ms, min_bytes=self.min_bytes,
                 max_bytes=self.max_bytes, isolation_level=0, session_id=session_id, session_epoch=epoch,
                 topics=[F.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
                 forgotten_topics_data=[F.ForgottenTopic(topic=t, partitions=ps)
