@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.control_records import build_end_txn_marker_batch, parse_end_txn_marker
+from protocol.control_records import EndTxnMarker, build_end_txn_marker_batch, parse_end_txn_marker
 from protocol.legacy_records import MAGIC_V1, convert_produced_set, first_magic
 from protocol.records import (
     ATTR_TIMESTAMP_TYPE,
@@ -359,12 +359,14 @@ class Log(ReplicaLogMixin):
     # -- append --------------------------------------------------------------------------------
 
     def append_as_leader(self, records: bytes | bytearray | memoryview, now_ms: int, *,
-                         leader_epoch: int | None = None, from_client: bool = True) -> LogAppendInfo:
+                         leader_epoch: int | None = None, from_client: bool = True,
+                         end_txn_marker: EndTxnMarker | None = None) -> LogAppendInfo:
         """Validate, assign offsets and append all batches of one request (all or nothing).
 
         Writable records (bytearray, writable memoryview) are rewritten in place: the caller hands them over.
 
-        from_client=False is for internal writers (coordinators): it allows control batches.
+        from_client=False is for internal writers (coordinators): it allows control batches. end_txn_marker: what
+        the one control batch of records holds, from the writer that built it (spares reading it back).
         """
         config = self.config
         if from_client and 0 <= first_magic(records) <= MAGIC_V1:
@@ -416,7 +418,8 @@ class Log(ReplicaLogMixin):
                     h.attributes |= ATTR_TIMESTAMP_TYPE
                 offset = h.next_offset
             last_offset = offset - 1
-            updates, completed, duplicate_batch = self._analyze_producer_state(buf, summary, from_client)
+            updates, completed, duplicate_batch = self._analyze_producer_state(
+                buf, summary, from_client, end_txn_marker if len(summary.batches) == 1 else None)
             if duplicate_batch is not None:
                 # Kafka answers a retried batch with the offsets it was written at, and appends nothing.
                 return LogAppendInfo(
@@ -468,13 +471,15 @@ class Log(ReplicaLogMixin):
         transaction here is written all the same and completes nothing.
         """
         batch = build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now_ms)
-        info = self.append_as_leader(bytearray(batch), now_ms, leader_epoch=leader_epoch, from_client=False)
+        info = self.append_as_leader(bytearray(batch), now_ms, leader_epoch=leader_epoch, from_client=False,
+                                     end_txn_marker=EndTxnMarker(commit, coordinator_epoch))
         logger.debug("Wrote %s marker of producer %d (epoch %d) at offset %d of %s", "COMMIT" if commit else "ABORT",
                      producer_id, producer_epoch, info.first_offset, self.name)
         return info
 
     def _analyze_producer_state(
         self, buf: bytearray | memoryview, summary: BatchesSummary, from_client: bool,
+        known_marker: EndTxnMarker | None = None,
     ) -> tuple[list[ProducerAppendInfo], list[CompletedTxn], BatchMetadata | None]:
         """Validate the batches of producers (Kafka's analyzeAndValidateProducerState); stage their updates.
 
@@ -503,7 +508,8 @@ class Log(ReplicaLogMixin):
                 info = updates[pid] = psm.prepare_update(pid, validate=from_client)
             marker = None
             if h.is_control:
-                marker = parse_end_txn_marker(buf, pos, max_size=max_decompressed_size(self.config.max_message_bytes))
+                marker = known_marker or parse_end_txn_marker(
+                    buf, pos, max_size=max_decompressed_size(self.config.max_message_bytes))
             txn = info.append(h, marker)
             if txn is not None:
                 completed.append(txn)
