@@ -183,8 +183,17 @@ def kill_one_of_three(broker: BrokerProcess, topic: str, group: str, member_cmd:
         assert victim_id not in {m.member_id for m in d.members}
         total = producer.stop()
         everything = {str(i) for i in range(total)}
-        wait_until(lambda: set().union(*(m.values() for m in members)) >= everything, timeout=20, interval=0.1,
-                   what="every produced record consumed by the group")
+        try:
+            wait_until(lambda: set().union(*(m.values() for m in members)) >= everything, timeout=20, interval=0.1,
+                       what="every produced record consumed by the group")
+        except AssertionError as e:
+            missing = sorted(everything - set().union(*(m.values() for m in members)), key=int)
+            by_partition = {p: [v for v in missing if int(v) % PARTITIONS == p][:5] for p in range(PARTITIONS)}
+            last = {m.name: {p: max((r[2] for r in list(m.records) if r[1] == p), default=None)
+                             for p in range(PARTITIONS)} for m in members}
+            raise AssertionError(f"{e}: {len(missing)} of {total} missing, first per partition {by_partition}; "
+                                 f"last offset each member consumed per partition {last}; end offsets "
+                                 f"{end_offsets(broker.bootstrap, topic, PARTITIONS)}\n{why()}") from None
         # At least once: on each moved partition the survivors start at the killed member's last commit, at or
         # before the record after the last one it consumed, and after the start (it did commit).
         duplicates = 0
