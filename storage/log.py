@@ -208,8 +208,8 @@ class Log(ReplicaLogMixin):
             if cache.epoch_for_offset(base_offset) != epoch:
                 cache.assign(epoch, base_offset)
         # Epochs past what recovery kept, or before the log start, name no batch any more.
-        log.leader_epoch_cache.truncate_from_end(log._leo)
-        log.leader_epoch_cache.truncate_from_start(log._log_start_offset)
+        cache.truncate_from_end(log._leo)
+        cache.truncate_from_start(log._log_start_offset)
         if high_watermark is not None:
             log._hw = max(min(high_watermark, log._leo), log._log_start_offset)
         log._load_producer_state(reload_from_clean_shutdown=clean_shutdown,
@@ -508,7 +508,7 @@ class Log(ReplicaLogMixin):
                 info = updates[pid] = psm.prepare_update(pid, validate=from_client)
             marker = None
             if h.is_control:
-                marker = known_marker or parse_end_txn_marker(
+                marker = known_marker if known_marker is not None else parse_end_txn_marker(
                     buf, pos, max_size=max_decompressed_size(self.config.max_message_bytes))
             txn = info.append(h, marker)
             if txn is not None:
