@@ -595,10 +595,7 @@ class Log(ReplicaLogMixin):
             seg = segments[i]
             if seg.base_offset >= limit:
                 break
-            max_position = None
-            if limit < leo:
-                loc = seg.translate_offset(limit)
-                max_position = loc.position if loc is not None else None
+            max_position = seg.position_of(limit) if limit < leo else None
             try:
                 got = seg.read(fetch_offset, max_bytes, max_position, min_one_message)
             except OSError as e:

@@ -86,6 +86,8 @@ class SegmentReadResult:
     next_offset: int = -1
 
 
+# LogSegment._read_recent's answer when the recent batches do not cover the read (never returned by read()).
+_NOT_RECENT = SegmentReadResult(None)
 _RECENT_BATCHES = 64
 _LAST_OFFSET = itemgetter(0)
 _POSITION = itemgetter(1)
@@ -322,11 +324,58 @@ class LogSegment:
         i = bisect.bisect_left(recent, position, key=_POSITION)
         return recent[i - 1][1] if i > 0 else 0
 
+    def _recent_known(self, size: int) -> tuple[list[tuple[int, int]], int]:
+        """The recent batches and how many of them lie whole within size (an append racing a reader on another
+        thread lists its batches before it moves the size; the first of those starts at the old size)."""
+        recent = self._recent
+        return recent, bisect.bisect_left(recent, size, key=_POSITION)
+
+    def position_of(self, offset: int) -> int | None:
+        """translate_offset(offset).position, without reading the file when the recent batches know it."""
+        size = self._size
+        recent, n = self._recent_known(size)
+        if n and offset > recent[0][0]:
+            i = bisect.bisect_left(recent, offset, 0, n, key=_LAST_OFFSET)
+            return recent[i][1] if i < n else None
+        loc = self.translate_offset(offset)
+        return loc.position if loc is not None else None
+
+    def _read_recent(self, start_offset: int, max_size: int, size: int, limit_pos: int,
+                     min_one_message: bool) -> SegmentReadResult | None:
+        """read() from the recent batches' positions alone, without a header read: what a follower or a consumer
+        at the log end asks for. _NOT_RECENT when they do not cover start_offset."""
+        recent, n = self._recent_known(size)
+        if not n or start_offset <= recent[0][0]:
+            return _NOT_RECENT
+        i = bisect.bisect_left(recent, start_offset, 0, n, key=_LAST_OFFSET)
+        if i == n:
+            return None
+        start_pos = recent[i][1]
+        if start_pos >= limit_pos:
+            return None
+        first_size = (recent[i + 1][1] if i + 1 < n else size) - start_pos
+        budget = max(max_size, first_size) if min_one_message else max_size
+        if first_size > budget:
+            return SegmentReadResult(None, first_entry_incomplete=True)
+        limit = min(limit_pos, start_pos + budget)
+        # Batches i .. end-1 fit: each ends where the next starts, the last at size.
+        k = bisect.bisect_right(recent, limit, i, n, key=_POSITION)
+        end = n if k == n and size <= limit else k - 1
+        if end <= i:
+            return _NOT_RECENT
+        end_pos = recent[end][1] if end < n else size
+        return SegmentReadResult(FileRecordsSlice(self._file.get(), start_pos, end_pos - start_pos),
+                                 next_offset=recent[end - 1][0] + 1)
+
     def read(self, start_offset: int, max_size: int, max_position: int | None = None,
              min_one_message: bool = True) -> SegmentReadResult | None:
         """Whole batches from the one containing start_offset, up to max_size bytes (KIP-74:
         at least the first batch when min_one_message). None when no batch has offset >= start."""
-        limit_pos = self._size if max_position is None else min(max_position, self._size)
+        size = self._size
+        limit_pos = size if max_position is None else min(max_position, size)
+        fast = self._read_recent(start_offset, max_size, size, limit_pos, min_one_message)
+        if fast is not _NOT_RECENT:
+            return fast
         start = self.translate_offset(start_offset)
         if start is None or start.position >= limit_pos:
             return None

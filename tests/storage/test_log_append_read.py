@@ -276,9 +276,9 @@ def test_truncate_fully_and_truncate_to(make_log) -> None:
 
 
 def test_recent_batch_positions_answer_as_the_index_scan(make_log) -> None:
-    """Reads near the log end find their batches from the positions of the batches appended last; every offset
-    and read limit must give what the offset index and a header scan give, across the window's trims, a
-    truncation and the appends after it."""
+    """Reads near the log end find their batches from the positions of the batches appended last, without reading
+    a header; every offset, size and position limit must give what the offset index and a header scan give,
+    across the window's trims, a truncation and the appends after it."""
     log = make_log(index_interval_bytes=1000)
     sizes = [1 + i % 3 for i in range(150)]  # more batches than the window keeps
 
@@ -287,15 +287,20 @@ def test_recent_batch_positions_answer_as_the_index_scan(make_log) -> None:
         recent = seg._recent
         leo = log.log_end_offset
         got = []
-        for cached in (True, False):
-            seg._recent = recent if cached else []
+        # An append on another thread lists its batches before it moves the size: a reader must not see them.
+        racing = [*recent, (leo + 9, seg.size)]
+        for window in (recent, [], racing):
+            seg._recent = window
             got.append([
-                (loc.position if (loc := seg.translate_offset(o)) is not None else None,
+                (loc.position if (loc := seg.translate_offset(o)) is not None else None, seg.position_of(o),
                  *(((r.records.position, r.records.size, r.next_offset) if r is not None and r.records is not None
-                    else None) for r in [seg.read(o, 10_000, max_position=mp) for mp in (None, seg.size // 2)]))
+                    else None if r is None else "incomplete")
+                   for r in [seg.read(o, max_size, max_position=mp, min_one_message=one)
+                             for mp in (None, seg.size // 2, seg.position_of(o + 7))
+                             for max_size in (1, 150, 10_000) for one in (True, False)]))
                 for o in range(max(0, leo - 120), leo + 2)])
         seg._recent = recent
-        assert got[0] == got[1]
+        assert got[0] == got[1] == got[2]
 
     for n in sizes:
         log.append_as_leader(batch(n), NOW)
