@@ -33,7 +33,6 @@ from protocol.messages import (
     OffsetForLeaderEpochRequest,
     OffsetForLeaderEpochResponse,
 )
-from protocol.records import BATCH_HEADER_SIZE, LOG_OVERHEAD, parse_batch_header
 from storage.leader_epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 from storage.manager import TopicPartition
 
@@ -76,18 +75,6 @@ def truncation_offset(lg: Log, leader_epoch: int, leader_end_offset: int) -> tup
         return min(leader_end_offset, end, leo), True
     # The follower's largest epoch below the leader's answer: truncate there and ask again with it.
     return min(end, leo), False
-
-
-def whole_batches(records: bytes | memoryview) -> memoryview:
-    """The records up to the last complete batch (a leader may cut its answer at replica.fetch.max.bytes)."""
-    view = memoryview(records)
-    pos, end = 0, len(view)
-    while end - pos >= BATCH_HEADER_SIZE:
-        size = parse_batch_header(view, pos).batch_length + LOG_OVERHEAD
-        if pos + size > end:
-            break
-        pos += size
-    return view[:pos]
 
 
 class FollowerFetchSession:
@@ -364,9 +351,7 @@ class ReplicaFetcherThread:
             self._apply_truncation(s, diverging.epoch, diverging.end_offset)
             return
         if pd.records:
-            records = whole_batches(pd.records)
-            if len(records):
-                lg.append_as_follower(records)
+            lg.append_as_follower(pd.records)  # up to the last whole batch: a leader may cut its answer
         lg.update_high_watermark(pd.high_watermark)
 
     async def _handle_out_of_range(self, s: PartitionFetchState) -> None:

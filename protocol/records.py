@@ -320,7 +320,7 @@ class BatchesSummary:
 
 def validate_batches(buf: Buffer, *, from_client: bool = True, topic_partition: str = "", compacted: bool = False,
                      timestamp_bounds: tuple[int, int] | None = None, log_append_time: bool = False,
-                     max_decompressed: int = DEFAULT_MAX_DECOMPRESSED) -> BatchesSummary:
+                     max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, replicated: bool = False) -> BatchesSummary:
     """Validate every batch of a produce payload: header, CRC, and the structure of every record.
 
     from_client=True applies Kafka's LogValidator rules for client produce: at least one
@@ -332,10 +332,15 @@ def validate_batches(buf: Buffer, *, from_client: bool = True, topic_partition: 
     too. Records are refused one by one (RecordValidationError with each record's index) when
     `compacted` and they have no key, or when timestamp_bounds = (low, high) is given and their
     CreateTime lies outside it; a client batch marked LogAppendTime is refused the same way.
+
+    replicated=True (with from_client=False) is a follower's copy of its leader's batches, Kafka's
+    AppendOrigin.REPLICATION: headers and CRCs are checked, records are not (the leader walked them, and the CRC
+    shows these are the bytes it walked; nothing is inflated), and a partial batch at the end (a leader may cut
+    its answer at replica.fetch.max.bytes) ends the batches instead of failing them: valid_bytes says where.
     """
     view = buf if isinstance(buf, memoryview) else memoryview(buf)
     end = len(view)
-    if end == 0:
+    if end == 0 and not replicated:
         raise InvalidRecordError("record set is empty")
     summary = BatchesSummary()
     pos = 0
@@ -343,6 +348,8 @@ def validate_batches(buf: Buffer, *, from_client: bool = True, topic_partition: 
     while pos < end:
         remaining = end - pos
         if remaining < BATCH_HEADER_SIZE:
+            if replicated:
+                break
             raise CorruptRecordError(f"truncated batch header at position {pos}: {remaining} bytes left")
         header = RecordBatchHeader(*_HEADER.unpack_from(view, pos))
         if header.batch_length < BATCH_OVERHEAD:
@@ -351,6 +358,8 @@ def validate_batches(buf: Buffer, *, from_client: bool = True, topic_partition: 
             )
         size = header.batch_length + LOG_OVERHEAD
         if size > remaining:
+            if replicated:
+                break
             raise CorruptRecordError(f"batch at position {pos} claims {size} bytes but only {remaining} remain")
         if header.magic != 2:
             raise CorruptRecordError(f"batch at position {pos} has unsupported magic {header.magic}")
@@ -381,20 +390,21 @@ def validate_batches(buf: Buffer, *, from_client: bool = True, topic_partition: 
         codec = header.attributes & ATTR_COMPRESSION_MASK
         if codec > COMPRESSION_ZSTD:
             raise InvalidRecordError(f"batch at position {pos} uses unknown compression codec {codec}")
-        body: Buffer = view[pos + BATCH_HEADER_SIZE : pos + size]
-        if codec:
-            body = decompress(codec, body, max_decompressed)
-        appended_time = from_client and header.attributes & ATTR_TIMESTAMP_TYPE
-        plain_records = not header.attributes & ATTR_CONTROL
-        found = walk_records(
-            body, count, consecutive=from_client, last_offset_delta=header.last_offset_delta,
-            need_keys=compacted and plain_records, base_timestamp=header.base_timestamp,
-            ts_bounds=timestamp_bounds if plain_records and not log_append_time and not appended_time else None)
-        if isinstance(found, str):
-            raise InvalidRecordError(f"{found} (batch at position {pos} of {topic_partition or 'the request'})")
-        if found.keyless or found.bad_timestamps or appended_time:
-            _refuse_records(header, found, appended_time=bool(appended_time), log_append_time=log_append_time,
-                            timestamp_bounds=timestamp_bounds, topic_partition=topic_partition)
+        if not replicated:
+            body: Buffer = view[pos + BATCH_HEADER_SIZE : pos + size]
+            if codec:
+                body = decompress(codec, body, max_decompressed)
+            appended_time = from_client and header.attributes & ATTR_TIMESTAMP_TYPE
+            plain_records = not header.attributes & ATTR_CONTROL
+            found = walk_records(
+                body, count, consecutive=from_client, last_offset_delta=header.last_offset_delta,
+                need_keys=compacted and plain_records, base_timestamp=header.base_timestamp,
+                ts_bounds=timestamp_bounds if plain_records and not log_append_time and not appended_time else None)
+            if isinstance(found, str):
+                raise InvalidRecordError(f"{found} (batch at position {pos} of {topic_partition or 'the request'})")
+            if found.keyless or found.bad_timestamps or appended_time:
+                _refuse_records(header, found, appended_time=bool(appended_time), log_append_time=log_append_time,
+                                timestamp_bounds=timestamp_bounds, topic_partition=topic_partition)
         summary.batches.append((pos, header))
         summary.num_records += count
         if summary.first_timestamp == NO_TIMESTAMP:

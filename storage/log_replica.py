@@ -87,16 +87,17 @@ class ReplicaLogMixin:
     def append_as_follower(self, records: bytes | bytearray | memoryview) -> LogAppendInfo | None:
         """Append batches fetched from the leader unchanged (their offsets and leader epochs).
 
-        Returns None for an empty record set. The leader's batches may skip offsets (compaction) but
-        never start below the log end: that raises UnexpectedAppendOffsetError.
+        Returns None when the records hold no whole batch (a partial one at the end is left out). The leader's
+        batches may skip offsets (compaction) but never start below the log end: that raises
+        UnexpectedAppendOffsetError.
         """
         from storage.log import LogAppendInfo
 
-        if len(records) == 0:
-            return None
-        summary = validate_batches(records, from_client=False)
-        buf = records[: summary.valid_bytes]
+        summary = validate_batches(records, from_client=False, replicated=True)
         batches = summary.batches
+        if not batches:
+            return None
+        buf = records[: summary.valid_bytes]
         now_ms = int(time.time() * 1000)
         with self._lock:
             self._check_open()
@@ -112,9 +113,12 @@ class ReplicaLogMixin:
                 expected = h.next_offset
             last_offset = expected - 1
             cache = self.leader_epoch_cache
+            epoch = -1
             for _, h in batches:
-                if h.partition_leader_epoch >= 0:
-                    cache.assign(h.partition_leader_epoch, h.base_offset)
+                if h.partition_leader_epoch != epoch:  # a leader's batches come in runs of one epoch
+                    epoch = h.partition_leader_epoch
+                    if epoch >= 0:
+                        cache.assign(epoch, h.base_offset)
             updates, completed, _ = self._analyze_producer_state(buf, summary, False)
             segment = self._maybe_roll(len(buf), now_ms, last_offset)
             try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
@@ -206,23 +206,34 @@ class LogSegment:
         if self._rolling_base_ms is None:
             self._rolling_base_ms = now_ms if now_ms is not None else (batches[0][1].max_timestamp if batches else None)
         recent = self._recent
-        for pos, header in batches:
-            self._index_batch(start + pos, header)
-            recent.append((header.last_offset, start + pos))
+        self._index_batches(start, batches, recent)
         if len(recent) > _RECENT_BATCHES:  # bounded however many batches one append brings (a follower's catch-up)
             self._recent = recent[-(_RECENT_BATCHES // 2):]
         self._size = start + len(view)
 
     def _index_batch(self, position: int, header: RecordBatchHeader) -> None:
-        ts, _ = self.max_timestamp_and_offset
-        if header.max_timestamp > ts:
-            self._max_ts = (header.max_timestamp, header.last_offset)
-        if self._bytes_since_last_index_entry > self.index_interval_bytes:
-            self.index.append(header.last_offset, position)
-            mts, moff = self.max_timestamp_and_offset
-            self.time_index.maybe_append(mts, moff, skip_full_check=True)
-            self._bytes_since_last_index_entry = 0
-        self._bytes_since_last_index_entry += header.batch_length + LOG_OVERHEAD
+        self._index_batches(position, ((0, header),))
+
+    def _index_batches(self, start: int, batches: Iterable[tuple[int, RecordBatchHeader]],
+                       recent: list[tuple[int, int]] | None = None) -> None:
+        """Index the batches at start + their positions: an offset and a time index entry every
+        index.interval.bytes, the largest timestamp, and (last offset, position) into recent when given."""
+        max_ts = self.max_timestamp_and_offset
+        since = self._bytes_since_last_index_entry
+        interval = self.index_interval_bytes
+        for pos, header in batches:
+            position = start + pos
+            last = header.base_offset + header.last_offset_delta
+            if header.max_timestamp > max_ts[0]:
+                max_ts = self._max_ts = (header.max_timestamp, last)
+            if since > interval:
+                self.index.append(last, position)
+                self.time_index.maybe_append(max_ts[0], max_ts[1], skip_full_check=True)
+                since = 0
+            since += header.batch_length + LOG_OVERHEAD
+            self._bytes_since_last_index_entry = since
+            if recent is not None:
+                recent.append((last, position))
 
     def reset_indexes(self) -> None:
         """Empty all indexes, the transaction index included (recovery rebuilds it from producer state)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.records import iter_batch_headers
+from protocol.records import CorruptRecordError, iter_batch_headers
 from storage.config import LogConfig
 from storage.errors import NotLeaderOrFollowerError
 from storage.leader_epoch_cache import (
@@ -240,6 +240,33 @@ def test_follower_keeps_offsets_epochs_and_producer_state(tmp_path: Path) -> Non
         assert nxt.first_offset == 6
         with pytest.raises(UnexpectedAppendOffsetError):
             follower.append_as_follower(leader.read(0, 1 << 20).records.read_bytes())  # type: ignore[union-attr]
+    finally:
+        leader.close()
+        follower.close()
+
+
+def test_follower_append_checks_crcs_and_stops_at_a_partial_batch(tmp_path: Path) -> None:
+    """Kafka's replication append: whole batches up to a partial one at the end (a leader may cut its answer at
+    replica.fetch.max.bytes); a CRC that does not match fails the whole append."""
+    leader = Log.open(tmp_path / "t-0", "t", 0, LogConfig(), clean_shutdown=True)
+    follower = Log.open(tmp_path / "f" / "t-0", "t", 0, LogConfig(), clean_shutdown=True)
+    try:
+        for n in (2, 1, 3):
+            leader.append_as_leader(batch(n), NOW, leader_epoch=2)
+        data = leader.read(0, 1 << 20).records.read_bytes()  # type: ignore[union-attr]
+        sizes = [h.batch_length + 12 for _, h in iter_batch_headers(data)]
+        assert follower.append_as_follower(data[:10]) is None  # not even a header
+        info = follower.append_as_follower(data[: sizes[0] + sizes[1] + 30])
+        assert info is not None and (info.first_offset, info.last_offset) == (0, 2)
+        assert follower.log_end_offset == 3
+        corrupt = bytearray(data[sizes[0] + sizes[1]:])
+        corrupt[-1] ^= 0xFF
+        with pytest.raises(CorruptRecordError):
+            follower.append_as_follower(corrupt)
+        assert follower.log_end_offset == 3
+        follower.append_as_follower(data[sizes[0] + sizes[1]:])
+        assert [r.offset for r in read_all(follower)] == list(range(6))
+        assert follower.leader_epoch_cache.entries == [EpochEntry(2, 0)]
     finally:
         leader.close()
         follower.close()
