@@ -287,7 +287,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._end += nbytes
         # The answers to this read's requests go out in one write after them: a loopback send costs as much
         # as handling a small request, and clients pipeline (librdkafka up to 5 Produce requests at once).
-        self._out = []
+        # Answers already held for the end of this loop iteration (_send) go first, in the same write.
+        if self._out is None:
+            self._out = []
         try:
             self._frames()
         finally:
@@ -538,6 +540,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if not ext:
             if self._out is not None:
                 self._out.append(response.frame)
+            elif self._answers:
+                self._hold([response.frame])
             else:
                 self.transport.write(response.frame)  # type: ignore[union-attr]
             return True
@@ -553,11 +557,26 @@ class KafkaConnection(asyncio.BufferedProtocol):
         parts.append(memoryview(frame)[prev:])
         if self._out is not None:
             self._out.extend(parts)
+        elif self._answers:
+            self._hold(parts)
         else:
             self.transport.writelines(parts)  # type: ignore[union-attr]
         return True
 
+    def _hold(self, parts: list[bytes | bytearray | memoryview]) -> None:
+        """Hold an answer until the callbacks ready now have run, for one write with the answers that complete
+        meanwhile: more are owed behind it (one high watermark advance completes several acks=all Produce
+        requests of a connection at once)."""
+        self._out = parts
+        self.loop.call_soon(self._flush_out)
+
+    def _flush_out(self) -> None:
+        out, self._out = self._out, None
+        if out and not self._closed:
+            self.transport.writelines(out)  # type: ignore[union-attr]
+
     async def _send_file_response(self, response: Response) -> None:
+        self._flush_out()  # answers held for this loop iteration go before this one
         frame = memoryview(response.frame)
         prev = 0
         transport = self.transport
