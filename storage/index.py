@@ -6,6 +6,12 @@ no trimming. Entries are loaded lazily on the first lookup: a broker restart wit
 segments only stats the files. Lookups are binary searches over in-memory arrays; appends
 are O(1). Readers never lock after the lazy load: appends only grow the arrays (values before
 keys, so a reader's len(keys) never exceeds len(values)) and truncation swaps in new arrays.
+
+Appended entries reach the file in batches, as Kafka's memory-mapped index pages do: at the log's flush (before
+its fsync), when the segment closes or stops being active, and every PENDING_BYTES. Each append was two small
+writes (offset and time index) next to the produced batch's own. A crash loses at most the entries after the
+recovery point, whose segments recovery re-indexes anyway; an index missing its last entries is still correct
+(it is sparse: a lookup scans a little further).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pathlib import Path
 from storage.file_handles import LazyFile
 
 _INT32_MAX = 2**31 - 1
+PENDING_BYTES = 4096
 
 
 class IndexCorruptError(Exception):
@@ -52,7 +59,8 @@ class _Index:
             # A torn final entry (crash mid-write) would misalign every later append.
             file_size = self._count * self.entry_size
             os.truncate(path, file_size)
-        self._file_size = file_size
+        self._file_size = file_size  # what the file holds; _count includes the entries still in _pending
+        self._pending = bytearray()
         self._entries: tuple[array[int], array[int]] | None = None
         # The last entry, kept so that every append need not read it back from the file; False: unknown.
         self._last: tuple[int, int] | None | bool = False
@@ -65,7 +73,7 @@ class _Index:
             return entries
         with self._lock:
             if self._entries is None:
-                self._entries = self._parse(self.path.read_bytes()[: self._count * self.entry_size])
+                self._entries = self._parse(self.path.read_bytes()[: self._file_size] + self._pending)
             return self._entries
 
     def _parse(self, data: bytes) -> tuple[array[int], array[int]]:
@@ -94,8 +102,11 @@ class _Index:
         with self._lock:
             if self._count == 0:
                 return None
+            if self._pending:
+                a, b = self._struct.unpack_from(self._pending, len(self._pending) - self.entry_size)
+                return a, b
             with open(self.path, "rb") as f:
-                f.seek((self._count - 1) * self.entry_size)
+                f.seek(self._file_size - self.entry_size)
                 a, b = self._struct.unpack(f.read(self.entry_size))
             return a, b
 
@@ -103,16 +114,29 @@ class _Index:
 
     def _append_raw(self, key: int, value: int, packed: bytes) -> None:
         with self._lock:
-            writer = self._writer.get()
-            os.write(writer.fd, packed)
+            pending = self._pending
+            pending += packed
             self._dirty = True
             self._last = (key, value)
             self._count += 1
-            self._file_size += len(packed)
             if self._entries is not None:
                 keys, values = self._entries
                 values.append(value)
                 keys.append(key)
+            if len(pending) >= PENDING_BYTES:
+                self._write_pending()
+
+    def _write_pending(self) -> None:
+        """Append the pending entries to the file (under _lock)."""
+        pending = self._pending
+        if not pending:
+            return
+        fd = self._writer.get().fd
+        done = os.write(fd, pending)
+        while done < len(pending):  # a short write (rare): the rest
+            done += os.write(fd, memoryview(pending)[done:])
+        self._file_size += len(pending)
+        self._pending = bytearray()
 
     def _truncate_entries(self, n: int) -> None:
         with self._lock:
@@ -122,9 +146,14 @@ class _Index:
                 keys, values = self._entries
                 self._entries = (keys[:n], values[:n])
             self._count = n
-            self._file_size = n * self.entry_size
             self._last = False
-            os.truncate(self.path, self._file_size)
+            size = n * self.entry_size
+            if size >= self._file_size:
+                del self._pending[size - self._file_size :]
+            else:
+                self._pending = bytearray()
+                self._file_size = size
+                os.truncate(self.path, size)
 
     def reset(self) -> None:
         with self._lock:
@@ -132,6 +161,7 @@ class _Index:
             self._last = None
             self._count = 0
             self._file_size = 0
+            self._pending = bytearray()
             os.truncate(self.path, 0)
 
     # -- misc ----------------------------------------------------------------------------------
@@ -152,16 +182,24 @@ class _Index:
     def flush(self) -> None:
         with self._lock:
             if self._dirty:
+                self._write_pending()
                 # The appends' descriptor may have been closed since: any descriptor flushes the inode.
                 writer = self._writer.get()
                 os.fsync(writer.fd)
                 self._dirty = False
 
+    def write_pending(self) -> None:
+        """The entries appended so far go to the file now (no fsync)."""
+        with self._lock:
+            self._write_pending()
+
     def close_writer(self) -> None:
-        self._writer.release()
+        with self._lock:
+            self._write_pending()
+            self._writer.release()
 
     def close(self) -> None:
-        self._writer.release()
+        self.close_writer()
 
     def rename_to(self, path: Path) -> None:
         with self._lock:
@@ -169,6 +207,8 @@ class _Index:
             self.path = path
 
     def delete_file(self) -> None:
+        with self._lock:
+            self._pending = bytearray()  # the file goes: nothing to write
         self.close()
         try:
             self.path.unlink()

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.index import OffsetIndex, TimeIndex
+from storage.index import PENDING_BYTES, OffsetIndex, TimeIndex
 
 
 def test_offset_index_lookup_append_truncate(tmp_path: Path) -> None:
@@ -22,7 +22,9 @@ def test_offset_index_lookup_append_truncate(tmp_path: Path) -> None:
     assert idx.lookup_by_position(10) == (100, 0)
     with pytest.raises(ValueError):
         idx.append(120, 1)  # not increasing
-    # on disk: relative offset + position, big-endian
+    # on disk (once written: the log's flush, a close, or every PENDING_BYTES): relative offset + position,
+    # big-endian
+    idx.write_pending()
     raw = idx.path.read_bytes()
     assert len(raw) == 4000 and struct.unpack(">ii", raw[:8]) == (10, 4096)
     idx.truncate_to(255)
@@ -69,3 +71,39 @@ def test_time_index(tmp_path: Path) -> None:
     assert ti.last_entry() == (1000, 55)
     ti.close()
     assert TimeIndex(ti.path, 50, 1200).lookup(5000) == (1000, 55)
+
+
+def test_entries_reach_the_file_in_batches_and_lookups_see_them_before(tmp_path: Path) -> None:
+    """Appends are buffered (Kafka's indexes are memory-mapped): lookups, the last entry and truncation see the
+    pending entries; the file gets them every PENDING_BYTES, at flush and at close, never a torn or reordered one."""
+    p = tmp_path / "00000000000000000000.index"
+    idx = OffsetIndex(p, 0, 8 * 10_000)
+    per_write = PENDING_BYTES // 8
+    for i in range(per_write - 1):
+        idx.append(i * 10, i * 100)
+    assert p.stat().st_size == 0 and idx.entries == per_write - 1
+    assert idx.lookup(25) == (20, 200) and idx.last_entry() == ((per_write - 2) * 10, (per_write - 2) * 100)
+    idx.append(per_write * 10, per_write * 100)
+    assert p.stat().st_size == PENDING_BYTES  # a full buffer is written at once
+    for i in range(per_write + 1, per_write + 4):
+        idx.append(i * 10, i * 100)
+    # Truncating inside the pending entries keeps the written ones; inside the written ones drops both.
+    idx.truncate_to((per_write + 2) * 10)
+    assert idx.entries == per_write + 1 and idx.last_entry() == ((per_write + 1) * 10, (per_write + 1) * 100)
+    idx.flush()
+    assert p.stat().st_size == (per_write + 1) * 8
+    idx.append((per_write + 5) * 10, 1 << 20)
+    idx.truncate_to(30)
+    assert idx.entries == 3 and p.stat().st_size == 24 and idx.last_entry() == (20, 200)
+    idx.append(40, 400)
+    # A reopened index that never loaded its entries reads the file and the pending bytes alike.
+    fresh = OffsetIndex(p, 0, 8 * 10_000)
+    assert fresh.entries == 3
+    fresh.close()
+    idx.close()
+    again = OffsetIndex(p, 0, 8 * 10_000)
+    assert again.entries == 4 and again.lookup(45) == (40, 400)
+    again.append(50, 500)
+    assert again.last_entry() == (50, 500) and again.lookup(55) == (50, 500)
+    again.delete_file()
+    assert not p.exists()
