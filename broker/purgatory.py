@@ -24,11 +24,13 @@ ANY = LOG_END | HIGH_WATERMARK  # also: leadership, markers, deletions - anythin
 
 
 class FetchWaiter:
+    """The future resolves to None when a watched partition changed, to True when the wait's timer expired it."""
+
     __slots__ = ("loop", "future", "thread_id", "keys", "wants")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, keys: list[TopicPartition], wants: int) -> None:
         self.loop = loop
-        self.future: asyncio.Future[None] = loop.create_future()
+        self.future: asyncio.Future[bool | None] = loop.create_future()
         self.thread_id = threading.get_ident()
         self.keys = keys
         self.wants = wants
@@ -40,9 +42,16 @@ class FetchWaiter:
             self.loop.call_soon_threadsafe(_resolve, self.future)
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
+def _resolve(fut: asyncio.Future[bool | None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def expire(fut: asyncio.Future[bool | None]) -> None:
+    """A wait's timer (loop.call_later): its waiter's future says True. uvloop's timers count whole milliseconds
+    and may fire up to one early, so a waiter that went by the clock alone would wait again for what is left."""
+    if not fut.done():
+        fut.set_result(True)
 
 
 class FetchPurgatory:

@@ -23,7 +23,7 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 from broker.partition import Partition, check_leader_epoch
-from broker.purgatory import ANY, HIGH_WATERMARK, LOG_END, FetchPurgatory
+from broker.purgatory import ANY, HIGH_WATERMARK, LOG_END, FetchPurgatory, expire
 from broker.replica_fetcher import ReplicaFetcherManager
 from coordinator.group_coordinator import OFFSETS_TOPIC
 from coordinator.metadata_store import PartitionState
@@ -183,9 +183,10 @@ class ReplicaManager:
                     for t, p, _ in waiting:
                         result[(t, p)] = ErrorCode.REQUEST_TIMED_OUT
                     return result
-                timer = asyncio.get_running_loop().call_later(left, _expire, waiter.future)
+                timer = asyncio.get_running_loop().call_later(left, expire, waiter.future)
                 try:
-                    await waiter.future
+                    if await waiter.future:
+                        deadline = 0.0  # the timer's: what still waits has timed out
                 finally:
                     timer.cancel()
             finally:
@@ -426,8 +427,3 @@ class ReplicaManager:
     def flush_in_background(self, logs: Iterable[tuple[Log, int]]) -> None:
         for lg, offset in logs:
             self.io_pool.submit(lg.flush, offset + 1)
-
-
-def _expire(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)

@@ -20,7 +20,7 @@ from broker.fetch_session import (
 )
 from broker.leader_hints import FETCH_VERSION as HINTS_VERSION
 from broker.leader_hints import LeaderHints
-from broker.purgatory import HIGH_WATERMARK, LOG_END
+from broker.purgatory import HIGH_WATERMARK, LOG_END, expire
 from broker.replica_manager import LEADER_EPOCH, error_of
 from broker.security.acls import AclOperation, ResourceType
 from protocol import codec
@@ -334,19 +334,17 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContex
             if waiter is None or nbytes >= min_bytes or has_error or left <= 0 or purgatory.closing:
                 return _respond(ctx, plan, context, results, nbytes, has_error)
             # A plain timer on the waiter's future: cheaper than wait_for(shield()), which makes a task per wait.
-            timer = asyncio.get_running_loop().call_later(left, _expire, waiter.future)
+            timer = asyncio.get_running_loop().call_later(left, expire, waiter.future)
             try:
-                await waiter.future
+                if await waiter.future:
+                    # The timer's (it may fire up to 1 ms early): the wait is over. Waiting again for what was
+                    # left cost a quarter of idle long polls a second watch, timer and wake-up.
+                    deadline = 0.0
             finally:
                 timer.cancel()
         finally:
             if waiter is not None:
                 purgatory.unwatch(waiter)
-
-
-def _expire(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 # ---------------------------------------------------------------- ListOffsets
