@@ -293,9 +293,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         try:
             self._frames()
         finally:
-            out, self._out = self._out, None
-            if out and not self._closed:
-                self.transport.writelines(out)  # type: ignore[union-attr]
+            self._flush_out()
 
     def _frames(self) -> None:
         buf = self._buf

@@ -188,11 +188,6 @@ class _Index:
                 os.fsync(writer.fd)
                 self._dirty = False
 
-    def write_pending(self) -> None:
-        """The entries appended so far go to the file now (no fsync)."""
-        with self._lock:
-            self._write_pending()
-
     def close_writer(self) -> None:
         with self._lock:
             self._write_pending()

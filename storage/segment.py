@@ -320,14 +320,15 @@ class LogSegment:
                 return loc
         return None
 
-    def _recent_position_of(self, offset: int) -> int | None:
+    def _recent_position_of(self, offset: int, size: int | None = None) -> int | None:
         """Position of the first batch with last offset >= offset, when the recent batches know it (the one
-        before it is among them too); the segment's end when offset is past them all."""
-        recent = self._recent
-        if not recent or offset <= recent[0][0]:
+        before it is among them too); size (the segment's end) when offset is past them all."""
+        size = self._size if size is None else size
+        found = self._recent_index(offset, size)
+        if found is None:
             return None
-        i = bisect.bisect_left(recent, offset, key=_LAST_OFFSET)
-        return recent[i][1] if i < len(recent) else self._size
+        recent, n, i = found
+        return recent[i][1] if i < n else size
 
     def _recent_start_below(self, position: int) -> int:
         """The start of the last recent batch starting before position (a batch boundary to scan from), or 0."""
@@ -335,19 +336,22 @@ class LogSegment:
         i = bisect.bisect_left(recent, position, key=_POSITION)
         return recent[i - 1][1] if i > 0 else 0
 
-    def _recent_known(self, size: int) -> tuple[list[tuple[int, int]], int]:
-        """The recent batches and how many of them lie whole within size (an append racing a reader on another
-        thread lists its batches before it moves the size; the first of those starts at the old size)."""
+    def _recent_index(self, offset: int, size: int) -> tuple[list[tuple[int, int]], int, int] | None:
+        """(recent batches, how many lie whole within size, index of the first with last offset >= offset) when
+        they know it, else None. An append racing a reader on another thread lists its batches before it moves
+        the size; the first of those starts at the old size."""
         recent = self._recent
-        return recent, bisect.bisect_left(recent, size, key=_POSITION)
+        n = bisect.bisect_left(recent, size, key=_POSITION)
+        if not n or offset <= recent[0][0]:
+            return None
+        return recent, n, bisect.bisect_left(recent, offset, 0, n, key=_LAST_OFFSET)
 
     def position_of(self, offset: int) -> int | None:
         """translate_offset(offset).position, without reading the file when the recent batches know it."""
         size = self._size
-        recent, n = self._recent_known(size)
-        if n and offset > recent[0][0]:
-            i = bisect.bisect_left(recent, offset, 0, n, key=_LAST_OFFSET)
-            return recent[i][1] if i < n else None
+        position = self._recent_position_of(offset, size)
+        if position is not None:
+            return position if position < size else None
         loc = self.translate_offset(offset)
         return loc.position if loc is not None else None
 
@@ -355,10 +359,10 @@ class LogSegment:
                      min_one_message: bool) -> SegmentReadResult | None:
         """read() from the recent batches' positions alone, without a header read: what a follower or a consumer
         at the log end asks for. _NOT_RECENT when they do not cover start_offset."""
-        recent, n = self._recent_known(size)
-        if not n or start_offset <= recent[0][0]:
+        found = self._recent_index(start_offset, size)
+        if found is None:
             return _NOT_RECENT
-        i = bisect.bisect_left(recent, start_offset, 0, n, key=_LAST_OFFSET)
+        recent, n, i = found
         if i == n:
             return None
         start_pos = recent[i][1]

@@ -24,7 +24,7 @@ def test_offset_index_lookup_append_truncate(tmp_path: Path) -> None:
         idx.append(120, 1)  # not increasing
     # on disk (once written: the log's flush, a close, or every PENDING_BYTES): relative offset + position,
     # big-endian
-    idx.write_pending()
+    idx.flush()
     raw = idx.path.read_bytes()
     assert len(raw) == 4000 and struct.unpack(">ii", raw[:8]) == (10, 4096)
     idx.truncate_to(255)
