@@ -11,6 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+from confluent_kafka.admin import AdminClient
+
+from tests.clients import wait_until
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -123,3 +127,13 @@ class BrokerProcess:
     def restart(self) -> BrokerProcess:
         self.stop()
         return self.start()
+
+
+def wait_all_registered(brokers: list[BrokerProcess], timeout: float = 20.0) -> None:
+    """Until every broker's Metadata lists them all. One broker's view is not enough: each learns the others from
+    its own ZooKeeper watch, and the controller (which validates CreateTopics' replica assignments) may be the
+    last to hear of a broker (INVALID_REPLICA_ASSIGNMENT "Unknown broker(s)" in one CI run)."""
+    admins = [AdminClient({"bootstrap.servers": b.bootstrap}) for b in brokers]
+    want = len(brokers)
+    wait_until(lambda: all(len(a.list_topics(timeout=5).brokers) == want for a in admins), timeout=timeout,
+               what=f"{want} brokers registered with each of them")

@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from protocol.errors import ErrorCode
 from protocol.messages import FetchRequest, MetadataRequest, ProduceRequest
 from protocol.records import build_batch
-from tests.broker_process import BrokerProcess
+from tests.broker_process import BrokerProcess, wait_all_registered
 from tests.clients import RawClient, wait_until
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
 
@@ -37,8 +37,8 @@ def brokers(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
                                              "controlled.shutdown.retry.backoff.ms": "200"}) for b in (1, 2)}
     for b in bs.values():
         b.start()
+    wait_all_registered(list(bs.values()))
     admin = AdminClient({"bootstrap.servers": bs[1].bootstrap})
-    wait_until(lambda: len(admin.list_topics(timeout=10).brokers) == 2, timeout=T, what="two brokers registered")
     # Broker 2 leads the partition, broker 1 follows.
     admin.create_topics([NewTopic(TOPIC, 1, replica_assignment=[[2, 1]])])[TOPIC].result(T)
     yield bs

@@ -28,7 +28,7 @@ from protocol.messages import ProduceRequest
 from protocol.records import build_batch
 from storage.config import LogConfig
 from storage.log import Log
-from tests.broker_process import BrokerProcess, free_port
+from tests.broker_process import BrokerProcess, free_port, wait_all_registered
 from tests.clients import RawClient
 from tests.storage.storage_helpers import read_all
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
@@ -93,8 +93,7 @@ def cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
     try:
         for b in c.brokers.values():
             b.start()
-        wait_for(lambda: len(AdminClient({"bootstrap.servers": c.bootstrap}).list_topics(timeout=5).brokers) == 3,
-                 "three brokers registered")
+        wait_all_registered(list(c.brokers.values()))
         yield c
     finally:
         c.stop()

@@ -26,8 +26,8 @@ from kafka import KafkaAdminClient, KafkaProducer, TopicPartition
 
 from protocol.errors import ErrorCode
 from protocol.messages import ListOffsetsRequest
-from tests.broker_process import BrokerProcess
-from tests.clients import RawClient, wait_until
+from tests.broker_process import BrokerProcess, wait_all_registered
+from tests.clients import RawClient
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
 
 pytestmark = pytest.mark.skipif(zookeeper_missing() is not None, reason=zookeeper_missing() or "")
@@ -47,8 +47,7 @@ def brokers(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
           for b in (1, 2)}
     for b in (2, 1):  # broker 2 is the controller: the last test freezes broker 1
         bs[b].start()
-    admin = AdminClient({"bootstrap.servers": bs[1].bootstrap})
-    wait_until(lambda: len(admin.list_topics(timeout=10).brokers) == 2, timeout=T, what="two brokers registered")
+    wait_all_registered(list(bs.values()))
     yield bs
     for b in bs.values():
         b.stop()

@@ -25,7 +25,7 @@ from confluent_kafka.admin import (
 )
 from kazoo.client import KazooClient
 
-from tests.broker_process import BrokerProcess, free_port
+from tests.broker_process import BrokerProcess, free_port, wait_all_registered
 from tests.clients import Msg, ck_consume, ck_produce, wait_until
 from tests.security_setup import Pki, make_pki
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
@@ -119,8 +119,7 @@ def cluster(zookeeper: ZooKeeperServer, zk_client: KazooClient, pki: Pki,
         for b in c.brokers:
             b.start()
         # Both registered with the controller before topics are created: else every partition lands on broker 1.
-        wait_until(lambda: len(AdminClient({"bootstrap.servers": c.brokers[0].bootstrap})
-                               .list_topics(timeout=10).brokers) == 2, timeout=20, what="both brokers registered")
+        wait_all_registered(c.brokers)
         yield c
     finally:
         for b in c.brokers:
