@@ -79,6 +79,9 @@ class CachedPartition:
     high_watermark: int = -1
     last_stable_offset: int = -1
     local_log_start_offset: int = -1
+    # A follower's session: (request parameters, leader epoch, Partition, Log) of the last read that found it at the
+    # log end with no divergence. While neither changes and the log does not move, it has nothing to be told.
+    follower_quiet: tuple[Any, int, Any, Any] | None = None
 
     def maybe_resolve_unknown_name(self, topic_names: Mapping[bytes, str]) -> None:
         if self.topic is None:

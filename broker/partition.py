@@ -176,6 +176,21 @@ class Partition:
                 self.log.set_hw_tracks_leo(False)
             return self._maybe_increment_hw(), expand
 
+    def touch_caught_up_follower(self, replica_id: int, fetch_offset: int, now_ms: int) -> bool:
+        """A follower in the ISR fetched again at this log's end, where it already was: it stays caught up. The
+        short form of update_follower_fetch_state for the idle partitions of a follower's fetch session, where
+        nothing else can change (its log end is the same, so the high watermark is too). False when the full
+        form must run: not leading, the follower behind, outside the ISR, or an ISR change pending."""
+        with self.lock:
+            r = self.remotes.get(replica_id)
+            if (r is None or not self.is_leader or self.pending_isr is not None or r.log_end_offset != fetch_offset
+                    or fetch_offset < self.log.log_end_offset or replica_id not in self.isr):
+                return False
+            r.last_caught_up_ms = now_ms
+            r.last_fetch_leader_leo = fetch_offset
+            r.last_fetch_ms = now_ms
+            return True
+
     def maybe_increment_hw(self) -> bool:
         with self.lock:
             return self._maybe_increment_hw()

@@ -14,6 +14,7 @@ from broker.fetch_session import (
     INVALID_SESSION_ID,
     CachedPartition,
     FetchContext,
+    IncrementalFetchContext,
     PartitionKey,
     SessionErrorContext,
     SessionlessFetchContext,
@@ -65,13 +66,15 @@ class _FetchPlan:
     what the principal may read."""
 
     def __init__(self, ctx: RequestContext, req: FetchRequest, parts: list[CachedPartition], by_id: bool,
-                 replica_id: int) -> None:
+                 replica_id: int, incremental: bool = False) -> None:
         self.ctx = ctx
         self.req = req
         self.parts = parts
         self.by_id = by_id
         # A follower broker replicating (Kafka's replica id); consumers send -1.
         self.replica_id = replica_id
+        # An incremental fetch answers only the partitions that changed, so a quiet one need not be read at all.
+        self.incremental = incremental
         # Topics this principal may not read (Kafka answers their partitions TOPIC_AUTHORIZATION_FAILED).
         self.denied: frozenset[str] | set[str] = _NONE_DENIED
         if ctx.server.authorizer is not None:
@@ -105,6 +108,7 @@ class _FetchPlan:
         # Topic ids of session partitions whose names were resolved earlier: a topic since recreated under the
         # same name has another id (Kafka's INCONSISTENT_TOPIC_ID).
         topics = self.ctx.server.metadata.topics if self.by_id else None
+        now_ms = int(time.time() * 1000)
         out = []
         for cp in self.parts:
             name = cp.topic
@@ -123,7 +127,9 @@ class _FetchPlan:
                     if rec is not None and rec.topic_id != cp.topic_id:
                         raise KafkaError(ErrorCode.INCONSISTENT_TOPIC_ID)
                 if self.replica_id >= 0:
-                    part, size = self._follower_read(name, p, remaining if remaining > 0 or min_one else 0)
+                    if self.incremental and self._quiet(cp, p, now_ms):
+                        continue
+                    part, size = self._follower_read(cp, name, p, remaining if remaining > 0 or min_one else 0)
                     out.append((cp, part))
                     if size:
                         remaining -= size
@@ -180,15 +186,34 @@ class _FetchPlan:
                 has_error = True
         return out, total, has_error
 
-    def _follower_read(self, name: str, p: FetchRequest.FetchPartition, budget: int) -> tuple[PartitionData, int]:
+    def _quiet(self, cp: CachedPartition, p: FetchRequest.FetchPartition, now_ms: int) -> bool:
+        """An incremental follower fetch's partition with nothing to tell (Kafka reads it and leaves it out of the
+        answer): same request parameters and leader epoch as a read that found the follower at the log end, and the
+        log end, high watermark, last stable and log start offsets still what the follower was last sent. Its
+        position is recorded in short; most of a follower's session is such partitions, read twice per fetch
+        (on arrival and on the append that wakes it)."""
+        quiet = cp.follower_quiet
+        if quiet is None:
+            return False
+        req, epoch, part, lg = quiet
+        if (req is not p or part.leader_epoch != epoch or lg.log_end_offset != p.fetch_offset
+                or lg.high_watermark != cp.high_watermark or lg.log_start_offset != cp.local_log_start_offset
+                or lg.last_stable_offset != cp.last_stable_offset):
+            return False
+        return part.touch_caught_up_follower(self.replica_id, p.fetch_offset, now_ms)
+
+    def _follower_read(self, cp: CachedPartition, name: str, p: FetchRequest.FetchPartition,
+                       budget: int) -> tuple[PartitionData, int]:
         """A follower's fetch: up to the log end, its position recorded (Kafka's Partition.fetchRecords for a
         replica); a last fetched epoch the leader's log does not agree with gets the diverging epoch."""
         rm = self.ctx.server.replica_manager
+        cp.follower_quiet = None
         part = rm.get_partition(name, p.partition)
         if part is None:
             raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER)
         # The epoch first, as Kafka's localLogWithEpochOrThrow: a new leader that has not applied its LeaderAndIsr
         # yet answers a follower already told of it UNKNOWN_LEADER_EPOCH, which it retries at once.
+        leader_epoch = part.leader_epoch
         part.check_leader_epoch(p.current_leader_epoch)
         lg = part.leader_log()
         if p.last_fetched_epoch >= 0:
@@ -206,6 +231,8 @@ class _FetchPlan:
             if info.records is not None and info.records.size > 0:
                 records, size = info.records, info.records.size
         rm.record_follower_fetch(part, self.replica_id, p.fetch_offset, leo)
+        if p.fetch_offset == leo:
+            cp.follower_quiet = (p, leader_epoch, part, lg)
         return PartitionData(partition_index=p.partition, error_code=0, high_watermark=lg.high_watermark,
                              last_stable_offset=lg.last_stable_offset, log_start_offset=lg.log_start_offset,
                              preferred_read_replica=-1, records=records, **_UNSET), size
@@ -252,7 +279,7 @@ def handle_fetch(ctx: RequestContext, req: FetchRequest) -> Any:
             return FetchResponse(error_code=context.error, session_id=INVALID_SESSION_ID, responses=[])
     else:
         context = SessionlessFetchContext(fetch_data)
-    plan = _FetchPlan(ctx, req, context.partitions(), by_id, replica_id)
+    plan = _FetchPlan(ctx, req, context.partitions(), by_id, replica_id, isinstance(context, IncrementalFetchContext))
     generation = ctx.server.replica_manager.purgatory.generation
     first = plan.read()
     results, nbytes, has_error = first

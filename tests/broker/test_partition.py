@@ -79,6 +79,43 @@ def test_a_pending_shrink_keeps_counting_the_leaving_follower(lg: Log) -> None:
     assert lg.high_watermark == 10
 
 
+def test_a_follower_fetching_again_at_an_idle_log_end_stays_in_the_isr(lg: Log) -> None:
+    """The short form for the idle partitions of a follower's fetch session (nothing read, nothing answered):
+    the follower stays caught up, so the ISR does not shrink after replica.lag.time.max.ms of idleness."""
+    p = leader(lg, isr=[1, 2, 3], replicas=[1, 2, 3])
+    end = append(lg, 10)
+    p.update_follower_fetch_state(2, end, end, NOW)
+    p.update_follower_fetch_state(3, end, end, NOW)
+    assert lg.high_watermark == end
+    assert p.touch_caught_up_follower(2, end, NOW + 40_000) is True
+    assert p.touch_caught_up_follower(3, end, NOW + 40_000) is True
+    assert p.isr_to_shrink(NOW + 60_000, 30_000) is None
+    assert p.isr_to_shrink(NOW + 80_000, 30_000) == (1,)  # and without a fetch it would have
+    p.clear_pending_isr()
+
+
+def test_the_short_form_refuses_whatever_the_full_one_must_decide(lg: Log) -> None:
+    """New data, a follower behind or outside the ISR (it may be added), a pending ISR change, another leader:
+    the full update_follower_fetch_state runs instead."""
+    p = leader(lg, isr=[1, 2], replicas=[1, 2, 3])
+    end = append(lg, 10)
+    p.update_follower_fetch_state(2, end, end, NOW)
+    append(lg, 1)
+    assert p.touch_caught_up_follower(2, end, NOW) is False  # the log moved on
+    assert p.touch_caught_up_follower(2, end + 1, NOW) is False  # not where it last fetched from
+    p.update_follower_fetch_state(3, end, end, NOW)  # behind; its proposed addition is pending
+    end = lg.log_end_offset
+    p.update_follower_fetch_state(2, end, end, NOW)
+    assert p.touch_caught_up_follower(2, end, NOW) is False  # an ISR change is pending
+    p.clear_pending_isr()
+    assert p.touch_caught_up_follower(2, end, NOW) is True
+    p.update_follower_fetch_state(3, end, end, NOW)
+    p.clear_pending_isr()
+    assert p.touch_caught_up_follower(3, end, NOW) is False  # outside the ISR: the full form proposes it
+    p.make_follower(PartitionState(leader=2, leader_epoch=2, isr=[1, 2], replicas=[1, 2, 3], partition_epoch=2))
+    assert p.touch_caught_up_follower(2, end, NOW) is False
+
+
 def test_acks_all_counts_the_members_the_high_watermark_waited_for(lg: Log) -> None:
     """min.insync.replicas after the append, as Kafka's checkEnoughReplicasReachOffset: the ISR shrank to the leader
     alone, follower 2 is joining again and has the batch: two copies, so no NOT_ENOUGH_REPLICAS_AFTER_APPEND."""

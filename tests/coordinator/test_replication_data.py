@@ -638,3 +638,48 @@ def test_followers_fetch_in_incremental_sessions(cluster: Cluster) -> None:
     produce(1600, 2400)
     assert high_watermarks() == [300] * 8
     wait_for(lambda: fetch_session_gauges(cluster)[0] >= 2, "the restarted follower in a new session")
+
+
+def test_an_idle_partition_stays_in_the_isr_while_its_followers_fetch_for_others(cluster: Cluster) -> None:
+    """Most of a follower's fetch session is idle partitions. In an incremental fetch the leader answers nothing
+    for them and, when nothing moved since the last read, does not read them again; it still counts each fetch as
+    the follower's, caught up. For three times replica.lag.time.max.ms one partition takes acks=all data
+    (confluent-kafka) while the other takes none: the idle one keeps its whole ISR, and then takes an acks=all
+    record at once (kafka-python)."""
+    from kafka import KafkaProducer
+
+    name = "idle-in-session"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    for f in admin.create_topics([NewTopic(name, num_partitions=2, replica_assignment=[[1, 2, 3]] * 2)]).values():
+        f.result(20)
+
+    def isrs() -> list[set[int]]:
+        md = admin.list_topics(topic=name, timeout=10).topics[name]
+        return [set(md.partitions[i].isrs) for i in range(2)]
+
+    wait_for(lambda: isrs() == [{1, 2, 3}] * 2, f"{name}: both partitions with full ISRs")
+    p = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 5})
+    seen: list[list[set[int]]] = []
+    sent = 0
+    deadline = time.monotonic() + 3 * LAG_MS / 1000
+    while time.monotonic() < deadline:
+        for _ in range(20):
+            p.produce(name, b"busy", partition=0)
+        sent += 20
+        assert p.flush(10) == 0
+        seen.append(isrs())
+        time.sleep(0.05)
+    assert all(s == [{1, 2, 3}] * 2 for s in seen), seen
+    kp = KafkaProducer(bootstrap_servers=cluster.bootstrap, acks="all", request_timeout_ms=10000)
+    try:
+        t0 = time.monotonic()
+        md = kp.send(name, b"late", partition=1).get(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        kp.close()
+    assert md.offset == 0 and took < 2.0, took
+    c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": name})
+    try:
+        assert [c.get_watermark_offsets(TopicPartition(name, i), timeout=10)[1] for i in range(2)] == [sent, 1]
+    finally:
+        c.close()
