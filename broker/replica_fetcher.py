@@ -57,9 +57,8 @@ class PartitionFetchState:
     leader_epoch: int
     truncating: bool = True
     delayed_until: float = 0.0
-    # The fetch position last asked for and its request entry, reused while the position stays: the session then
+    # The request entry last asked with, reused while its position stays (None: build it again): the session then
     # tells an unchanged partition by identity, and an idle one costs no new entry per fetch.
-    position: tuple[int, int, int] | None = None
     entry: FetchRequest.FetchPartition | None = None
 
 
@@ -287,7 +286,7 @@ class ReplicaFetcherThread:
             # No batch to drop, but an epoch entry the leader does not have may end the cache.
             lg.leader_epoch_cache.truncate_from_end(offset)
         s.truncating = not done
-        s.position = None
+        s.entry = None
 
     # -- fetching ------------------------------------------------------------------------------
 
@@ -299,17 +298,15 @@ class ReplicaFetcherThread:
         for s in states:
             p = s.partition
             lg = p.log
-            # The latest epoch moves only with the log end, except in a truncation, which clears the position.
-            leo, start, pos = lg.log_end_offset, lg.log_start_offset, s.position
-            if pos is None or pos[0] != leo or pos[2] != start or s.entry is None:
-                position = (leo, lg.latest_epoch, start)
-                s.entry = F.FetchPartition(
-                    partition=p.partition, current_leader_epoch=s.leader_epoch, fetch_offset=position[0],
-                    last_fetched_epoch=position[1], log_start_offset=position[2],
+            # The latest epoch moves only with the log end, except in a truncation, which clears the entry.
+            entry = s.entry
+            if entry is None or entry.fetch_offset != lg.log_end_offset or entry.log_start_offset != lg.log_start_offset:
+                entry = s.entry = F.FetchPartition(
+                    partition=p.partition, current_leader_epoch=s.leader_epoch, fetch_offset=lg.log_end_offset,
+                    last_fetched_epoch=lg.latest_epoch, log_start_offset=lg.log_start_offset,
                     partition_max_bytes=self.partition_max_bytes)
-                s.position = position
             tp = (p.topic, p.partition)
-            wanted[tp] = s.entry
+            wanted[tp] = entry
             by_tp[tp] = s
         send, forgotten, session_id, epoch = session.request(wanted)
         by_topic: dict[str, list[FetchRequest.FetchPartition]] = {}
@@ -389,7 +386,7 @@ class ReplicaFetcherThread:
                 log.warning("%s: %s log end %d is below the leader's log start %d: starting over there", self.name,
                             p.name, lg.log_end_offset, leader_start)
                 lg.truncate_fully_and_start_at(leader_start)
-            s.position = None
+            s.entry = None
 
     async def _leader_offset(self, p: Partition, timestamp: int) -> int:
         L = ListOffsetsRequest

@@ -108,7 +108,7 @@ class _FetchPlan:
         # Topic ids of session partitions whose names were resolved earlier: a topic since recreated under the
         # same name has another id (Kafka's INCONSISTENT_TOPIC_ID).
         topics = self.ctx.server.metadata.topics if self.by_id else None
-        now_ms = int(time.time() * 1000)
+        now_ms = int(time.time() * 1000) if self.incremental and self.replica_id >= 0 else 0  # for _quiet
         out = []
         for cp in self.parts:
             name = cp.topic
