@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from tests.clients import wait_until
@@ -135,5 +136,11 @@ def wait_all_registered(brokers: list[BrokerProcess], timeout: float = 20.0) -> 
     last to hear of a broker (INVALID_REPLICA_ASSIGNMENT "Unknown broker(s)" in one CI run)."""
     admins = [AdminClient({"bootstrap.servers": b.bootstrap}) for b in brokers]
     want = len(brokers)
-    wait_until(lambda: all(len(a.list_topics(timeout=5).brokers) == want for a in admins), timeout=timeout,
-               what=f"{want} brokers registered with each of them")
+
+    def registered() -> bool:
+        try:
+            return all(len(a.list_topics(timeout=5).brokers) == want for a in admins)
+        except KafkaException:  # a broker still starting: ask again
+            return False
+
+    wait_until(registered, timeout=timeout, what=f"{want} brokers registered with each of them")

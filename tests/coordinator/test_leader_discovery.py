@@ -37,7 +37,7 @@ def brokers(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
                                              "controlled.shutdown.retry.backoff.ms": "200"}) for b in (1, 2)}
     for b in bs.values():
         b.start()
-    wait_all_registered(list(bs.values()))
+    wait_all_registered(list(bs.values()), timeout=T)
     admin = AdminClient({"bootstrap.servers": bs[1].bootstrap})
     # Broker 2 leads the partition, broker 1 follows.
     admin.create_topics([NewTopic(TOPIC, 1, replica_assignment=[[2, 1]])])[TOPIC].result(T)

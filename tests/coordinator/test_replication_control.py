@@ -22,7 +22,7 @@ from kafka import KafkaAdminClient, TopicPartition
 from kazoo.client import KazooClient
 
 from coordinator import zk_paths as zp
-from tests.broker_process import BrokerProcess, free_port
+from tests.broker_process import BrokerProcess, free_port, wait_all_registered
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
 
 pytestmark = pytest.mark.skipif(zookeeper_missing() is not None, reason=zookeeper_missing() or "")
@@ -74,7 +74,7 @@ def cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
     c = Cluster(zookeeper, tmp_path_factory.mktemp("replcluster"))
     for b in BROKERS:
         c[b].start()  # broker 1 first: the controller
-    wait_for(lambda: all(set(ck_metadata(c[b]).brokers) == set(BROKERS) for b in BROKERS), "three brokers registered")
+    wait_all_registered([c[b] for b in BROKERS], timeout=15)
     _ALIVE[:] = c.brokers.values()
     yield c
     c.stop()

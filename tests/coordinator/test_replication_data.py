@@ -93,7 +93,7 @@ def cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
     try:
         for b in c.brokers.values():
             b.start()
-        wait_all_registered(list(c.brokers.values()))
+        wait_all_registered(list(c.brokers.values()), timeout=30)
         yield c
     finally:
         c.stop()

@@ -47,7 +47,7 @@ def brokers(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
           for b in (1, 2)}
     for b in (2, 1):  # broker 2 is the controller: the last test freezes broker 1
         bs[b].start()
-    wait_all_registered(list(bs.values()))
+    wait_all_registered(list(bs.values()), timeout=T)
     yield bs
     for b in bs.values():
         b.stop()
