@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -128,15 +129,17 @@ def test_every_batch_lies_in_its_epoch_while_leadership_changes_concurrently(mak
     current = [0]
     done = threading.Event()
     refused = 0
+    attempts = 0
 
     def appender() -> None:
-        nonlocal refused
+        nonlocal refused, attempts
         while not done.is_set():
             epoch = current[0]  # read apart from the append, as ReplicaManager does
             try:
                 log.append_as_leader(batch(1), NOW, leader_epoch=epoch)
             except NotLeaderOrFollowerError:
                 refused += 1
+            attempts += 1
 
     t = threading.Thread(target=appender)
     interval = sys.getswitchinterval()
@@ -144,6 +147,11 @@ def test_every_batch_lies_in_its_epoch_while_leadership_changes_concurrently(mak
     t.start()
     try:
         for epoch in range(1, 300):
+            # At least one append between two epoch changes, however the threads are scheduled: on a loaded CI
+            # machine the 299 changes once all went by before the appender's first attempt, leaving the log empty.
+            seen = attempts
+            while attempts == seen and t.is_alive():
+                time.sleep(0)
             log.become_leader(epoch)
             current[0] = epoch
     finally:
@@ -151,6 +159,7 @@ def test_every_batch_lies_in_its_epoch_while_leadership_changes_concurrently(mak
         t.join()
         sys.setswitchinterval(interval)
     print(f"{refused} appends refused, {log.log_end_offset} appended over 299 leader epochs")
+    assert log.log_end_offset > 0
     data = log.read(0, 1 << 30).records.read_bytes()  # type: ignore[union-attr]
     for _, h in iter_batch_headers(data):
         epoch, end = log.end_offset_for_epoch(h.partition_leader_epoch)
