@@ -32,7 +32,19 @@ DELETED_SUFFIX = ".deleted"
 
 # Header scans read this much at a time: many small batches per syscall, little waste on big ones.
 _SCAN_CHUNK = 16 * 1024
+_PAGE = 4096
 _INT32_MAX = 2**31 - 1
+
+
+def _scan_chunk(position: int, sequential: bool) -> int:
+    """How much a header scan reads at position: a whole chunk when it runs on past its last read (small batches
+    one after another); else, at its start (most often an index entry a few headers before the one wanted) or
+    after a jump over a large batch, only to the end of the page. Copying 16 KB out of the page cache for one
+    61-byte header was a fifth of a read from an older offset (1,000 partitions, in-process)."""
+    if sequential:
+        return _SCAN_CHUNK
+    n = _PAGE - position % _PAGE
+    return n if n >= BATCH_HEADER_SIZE else n + _PAGE
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -297,7 +309,7 @@ class LogSegment:
         while end - pos >= BATCH_HEADER_SIZE:
             off = pos - buf_start
             if off + BATCH_HEADER_SIZE > len(buf):
-                buf = os.pread(fd, min(_SCAN_CHUNK, end - pos), pos)
+                buf = os.pread(fd, min(_scan_chunk(pos, bool(buf) and off <= len(buf)), end - pos), pos)
                 buf_start, off = pos, 0
                 if len(buf) < BATCH_HEADER_SIZE:
                     return
@@ -399,6 +411,13 @@ class LogSegment:
         if first_size > budget:
             return SegmentReadResult(None, first_entry_incomplete=True)
         limit = min(limit_pos, start.position + budget)
+        if limit == size:
+            # The rest of the segment fits: it ends with the last recent batch, when that starts after the read's.
+            recent = self._recent
+            n = bisect.bisect_left(recent, size, key=_POSITION)
+            if n and recent[n - 1][1] >= start.position:
+                return SegmentReadResult(FileRecordsSlice(self._file.get(), start.position, size - start.position),
+                                         next_offset=recent[n - 1][0] + 1)
         # Jump close to the limit via the index (positions there are batch starts), then scan.
         _, scan_from = self.index.lookup_by_position(limit)
         scan_from = max(scan_from, start.position, self._recent_start_below(limit))
