@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import harness, page_cache, report
+from bench import harness, page_cache, report, round_trip
 
 WORKLOADS = ["produce", "consume", "transactions", "authz", "tls", "latency", "replication", "sizes", "scale",
              "restart", "fetch_sessions", "rebalance"]
@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     info = harness.machine_info()
     # Before any broker writes: what each new MiB of log costs on this machine, against rewriting cached pages.
     info["page_cache"] = page_cache.describe(base)
+    # And what a loopback request costs any server that sleeps and wakes for it: the floor under CPU per request.
+    info["round_trip"] = round_trip.describe()
     if info["record_walk"] != "compiled":
         print(f"warning: produce record walk in {info['record_walk']}", flush=True)
     command = "python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))

@@ -134,6 +134,8 @@ def render(rows: list[Row], command: str, started: float, elapsed: float, info: 
         f"load average at start {info['load']}, at end {load_end}; produce record walk: {info['record_walk']}",
         f"- page cache (`python -m bench.page_cache`, before the workloads): {info.get('page_cache', 'not measured')}; "
         "kbroker writes every produced byte into new pages, the mock keeps data in memory it reuses",
+        f"- loopback round trip (`python -m bench.round_trip`, before the workloads): "
+        f"{info.get('round_trip', 'not measured')}: the floor under any broker's CPU per request",
         "- peer: librdkafka's mock cluster (in-memory C, one I/O thread; /work/shared/bench-peers), "
         "same topics (4 partitions each) and the same client settings",
         f"- each figure: median of {reps} repetition(s) (min-max), kbroker and peer alternating (A/B/A/B); "
