@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from protocol.records import (
+    BATCH_HEADER_SIZE,
     TIMESTAMP_LOG_APPEND_TIME,
     CorruptRecordError,
     InvalidRecordError,
@@ -18,6 +19,7 @@ from protocol.records import (
 )
 from storage.errors import KafkaStorageError, OffsetOutOfRangeError, RecordTooLargeError
 from storage.log import Log
+from storage.segment import _PAGE, _SCAN_CHUNK, _scan_chunk
 from tests.storage.storage_helpers import NOW, batch, kv_batch, read_all
 
 
@@ -312,3 +314,14 @@ def test_recent_batch_positions_answer_as_the_index_scan(make_log) -> None:
     for n in sizes[:30]:
         log.append_as_leader(batch(n), NOW)
     check()
+
+
+def test_header_scans_read_a_page_after_a_jump_and_chunks_when_sequential() -> None:
+    """A scan's first read (an index entry, a few headers before the one wanted) and its read after jumping over a
+    large batch stop at the end of the page, with a whole header always in it; a scan walking small batches one
+    after another reads whole chunks."""
+    assert _scan_chunk(0, sequential=False) == _PAGE
+    assert _scan_chunk(100, sequential=False) == _PAGE - 100
+    near_end = _PAGE - (BATCH_HEADER_SIZE - 1)  # a header would not fit in what is left of the page
+    assert _scan_chunk(near_end, sequential=False) == 2 * _PAGE - near_end >= BATCH_HEADER_SIZE
+    assert _scan_chunk(3 * _PAGE + 7, sequential=True) == _SCAN_CHUNK
