@@ -47,6 +47,17 @@ def _scan_chunk(position: int, sequential: bool) -> int:
     return n if n >= BATCH_HEADER_SIZE else n + _PAGE
 
 
+def _recent_end(recent: list[tuple[int, int]], n: int, limit: int, size: int, after: int) -> tuple[int, int] | None:
+    """Where a read of whole batches up to position limit ends, from the first n recent batches (those whole within
+    size, the last ending at size): (end position, next offset), or None when they hold no batch that starts at or
+    after `after` (the read's first batch) and ends by limit."""
+    k = bisect.bisect_right(recent, limit, 0, n, key=_POSITION)
+    end = n if k == n and size <= limit else k - 1  # batches before recent[end] fit, each ending where the next starts
+    if end < 1 or recent[end - 1][1] < after:
+        return None
+    return (recent[end][1] if end < n else size), recent[end - 1][0] + 1
+
+
 def segment_file_name(base_offset: int, suffix: str) -> str:
     return f"{base_offset:020d}{suffix}"
 
@@ -348,12 +359,16 @@ class LogSegment:
         i = bisect.bisect_left(recent, position, key=_POSITION)
         return recent[i - 1][1] if i > 0 else 0
 
+    def _recent_whole(self, size: int) -> tuple[list[tuple[int, int]], int]:
+        """(recent batches, how many lie whole within size). An append racing a reader on another thread lists its
+        batches before it moves the size; the first of those starts at the old size."""
+        recent = self._recent
+        return recent, bisect.bisect_left(recent, size, key=_POSITION)
+
     def _recent_index(self, offset: int, size: int) -> tuple[list[tuple[int, int]], int, int] | None:
         """(recent batches, how many lie whole within size, index of the first with last offset >= offset) when
-        they know it, else None. An append racing a reader on another thread lists its batches before it moves
-        the size; the first of those starts at the old size."""
-        recent = self._recent
-        n = bisect.bisect_left(recent, size, key=_POSITION)
+        they know it, else None."""
+        recent, n = self._recent_whole(size)
         if not n or offset <= recent[0][0]:
             return None
         return recent, n, bisect.bisect_left(recent, offset, 0, n, key=_LAST_OFFSET)
@@ -384,15 +399,12 @@ class LogSegment:
         budget = max(max_size, first_size) if min_one_message else max_size
         if first_size > budget:
             return SegmentReadResult(None, first_entry_incomplete=True)
-        limit = min(limit_pos, start_pos + budget)
-        # Batches i .. end-1 fit: each ends where the next starts, the last at size.
-        k = bisect.bisect_right(recent, limit, i, n, key=_POSITION)
-        end = n if k == n and size <= limit else k - 1
-        if end <= i:
+        found_end = _recent_end(recent, n, min(limit_pos, start_pos + budget), size, start_pos)
+        if found_end is None:
             return _NOT_RECENT
-        end_pos = recent[end][1] if end < n else size
+        end_pos, next_offset = found_end
         return SegmentReadResult(FileRecordsSlice(self._file.get(), start_pos, end_pos - start_pos),
-                                 next_offset=recent[end - 1][0] + 1)
+                                 next_offset=next_offset)
 
     def read(self, start_offset: int, max_size: int, max_position: int | None = None,
              min_one_message: bool = True) -> SegmentReadResult | None:
@@ -411,13 +423,13 @@ class LogSegment:
         if first_size > budget:
             return SegmentReadResult(None, first_entry_incomplete=True)
         limit = min(limit_pos, start.position + budget)
-        if limit == size:
-            # The rest of the segment fits: it ends with the last recent batch, when that starts after the read's.
-            recent = self._recent
-            n = bisect.bisect_left(recent, size, key=_POSITION)
-            if n and recent[n - 1][1] >= start.position:
-                return SegmentReadResult(FileRecordsSlice(self._file.get(), start.position, size - start.position),
-                                         next_offset=recent[n - 1][0] + 1)
+        # The read began before the recent batches, but they may know where it ends (at the segment's end, most
+        # often): no header read for the end then.
+        found_end = _recent_end(*self._recent_whole(size), limit, size, start.position)
+        if found_end is not None:
+            end_pos, next_offset = found_end
+            return SegmentReadResult(FileRecordsSlice(self._file.get(), start.position, end_pos - start.position),
+                                     next_offset=next_offset)
         # Jump close to the limit via the index (positions there are batch starts), then scan.
         _, scan_from = self.index.lookup_by_position(limit)
         scan_from = max(scan_from, start.position, self._recent_start_below(limit))
