@@ -120,9 +120,14 @@ def cpu_seconds(pid: int) -> float:
     try:
         return time.clock_gettime_ns(((~pid) << 3) | 2) / 1e9
     except OSError:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return sum(user_system_seconds(pid))
+
+
+def user_system_seconds(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process from /proc/PID/stat, in 10 ms ticks."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
 def mem_mb(pid: int, key: str = "VmHWM") -> float:

@@ -18,6 +18,9 @@ import socket
 import sys
 import time
 
+from bench.harness import cpu_seconds, user_system_seconds
+from bench.produce_path import recv_exact
+
 MESSAGE = 64
 
 
@@ -31,15 +34,8 @@ def _server(listener: socket.socket) -> None:
         conn.sendall(data)
 
 
-def _cpu(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of a process."""
-    fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
-
-
 def measure(requests: int = 20_000, in_flight: int = 1) -> tuple[float, float]:
-    """(user, system) us of the server's CPU per request, with in_flight requests outstanding at a time."""
+    """(all, system) us of the server's CPU per request, with in_flight requests outstanding at a time."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -56,35 +52,27 @@ def measure(requests: int = 20_000, in_flight: int = 1) -> tuple[float, float]:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             msg = b"x" * MESSAGE
             s.sendall(msg * in_flight)
-            _recv(s, MESSAGE * in_flight)  # connected and warm
-            u0, s0 = _cpu(pid)
+            recv_exact(s, MESSAGE * in_flight)  # connected and warm
+            c0, (_, s0) = cpu_seconds(pid), user_system_seconds(pid)
             sent = received = 0
             while received < requests:
                 while sent < requests and sent - received < in_flight:
                     s.sendall(msg)
                     sent += 1
-                _recv(s, MESSAGE)
+                recv_exact(s, MESSAGE)
                 received += 1
-            u1, s1 = _cpu(pid)
-        return (u1 - u0) / requests * 1e6, (s1 - s0) / requests * 1e6
+            c1, (_, s1) = cpu_seconds(pid), user_system_seconds(pid)
+        return (c1 - c0) / requests * 1e6, (s1 - s0) / requests * 1e6
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
 
 
-def _recv(s: socket.socket, n: int) -> None:
-    while n > 0:
-        chunk = s.recv(n)
-        if not chunk:
-            raise ConnectionError("server closed")
-        n -= len(chunk)
-
-
 def describe(requests: int = 20_000) -> str:
     one = measure(requests, 1)
     many = measure(requests, 16)
-    return (f"{sum(one):.1f} us of server CPU per request answered one at a time ({one[1]:.1f} us of it in the "
-            f"kernel), {sum(many):.1f} us with 16 in flight ({requests:,} requests of {MESSAGE} B, a blocking "
+    return (f"{one[0]:.1f} us of server CPU per request answered one at a time ({one[1]:.1f} us of it in the "
+            f"kernel), {many[0]:.1f} us with 16 in flight ({requests:,} requests of {MESSAGE} B, a blocking "
             f"recv/send loop)")
 
 
