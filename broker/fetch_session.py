@@ -68,6 +68,24 @@ def records_size(records: Any) -> int:
 
 
 @dataclass(slots=True, eq=False)
+class FollowerQuiet:
+    """A follower's session partition whose last read found the follower at the log end with no divergence. While
+    the request entry, the leader epoch and the log's fetch state stay as they were, and the session recorded the
+    offsets that read answered, the follower has nothing to be told and the partition is not read again."""
+
+    req: Any  # the FetchRequest.FetchPartition read (a new one arrives only when the follower's position moves)
+    leader_epoch: int
+    partition: Any  # broker.partition.Partition
+    log: Any  # storage.log.Log
+    state: tuple[int, int, int, int | None]  # the log's fetch_state, taken before that read
+    high_watermark: int  # what that read answered
+    log_start_offset: int
+    last_stable_offset: int
+    # When the follower was last marked caught up for it (Partition.touch_caught_up_follower).
+    touched_ms: int
+
+
+@dataclass(slots=True, eq=False)
 class CachedPartition:
     """One partition of a fetch: the request's parameters (`req`, a FetchRequest.FetchPartition: fetch offset,
     max bytes, leader epoch, log start offset, last fetched epoch) and, in a session, what was last sent."""
@@ -79,9 +97,8 @@ class CachedPartition:
     high_watermark: int = -1
     last_stable_offset: int = -1
     local_log_start_offset: int = -1
-    # A follower's session: (request parameters, leader epoch, Partition, Log) of the last read that found it at the
-    # log end with no divergence. While neither changes and the log does not move, it has nothing to be told.
-    follower_quiet: tuple[Any, int, Any, Any] | None = None
+    # A follower's session: its last read found the follower at the log end with nothing to tell (FollowerQuiet).
+    follower_quiet: FollowerQuiet | None = None
 
     def maybe_resolve_unknown_name(self, topic_names: Mapping[bytes, str]) -> None:
         if self.topic is None:

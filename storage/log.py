@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import errno
 import logging
+import operator
 import shutil
 import threading
 import time
@@ -312,6 +313,11 @@ class Log(ReplicaLogMixin):
     @property
     def high_watermark(self) -> int:
         return self._hw
+
+    # What any fetch answer from this log depends on besides the request: log end, high watermark, log start and the
+    # first unstable offset (the last stable offset follows from those). Equal tuples, equal answers. Read through a
+    # C getter: a leader checks it for every idle partition of every follower fetch.
+    fetch_state = property(operator.attrgetter("_leo", "_hw", "_log_start_offset", "_first_unstable"))
 
     @property
     def last_stable_offset(self) -> int:

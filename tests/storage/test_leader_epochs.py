@@ -321,6 +321,40 @@ def test_high_watermark_of_a_replicated_log(make_log) -> None:  # type: ignore[n
     assert log.high_watermark == 5
 
 
+def test_fetch_state_moves_with_every_offset_a_fetch_answers(make_log) -> None:  # type: ignore[no-untyped-def]
+    """A leader leaves a follower's idle partition unread while Log.fetch_state stays the same: each change of the
+    log end, high watermark, log start or last stable offset must change it."""
+    log: Log = make_log()
+    log.set_hw_tracks_leo(False)
+    seen = [log.fetch_state]
+
+    def moved() -> None:
+        state = log.fetch_state
+        assert state not in seen
+        assert state[:3] == (log.log_end_offset, log.high_watermark, log.log_start_offset)
+        seen.append(state)
+
+    log.append_as_leader(batch(3), NOW, leader_epoch=0)
+    moved()
+    log.maybe_increment_high_watermark(3)
+    moved()
+    txn = {"producer_id": 9, "producer_epoch": 0, "is_transactional": True}
+    log.append_as_leader(batch(1, base_sequence=0, **txn), NOW, leader_epoch=0)
+    moved()
+    log.maybe_increment_high_watermark(4)  # the transaction holds the last stable offset at 3
+    lso = log.last_stable_offset
+    moved()
+    log.append_control(9, 0, 0, True, NOW, leader_epoch=0)
+    moved()
+    log.maybe_increment_high_watermark(5)
+    assert log.last_stable_offset != lso
+    moved()
+    log.delete_records_before(2)
+    moved()
+    log.truncate_to(4)
+    moved()
+
+
 def test_replication_offset_checkpoint(tmp_path: Path) -> None:
     dirs = [str(tmp_path / "logs")]
     mgr = LogManager(dirs, LogConfig(), high_watermark_checkpoint_interval_ms=5000)
