@@ -101,7 +101,8 @@ class FollowerFetchSession:
         # The fetcher reuses an entry while its position stays (PartitionFetchState.entry): the identity check
         # spares the field-by-field comparison for all those.
         send = {tp: fp for tp, fp in wanted.items() if (prev := sent.get(tp)) is not fp and prev != fp}
-        return send, [tp for tp in sent if tp not in wanted], self.session_id, self.epoch
+        forgotten = [] if sent.keys() == wanted.keys() else [tp for tp in sent if tp not in wanted]
+        return send, forgotten, self.session_id, self.epoch
 
     def answered(self, session_id: int, sent: dict[TopicPartition, FetchRequest.FetchPartition],
                  forgotten: list[TopicPartition]) -> None:
@@ -137,6 +138,9 @@ class ReplicaFetcherThread:
         self.backoff: float = c["replica.fetch.backoff.ms"] / 1000
         self.partitions: dict[TopicPartition, PartitionFetchState] = {}
         self._lock = threading.Lock()
+        # No partition is delayed or truncating (set under _lock by the loop's check, cleared by whatever delays a
+        # partition or makes it truncate): each fetch then takes them all without looking at each.
+        self._settled = False
         self._running = True
         self._failing = False  # one warning per streak of failed requests, not one per backoff
         self.session = FollowerFetchSession()
@@ -154,6 +158,7 @@ class ReplicaFetcherThread:
     def add(self, p: Partition) -> None:
         with self._lock:
             self.partitions[(p.topic, p.partition)] = PartitionFetchState(p, p.leader_epoch)
+            self._settled = False
         self.loop.call_soon_threadsafe(self._added)
 
     def _added(self) -> None:
@@ -201,11 +206,17 @@ class ReplicaFetcherThread:
         while self._running:
             now = time.monotonic()
             with self._lock:
-                states = [s for s in self.partitions.values() if s.delayed_until <= now]
-                # The first delayed partition: when all are, sleep until it is due (or a change wakes us); else the
-                # fetch's long poll ends by then, so a partition delayed 50 ms does not wait out
-                # replica.fetch.wait.max.ms behind a Fetch that left it out.
-                due = min((s.delayed_until for s in self.partitions.values() if s.delayed_until > now), default=None)
+                settled = self._settled
+                if settled:  # none delayed or truncating: every partition is fetched
+                    states, due = list(self.partitions.values()), None
+                else:
+                    states = [s for s in self.partitions.values() if s.delayed_until <= now]
+                    # The first delayed partition: when all are, sleep until it is due (or a change wakes us); else
+                    # the fetch's long poll ends by then, so a partition delayed 50 ms does not wait out
+                    # replica.fetch.wait.max.ms behind a Fetch that left it out.
+                    due = min((s.delayed_until for s in self.partitions.values() if s.delayed_until > now),
+                              default=None)
+                    settled = self._settled = due is None and not any(s.truncating for s in states)
             if not states:
                 self._wake.clear()
                 try:
@@ -214,7 +225,7 @@ class ReplicaFetcherThread:
                     pass
                 continue
             try:
-                truncating = [s for s in states if s.truncating]
+                truncating = None if settled else [s for s in states if s.truncating]
                 if truncating:
                     await self._truncate(truncating)
                     continue
@@ -246,6 +257,7 @@ class ReplicaFetcherThread:
         # acks=all Produce paused for the whole backoff, a second).
         wait = min(self.backoff, _LEADER_CATCH_UP_S) if code == ErrorCode.UNKNOWN_LEADER_EPOCH else self.backoff
         s.delayed_until = time.monotonic() + wait
+        self._settled = False
 
     # -- truncation ----------------------------------------------------------------------------
 
@@ -286,6 +298,8 @@ class ReplicaFetcherThread:
             # No batch to drop, but an epoch entry the leader does not have may end the cache.
             lg.leader_epoch_cache.truncate_from_end(offset)
         s.truncating = not done
+        if not done:
+            self._settled = False
         s.entry = None
 
     # -- fetching ------------------------------------------------------------------------------
@@ -300,10 +314,11 @@ class ReplicaFetcherThread:
             lg = p.log
             # The latest epoch moves only with the log end, except in a truncation, which clears the entry.
             entry = s.entry
-            if entry is None or entry.fetch_offset != lg.log_end_offset or entry.log_start_offset != lg.log_start_offset:
+            state = lg.fetch_state  # (log end, high watermark, log start, first unstable) in one read
+            if entry is None or entry.fetch_offset != state[0] or entry.log_start_offset != state[2]:
                 entry = s.entry = F.FetchPartition(
-                    partition=p.partition, current_leader_epoch=s.leader_epoch, fetch_offset=lg.log_end_offset,
-                    last_fetched_epoch=lg.latest_epoch, log_start_offset=lg.log_start_offset,
+                    partition=p.partition, current_leader_epoch=s.leader_epoch, fetch_offset=state[0],
+                    last_fetched_epoch=lg.latest_epoch, log_start_offset=state[2],
                     partition_max_bytes=self.partition_max_bytes)
             tp = (p.topic, p.partition)
             wanted[tp] = entry
