@@ -27,12 +27,14 @@ more locks would buy nothing, so there is one cache and one lock.
 from __future__ import annotations
 
 import logging
+import operator
 import random
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 from protocol.errors import ErrorCode
@@ -69,20 +71,38 @@ def records_size(records: Any) -> int:
 
 @dataclass(slots=True, eq=False)
 class FollowerQuiet:
-    """A follower's session partition whose last read found the follower at the log end with no divergence. While
-    the request entry, the leader epoch and the log's fetch state stay as they were, and the session recorded the
-    offsets that read answered, the follower has nothing to be told and the partition is not read again."""
+    """A follower's session partition whose last read found the follower at the log end with no divergence. While the
+    request entry, the log's fetch state and the leader epoch stay as they were, and the session holds the offsets
+    that read answered (`expected`, in the order of _LIVE), the follower has nothing to be told and the partition is
+    not read again."""
 
-    req: Any  # the FetchRequest.FetchPartition read (a new one arrives only when the follower's position moves)
-    leader_epoch: int
     partition: Any  # broker.partition.Partition
     log: Any  # storage.log.Log
-    state: tuple[int, int, int, int | None]  # the log's fetch_state, taken before that read
-    high_watermark: int  # what that read answered
-    log_start_offset: int
-    last_stable_offset: int
-    # When the follower was last marked caught up for it (Partition.touch_caught_up_follower).
-    touched_ms: int
+    expected: tuple[Any, ...]  # (request entry, Log.fetch_state, leader epoch, high watermark, log start, last stable)
+
+
+class _Never:
+    """Stands in for the partition and log of NOT_QUIET."""
+
+    leader_epoch = -2
+    fetch_state = None
+
+
+# What a partition without a quiet read holds: its expected tuple equals no live one.
+NOT_QUIET = FollowerQuiet(_Never(), _Never(), (_Never,))
+_LIVE = operator.attrgetter("req", "follower_quiet.log.fetch_state", "follower_quiet.partition.leader_epoch",
+                            "high_watermark", "local_log_start_offset", "last_stable_offset")
+_EXPECTED = operator.attrgetter("follower_quiet.expected")
+
+
+def quiet_holds(cp: CachedPartition) -> bool:
+    return bool(_LIVE(cp) == _EXPECTED(cp))
+
+
+def not_quiet(parts: list[CachedPartition]) -> list[CachedPartition]:
+    """The partitions whose quiet read no longer holds (or that have none), in order. One pass at C level: it runs
+    over a follower's whole session on every fetch, and most of a session is idle partitions."""
+    return list(compress(parts, map(operator.ne, map(_LIVE, parts), map(_EXPECTED, parts))))
 
 
 @dataclass(slots=True, eq=False)
@@ -97,8 +117,8 @@ class CachedPartition:
     high_watermark: int = -1
     last_stable_offset: int = -1
     local_log_start_offset: int = -1
-    # A follower's session: its last read found the follower at the log end with nothing to tell (FollowerQuiet).
-    follower_quiet: FollowerQuiet | None = None
+    # A follower's session: whether its last read found the follower at the log end with nothing to tell.
+    follower_quiet: FollowerQuiet = NOT_QUIET
 
     def maybe_resolve_unknown_name(self, topic_names: Mapping[bytes, str]) -> None:
         if self.topic is None:
@@ -153,6 +173,8 @@ class FetchSession:
     creation_ms: int
     last_used_ms: int
     epoch: int
+    # When a follower's fetch last marked it caught up on the session's quiet partitions (_FetchPlan._touch_quiet).
+    quiet_touched_ms: int = 0
     # The size the cache last accounted for (-1: not in the cache), and the eviction sets it is in (set by touch).
     cached_size: int = -1
     evictable_by_all: bool = False

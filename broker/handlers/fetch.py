@@ -12,13 +12,17 @@ from broker.apis import ApiHandler, RequestContext
 from broker.down_conversion import check_down_conversion, down_convert_fetched, legacy_fetch_magic
 from broker.fetch_session import (
     INVALID_SESSION_ID,
+    NOT_QUIET,
     CachedPartition,
     FetchContext,
+    FetchSession,
     FollowerQuiet,
     IncrementalFetchContext,
     PartitionKey,
     SessionErrorContext,
     SessionlessFetchContext,
+    not_quiet,
+    quiet_holds,
 )
 from broker.leader_hints import FETCH_VERSION as HINTS_VERSION
 from broker.leader_hints import LeaderHints
@@ -62,8 +66,8 @@ _UNSET = {"diverging_epoch": codec.tagged_default(FetchResponse.EpochEndOffset),
           "snapshot_id": codec.tagged_default(FetchResponse.SnapshotId)}
 
 
-# How often a quiet partition's follower is marked caught up (its ISR clock): far below replica.lag.time.max.ms, and
-# once a fetch instead of once per partition per fetch.
+# How often a follower is marked caught up on its session's quiet partitions (their ISR clock): far below
+# replica.lag.time.max.ms, and not on every fetch.
 QUIET_TOUCH_MS = 50
 
 
@@ -72,15 +76,16 @@ class _FetchPlan:
     what the principal may read."""
 
     def __init__(self, ctx: RequestContext, req: FetchRequest, parts: list[CachedPartition], by_id: bool,
-                 replica_id: int, incremental: bool = False) -> None:
+                 replica_id: int, follower_session: FetchSession | None = None) -> None:
         self.ctx = ctx
         self.req = req
         self.parts = parts
         self.by_id = by_id
         # A follower broker replicating (Kafka's replica id); consumers send -1.
         self.replica_id = replica_id
-        # An incremental fetch answers only the partitions that changed, so a quiet one need not be read at all.
-        self.incremental = incremental
+        # A follower's incremental fetch in this session: it answers only the partitions that changed, so a quiet one
+        # need not be read at all.
+        self.follower_session = follower_session
         # Topics this principal may not read (Kafka answers their partitions TOPIC_AUTHORIZATION_FAILED).
         self.denied: frozenset[str] | set[str] = _NONE_DENIED
         if ctx.server.authorizer is not None:
@@ -95,6 +100,9 @@ class _FetchPlan:
     def keys(self) -> list[tuple[str, int]]:
         """What a long poll watches: every partition read, so data on any partition of a session wakes it."""
         return [(cp.topic, cp.partition) for cp in self.parts if cp.topic is not None]
+
+    def has_keys(self) -> bool:
+        return any(cp.topic is not None for cp in self.parts)
 
     def read(self) -> tuple[list[tuple[CachedPartition, PartitionData]], int, bool]:
         """Read every partition now; returns ((partition, data) pairs, bytes read, whether any partition has an error)."""
@@ -114,9 +122,17 @@ class _FetchPlan:
         # Topic ids of session partitions whose names were resolved earlier: a topic since recreated under the
         # same name has another id (Kafka's INCONSISTENT_TOPIC_ID).
         topics = self.ctx.server.metadata.topics if self.by_id else None
-        now_ms = int(time.time() * 1000) if self.incremental and self.replica_id >= 0 else 0  # for _quiet
+        parts = self.parts
+        # Quiet partitions are left out unread; not when a partition may have to answer an error (a topic the principal
+        # may no longer read, a topic id recreated under its name).
+        if self.follower_session is not None and not denied and topics is None:
+            now_ms = int(time.time() * 1000)
+            if now_ms - self.follower_session.quiet_touched_ms >= QUIET_TOUCH_MS:
+                parts = self._touch_quiet(now_ms)
+            else:
+                parts = not_quiet(parts)
         out = []
-        for cp in self.parts:
+        for cp in parts:
             name = cp.topic
             p = cp.req
             if name is None:
@@ -133,8 +149,6 @@ class _FetchPlan:
                     if rec is not None and rec.topic_id != cp.topic_id:
                         raise KafkaError(ErrorCode.INCONSISTENT_TOPIC_ID)
                 if self.replica_id >= 0:
-                    if self.incremental and self._quiet(cp, p, now_ms):
-                        continue
                     part, size = self._follower_read(cp, name, p, remaining if remaining > 0 or min_one else 0)
                     out.append((cp, part))
                     if size:
@@ -192,30 +206,26 @@ class _FetchPlan:
                 has_error = True
         return out, total, has_error
 
-    def _quiet(self, cp: CachedPartition, p: FetchRequest.FetchPartition, now_ms: int) -> bool:
-        """An incremental follower fetch's partition with nothing to tell (Kafka reads it and leaves it out of the
-        answer): the same request entry and leader epoch as a read that found the follower at the log end, the log's
-        fetch state unchanged since, and the session holding what that read answered. Most of a follower's session
-        is such partitions, checked twice per fetch (on arrival and on the append that wakes it), so the check reads
-        attributes only, and the follower is marked caught up at most every QUIET_TOUCH_MS."""
-        q = cp.follower_quiet
-        if (q is None or q.req is not p or q.log.fetch_state != q.state or q.partition.leader_epoch != q.leader_epoch
-                or cp.high_watermark != q.high_watermark or cp.local_log_start_offset != q.log_start_offset
-                or cp.last_stable_offset != q.last_stable_offset):
-            return False
-        if now_ms - q.touched_ms < QUIET_TOUCH_MS:
-            return True
-        if not q.partition.touch_caught_up_follower(self.replica_id, p.fetch_offset, now_ms):
-            return False
-        q.touched_ms = now_ms
-        return True
+    def _touch_quiet(self, now_ms: int) -> list[CachedPartition]:
+        """not_quiet, and the follower marked caught up on the quiet partitions (as a read at the log end would: this
+        keeps it in the ISR), for the whole session at most every QUIET_TOUCH_MS. A partition that cannot be marked
+        so (the follower outside the ISR, an ISR change pending) is read in full."""
+        session = self.follower_session
+        assert session is not None
+        session.quiet_touched_ms = now_ms
+        out = []
+        for cp in self.parts:
+            if not quiet_holds(cp) or not cp.follower_quiet.partition.touch_caught_up_follower(
+                    self.replica_id, cp.req.fetch_offset, now_ms):
+                out.append(cp)
+        return out
 
     def _follower_read(self, cp: CachedPartition, name: str, p: FetchRequest.FetchPartition,
                        budget: int) -> tuple[PartitionData, int]:
         """A follower's fetch: up to the log end, its position recorded (Kafka's Partition.fetchRecords for a
         replica); a last fetched epoch the leader's log does not agree with gets the diverging epoch."""
         rm = self.ctx.server.replica_manager
-        cp.follower_quiet = None
+        cp.follower_quiet = NOT_QUIET
         part = rm.get_partition(name, p.partition)
         if part is None:
             raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER)
@@ -239,13 +249,12 @@ class _FetchPlan:
             if info.records is not None and info.records.size > 0:
                 records, size = info.records, info.records.size
         rm.record_follower_fetch(part, self.replica_id, p.fetch_offset, leo)
-        # Taken after the fetch moved the high watermark; a change after it shows in the next check (_quiet).
+        # Taken after the fetch moved the high watermark; a change after it shows in the next check (not_quiet).
         state = lg.fetch_state
         hw, log_start = state[1], state[2]
         lso = lg.last_stable_offset
         if p.fetch_offset == state[0]:
-            cp.follower_quiet = FollowerQuiet(p, leader_epoch, part, lg, state, hw, log_start, lso,
-                                              int(time.time() * 1000))
+            cp.follower_quiet = FollowerQuiet(part, lg, (p, state, leader_epoch, hw, log_start, lso))
         return PartitionData(partition_index=p.partition, error_code=0, high_watermark=hw, last_stable_offset=lso,
                              log_start_offset=log_start, preferred_read_replica=-1, records=records, **_UNSET), size
 
@@ -291,11 +300,12 @@ def handle_fetch(ctx: RequestContext, req: FetchRequest) -> Any:
             return FetchResponse(error_code=context.error, session_id=INVALID_SESSION_ID, responses=[])
     else:
         context = SessionlessFetchContext(fetch_data)
-    plan = _FetchPlan(ctx, req, context.partitions(), by_id, replica_id, isinstance(context, IncrementalFetchContext))
+    plan = _FetchPlan(ctx, req, context.partitions(), by_id, replica_id,
+                      context.session if replica_id >= 0 and isinstance(context, IncrementalFetchContext) else None)
     generation = ctx.server.replica_manager.purgatory.generation
     first = plan.read()
     results, nbytes, has_error = first
-    if nbytes >= req.min_bytes or req.max_wait_ms <= 0 or has_error or not plan.keys():
+    if nbytes >= req.min_bytes or req.max_wait_ms <= 0 or has_error or not plan.has_keys():
         return _respond(ctx, plan, context, results, nbytes, has_error)
     return _long_poll(ctx, plan, context, req.max_wait_ms / 1000.0, req.min_bytes, first, generation)
 

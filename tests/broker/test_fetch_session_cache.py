@@ -190,3 +190,49 @@ def test_topic_id_session_resolves_names_learned_later():
     _, sid, _ = full.update_and_generate([(cp, pd(0, error=ErrorCode.UNKNOWN_TOPIC_ID)) for cp in full.partitions()])
     inc = manager.new_context(17, sid, 1, False, {}, [], {tid: "late"})
     assert [cp.topic for cp in inc.partitions()] == ["late"]
+
+
+def test_a_follower_partition_stays_quiet_only_while_nothing_it_was_told_moved(tmp_path):
+    """not_quiet: a leader leaves out of a follower's fetch the partitions whose last read found the follower at the
+    log end, until the request entry, the log's offsets, the leader epoch or what the session recorded changes."""
+    from types import SimpleNamespace
+
+    from broker.fetch_session import NOT_QUIET, FollowerQuiet, not_quiet
+    from storage.config import LogConfig
+    from storage.log import Log
+    from tests.storage.storage_helpers import NOW, batch
+
+    lg = Log.open(tmp_path / "t-0", "t", 0, LogConfig(), clean_shutdown=True)
+    try:
+        lg.set_hw_tracks_leo(False)
+        lg.append_as_leader(batch(2), NOW, leader_epoch=0)
+        partition = SimpleNamespace(leader_epoch=0)
+        cps = list(parts(3).values())
+        for cp in cps:
+            cp.req = FetchRequest.FetchPartition(partition=cp.partition, fetch_offset=2)
+            cp.remember(SimpleNamespace(high_watermark=0, last_stable_offset=0, log_start_offset=0))
+        quiet, other, never = cps
+
+        def mark() -> None:
+            quiet.follower_quiet = FollowerQuiet(partition, lg, (quiet.req, lg.fetch_state, partition.leader_epoch,
+                                                                 quiet.high_watermark, quiet.local_log_start_offset,
+                                                                 quiet.last_stable_offset))
+
+        mark()
+        other.follower_quiet = FollowerQuiet(partition, lg, quiet.follower_quiet.expected)  # another request entry
+        assert never.follower_quiet is NOT_QUIET
+        assert not_quiet(cps) == [other, never]
+        lg.maybe_increment_high_watermark(1)  # the follower has not been told the new high watermark
+        assert not_quiet(cps) == cps
+        mark()
+        assert not_quiet([quiet]) == []
+        quiet.high_watermark = -1  # the answer carrying the last read was not recorded (an epoch overtaken)
+        assert not_quiet([quiet]) == [quiet]
+        quiet.high_watermark = 1
+        partition.leader_epoch = 1
+        assert not_quiet([quiet]) == [quiet]
+        partition.leader_epoch = 0
+        quiet.req = FetchRequest.FetchPartition(partition=0, fetch_offset=1)  # the follower asked again, elsewhere
+        assert not_quiet([quiet]) == [quiet]
+    finally:
+        lg.close()
