@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import threading
 import time
 import zlib
 from dataclasses import dataclass
+from itertools import compress
 from typing import TYPE_CHECKING
 
 from broker.fetch_session import next_epoch
@@ -60,6 +62,21 @@ class PartitionFetchState:
     # The request entry last asked with, reused while its position stays (None: build it again): the session then
     # tells an unchanged partition by identity, and an idle one costs no new entry per fetch.
     entry: FetchRequest.FetchPartition | None = None
+    # The log's fetch_position the entry was built from (None with no entry): compared at C level on every fetch.
+    entry_position: tuple[int, int] | None = None
+    tp: TopicPartition = ("", -1)
+
+    def __post_init__(self) -> None:
+        self.tp = (self.partition.topic, self.partition.partition)
+
+    def forget_entry(self) -> None:
+        self.entry = self.entry_position = None
+
+
+_POSITION = operator.attrgetter("partition.log.fetch_position")
+_ENTRY_POSITION = operator.attrgetter("entry_position")
+_TP = operator.attrgetter("tp")
+_ENTRY = operator.attrgetter("entry")
 
 
 def truncation_offset(lg: Log, leader_epoch: int, leader_end_offset: int) -> tuple[int, bool]:
@@ -98,9 +115,10 @@ class FollowerFetchSession:
         if self.epoch == 0:
             return wanted, [], self.session_id, 0
         sent = self._sent
-        # The fetcher reuses an entry while its position stays (PartitionFetchState.entry): the identity check
-        # spares the field-by-field comparison for all those.
-        send = {tp: fp for tp, fp in wanted.items() if (prev := sent.get(tp)) is not fp and prev != fp}
+        # The fetcher reuses an entry while its position stays (PartitionFetchState.entry): an identity check at C
+        # level passes all those, the field-by-field comparison is left for the rest.
+        changed = compress(wanted.items(), map(operator.is_not, map(sent.get, wanted), wanted.values()))
+        send = {tp: fp for tp, fp in changed if sent.get(tp) != fp}
         forgotten = [] if sent.keys() == wanted.keys() else [tp for tp in sent if tp not in wanted]
         return send, forgotten, self.session_id, self.epoch
 
@@ -300,29 +318,26 @@ class ReplicaFetcherThread:
         s.truncating = not done
         if not done:
             self._settled = False
-        s.entry = None
+        s.forget_entry()
 
     # -- fetching ------------------------------------------------------------------------------
 
     async def _fetch(self, states: list[PartitionFetchState], max_wait_ms: int) -> None:
         F = FetchRequest
         session = self.session
-        wanted: dict[TopicPartition, FetchRequest.FetchPartition] = {}
-        by_tp: dict[TopicPartition, PartitionFetchState] = {}
-        for s in states:
+        # Entries are built again only where the log moved (most partitions are idle: found at C level). The latest
+        # epoch moves only with the log end, except in a truncation, which forgets the entry.
+        for s in list(compress(states, map(operator.ne, map(_POSITION, states), map(_ENTRY_POSITION, states)))):
             p = s.partition
             lg = p.log
-            # The latest epoch moves only with the log end, except in a truncation, which clears the entry.
-            entry = s.entry
-            state = lg.fetch_state  # (log end, high watermark, log start, first unstable) in one read
-            if entry is None or entry.fetch_offset != state[0] or entry.log_start_offset != state[2]:
-                entry = s.entry = F.FetchPartition(
-                    partition=p.partition, current_leader_epoch=s.leader_epoch, fetch_offset=state[0],
-                    last_fetched_epoch=lg.latest_epoch, log_start_offset=state[2],
-                    partition_max_bytes=self.partition_max_bytes)
-            tp = (p.topic, p.partition)
-            wanted[tp] = entry
-            by_tp[tp] = s
+            position = s.entry_position = lg.fetch_position
+            s.entry = F.FetchPartition(
+                partition=p.partition, current_leader_epoch=s.leader_epoch, fetch_offset=position[0],
+                last_fetched_epoch=lg.latest_epoch, log_start_offset=position[1],
+                partition_max_bytes=self.partition_max_bytes)
+        tps = list(map(_TP, states))
+        wanted: dict[TopicPartition, FetchRequest.FetchPartition] = dict(zip(tps, map(_ENTRY, states), strict=True))
+        by_tp = dict(zip(tps, states, strict=True))
         send, forgotten, session_id, epoch = session.request(wanted)
         by_topic: dict[str, list[FetchRequest.FetchPartition]] = {}
         for (topic, _), fp in send.items():
@@ -401,7 +416,7 @@ class ReplicaFetcherThread:
                 log.warning("%s: %s log end %d is below the leader's log start %d: starting over there", self.name,
                             p.name, lg.log_end_offset, leader_start)
                 lg.truncate_fully_and_start_at(leader_start)
-            s.entry = None
+            s.forget_entry()
 
     async def _leader_offset(self, p: Partition, timestamp: int) -> int:
         L = ListOffsetsRequest

@@ -318,6 +318,8 @@ class Log(ReplicaLogMixin):
     # first unstable offset (the last stable offset follows from those). Equal tuples, equal answers. Read through a
     # C getter: a leader checks it for every idle partition of every follower fetch.
     fetch_state = property(operator.attrgetter("_leo", "_hw", "_log_start_offset", "_first_unstable"))
+    # What a follower's Fetch tells its leader of this log: its log end (the fetch offset) and log start.
+    fetch_position = property(operator.attrgetter("_leo", "_log_start_offset"))
 
     @property
     def last_stable_offset(self) -> int:
