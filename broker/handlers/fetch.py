@@ -394,6 +394,15 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContex
         finally:
             if waiter is not None:
                 purgatory.unwatch(waiter)
+        if deadline:
+            # Woken by a change: read before watching again. Most wake-ups find what they wait for and answer
+            # without a second watch (for a follower, one entry per partition of its session); a notify after this
+            # read began moves the generation, so the next watch reads again.
+            generation = purgatory.generation
+            read = plan.read()
+            results, nbytes, has_error = read
+            if nbytes >= min_bytes or has_error or purgatory.closing:
+                return _respond(ctx, plan, context, results, nbytes, has_error)
 
 
 # ---------------------------------------------------------------- ListOffsets
