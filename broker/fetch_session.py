@@ -76,21 +76,24 @@ class FollowerQuiet:
     that read answered (`expected`, in the order of _LIVE), the follower has nothing to be told and the partition is
     not read again."""
 
-    partition: Any  # broker.partition.Partition
-    log: Any  # storage.log.Log
+    partition: Any  # broker.partition.Partition (its log never changes)
     expected: tuple[Any, ...]  # (request entry, Log.fetch_state, leader epoch, high watermark, log start, last stable)
 
 
 class _Never:
-    """Stands in for the partition and log of NOT_QUIET."""
+    """Stands in for the partition of NOT_QUIET, and for that partition's log."""
 
     leader_epoch = -2
     fetch_state = None
 
+    @property
+    def log(self) -> _Never:
+        return self
+
 
 # What a partition without a quiet read holds: its expected tuple equals no live one.
-NOT_QUIET = FollowerQuiet(_Never(), _Never(), (_Never,))
-_LIVE = operator.attrgetter("req", "follower_quiet.log.fetch_state", "follower_quiet.partition.leader_epoch",
+NOT_QUIET = FollowerQuiet(_Never(), (_Never,))
+_LIVE = operator.attrgetter("req", "follower_quiet.partition.log.fetch_state", "follower_quiet.partition.leader_epoch",
                             "high_watermark", "local_log_start_offset", "last_stable_offset")
 _EXPECTED = operator.attrgetter("follower_quiet.expected")
 

@@ -174,8 +174,9 @@ class ReplicaFetcherThread:
     # -- control (any thread) ------------------------------------------------------------------
 
     def add(self, p: Partition) -> None:
+        s = PartitionFetchState(p, p.leader_epoch)
         with self._lock:
-            self.partitions[(p.topic, p.partition)] = PartitionFetchState(p, p.leader_epoch)
+            self.partitions[s.tp] = s
             self._settled = False
         self.loop.call_soon_threadsafe(self._added)
 

@@ -254,7 +254,7 @@ class _FetchPlan:
         hw, log_start = state[1], state[2]
         lso = lg.last_stable_offset
         if p.fetch_offset == state[0]:
-            cp.follower_quiet = FollowerQuiet(part, lg, (p, state, leader_epoch, hw, log_start, lso))
+            cp.follower_quiet = FollowerQuiet(part, (p, state, leader_epoch, hw, log_start, lso))
         return PartitionData(partition_index=p.partition, error_code=0, high_watermark=hw, last_stable_offset=lso,
                              log_start_offset=log_start, preferred_read_replica=-1, records=records, **_UNSET), size
 

@@ -206,7 +206,7 @@ def test_a_follower_partition_stays_quiet_only_while_nothing_it_was_told_moved(t
     try:
         lg.set_hw_tracks_leo(False)
         lg.append_as_leader(batch(2), NOW, leader_epoch=0)
-        partition = SimpleNamespace(leader_epoch=0)
+        partition = SimpleNamespace(leader_epoch=0, log=lg)
         cps = list(parts(3).values())
         for cp in cps:
             cp.req = FetchRequest.FetchPartition(partition=cp.partition, fetch_offset=2)
@@ -214,12 +214,12 @@ def test_a_follower_partition_stays_quiet_only_while_nothing_it_was_told_moved(t
         quiet, other, never = cps
 
         def mark() -> None:
-            quiet.follower_quiet = FollowerQuiet(partition, lg, (quiet.req, lg.fetch_state, partition.leader_epoch,
-                                                                 quiet.high_watermark, quiet.local_log_start_offset,
-                                                                 quiet.last_stable_offset))
+            quiet.follower_quiet = FollowerQuiet(partition, (quiet.req, lg.fetch_state, partition.leader_epoch,
+                                                             quiet.high_watermark, quiet.local_log_start_offset,
+                                                             quiet.last_stable_offset))
 
         mark()
-        other.follower_quiet = FollowerQuiet(partition, lg, quiet.follower_quiet.expected)  # another request entry
+        other.follower_quiet = FollowerQuiet(partition, quiet.follower_quiet.expected)  # another request entry
         assert never.follower_quiet is NOT_QUIET
         assert not_quiet(cps) == [other, never]
         lg.maybe_increment_high_watermark(1)  # the follower has not been told the new high watermark
