@@ -53,33 +53,33 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def one_run(bootstrap: str, seconds: float) -> tuple[list[float], int, int]:
-    """Returns (latencies in ms after warm-up, sent, received)."""
+def one_run(bootstrap: str, seconds: float, rate: int = RATE, topic: str = TOPIC) -> tuple[list[float], int, int]:
+    """Returns (latencies in ms after warm-up, sent, received), `rate` messages a second to `topic`."""
     from confluent_kafka import Producer
 
-    cons = spawn([sys.executable, "-m", "bench.latency", "consumer", bootstrap, TOPIC, str(seconds)], cwd=ROOT,
+    cons = spawn([sys.executable, "-m", "bench.latency", "consumer", bootstrap, topic, str(seconds)], cwd=ROOT,
                  stdout=subprocess.PIPE, text=True)
     try:
         assert cons.stdout is not None
         if cons.stdout.readline().strip() != "READY":
             raise RuntimeError("latency consumer did not start")
         p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0, "log_level": 3})
-        p.list_topics(TOPIC, timeout=10)
+        p.list_topics(topic, timeout=10)
         time.sleep(1.0)  # consumer's first fetches are in flight
         pad = b"x" * 92
         pack = struct.Struct(">q").pack
-        n = int(RATE * seconds)
+        n = int(rate * seconds)
         t0 = time.monotonic()
         i = 0
         while i < n:
-            due = t0 + i / RATE
+            due = t0 + i / rate
             now = time.monotonic()
             if now < due:
                 time.sleep(min(due - now, 0.0005))
                 continue
             # send everything that is due (bursts of a few messages after each sleep)
-            while i < n and t0 + i / RATE <= now:
-                p.produce(TOPIC, pack(time.monotonic_ns()) + pad, partition=i % PARTITIONS)
+            while i < n and t0 + i / rate <= now:
+                p.produce(topic, pack(time.monotonic_ns()) + pad, partition=i % PARTITIONS)
                 i += 1
             p.poll(0)
         p.flush(30)

@@ -1,9 +1,10 @@
 """Workload: replication. Three kbroker processes on one ZooKeeper (started for the run) on this machine. The same
 confluent-kafka produce (100 B, acks=all, 4 topics x 4 partitions) goes to replication factor 3 topics with
 min.insync.replicas=2 and to replication factor 1 topics of the same cluster, alternating which goes first; then
-end-to-end latency (bench.latency's producer and consumer, one run per repetition) at 10,000 msg/s on a
-replication factor 3 topic.
-Targets (issue 13): replication factor 3 at least 0.5x the replication factor 1 throughput, p99 under 10 ms."""
+end-to-end latency (bench.latency's producer and consumer, one run per repetition and rate) at 10,000 and 5,000 msg/s,
+each rate on a replication factor 3 topic of its own.
+Targets (issue 13): replication factor 3 at least 0.5x the replication factor 1 throughput, p99 under 10 ms at
+10,000 msg/s; proposed for this 2-core machine, where that rate is queueing for a CPU: p99 under 10 ms at 5,000."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from bench.harness import Ctx, KBroker, Row, kb_le, med, payloads, workdir
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
 
 NTOPICS = 4
+LATENCY_RATES = (latency.RATE, latency.RATE // 2)
 
 
 def _cluster(ctx: Ctx) -> tuple[ZooKeeperServer, list[KBroker]]:
@@ -71,11 +73,14 @@ def run(ctx: Ctx) -> list[Row]:
               target="(baseline)")
     rf3 = Row("produce 100 B acks=all, 3-broker cluster, replication factor 3, min.insync.replicas=2", "msg/s",
               target=">= 0.5x replication factor 1", check=_at_least(rf1, 0.5))
+    # The issue's rate, and half of it: on two cores three brokers and both clients saturate the machine from a few
+    # thousand messages a second, so the lower rate shows the latency before queueing for a CPU dominates it.
     lat_rows = {
-        q: Row(f"e2e latency at {latency.RATE:,} msg/s, replication factor 3, p{q}", "ms",
-               target={"50": "", "99": "< 10 ms"}[q], check={"50": None, "99": kb_le(10.0)}[q],
-               higher_is_better=False)
-        for q in ("50", "99")
+        (rate, q): Row(f"e2e latency at {rate:,} msg/s, replication factor 3, p{q}", "ms",
+                       target={"50": "", "99": "< 10 ms" if rate == latency.RATE else "< 10 ms (proposed)"}[q],
+                       check={"50": None, "99": kb_le(10.0)}[q],
+                       higher_is_better=False)
+        for rate in LATENCY_RATES for q in ("50", "99")
     }
     zk, brokers = _cluster(ctx)
     bootstrap = ",".join(kb.bootstrap for kb in brokers)
@@ -101,19 +106,23 @@ def run(ctx: Ctx) -> list[Row]:
                 ctx.log(f"  replication rep {rep + 1} rf{factor}: {n / secs:,.0f} msg/s "
                         f"({cpu * 1e6 / n:.2f} us CPU/msg over the three brokers)")
         if not ctx.out_of_time("replication latency"):
-            _create(bootstrap, [latency.TOPIC], latency.PARTITIONS, 3, {"min.insync.replicas": "2"})
+            topics = {rate: f"{latency.TOPIC}_{rate}" for rate in LATENCY_RATES}
+            _create(bootstrap, list(topics.values()), latency.PARTITIONS, 3, {"min.insync.replicas": "2"})
             time.sleep(1.0)
             for rep in range(ctx.reps):
-                if rep and ctx.out_of_time(f"replication latency rep {rep + 1}"):
-                    break
-                # Each run's consumer starts at offset 0: earlier runs' records fall in the first second it excludes.
-                lat, sent, got = latency.one_run(bootstrap, ctx.extra.get("latency_seconds", 5.0))
-                for q, row in lat_rows.items():
-                    row.kb.append(latency.pct(lat, float(q) / 100))
-                if got < sent:
-                    lat_rows["50"].note += f" rep{rep + 1}: received {got} of {sent};"
-                ctx.log(f"  replication latency rep {rep + 1}: p50 {latency.pct(lat, .5):.2f} "
-                        f"p99 {latency.pct(lat, .99):.2f} ms")
+                for rate in LATENCY_RATES if rep % 2 == 0 else LATENCY_RATES[::-1]:
+                    if rep and ctx.out_of_time(f"replication latency rep {rep + 1}"):
+                        break
+                    # Each run's consumer starts at offset 0: earlier runs' records fall in the first second it
+                    # excludes.
+                    lat, sent, got = latency.one_run(bootstrap, ctx.extra.get("latency_seconds", 5.0), rate,
+                                                     topics[rate])
+                    for q in ("50", "99"):
+                        lat_rows[rate, q].kb.append(latency.pct(lat, float(q) / 100))
+                    if got < sent:
+                        lat_rows[rate, "50"].note += f" rep{rep + 1}: received {got} of {sent};"
+                    ctx.log(f"  replication latency rep {rep + 1} at {rate:,} msg/s: p50 {latency.pct(lat, .5):.2f} "
+                            f"p99 {latency.pct(lat, .99):.2f} ms")
         hwm = max(kb.hwm_mb() for kb in brokers)
         for r in (rf1, rf3, *lat_rows.values()):
             r.kb_rss_mb.append(hwm)
