@@ -110,9 +110,9 @@ def run(ctx: Ctx) -> list[Row]:
             _create(bootstrap, list(topics.values()), latency.PARTITIONS, 3, {"min.insync.replicas": "2"})
             time.sleep(1.0)
             for rep in range(ctx.reps):
+                if rep and ctx.out_of_time(f"replication latency rep {rep + 1}"):
+                    break
                 for rate in LATENCY_RATES if rep % 2 == 0 else LATENCY_RATES[::-1]:
-                    if rep and ctx.out_of_time(f"replication latency rep {rep + 1}"):
-                        break
                     # Each run's consumer starts at offset 0: earlier runs' records fall in the first second it
                     # excludes.
                     lat, sent, got = latency.one_run(bootstrap, ctx.extra.get("latency_seconds", 5.0), rate,
