@@ -5,6 +5,7 @@ WORKDIR /src
 # gcc builds the optional C record walk (protocol/_record_walk.c) into the wheel; the runtime image has none.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml setup.py README.md ./
+COPY kbroker kbroker
 COPY broker broker
 COPY protocol protocol
 COPY storage storage

@@ -1,11 +1,24 @@
-"""Optional C extension (protocol/_record_walk.c): the produce path's per-record walk at C speed.
+"""Packages under one import namespace, and the optional C extensions (protocol/_record_walk.c, protocol/_codec.c).
 
-Everything else lives in pyproject.toml. optional=True: without a compiler the pure-Python walk in
-protocol/record_walk.py is used. In a checkout: `python setup.py build_ext --inplace`."""
+Everything else lives in pyproject.toml. The repository keeps its top-level folders (broker/, storage/, ...); the
+wheel installs them as kbroker.broker, kbroker.storage, ... so a user's site-packages gains no generic names.
+optional=True: without a compiler the pure-Python twins are used. In a checkout: `python setup.py build_ext --inplace`.
+"""
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
-setup(ext_modules=[
-    Extension("protocol._record_walk", ["protocol/_record_walk.c"], optional=True, extra_compile_args=["-O2"]),
-    Extension("protocol._codec", ["protocol/_codec.c"], optional=True, extra_compile_args=["-O2"]),
-])
+ROOTS = ["broker", "coordinator", "storage", "protocol", "spark_jobs"]
+
+packages = ["kbroker", *find_packages(include=["kbroker_tools", "kbroker_tools.*"])]
+for root in ROOTS:
+    packages += [f"kbroker.{name}" for name in find_packages(include=[root, f"{root}.*"])]
+
+setup(
+    packages=packages,
+    package_dir={"kbroker": "kbroker", **{f"kbroker.{root}": root for root in ROOTS}},
+    ext_modules=[
+        Extension("kbroker.protocol._record_walk", ["protocol/_record_walk.c"], optional=True,
+                  extra_compile_args=["-O2"]),
+        Extension("kbroker.protocol._codec", ["protocol/_codec.c"], optional=True, extra_compile_args=["-O2"]),
+    ],
+)

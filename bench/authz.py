@@ -61,8 +61,8 @@ def _grant(kb: KBroker, topics_prefix: str) -> None:
 
 def _metadata_requests(bootstrap: str, topics: list[str], count: int) -> float:
     """count Metadata v12 requests for the topics, one at a time on one connection; returns the seconds."""
-    from protocol import codec
-    from protocol.messages import MetadataRequest, RequestHeader
+    from kbroker.protocol import codec
+    from kbroker.protocol.messages import MetadataRequest, RequestHeader
 
     req = MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=t) for t in topics],
                           allow_auto_topic_creation=False)

@@ -160,7 +160,7 @@ def machine_info() -> dict[str, str]:
 def _record_walk_kind() -> str:
     # Produce walks every record and every request goes through the codec; without the C accelerators each record
     # costs ~1 us more and each request tens of us, which skews broker CPU.
-    from protocol import codec, record_walk
+    from kbroker.protocol import codec, record_walk
 
     if codec.COMPILED and record_walk.COMPILED:
         return "compiled"
@@ -229,7 +229,7 @@ class KBroker(Target):
 
     def start(self, timeout: float = 120.0) -> float:
         """Start and wait until the port accepts connections; returns the seconds that took."""
-        args = [sys.executable, "-m", "broker", str(ROOT / "configs" / "server.properties")]
+        args = [sys.executable, "-m", "kbroker.broker", str(ROOT / "configs" / "server.properties")]
         for k, v in self.overrides.items():
             args += ["--override", f"{k}={v}"]
         logf = open(self.log_path, "ab")

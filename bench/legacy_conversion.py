@@ -13,8 +13,13 @@ import argparse
 import statistics
 import time
 
-from protocol.legacy_records import build_message_set, down_convert, scan_shallow_entries, to_record_batch
-from protocol.records import (
+from kbroker.protocol.legacy_records import (
+    build_message_set,
+    down_convert,
+    scan_shallow_entries,
+    to_record_batch,
+)
+from kbroker.protocol.records import (
     COMPRESSION_LZ4,
     COMPRESSION_NONE,
     Record,

@@ -3,7 +3,7 @@
     python -m bench.produce_path [--root CHECKOUT] [--requests N] [--pipeline K] [--records M] [--partitions P]
                                  [--reps R]
 
-Starts `python -m broker` from CHECKOUT (default: this one) on loopback, creates topic `bench` with P partitions
+Starts `python -m kbroker.broker` from CHECKOUT (default: this one) on loopback, creates topic `bench` with P partitions
 (default 1), sends N ProduceRequests (acks=1, one M-record batch, default 10, of 100-byte values, to the partitions in
 turn) over one connection with K in flight, and reports the broker process's CPU time (its CPU-time clock, which
 other load on the machine disturbs far less than wall time) per request. Every answer is decoded and must carry no
@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kbroker.protocol import codec
+from kbroker.protocol.messages import CreateTopicsRequest, ProduceRequest, RequestHeader
+from kbroker.protocol.records import build_batch
+
 from bench.harness import ROOT, cpu_seconds, free_port
-from protocol import codec
-from protocol.messages import CreateTopicsRequest, ProduceRequest, RequestHeader
-from protocol.records import build_batch
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -60,7 +61,7 @@ def run_once(root: Path, requests: int, pipeline: int, records: int = 10, partit
     with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
         props = Path(data) / "server.properties"
         props.write_text(f"listeners=PLAINTEXT://127.0.0.1:{port}\nlog.dirs={data}/logs\nnum.network.threads=1\n")
-        proc = subprocess.Popen([sys.executable, "-m", "broker", str(props)], cwd=root,
+        proc = subprocess.Popen([sys.executable, "-m", "kbroker.broker", str(props)], cwd=root,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 30

@@ -9,15 +9,15 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from broker.group_config import InvalidGroupConfig, validate_group_configs
-from broker.topic_config import InvalidConfig, default_log_config, validate_topic_configs
-from coordinator.metadata_store import PartitionState, TopicRecord, new_topic_id
-from protocol.errors import ErrorCode, KafkaError
-from storage.config import LogConfig
+from kbroker.broker.group_config import InvalidGroupConfig, validate_group_configs
+from kbroker.broker.topic_config import InvalidConfig, default_log_config, validate_topic_configs
+from kbroker.coordinator.metadata_store import PartitionState, TopicRecord, new_topic_id
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.storage.config import LogConfig
 
 if TYPE_CHECKING:
-    from broker.server import KafkaServer
-    from storage.log import Log
+    from kbroker.broker.server import KafkaServer
+    from kbroker.storage.log import Log
 
 log = logging.getLogger("kbroker.admin")
 
@@ -320,7 +320,7 @@ class AdminManager:
             log.info("Group %s configs are now %s", group_id, dict(configs))
 
     def set_broker_configs(self, configs: Mapping[str, str], validate_only: bool) -> None:
-        from broker.config import KAFKA_DYNAMIC_CONFIGS, KEYS, KafkaConfig
+        from kbroker.broker.config import KAFKA_DYNAMIC_CONFIGS, KEYS, KafkaConfig
 
         with self._lock:
             for key, value in configs.items():

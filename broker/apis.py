@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
-from broker import metrics
-from broker.network import CloseConnection, DelayedResponse, KafkaConnection, Response
-from broker.refusals import REFUSALS
-from broker.security.acls import (
+from kbroker.broker import metrics
+from kbroker.broker.network import CloseConnection, DelayedResponse, KafkaConnection, Response
+from kbroker.broker.refusals import REFUSALS
+from kbroker.broker.security.acls import (
     CLUSTER_NAME,
     OPERATION_NAMES,
     RESOURCE_TYPE_NAMES,
@@ -20,12 +20,12 @@ from broker.security.acls import (
     ResourceType,
     java_host_address,
 )
-from protocol import codec
-from protocol.errors import ErrorCode
-from protocol.messages import ApiVersionsResponse, RequestHeader
+from kbroker.protocol import codec
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import ApiVersionsResponse, RequestHeader
 
 if TYPE_CHECKING:
-    from broker.server import KafkaServer
+    from kbroker.broker.server import KafkaServer
 
 log = logging.getLogger("kbroker.apis")
 

@@ -11,7 +11,7 @@ import logging
 import resource
 import sys
 
-from broker.config import KEYS, ConfigError, KafkaConfig, read_properties, render_value
+from kbroker.broker.config import KEYS, ConfigError, KafkaConfig, read_properties, render_value
 
 
 def version() -> str:
@@ -112,9 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _raise_open_files_limit()
     import uvloop
-
-    from broker.gc_tuning import tune_after_startup
-    from broker.server import KafkaServer
+    from kbroker.broker.gc_tuning import tune_after_startup
+    from kbroker.broker.server import KafkaServer
 
     try:
         server = KafkaServer(config)

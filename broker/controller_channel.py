@@ -12,8 +12,8 @@ import asyncio
 import logging
 from typing import Any
 
-from broker.inter_broker import CONTROLLER, InterBrokerChannel
-from protocol.errors import KafkaError
+from kbroker.broker.inter_broker import CONTROLLER, InterBrokerChannel
+from kbroker.protocol.errors import KafkaError
 
 log = logging.getLogger("kbroker.controller")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.errors import ErrorCode, KafkaError
-from protocol.legacy_records import MAGIC_V0, MAGIC_V1, down_convert
-from protocol.records import max_decompressed_size
-from storage.config import LogConfig
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.legacy_records import MAGIC_V0, MAGIC_V1, down_convert
+from kbroker.protocol.records import max_decompressed_size
+from kbroker.storage.config import LogConfig
 
 # Fetch v4 brought record batch v2 (KIP-98), v10 zstd (KIP-110).
 _FIRST_V2_FETCH = 4

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from itertools import compress
 from typing import Any
 
-from protocol.errors import ErrorCode
+from kbroker.protocol.errors import ErrorCode
 
 log = logging.getLogger("kbroker.fetch_session")
 

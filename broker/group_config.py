@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from broker.config import KafkaConfig
-from broker.topic_config import CONFIG_TYPES, DescribedConfig, broker_config_synonyms
+from kbroker.broker.config import KafkaConfig
+from kbroker.broker.topic_config import CONFIG_TYPES, DescribedConfig, broker_config_synonyms
 
 CONSUMER_SESSION_TIMEOUT_MS = "consumer.session.timeout.ms"
 CONSUMER_HEARTBEAT_INTERVAL_MS = "consumer.heartbeat.interval.ms"

@@ -20,13 +20,12 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import uvloop
-
-from protocol import codec
-from protocol.errors import ErrorCode, KafkaError
-from protocol.messages import RequestHeader
+from kbroker.protocol import codec
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.messages import RequestHeader
 
 if TYPE_CHECKING:
-    from broker.security.client import ClientSecurity
+    from kbroker.broker.security.client import ClientSecurity
 
 log = logging.getLogger("kbroker.inter_broker")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from broker.server import KafkaServer
+    from kbroker.broker.server import KafkaServer
 
 PRODUCE_VERSION = 10
 FETCH_VERSION = 16

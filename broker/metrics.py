@@ -18,12 +18,12 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from protocol import codec
-from storage.flush_stats import BUCKETS_MS as FLUSH_BUCKETS_MS
-from storage.flush_stats import FLUSH_STATS
+from kbroker.protocol import codec
+from kbroker.storage.flush_stats import BUCKETS_MS as FLUSH_BUCKETS_MS
+from kbroker.storage.flush_stats import FLUSH_STATS
 
 if TYPE_CHECKING:
-    from broker.server import KafkaServer
+    from kbroker.broker.server import KafkaServer
 
 log = logging.getLogger("kbroker.metrics")
 

@@ -23,12 +23,11 @@ from collections.abc import Awaitable, Generator
 from typing import TYPE_CHECKING, Any
 
 import uvloop
-
-from broker.config import KafkaConfig, Listener
+from kbroker.broker.config import KafkaConfig, Listener
 
 if TYPE_CHECKING:
-    from broker.apis import KafkaApis
-    from broker.security.listener import ListenerSecurity
+    from kbroker.broker.apis import KafkaApis
+    from kbroker.broker.security.listener import ListenerSecurity
 
 log = logging.getLogger("kbroker.network")
 
@@ -837,7 +836,7 @@ class SocketServer:
         for listener in self.config.listeners:
             self._bind_one(loop, listener)
         if any(sec.ssl_context is not None for sec in self.security.values()):
-            from broker.security.listener import RELOAD_CHECK_S
+            from kbroker.broker.security.listener import RELOAD_CHECK_S
 
             self._reload_handle = loop.call_later(RELOAD_CHECK_S, self._reload_tls, RELOAD_CHECK_S)
 

@@ -19,9 +19,9 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from coordinator.metadata_store import PartitionState
-from protocol.errors import ErrorCode, KafkaError
-from storage.log import Log
+from kbroker.coordinator.metadata_store import PartitionState
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.storage.log import Log
 
 log = logging.getLogger("kbroker.partition")
 

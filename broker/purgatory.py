@@ -15,7 +15,7 @@ import asyncio
 import threading
 from collections.abc import Iterable
 
-from storage.manager import TopicPartition
+from kbroker.storage.manager import TopicPartition
 
 # What moved (notify) and what a waiter waits for (watch); a bit mask.
 LOG_END = 1

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from protocol.errors import ErrorCode
+from kbroker.protocol.errors import ErrorCode
 
 log = logging.getLogger("kbroker.refusals")
 

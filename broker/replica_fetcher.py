@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from itertools import compress
 from typing import TYPE_CHECKING
 
-from broker.fetch_session import next_epoch
-from broker.inter_broker import partitions_by_topic
-from protocol.errors import ErrorCode, KafkaError
-from protocol.messages import (
+from kbroker.broker.fetch_session import next_epoch
+from kbroker.broker.inter_broker import partitions_by_topic
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.messages import (
     FetchRequest,
     FetchResponse,
     ListOffsetsRequest,
@@ -35,14 +35,14 @@ from protocol.messages import (
     OffsetForLeaderEpochRequest,
     OffsetForLeaderEpochResponse,
 )
-from storage.leader_epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
-from storage.manager import TopicPartition
+from kbroker.storage.leader_epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+from kbroker.storage.manager import TopicPartition
 
 if TYPE_CHECKING:
-    from broker.partition import Partition
-    from broker.replica_manager import ReplicaManager
-    from broker.server import KafkaServer
-    from storage.log import Log
+    from kbroker.broker.partition import Partition
+    from kbroker.broker.replica_manager import ReplicaManager
+    from kbroker.broker.server import KafkaServer
+    from kbroker.storage.log import Log
 
 log = logging.getLogger("kbroker.replica_fetcher")
 

@@ -22,20 +22,20 @@ from collections.abc import Iterable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
-from broker.partition import Partition, check_leader_epoch
-from broker.purgatory import ANY, HIGH_WATERMARK, LOG_END, FetchPurgatory, expire
-from broker.replica_fetcher import ReplicaFetcherManager
-from coordinator.group_coordinator import OFFSETS_TOPIC
-from coordinator.metadata_store import PartitionState
-from coordinator.transaction_coordinator import TRANSACTION_STATE_TOPIC
-from protocol.errors import ErrorCode, KafkaError
-from protocol.messages import AlterPartitionRequest, AlterPartitionResponse
-from storage.errors import KafkaStorageError
-from storage.manager import TopicPartition
+from kbroker.broker.partition import Partition, check_leader_epoch
+from kbroker.broker.purgatory import ANY, HIGH_WATERMARK, LOG_END, FetchPurgatory, expire
+from kbroker.broker.replica_fetcher import ReplicaFetcherManager
+from kbroker.coordinator.group_coordinator import OFFSETS_TOPIC
+from kbroker.coordinator.metadata_store import PartitionState
+from kbroker.coordinator.transaction_coordinator import TRANSACTION_STATE_TOPIC
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.messages import AlterPartitionRequest, AlterPartitionResponse
+from kbroker.storage.errors import KafkaStorageError
+from kbroker.storage.manager import TopicPartition
 
 if TYPE_CHECKING:
-    from broker.server import KafkaServer
-    from storage.log import Log
+    from kbroker.broker.server import KafkaServer
+    from kbroker.storage.log import Log
 
 log = logging.getLogger("kbroker.replica")
 

@@ -10,36 +10,40 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-from broker.admin_manager import AdminManager
-from broker.apis import KafkaApis
-from broker.config import KafkaConfig
-from broker.controller_channel import ControllerChannelManager
-from broker.fetch_session import FetchManager, FetchSessionCache
-from broker.handlers import all_handlers
-from broker.inter_broker import InterBrokerChannel
-from broker.metrics import MetricsExporter
-from broker.network import SocketServer
-from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotaManager
-from broker.replica_manager import ReplicaManager
-from broker.security.acls_store import LocalAclStore, ZkAclStore
-from broker.security.authorizer import AclAuthorizer
-from broker.security.client import ClientSecurity, inter_broker_listener
-from broker.security.credentials import LocalScramStore, ScramCredentialStore, ZkScramStore
-from broker.security.listener import listener_security
-from broker.txn_marker_channel import TxnMarkerChannel
-from broker.txn_verification import TxnVerifier
-from coordinator.consumer_group_assignors import CLASS_NAMES
-from coordinator.controller import ControllerConfig, KafkaController
-from coordinator.group_coordinator import OFFSETS_TOPIC, GroupConfig, GroupCoordinator
-from coordinator.metadata_store import LocalMetadataStore, TopicRecord
-from coordinator.producer_ids import LocalBlockSource, ProducerIdManager
-from coordinator.transaction_coordinator import TRANSACTION_STATE_TOPIC, TransactionCoordinator, TxnConfig
-from coordinator.zk_store import ZkMetadataStore
-from protocol import codec, record_walk
-from protocol.errors import ErrorCode, KafkaError
-from protocol.messages import ControlledShutdownRequest
-from storage.config import LogConfig
-from storage.manager import LogManager
+from kbroker.broker.admin_manager import AdminManager
+from kbroker.broker.apis import KafkaApis
+from kbroker.broker.config import KafkaConfig
+from kbroker.broker.controller_channel import ControllerChannelManager
+from kbroker.broker.fetch_session import FetchManager, FetchSessionCache
+from kbroker.broker.handlers import all_handlers
+from kbroker.broker.inter_broker import InterBrokerChannel
+from kbroker.broker.metrics import MetricsExporter
+from kbroker.broker.network import SocketServer
+from kbroker.broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotaManager
+from kbroker.broker.replica_manager import ReplicaManager
+from kbroker.broker.security.acls_store import LocalAclStore, ZkAclStore
+from kbroker.broker.security.authorizer import AclAuthorizer
+from kbroker.broker.security.client import ClientSecurity, inter_broker_listener
+from kbroker.broker.security.credentials import LocalScramStore, ScramCredentialStore, ZkScramStore
+from kbroker.broker.security.listener import listener_security
+from kbroker.broker.txn_marker_channel import TxnMarkerChannel
+from kbroker.broker.txn_verification import TxnVerifier
+from kbroker.coordinator.consumer_group_assignors import CLASS_NAMES
+from kbroker.coordinator.controller import ControllerConfig, KafkaController
+from kbroker.coordinator.group_coordinator import OFFSETS_TOPIC, GroupConfig, GroupCoordinator
+from kbroker.coordinator.metadata_store import LocalMetadataStore, TopicRecord
+from kbroker.coordinator.producer_ids import LocalBlockSource, ProducerIdManager
+from kbroker.coordinator.transaction_coordinator import (
+    TRANSACTION_STATE_TOPIC,
+    TransactionCoordinator,
+    TxnConfig,
+)
+from kbroker.coordinator.zk_store import ZkMetadataStore
+from kbroker.protocol import codec, record_walk
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.messages import ControlledShutdownRequest
+from kbroker.storage.config import LogConfig
+from kbroker.storage.manager import LogManager
 
 log = logging.getLogger("kbroker.server")
 

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker.config import KafkaConfig, render_value
-from storage.config import LogConfig
+from kbroker.broker.config import KafkaConfig, render_value
+from kbroker.storage.config import LogConfig
 
 # topic key -> broker key that supplies its default (Kafka's LogConfig synonyms)
 TOPIC_TO_BROKER: dict[str, str] = {
@@ -137,7 +137,7 @@ def broker_config_synonyms(cfg: KafkaConfig, dynamic: Mapping[str, str], name: s
     """Kafka's ConfigHelper.configSynonyms: by source first (dynamic, static, default), then by synonym priority;
     the synonyms ahead of `name` itself are dropped (so log.retention.ms set only through log.retention.hours
     has none, and describes as a default)."""
-    from broker.config import KEYS
+    from kbroker.broker.config import KEYS
 
     names = broker_synonyms(name)
     out: list[tuple[str, str | None, int]] = []

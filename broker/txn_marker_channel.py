@@ -15,15 +15,15 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from broker.inter_broker import TXN_MARKERS, partitions_by_topic
-from broker.replica_manager import error_of
-from coordinator.group_coordinator import OFFSETS_TOPIC
-from protocol.errors import ErrorCode, KafkaError
-from protocol.messages import WriteTxnMarkersRequest, WriteTxnMarkersResponse
-from storage.manager import TopicPartition
+from kbroker.broker.inter_broker import TXN_MARKERS, partitions_by_topic
+from kbroker.broker.replica_manager import error_of
+from kbroker.coordinator.group_coordinator import OFFSETS_TOPIC
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.messages import WriteTxnMarkersRequest, WriteTxnMarkersResponse
+from kbroker.storage.manager import TopicPartition
 
 if TYPE_CHECKING:
-    from broker.server import KafkaServer
+    from kbroker.broker.server import KafkaServer
 
 log = logging.getLogger("kbroker.txn_markers")
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from broker.inter_broker import TXN_VERIFICATION, partitions_by_topic
-from coordinator.group_coordinator import partition_for
-from coordinator.transaction_coordinator import TRANSACTION_STATE_TOPIC
-from protocol.errors import ErrorCode, KafkaError
-from protocol.messages import AddPartitionsToTxnRequest, AddPartitionsToTxnResponse
-from storage.manager import TopicPartition
+from kbroker.broker.inter_broker import TXN_VERIFICATION, partitions_by_topic
+from kbroker.coordinator.group_coordinator import partition_for
+from kbroker.coordinator.transaction_coordinator import TRANSACTION_STATE_TOPIC
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.messages import AddPartitionsToTxnRequest, AddPartitionsToTxnResponse
+from kbroker.storage.manager import TopicPartition
 
 if TYPE_CHECKING:
-    from broker.server import KafkaServer
+    from kbroker.broker.server import KafkaServer
 
 log = logging.getLogger("kbroker.txn_verification")
 

@@ -11,8 +11,8 @@ import asyncio
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 
-from coordinator import consumer_group_records as cgr
-from coordinator.consumer_group_records import Assignment, ConsumerGroupRecord, RecordType
+from kbroker.coordinator import consumer_group_records as cgr
+from kbroker.coordinator.consumer_group_records import Assignment, ConsumerGroupRecord, RecordType
 
 LEAVE_GROUP_MEMBER_EPOCH = -1
 LEAVE_GROUP_STATIC_MEMBER_EPOCH = -2

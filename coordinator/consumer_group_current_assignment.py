@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from coordinator.consumer_group import ConsumerGroupMember, MemberState
-from coordinator.consumer_group_records import Assignment
+from kbroker.coordinator.consumer_group import ConsumerGroupMember, MemberState
+from kbroker.coordinator.consumer_group_records import Assignment
 
 
 class CurrentAssignmentBuilder:

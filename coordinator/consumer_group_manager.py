@@ -19,23 +19,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from coordinator import consumer_group_records as cgr
-from coordinator.consumer_group import (
+from kbroker.coordinator import consumer_group_records as cgr
+from kbroker.coordinator.consumer_group import (
     LEAVE_GROUP_MEMBER_EPOCH,
     LEAVE_GROUP_STATIC_MEMBER_EPOCH,
     ConsumerGroup,
     ConsumerGroupMember,
     MemberState,
 )
-from coordinator.consumer_group_assignors import TargetAssignmentBuilder, assignor_named
-from coordinator.consumer_group_current_assignment import CurrentAssignmentBuilder
-from coordinator.consumer_group_records import Assignment, ConsumerGroupRecord
-from coordinator.group_metadata import GroupMetadata, GroupState
-from protocol.errors import ErrorCode
+from kbroker.coordinator.consumer_group_assignors import TargetAssignmentBuilder, assignor_named
+from kbroker.coordinator.consumer_group_current_assignment import CurrentAssignmentBuilder
+from kbroker.coordinator.consumer_group_records import Assignment, ConsumerGroupRecord
+from kbroker.coordinator.group_metadata import GroupMetadata, GroupState
+from kbroker.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from coordinator.consumer_group_migration import ClassicUpgrade
-    from coordinator.group_coordinator import CoordinatorHost, GroupConfig
+    from kbroker.coordinator.consumer_group_migration import ClassicUpgrade
+    from kbroker.coordinator.group_coordinator import CoordinatorHost, GroupConfig
 
 log = logging.getLogger("kbroker.group")
 

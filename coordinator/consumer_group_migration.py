@@ -30,19 +30,24 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from coordinator import consumer_group_records as cgr
-from coordinator import group_records
-from coordinator.consumer_group import ClassicMemberMetadata, ConsumerGroup, ConsumerGroupMember, MemberState
-from coordinator.consumer_group_manager import ConsumerGroupError, ConsumerGroupManager
-from coordinator.consumer_group_records import Assignment, ConsumerGroupRecord
-from coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata
-from protocol import codec
-from protocol.errors import ErrorCode
-from protocol.messages import ConsumerProtocolAssignment, ConsumerProtocolSubscription
-from protocol.primitives import I16
+from kbroker.coordinator import consumer_group_records as cgr
+from kbroker.coordinator import group_records
+from kbroker.coordinator.consumer_group import (
+    ClassicMemberMetadata,
+    ConsumerGroup,
+    ConsumerGroupMember,
+    MemberState,
+)
+from kbroker.coordinator.consumer_group_manager import ConsumerGroupError, ConsumerGroupManager
+from kbroker.coordinator.consumer_group_records import Assignment, ConsumerGroupRecord
+from kbroker.coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata
+from kbroker.protocol import codec
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import ConsumerProtocolAssignment, ConsumerProtocolSubscription
+from kbroker.protocol.primitives import I16
 
 if TYPE_CHECKING:
-    from coordinator.group_coordinator import JoinResult
+    from kbroker.coordinator.group_coordinator import JoinResult
 
 log = logging.getLogger("kbroker.group")
 
@@ -201,7 +206,7 @@ class ConsumerGroupMigration(ConsumerGroupManager):
 
     @staticmethod
     def _complete_classic_futures(g: GroupMetadata, code: ErrorCode) -> None:
-        from coordinator.group_coordinator import JoinResult  # group_coordinator imports this module
+        from kbroker.coordinator.group_coordinator import JoinResult  # group_coordinator imports this module
 
         for m in g.members.values():
             if m.join_future is not None and not m.join_future.done():
@@ -217,7 +222,7 @@ class ConsumerGroupMigration(ConsumerGroupManager):
             client_id: str, client_host: str, rebalance_timeout_ms: int, session_timeout_ms: int,
             protocol_type: str, protocols: list[tuple[str, bytes]]) -> JoinResult:
         """Kafka's classicGroupJoinToConsumerGroup."""
-        from coordinator.group_coordinator import JoinResult  # group_coordinator imports this module
+        from kbroker.coordinator.group_coordinator import JoinResult  # group_coordinator imports this module
 
         cg = g.consumer
         assert cg is not None

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from protocol import codec
-from protocol.messages import (
+from kbroker.protocol import codec
+from kbroker.protocol.messages import (
     ConsumerGroupCurrentMemberAssignmentKey,
     ConsumerGroupCurrentMemberAssignmentValue,
     ConsumerGroupMemberMetadataKey,
@@ -29,7 +29,7 @@ from protocol.messages import (
     ConsumerGroupTargetAssignmentMetadataKey,
     ConsumerGroupTargetAssignmentMetadataValue,
 )
-from protocol.primitives import I16
+from kbroker.protocol.primitives import I16
 
 VALUE_VERSION = 0
 

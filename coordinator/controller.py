@@ -25,10 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from kazoo.exceptions import BadVersionError, NoNodeError, ZookeeperError
 from kazoo.recipe.watchers import DataWatch
-
-from coordinator import controller_zk as czk
-from coordinator import zk_paths as zp
-from coordinator.controller_context import (
+from kbroker.coordinator import controller_zk as czk
+from kbroker.coordinator import zk_paths as zp
+from kbroker.coordinator.controller_context import (
     NO_LEADER,
     ControllerContext,
     Reassignment,
@@ -41,12 +40,12 @@ from coordinator.controller_context import (
     reassign_leader,
     without_replicas,
 )
-from coordinator.controller_requests import BrokerInfo, RequestBatch, Send
-from coordinator.zk_paths import LeaderIsrState
-from protocol.errors import ErrorCode
+from kbroker.coordinator.controller_requests import BrokerInfo, RequestBatch, Send
+from kbroker.coordinator.zk_paths import LeaderIsrState
+from kbroker.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from coordinator.zk_store import ZkMetadataStore
+    from kbroker.coordinator.zk_store import ZkMetadataStore
 
 log = logging.getLogger("kbroker.controller")
 

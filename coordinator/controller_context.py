@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coordinator.zk_paths import LeaderIsrState
-from storage.manager import TopicPartition
+from kbroker.coordinator.zk_paths import LeaderIsrState
+from kbroker.storage.manager import TopicPartition
 
 NO_LEADER = -1
 

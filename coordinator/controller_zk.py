@@ -12,10 +12,9 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
-
-from coordinator import zk_paths as zp
-from coordinator.controller_context import TopicPartition
-from coordinator.zk_paths import LeaderIsrState, TopicAssignment
+from kbroker.coordinator import zk_paths as zp
+from kbroker.coordinator.controller_context import TopicPartition
+from kbroker.coordinator.zk_paths import LeaderIsrState, TopicAssignment
 
 
 class ControllerMovedError(Exception):

@@ -19,16 +19,16 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from coordinator import consumer_group_records as cgr
-from coordinator import group_records as records
-from coordinator.consumer_group_migration import ConsumerGroupMigration
-from coordinator.coordinator_loop import CoordinatorLoop
-from coordinator.group_loader import LoadedEntry, LoadedMarker, LoadedRecord, read_entries
-from coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata
-from coordinator.group_offsets import GroupOffsets
-from protocol.errors import ErrorCode, KafkaError
-from protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, build_batch
-from storage.errors import NotLeaderOrFollowerError
+from kbroker.coordinator import consumer_group_records as cgr
+from kbroker.coordinator import group_records as records
+from kbroker.coordinator.consumer_group_migration import ConsumerGroupMigration
+from kbroker.coordinator.coordinator_loop import CoordinatorLoop
+from kbroker.coordinator.group_loader import LoadedEntry, LoadedMarker, LoadedRecord, read_entries
+from kbroker.coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata
+from kbroker.coordinator.group_offsets import GroupOffsets
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, build_batch
+from kbroker.storage.errors import NotLeaderOrFollowerError
 
 log = logging.getLogger("kbroker.group")
 

@@ -12,10 +12,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator import group_records as records
-from coordinator.consumer_group_records import ConsumerGroupRecord
-from protocol.primitives import I16
-from protocol.records import NO_PRODUCER_ID, decode_records, iter_batch_headers
+from kbroker.coordinator import group_records as records
+from kbroker.coordinator.consumer_group_records import ConsumerGroupRecord
+from kbroker.protocol.primitives import I16
+from kbroker.protocol.records import NO_PRODUCER_ID, decode_records, iter_batch_headers
 
 log = logging.getLogger("kbroker.group")
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from storage.manager import TopicPartition
+from kbroker.storage.manager import TopicPartition
 
 if TYPE_CHECKING:
-    from coordinator.consumer_group import ConsumerGroup
+    from kbroker.coordinator.consumer_group import ConsumerGroup
 
 
 class GroupState(Enum):
@@ -219,9 +219,9 @@ class GroupMetadata:
 
     def subscribed_topics(self) -> set[str] | None:
         """Topics the consumer members subscribe to, or None when they cannot be known."""
-        from protocol import codec
-        from protocol.messages import ConsumerProtocolSubscription
-        from protocol.primitives import I16
+        from kbroker.protocol import codec
+        from kbroker.protocol.messages import ConsumerProtocolSubscription
+        from kbroker.protocol.primitives import I16
 
         if self.consumer is not None:
             return self.consumer.subscribed_topic_names()

@@ -16,17 +16,17 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from coordinator import consumer_group_records as cgr
-from coordinator import group_records as records
-from coordinator.consumer_group_manager import ConsumerGroupManager
-from coordinator.group_loader import LoadedRecord
-from coordinator.group_metadata import GroupMetadata, GroupState, OffsetAndMetadata, TopicPartition
-from protocol.errors import ErrorCode, KafkaError
-from protocol.records import NO_PRODUCER_ID
+from kbroker.coordinator import consumer_group_records as cgr
+from kbroker.coordinator import group_records as records
+from kbroker.coordinator.consumer_group_manager import ConsumerGroupManager
+from kbroker.coordinator.group_loader import LoadedRecord
+from kbroker.coordinator.group_metadata import GroupMetadata, GroupState, OffsetAndMetadata, TopicPartition
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.records import NO_PRODUCER_ID
 
 if TYPE_CHECKING:
-    from coordinator.consumer_group import ConsumerGroup
-    from coordinator.group_coordinator import CoordinatorHost, GroupConfig
+    from kbroker.coordinator.consumer_group import ConsumerGroup
+    from kbroker.coordinator.group_coordinator import CoordinatorHost, GroupConfig
 
 log = logging.getLogger("kbroker.group")
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coordinator import consumer_group_records
-from coordinator.consumer_group_records import ConsumerGroupRecord
-from coordinator.group_metadata import GroupMetadata, OffsetAndMetadata
-from protocol import codec
-from protocol.messages import GroupMetadataKey, GroupMetadataValue, OffsetCommitKey, OffsetCommitValue
-from protocol.primitives import I16
+from kbroker.coordinator import consumer_group_records
+from kbroker.coordinator.consumer_group_records import ConsumerGroupRecord
+from kbroker.coordinator.group_metadata import GroupMetadata, OffsetAndMetadata
+from kbroker.protocol import codec
+from kbroker.protocol.messages import GroupMetadataKey, GroupMetadataValue, OffsetCommitKey, OffsetCommitValue
+from kbroker.protocol.primitives import I16
 
 OFFSET_KEY_VERSION = 1
 GROUP_KEY_VERSION = 2

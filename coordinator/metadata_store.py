@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage.atomic_file import write_atomically
+from kbroker.storage.atomic_file import write_atomically
 
 log = logging.getLogger("kbroker.metadata")
 

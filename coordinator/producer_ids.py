@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Protocol
 
-from storage.atomic_file import write_atomically
+from kbroker.storage.atomic_file import write_atomically
 
 log = logging.getLogger("kbroker.producer_ids")
 

@@ -24,11 +24,11 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from coordinator import transaction_records as records
-from coordinator.coordinator_loop import CoordinatorLoop
-from coordinator.group_coordinator import partition_for
-from coordinator.producer_ids import ProducerIdsExhausted
-from coordinator.transaction_metadata import (
+from kbroker.coordinator import transaction_records as records
+from kbroker.coordinator.coordinator_loop import CoordinatorLoop
+from kbroker.coordinator.group_coordinator import partition_for
+from kbroker.coordinator.producer_ids import ProducerIdsExhausted
+from kbroker.coordinator.transaction_metadata import (
     EXPIRATION_ALLOWED,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
@@ -40,10 +40,10 @@ from coordinator.transaction_metadata import (
     is_epoch_exhausted,
     unknown_state_filters,
 )
-from protocol.errors import ErrorCode
-from protocol.messages import DescribeTransactionsResponse, ListTransactionsResponse
-from protocol.records import build_batch, decode_records, iter_batch_headers
-from storage.errors import KafkaStorageError, NotLeaderOrFollowerError, RecordTooLargeError
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import DescribeTransactionsResponse, ListTransactionsResponse
+from kbroker.protocol.records import build_batch, decode_records, iter_batch_headers
+from kbroker.storage.errors import KafkaStorageError, NotLeaderOrFollowerError, RecordTooLargeError
 
 log = logging.getLogger("kbroker.txn")
 

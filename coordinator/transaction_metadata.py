@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import NoReturn
 
-from protocol.errors import ErrorCode
-from storage.manager import TopicPartition
+from kbroker.protocol.errors import ErrorCode
+from kbroker.storage.manager import TopicPartition
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coordinator.transaction_metadata import TransactionMetadata, TransactionState, TxnTransitMetadata
-from protocol import codec
-from protocol.messages import TransactionLogKey, TransactionLogValue
-from protocol.primitives import I16
+from kbroker.coordinator.transaction_metadata import TransactionMetadata, TransactionState, TxnTransitMetadata
+from kbroker.protocol import codec
+from kbroker.protocol.messages import TransactionLogKey, TransactionLogValue
+from kbroker.protocol.primitives import I16
 
 KEY_VERSION = 0
 VALUE_VERSION = 0

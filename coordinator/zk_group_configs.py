@@ -19,9 +19,8 @@ from urllib.parse import unquote
 
 from kazoo.client import KazooClient
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
-
-from coordinator import zk_paths as zp
-from coordinator.metadata_store import with_group_configs
+from kbroker.coordinator import zk_paths as zp
+from kbroker.coordinator.metadata_store import with_group_configs
 
 log = logging.getLogger("kbroker.metadata")
 

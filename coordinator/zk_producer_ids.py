@@ -13,9 +13,8 @@ from collections.abc import Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
-
-from coordinator.producer_ids import block_json, next_block_after
-from coordinator.zk_paths import LATEST_PRODUCER_ID_BLOCK
+from kbroker.coordinator.producer_ids import block_json, next_block_after
+from kbroker.coordinator.zk_paths import LATEST_PRODUCER_ID_BLOCK
 
 log = logging.getLogger("kbroker.producer_ids")
 

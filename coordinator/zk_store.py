@@ -36,21 +36,20 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
-
-from coordinator import zk_paths as zp
-from coordinator.metadata_store import (
+from kbroker.coordinator import zk_paths as zp
+from kbroker.coordinator.metadata_store import (
     PartitionState,
     TopicRecord,
     new_cluster_id,
     new_topic_id,
     with_client_quotas,
 )
-from coordinator.zk_group_configs import ZkGroupConfigs
-from coordinator.zk_producer_ids import ZkProducerIdBlockAllocator
-from protocol.errors import ErrorCode, KafkaError
+from kbroker.coordinator.zk_group_configs import ZkGroupConfigs
+from kbroker.coordinator.zk_producer_ids import ZkProducerIdBlockAllocator
+from kbroker.protocol.errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:
-    from broker.config import KafkaConfig
+    from kbroker.broker.config import KafkaConfig
 
 log = logging.getLogger("kbroker.zookeeper")
 

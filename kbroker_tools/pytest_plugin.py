@@ -61,10 +61,10 @@ def _free_port() -> int:
 
 
 def _broker_import_root() -> str:
-    """The directory `python -m broker` must run from to get the same broker this process would import."""
-    spec = find_spec("broker")
+    """The directory `python -m kbroker.broker` must run from to get the same broker this process would import."""
+    spec = find_spec("kbroker")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the kbroker package (module `broker`) is not importable")
+        raise RuntimeError("the kbroker package is not importable")
     return str(Path(next(iter(spec.submodule_search_locations))).parent)
 
 
@@ -111,16 +111,15 @@ class KafkaBroker:
         props = self.data_dir / "server.properties"
         props.write_text("".join(f"{k}={v}\n" for k, v in self.overrides.items()))
         with open(self.log_path, "ab") as logf:
-            self._proc = subprocess.Popen([sys.executable, "-m", "broker", str(props)], cwd=_broker_import_root(),
+            self._proc = subprocess.Popen([sys.executable, "-m", "kbroker.broker", str(props)], cwd=_broker_import_root(),
                                           stdout=logf, stderr=subprocess.STDOUT)
 
     def _start_inline(self) -> None:
         import asyncio
 
         import uvloop
-
-        from broker.config import KafkaConfig
-        from broker.server import KafkaServer
+        from kbroker.broker.config import KafkaConfig
+        from kbroker.broker.server import KafkaServer
 
         server = KafkaServer(KafkaConfig(dict(self.overrides)))
         started = threading.Event()

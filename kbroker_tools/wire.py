@@ -7,8 +7,8 @@ import socket
 import struct
 from typing import Any
 
-from protocol import codec
-from protocol.messages import (
+from kbroker.protocol import codec
+from kbroker.protocol.messages import (
     ApiVersionsRequest,
     ApiVersionsResponse,
     CreateTopicsRequest,

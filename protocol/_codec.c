@@ -910,7 +910,7 @@ static PyMethodDef Plan_methods[] = {
 
 static PyTypeObject PlanType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "protocol._codec.Plan",
+    .tp_name = "kbroker.protocol._codec.Plan",
     .tp_basicsize = sizeof(Plan),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
@@ -939,7 +939,7 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, "protocol._codec", "Compiled Kafka protocol codec (see protocol/codec.py).", -1,
+    PyModuleDef_HEAD_INIT, "kbroker.protocol._codec", "Compiled Kafka protocol codec (see protocol/codec.py).", -1,
     module_methods,
 };
 

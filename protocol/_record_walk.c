@@ -219,6 +219,6 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "protocol._record_walk", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kbroker.protocol._record_walk", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__record_walk(void) { return PyModule_Create(&module); }

@@ -14,11 +14,11 @@ FORCED_PURE = os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
 
 
 def load(name: str) -> ModuleType | None:
-    """protocol.<name> if it is built and not switched off, else None (its Python reference is used)."""
+    """kbroker.protocol.<name> if it is built and not switched off, else None (its Python reference is used)."""
     if FORCED_PURE:
         return None
     try:
-        return importlib.import_module(f"protocol.{name}")
+        return importlib.import_module(f"kbroker.protocol.{name}")
     except ImportError:  # not built (no compiler at install time)
         return None
 

@@ -16,10 +16,10 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from protocol import accelerators
-from protocol import primitives as p
-from protocol.fieldspec import INHERIT, NEW_STRUCT, FieldSpec
-from protocol.messages import MESSAGES, RequestHeader, ResponseHeader
+from kbroker.protocol import accelerators
+from kbroker.protocol import primitives as p
+from kbroker.protocol.fieldspec import INHERIT, NEW_STRUCT, FieldSpec
+from kbroker.protocol.messages import MESSAGES, RequestHeader, ResponseHeader
 
 DecodeError = p.DecodeError
 

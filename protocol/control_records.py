@@ -11,7 +11,7 @@ import functools
 import struct
 from dataclasses import dataclass
 
-from protocol.records import (
+from kbroker.protocol.records import (
     DEFAULT_MAX_DECOMPRESSED,
     NO_SEQUENCE,
     Buffer,

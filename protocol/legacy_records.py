@@ -23,8 +23,7 @@ from dataclasses import dataclass
 
 import lz4.block
 import lz4.frame
-
-from protocol.records import (
+from kbroker.protocol.records import (
     ATTR_COMPRESSION_MASK,
     ATTR_CONTROL,
     ATTR_TIMESTAMP_TYPE,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from protocol.fieldspec import INHERIT, NEW_STRUCT, ZERO_UUID, FieldSpec
+from kbroker.protocol.fieldspec import INHERIT, NEW_STRUCT, ZERO_UUID, FieldSpec
 
 
 @dataclass(slots=True)

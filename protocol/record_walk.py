@@ -14,8 +14,8 @@ and is used when built (setup.py, optional: `python setup.py build_ext --inplace
 
 from __future__ import annotations
 
-from protocol import accelerators
-from protocol.primitives import DecodeError, read_uvarint
+from kbroker.protocol import accelerators
+from kbroker.protocol.primitives import DecodeError, read_uvarint
 
 __all__ = ["COMPILED", "IMPLEMENTATION", "WalkResult", "walk_records", "walk_records_py"]
 

@@ -21,9 +21,8 @@ import crc32c as _crc32c
 import lz4.frame
 import snappy
 import zstandard
-
-from protocol import primitives as _primitives
-from protocol.record_walk import WalkResult, walk_records
+from kbroker.protocol import primitives as _primitives
+from kbroker.protocol.record_walk import WalkResult, walk_records
 
 __all__ = [
     "ATTR_COMPRESSION_MASK",

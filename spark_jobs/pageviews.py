@@ -4,7 +4,7 @@ Input records: JSON ``{"ts": <epoch ms>, "user": "<id>", "page": "<path>"}``. Ou
 (append mode behind a watermark), key = page, value = JSON
 ``{"page", "window_start", "window_end" (ISO-8601 UTC), "views"}``.
 
-    python -m spark_jobs.pageviews --bootstrap-servers HOST:PORT --input-topic T --output-topic O \\
+    python -m kbroker.spark_jobs.pageviews --bootstrap-servers HOST:PORT --input-topic T --output-topic O \\
         --checkpoint DIR [--trigger available-now|<seconds>] [--source kafka|python|auto]
 
 ``--source kafka`` uses Spark's own connector (its jars must be on the classpath: ``--packages`` or ``--jars``),
@@ -86,7 +86,7 @@ def kafka_connector_available(spark: Any) -> bool:
 
 def choose_format(spark: Any, source: str) -> str:
     """Resolve --source to the format name to use for both source and sink: 'kafka' or 'kbroker'."""
-    from spark_jobs.kbroker_source import NAME, register
+    from kbroker.spark_jobs.kbroker_source import NAME, register
 
     if source not in ("kafka", "python", "auto"):
         raise ValueError(f"--source must be kafka, python or auto, not {source!r}")
@@ -190,7 +190,7 @@ def run(spark: Any, cfg: JobConfig, timeout: float | None = None) -> Any:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[JobConfig, argparse.Namespace]:
-    p = argparse.ArgumentParser(prog="python -m spark_jobs.pageviews", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kbroker.spark_jobs.pageviews", description=__doc__.split("\n\n")[0])
     p.add_argument("--bootstrap-servers", required=True, help="HOST:PORT[,HOST:PORT...]")
     p.add_argument("--input-topic", required=True)
     p.add_argument("--output-topic", required=True)

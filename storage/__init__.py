@@ -1,7 +1,7 @@
 """Per-partition segmented log storage with Kafka semantics (sync, thread-safe, no asyncio)."""
 
-from storage.config import TOPIC_CONFIG_KEYS, LogConfig
-from storage.errors import (
+from kbroker.storage.config import TOPIC_CONFIG_KEYS, LogConfig
+from kbroker.storage.errors import (
     CorruptRecordError,
     InvalidRecordError,
     KafkaStorageError,
@@ -9,10 +9,10 @@ from storage.errors import (
     RecordTooLargeError,
     StorageError,
 )
-from storage.log import FetchDataInfo, Log, LogAppendInfo
-from storage.manager import LogManager
-from storage.segment import FileRecordsSlice, LogSegment
-from storage.transaction_index import AbortedTxn
+from kbroker.storage.log import FetchDataInfo, Log, LogAppendInfo
+from kbroker.storage.manager import LogManager
+from kbroker.storage.segment import FileRecordsSlice, LogSegment
+from kbroker.storage.transaction_index import AbortedTxn
 
 __all__ = [
     "TOPIC_CONFIG_KEYS",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from storage.atomic_file import write_atomically
+from kbroker.storage.atomic_file import write_atomically
 
 logger = logging.getLogger("kbroker.storage")
 

@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from protocol.control_records import parse_end_txn_marker
-from protocol.records import (
+from kbroker.protocol.control_records import parse_end_txn_marker
+from kbroker.protocol.records import (
     COMPRESSION_NONE,
     DEFAULT_MAX_DECOMPRESSED,
     TIMESTAMP_LOG_APPEND_TIME,
@@ -43,7 +43,7 @@ from protocol.records import (
     max_decompressed_size,
     parse_batch_header,
 )
-from storage.cleaner_transactions import (
+from kbroker.storage.cleaner_transactions import (
     CleanedTransactionMetadata,
     LastRecord,
     empty_batch,
@@ -52,9 +52,9 @@ from storage.cleaner_transactions import (
     is_last_batch_of_producer,
     last_records_of_producers,
 )
-from storage.index import OffsetIndex, TimeIndex
-from storage.log import Log
-from storage.segment import CLEANED_SUFFIX, SWAP_SUFFIX, LogSegment, segment_file_name
+from kbroker.storage.index import OffsetIndex, TimeIndex
+from kbroker.storage.log import Log
+from kbroker.storage.segment import CLEANED_SUFFIX, SWAP_SUFFIX, LogSegment, segment_file_name
 
 logger = logging.getLogger("kbroker.storage")
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from protocol.control_records import EndTxnMarker, parse_end_txn_marker
-from protocol.records import COMPRESSION_NONE, Record, RecordBatchHeader, build_batch, decode_records
-from storage.producer_state import ProducerStateEntry
-from storage.transaction_index import AbortedTxn, TransactionIndex
+from kbroker.protocol.control_records import EndTxnMarker, parse_end_txn_marker
+from kbroker.protocol.records import COMPRESSION_NONE, Record, RecordBatchHeader, build_batch, decode_records
+from kbroker.storage.producer_state import ProducerStateEntry
+from kbroker.storage.transaction_index import AbortedTxn, TransactionIndex
 
 
 @dataclass(slots=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol.records import CorruptRecordError, InvalidRecordError
+from kbroker.protocol.records import CorruptRecordError, InvalidRecordError
 
 __all__ = [
     "CorruptRecordError",

@@ -24,7 +24,7 @@ import threading
 from array import array
 from pathlib import Path
 
-from storage.file_handles import LazyFile
+from kbroker.storage.file_handles import LazyFile
 
 _INT32_MAX = 2**31 - 1
 PENDING_BYTES = 4096

@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import NamedTuple
 
-from storage.atomic_file import write_atomically
+from kbroker.storage.atomic_file import write_atomically
 
 logger = logging.getLogger("kbroker.storage")
 

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from storage.log import Log
+    from kbroker.storage.log import Log
 
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2

@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.control_records import EndTxnMarker, build_end_txn_marker_batch, parse_end_txn_marker
-from protocol.legacy_records import MAGIC_V1, convert_produced_set, first_magic
-from protocol.records import (
+from kbroker.protocol.control_records import EndTxnMarker, build_end_txn_marker_batch, parse_end_txn_marker
+from kbroker.protocol.legacy_records import MAGIC_V1, convert_produced_set, first_magic
+from kbroker.protocol.records import (
     ATTR_TIMESTAMP_TYPE,
     BatchesSummary,
     decode_records,
@@ -32,40 +32,40 @@ from protocol.records import (
     set_partition_leader_epoch,
     validate_batches,
 )
-from storage.atomic_file import fsync_dir
-from storage.config import LogConfig
-from storage.errors import (
+from kbroker.storage.atomic_file import fsync_dir
+from kbroker.storage.config import LogConfig
+from kbroker.storage.errors import (
     KafkaStorageError,
     NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
 )
-from storage.flush_stats import FLUSH_STATS
-from storage.leader_epoch_cache import LeaderEpochFileCache
-from storage.log_loader import (
+from kbroker.storage.flush_stats import FLUSH_STATS
+from kbroker.storage.leader_epoch_cache import LeaderEpochFileCache
+from kbroker.storage.log_loader import (
     INDEX_SUFFIXES,
     batches_with_markers,
     cleanup_leftover_files,
     recover_segments,
     segment_bases,
 )
-from storage.log_replica import ReplicaLogMixin
-from storage.producer_state import (
+from kbroker.storage.log_replica import ReplicaLogMixin
+from kbroker.storage.producer_state import (
     BatchMetadata,
     ProducerAppendInfo,
     ProducerStateEntry,
     ProducerStateManager,
     validate_client_batch,
 )
-from storage.recovery import recover_segment
-from storage.segment import (
+from kbroker.storage.recovery import recover_segment
+from kbroker.storage.segment import (
     DELETED_SUFFIX,
     INDEX_SUFFIX,
     LOG_SUFFIX,
     FileRecordsSlice,
     LogSegment,
 )
-from storage.transaction_index import AbortedTxn, CompletedTxn, collect_aborted_txns
+from kbroker.storage.transaction_index import AbortedTxn, CompletedTxn, collect_aborted_txns
 
 logger = logging.getLogger("kbroker.storage")
 

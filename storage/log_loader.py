@@ -8,10 +8,10 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from protocol.control_records import EndTxnMarker, parse_end_txn_marker
-from protocol.records import RecordBatchHeader
-from storage.recovery import next_offset_of_segment_file, recover_segment
-from storage.segment import (
+from kbroker.protocol.control_records import EndTxnMarker, parse_end_txn_marker
+from kbroker.protocol.records import RecordBatchHeader
+from kbroker.storage.recovery import next_offset_of_segment_file, recover_segment
+from kbroker.storage.segment import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
     INDEX_SUFFIX,
@@ -21,7 +21,7 @@ from storage.segment import (
     BatchLocation,
     LogSegment,
 )
-from storage.transaction_index import TXN_INDEX_SUFFIX
+from kbroker.storage.transaction_index import TXN_INDEX_SUFFIX
 
 logger = logging.getLogger("kbroker.storage")
 

@@ -23,17 +23,17 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from protocol.records import validate_batches
-from storage.errors import KafkaStorageError
-from storage.leader_epoch_cache import LeaderEpochFileCache
-from storage.segment import DELETED_SUFFIX, LogSegment
+from kbroker.protocol.records import validate_batches
+from kbroker.storage.errors import KafkaStorageError
+from kbroker.storage.leader_epoch_cache import LeaderEpochFileCache
+from kbroker.storage.segment import DELETED_SUFFIX, LogSegment
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from storage.config import LogConfig
-    from storage.log import LogAppendInfo
-    from storage.producer_state import ProducerStateManager
+    from kbroker.storage.config import LogConfig
+    from kbroker.storage.log import LogAppendInfo
+    from kbroker.storage.producer_state import ProducerStateManager
 
 logger = logging.getLogger("kbroker.storage")
 
@@ -91,7 +91,7 @@ class ReplicaLogMixin:
         batches may skip offsets (compaction) but never start below the log end: that raises
         UnexpectedAppendOffsetError.
         """
-        from storage.log import LogAppendInfo
+        from kbroker.storage.log import LogAppendInfo
 
         summary = validate_batches(records, from_client=False, replicated=True)
         batches = summary.batches

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.checkpoints import (
+from kbroker.storage.checkpoints import (
     CLEAN_SHUTDOWN_MARKER,
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -20,11 +20,11 @@ from storage.checkpoints import (
     REPLICATION_OFFSET_CHECKPOINT,
     OffsetCheckpointFile,
 )
-from storage.cleaner import LogCleaner, rewrite_empty_compressed_batches
-from storage.config import LogConfig
-from storage.errors import KafkaStorageError
-from storage.file_handles import SEGMENT_FILES
-from storage.log import Log
+from kbroker.storage.cleaner import LogCleaner, rewrite_empty_compressed_batches
+from kbroker.storage.config import LogConfig
+from kbroker.storage.errors import KafkaStorageError
+from kbroker.storage.file_handles import SEGMENT_FILES
+from kbroker.storage.log import Log
 
 logger = logging.getLogger("kbroker.storage")
 

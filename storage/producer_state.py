@@ -35,17 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import crc32c
-
-from protocol.control_records import EndTxnMarker
-from protocol.records import NO_PRODUCER_EPOCH, NO_SEQUENCE, InvalidRecordError, RecordBatchHeader
-from storage.errors import (
+from kbroker.protocol.control_records import EndTxnMarker
+from kbroker.protocol.records import NO_PRODUCER_EPOCH, NO_SEQUENCE, InvalidRecordError, RecordBatchHeader
+from kbroker.storage.errors import (
     InvalidProducerEpochError,
     InvalidTxnStateError,
     OutOfOrderSequenceError,
     TransactionCoordinatorFencedError,
     UnknownProducerIdError,
 )
-from storage.transaction_index import CompletedTxn
+from kbroker.storage.transaction_index import CompletedTxn
 
 logger = logging.getLogger("kbroker.storage")
 

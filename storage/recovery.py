@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import crc32c
-
-from protocol.records import BATCH_HEADER_SIZE, BATCH_OVERHEAD, LOG_OVERHEAD, parse_batch_header
-from storage.segment import LogSegment
+from kbroker.protocol.records import BATCH_HEADER_SIZE, BATCH_OVERHEAD, LOG_OVERHEAD, parse_batch_header
+from kbroker.storage.segment import LogSegment
 
 logger = logging.getLogger("kbroker.storage")
 

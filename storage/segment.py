@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
 
-from protocol.records import (
+from kbroker.protocol.records import (
     BATCH_HEADER_SIZE,
     BATCH_OVERHEAD,
     DEFAULT_MAX_DECOMPRESSED,
@@ -19,9 +19,9 @@ from protocol.records import (
     decode_records,
     parse_batch_header,
 )
-from storage.file_handles import LazyFile, OpenFile
-from storage.index import OffsetIndex, TimeIndex
-from storage.transaction_index import TXN_INDEX_SUFFIX, TransactionIndex
+from kbroker.storage.file_handles import LazyFile, OpenFile
+from kbroker.storage.index import OffsetIndex, TimeIndex
+from kbroker.storage.transaction_index import TXN_INDEX_SUFFIX, TransactionIndex
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"

@@ -35,7 +35,7 @@ def free_port() -> int:
 
 
 class BrokerProcess:
-    """`python -m broker` with configs/server.properties plus overrides, bound to 127.0.0.1."""
+    """`python -m kbroker.broker` with configs/server.properties plus overrides, bound to 127.0.0.1."""
 
     def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None, port: int | None = None,
                  open_files_limit: int | None = None, env: dict[str, str] | None = None) -> None:
@@ -60,7 +60,7 @@ class BrokerProcess:
 
     def start(self, timeout: float = 30.0) -> BrokerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        args = [sys.executable, "-m", "broker", str(ROOT / "configs" / "server.properties")]
+        args = [sys.executable, "-m", "kbroker.broker", str(ROOT / "configs" / "server.properties")]
         for k, v in self.overrides.items():
             args += ["--override", f"{k}={v}"]
         logf = open(self.log_path, "ab")

@@ -324,8 +324,8 @@ class RawClient:
         return self.recv_exact(size)
 
     def frame(self, api_key: int, version: int, body: Any, client_id: str = "kbroker-tests") -> bytes:
-        from protocol import codec
-        from protocol.messages import RequestHeader
+        from kbroker.protocol import codec
+        from kbroker.protocol.messages import RequestHeader
 
         self.correlation_id += 1
         header = RequestHeader(request_api_key=api_key, request_api_version=version,
@@ -333,7 +333,7 @@ class RawClient:
         return bytes(codec.encode_request(header, body))
 
     def request(self, api_key: int, version: int, body: Any, response_version: int | None = None) -> Any:
-        from protocol import codec
+        from kbroker.protocol import codec
 
         self.send_bytes(self.frame(api_key, version, body))
         cid, resp = codec.decode_response(api_key, version if response_version is None else response_version,

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import ConsumerGroupDescribeRequest
 
-from protocol.errors import ErrorCode
-from protocol.messages import ConsumerGroupDescribeRequest
 from tests.clients import RawClient, wait_until
 
 

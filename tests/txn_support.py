@@ -250,7 +250,7 @@ READERS = {"confluent": read_ck, "kafka-python": read_kp, "aiokafka": read_aio, 
 
 def find_coordinator(bootstrap: str, key: str, key_type: int = 1, timeout: float = 30.0) -> tuple[int, str, int]:
     """FindCoordinator v3 until the coordinator is available: (node id, host, port)."""
-    from protocol.messages import FindCoordinatorRequest
+    from kbroker.protocol.messages import FindCoordinatorRequest
 
     deadline = time.monotonic() + timeout
     with RawClient(bootstrap) as raw:
@@ -267,7 +267,7 @@ def find_coordinator(bootstrap: str, key: str, key_type: int = 1, timeout: float
 def list_offsets(bootstrap: str, topic: str, partitions: Sequence[int], isolation_level: int,
                  timestamp: int = -1) -> dict[int, int]:
     """A raw ListOffsets v4 (-1: latest): with isolation level 1 the answer is the last stable offset."""
-    from protocol.messages import ListOffsetsRequest
+    from kbroker.protocol.messages import ListOffsetsRequest
 
     req = ListOffsetsRequest(replica_id=-1, isolation_level=isolation_level, topics=[
         ListOffsetsRequest.ListOffsetsTopic(name=topic, partitions=[
@@ -285,7 +285,7 @@ def high_watermark_and_lso(bootstrap: str, topic: str, partitions: Sequence[int]
     """partition -> (high watermark, last stable offset), both from one raw Fetch v4 answer, so from one instant
     (two ListOffsets, read_uncommitted then read_committed, miss a transaction that opens and commits between
     them)."""
-    from protocol.messages import FetchRequest
+    from kbroker.protocol.messages import FetchRequest
 
     req = FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1, isolation_level=0, topics=[
         FetchRequest.FetchTopic(topic=topic, partitions=[
@@ -335,7 +335,7 @@ class RawTxnProducer:
     EndTxn v3), for the steps a client library will not take on request (an EndTxn and nothing after)."""
 
     def __init__(self, bootstrap: str, transactional_id: str, timeout_ms: int = 60000) -> None:
-        from protocol.messages import InitProducerIdRequest
+        from kbroker.protocol.messages import InitProducerIdRequest
 
         self.raw = RawClient(bootstrap)
         self.transactional_id = transactional_id
@@ -354,7 +354,7 @@ class RawTxnProducer:
         self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
 
     def add_partitions(self, topic: str, partitions: Sequence[int]) -> dict[int, int]:
-        from protocol.messages import AddPartitionsToTxnRequest
+        from kbroker.protocol.messages import AddPartitionsToTxnRequest
 
         req = AddPartitionsToTxnRequest(
             v3_and_below_transactional_id=self.transactional_id, v3_and_below_producer_id=self.producer_id,
@@ -367,8 +367,8 @@ class RawTxnProducer:
 
     def produce(self, topic: str, partition: int, values: Sequence[bytes], version: int = 9) -> tuple[int, int]:
         """(error code, base offset) of one transactional batch."""
-        from protocol.messages import ProduceRequest
-        from protocol.records import build_batch
+        from kbroker.protocol.messages import ProduceRequest
+        from kbroker.protocol.records import build_batch
 
         seq = self.sequences.get((topic, partition), 0)
         now = int(time.time() * 1000)
@@ -383,7 +383,7 @@ class RawTxnProducer:
         return pr.error_code, pr.base_offset
 
     def end(self, commit: bool, version: int = 3, epoch: int | None = None) -> int:
-        from protocol.messages import EndTxnRequest
+        from kbroker.protocol.messages import EndTxnRequest
 
         resp = self.raw.request(26, version, EndTxnRequest(
             transactional_id=self.transactional_id, producer_id=self.producer_id,

@@ -249,7 +249,7 @@ def render(spec_dir: Path) -> str:
         "from dataclasses import dataclass, field",
         "from typing import Any, ClassVar",
         "",
-        "from protocol.fieldspec import INHERIT, NEW_STRUCT, ZERO_UUID, FieldSpec",
+        "from kbroker.protocol.fieldspec import INHERIT, NEW_STRUCT, ZERO_UUID, FieldSpec",
         "",
         "",
     ]

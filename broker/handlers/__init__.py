@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from broker.apis import ApiHandler
+from kbroker.broker.apis import ApiHandler
 
 
 def all_handlers() -> list[ApiHandler]:
-    from broker.handlers import (
+    from kbroker.broker.handlers import (
         acls,
         api_versions,
         configs,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
-from broker.apis import ApiHandler, RequestContext
-from broker.security.acls import (
+from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.security.acls import (
     AccessControlEntry,
     AclBindingFilter,
     AclOperation,
@@ -23,8 +23,8 @@ from broker.security.acls import (
     permission,
     resource_type,
 )
-from protocol.errors import ErrorCode
-from protocol.messages import (
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import (
     CreateAclsRequest,
     CreateAclsResponse,
     DeleteAclsRequest,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from broker.apis import ApiHandler, RequestContext
-from protocol.messages import ApiVersionsRequest, ApiVersionsResponse
+from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.protocol.messages import ApiVersionsRequest, ApiVersionsResponse
 
 
 def handle_api_versions(ctx: RequestContext, req: ApiVersionsRequest) -> ApiVersionsResponse:

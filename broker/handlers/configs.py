@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from broker.apis import ApiHandler, RequestContext
-from broker.config import CONFIG_TYPE_NAMES, KAFKA_DYNAMIC_CONFIGS, KEYS, render_value
-from broker.group_config import DOCUMENTATION, GROUP_TO_BROKER, INT_TYPE, describe_group
-from broker.security.acls import AclOperation, ResourceType
-from broker.topic_config import (
+from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.config import CONFIG_TYPE_NAMES, KAFKA_DYNAMIC_CONFIGS, KEYS, render_value
+from kbroker.broker.group_config import DOCUMENTATION, GROUP_TO_BROKER, INT_TYPE, describe_group
+from kbroker.broker.security.acls import AclOperation, ResourceType
+from kbroker.broker.topic_config import (
     CONFIG_TYPES,
     SOURCE_DEFAULT,
     SOURCE_DYNAMIC_DEFAULT_BROKER,
@@ -16,8 +16,8 @@ from broker.topic_config import (
     config_type_of,
     describe_topic,
 )
-from protocol.errors import ErrorCode, KafkaError
-from protocol.messages import (
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.messages import (
     AlterConfigsRequest,
     AlterConfigsResponse,
     DescribeConfigsRequest,

@@ -9,12 +9,19 @@ coordinator.ConsumerGroupManager on the group coordinator's loop.
 
 from __future__ import annotations
 
-from broker.apis import ApiHandler, RequestContext
-from broker.handlers.groups import DESCRIBE, GROUP, GROUP_OPERATIONS, READ, _client_host, _group_denied
-from coordinator.consumer_group_manager import ConsumerHeartbeat
-from coordinator.consumer_group_records import Assignment
-from protocol.errors import ErrorCode
-from protocol.messages import (
+from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.handlers.groups import (
+    DESCRIBE,
+    GROUP,
+    GROUP_OPERATIONS,
+    READ,
+    _client_host,
+    _group_denied,
+)
+from kbroker.coordinator.consumer_group_manager import ConsumerHeartbeat
+from kbroker.coordinator.consumer_group_records import Assignment
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import (
     ConsumerGroupDescribeRequest,
     ConsumerGroupDescribeResponse,
     ConsumerGroupHeartbeatRequest,

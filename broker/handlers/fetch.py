@@ -7,10 +7,10 @@ import logging
 import time
 from typing import Any
 
-from broker import metrics
-from broker.apis import ApiHandler, RequestContext
-from broker.down_conversion import check_down_conversion, down_convert_fetched, legacy_fetch_magic
-from broker.fetch_session import (
+from kbroker.broker import metrics
+from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.down_conversion import check_down_conversion, down_convert_fetched, legacy_fetch_magic
+from kbroker.broker.fetch_session import (
     INVALID_SESSION_ID,
     NOT_QUIET,
     CachedPartition,
@@ -24,14 +24,14 @@ from broker.fetch_session import (
     not_quiet,
     quiet_holds,
 )
-from broker.leader_hints import FETCH_VERSION as HINTS_VERSION
-from broker.leader_hints import LeaderHints
-from broker.purgatory import HIGH_WATERMARK, LOG_END, expire
-from broker.replica_manager import LEADER_EPOCH, error_of
-from broker.security.acls import AclOperation, ResourceType
-from protocol import codec
-from protocol.errors import ErrorCode, KafkaError
-from protocol.messages import (
+from kbroker.broker.leader_hints import FETCH_VERSION as HINTS_VERSION
+from kbroker.broker.leader_hints import LeaderHints
+from kbroker.broker.purgatory import HIGH_WATERMARK, LOG_END, expire
+from kbroker.broker.replica_manager import LEADER_EPOCH, error_of
+from kbroker.broker.security.acls import AclOperation, ResourceType
+from kbroker.protocol import codec
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.messages import (
     FetchRequest,
     FetchResponse,
     ListOffsetsRequest,
@@ -39,7 +39,7 @@ from protocol.messages import (
     OffsetForLeaderEpochRequest,
     OffsetForLeaderEpochResponse,
 )
-from storage.legacy_offsets import legacy_offsets_before
+from kbroker.storage.legacy_offsets import legacy_offsets_before
 
 log = logging.getLogger("kbroker.fetch")
 

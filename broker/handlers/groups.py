@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import time
 
-from broker.apis import ApiHandler, RequestContext
-from broker.security.acls import SUPPORTED_OPERATIONS, AclOperation, ResourceType, bit_field
-from coordinator.group_coordinator import partition_for
-from coordinator.group_metadata import GroupState, OffsetAndMetadata
-from protocol.errors import ErrorCode, KafkaError
-from protocol.messages import (
+from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.security.acls import SUPPORTED_OPERATIONS, AclOperation, ResourceType, bit_field
+from kbroker.coordinator.group_coordinator import partition_for
+from kbroker.coordinator.group_metadata import GroupState, OffsetAndMetadata
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.messages import (
     DeleteGroupsRequest,
     DeleteGroupsResponse,
     DescribeGroupsRequest,

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from broker.admin_manager import INTERNAL_TOPICS, validate_topic_name
-from broker.apis import ApiHandler, RequestContext
-from broker.security.acls import SUPPORTED_OPERATIONS, AclOperation, ResourceType, bit_field
-from coordinator.metadata_store import NO_LEADER, PartitionState, TopicRecord
-from protocol.errors import ErrorCode, KafkaError
-from protocol.messages import (
+from kbroker.broker.admin_manager import INTERNAL_TOPICS, validate_topic_name
+from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.security.acls import SUPPORTED_OPERATIONS, AclOperation, ResourceType, bit_field
+from kbroker.coordinator.metadata_store import NO_LEADER, PartitionState, TopicRecord
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.messages import (
     DescribeClusterRequest,
     DescribeClusterResponse,
     DescribeTopicPartitionsRequest,

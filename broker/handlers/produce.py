@@ -10,26 +10,26 @@ import inspect
 import logging
 from typing import Any
 
-from broker import metrics
-from broker.admin_manager import INTERNAL_TOPICS
-from broker.apis import ApiHandler, RequestContext
-from broker.leader_hints import PRODUCE_VERSION as HINTS_VERSION
-from broker.leader_hints import LeaderHints
-from broker.network import DelayedResponse
-from broker.replica_manager import error_of
-from broker.security.acls import AclOperation, ResourceType
-from protocol import codec
-from protocol.errors import ErrorCode
-from protocol.legacy_records import first_magic
-from protocol.messages import ProduceRequest, ProduceResponse
-from protocol.records import (
+from kbroker.broker import metrics
+from kbroker.broker.admin_manager import INTERNAL_TOPICS
+from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.leader_hints import PRODUCE_VERSION as HINTS_VERSION
+from kbroker.broker.leader_hints import LeaderHints
+from kbroker.broker.network import DelayedResponse
+from kbroker.broker.replica_manager import error_of
+from kbroker.broker.security.acls import AclOperation, ResourceType
+from kbroker.protocol import codec
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.legacy_records import first_magic
+from kbroker.protocol.messages import ProduceRequest, ProduceResponse
+from kbroker.protocol.records import (
     ATTR_TRANSACTIONAL,
     BATCH_HEADER_SIZE,
     RecordError,
     RecordValidationError,
     parse_batch_header,
 )
-from storage.errors import KafkaStorageError
+from kbroker.storage.errors import KafkaStorageError
 
 log = logging.getLogger("kbroker.produce")
 # Answers that tell an idempotent producer the broker's idea of its sequence differs from its own.

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from broker.apis import ApiHandler, RequestContext
-from broker.handlers.txn import abortable_error, fenced_error
-from broker.security.acls import AclOperation, ResourceType
-from coordinator.producer_ids import ProducerIdsExhausted
-from protocol.errors import ErrorCode
-from protocol.messages import InitProducerIdRequest, InitProducerIdResponse
+from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.handlers.txn import abortable_error, fenced_error
+from kbroker.broker.security.acls import AclOperation, ResourceType
+from kbroker.coordinator.producer_ids import ProducerIdsExhausted
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import InitProducerIdRequest, InitProducerIdResponse
 
 log = logging.getLogger("kbroker.producer")
 

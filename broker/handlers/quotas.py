@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 
-from broker.apis import ApiHandler, RequestContext
-from broker.quotas import KNOWN_KEYS, SUPPORTED_KEYS
-from broker.security.acls import AclOperation, ResourceType
-from protocol.errors import ErrorCode
-from protocol.messages import (
+from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.quotas import KNOWN_KEYS, SUPPORTED_KEYS
+from kbroker.broker.security.acls import AclOperation, ResourceType
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import (
     AlterClientQuotasRequest,
     AlterClientQuotasResponse,
     DescribeClientQuotasRequest,

@@ -14,12 +14,12 @@ import shutil
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from broker.apis import ApiHandler, RequestContext
-from broker.security.acls import AclOperation, ResourceType
-from coordinator.controller import IsrUpdate, KafkaController, NotControllerError
-from coordinator.metadata_store import PartitionState
-from protocol.errors import ErrorCode
-from protocol.messages import (
+from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.security.acls import AclOperation, ResourceType
+from kbroker.coordinator.controller import IsrUpdate, KafkaController, NotControllerError
+from kbroker.coordinator.metadata_store import PartitionState
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import (
     AlterPartitionReassignmentsRequest,
     AlterPartitionReassignmentsResponse,
     AlterPartitionRequest,

@@ -13,12 +13,12 @@ from collections import Counter
 from collections.abc import Coroutine
 from typing import Any
 
-from broker.apis import ApiHandler, RequestContext
-from broker.security import scram
-from broker.security.acls import AclOperation, ResourceType
-from broker.security.credentials import CredentialChanges
-from protocol.errors import ErrorCode
-from protocol.messages import (
+from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.security import scram
+from kbroker.broker.security.acls import AclOperation, ResourceType
+from kbroker.broker.security.credentials import CredentialChanges
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import (
     AlterUserScramCredentialsRequest,
     AlterUserScramCredentialsResponse,
     DescribeUserScramCredentialsRequest,

@@ -7,18 +7,18 @@ import logging
 import time
 from typing import Any
 
-from broker.admin_manager import (
+from kbroker.broker.admin_manager import (
     EXCESSIVE_PARTITIONS,
     MAX_PARTITIONS_PER_REQUEST,
     check_assignment,
     total_requested_partitions,
 )
-from broker.apis import ApiHandler, RequestContext
-from broker.replica_manager import error_of
-from broker.security.acls import AclOperation, ResourceType
-from broker.topic_config import describe_topic
-from protocol.errors import ErrorCode, KafkaError
-from protocol.messages import (
+from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.replica_manager import error_of
+from kbroker.broker.security.acls import AclOperation, ResourceType
+from kbroker.broker.topic_config import describe_topic
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.messages import (
     CreatePartitionsRequest,
     CreatePartitionsResponse,
     CreateTopicsRequest,

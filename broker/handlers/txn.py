@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
-from broker.apis import ApiHandler, RequestContext
-from broker.replica_manager import error_of
-from broker.security.acls import AclOperation, ResourceType
-from coordinator.group_coordinator import OFFSETS_TOPIC, partition_for
-from coordinator.group_metadata import OffsetAndMetadata
-from protocol.errors import ErrorCode
-from protocol.messages import (
+from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.replica_manager import error_of
+from kbroker.broker.security.acls import AclOperation, ResourceType
+from kbroker.coordinator.group_coordinator import OFFSETS_TOPIC, partition_for
+from kbroker.coordinator.group_metadata import OffsetAndMetadata
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import (
     AddOffsetsToTxnRequest,
     AddOffsetsToTxnResponse,
     AddPartitionsToTxnRequest,
@@ -34,7 +34,7 @@ from protocol.messages import (
     WriteTxnMarkersRequest,
     WriteTxnMarkersResponse,
 )
-from storage.manager import TopicPartition
+from kbroker.storage.manager import TopicPartition
 
 APR = AddPartitionsToTxnResponse
 WRITE, READ, DESCRIBE = AclOperation.WRITE, AclOperation.READ, AclOperation.DESCRIBE

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from broker.security.acls import (
+from kbroker.broker.security.acls import (
     RESOURCE_TYPE_BY_NAME,
     RESOURCE_TYPE_NAMES,
     AccessControlEntry,
@@ -35,7 +35,7 @@ from broker.security.acls import (
     entries_from_json,
     entries_to_json,
 )
-from storage.atomic_file import write_atomically
+from kbroker.storage.atomic_file import write_atomically
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient

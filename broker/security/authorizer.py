@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from broker.security.acls import (
+from kbroker.broker.security.acls import (
     IMPLIED_BY,
     SUPPORTED_OPERATIONS,
     WILDCARD_HOST,
@@ -30,7 +30,7 @@ from broker.security.acls import (
     ResourcePattern,
     ResourceType,
 )
-from broker.security.acls_store import AclStore
+from kbroker.broker.security.acls_store import AclStore
 
 log = logging.getLogger("kbroker.authorizer")
 

@@ -10,13 +10,13 @@ import asyncio
 import struct
 from typing import Any
 
-from broker.config import ConfigError, KafkaConfig
-from broker.security import scram
-from broker.security.sasl import jaas_options
-from broker.security.sasl_common import SaslAuthenticationError, SaslError
-from protocol import codec
-from protocol.errors import ErrorCode
-from protocol.messages import (
+from kbroker.broker.config import ConfigError, KafkaConfig
+from kbroker.broker.security import scram
+from kbroker.broker.security.sasl import jaas_options
+from kbroker.broker.security.sasl_common import SaslAuthenticationError, SaslError
+from kbroker.protocol import codec
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import (
     RequestHeader,
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,
@@ -40,7 +40,7 @@ def inter_broker_listener(config: KafkaConfig) -> str:
 
 class ClientSecurity:
     def __init__(self, config: KafkaConfig, listener: str) -> None:
-        from broker.security.ssl import client_context
+        from kbroker.broker.security.ssl import client_context
 
         self.listener = listener
         self.protocol = config.security_protocol(listener)

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from broker.security.scram import MECHANISMS, ScramCredential
-from storage.atomic_file import write_atomically
+from kbroker.broker.security.scram import MECHANISMS, ScramCredential
+from kbroker.storage.atomic_file import write_atomically
 
 if TYPE_CHECKING:
-    from coordinator.zk_store import ZkMetadataStore
+    from kbroker.coordinator.zk_store import ZkMetadataStore
 
 log = logging.getLogger("kbroker.security")
 

@@ -12,13 +12,13 @@ import os
 import ssl as std_ssl
 from typing import TYPE_CHECKING
 
-from broker.config import ConfigError, KafkaConfig, Listener
-from broker.security import ssl
-from broker.security.credentials import ScramCredentialStore
-from broker.security.sasl import SaslServerAuthenticator, SaslSettings
+from kbroker.broker.config import ConfigError, KafkaConfig, Listener
+from kbroker.broker.security import ssl
+from kbroker.broker.security.credentials import ScramCredentialStore
+from kbroker.broker.security.sasl import SaslServerAuthenticator, SaslSettings
 
 if TYPE_CHECKING:
-    from broker.network import KafkaConnection
+    from kbroker.broker.network import KafkaConnection
 
 log = logging.getLogger("kbroker.security")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hmac
 
-from broker.security.sasl_common import SaslAuthenticationError
+from kbroker.broker.security.sasl_common import SaslAuthenticationError
 
 MECHANISM = "PLAIN"
 

@@ -25,14 +25,14 @@ import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from broker.config import ConfigError, KafkaConfig
-from broker.network import CloseConnection, Response
-from broker.security import plain, scram
-from broker.security.credentials import ScramCredentialStore
-from broker.security.sasl_common import SaslAuthenticationError, SaslError, parse_jaas
-from protocol import codec
-from protocol.errors import ErrorCode
-from protocol.messages import (
+from kbroker.broker.config import ConfigError, KafkaConfig
+from kbroker.broker.network import CloseConnection, Response
+from kbroker.broker.security import plain, scram
+from kbroker.broker.security.credentials import ScramCredentialStore
+from kbroker.broker.security.sasl_common import SaslAuthenticationError, SaslError, parse_jaas
+from kbroker.protocol import codec
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import (
     RequestHeader,
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,
@@ -41,8 +41,8 @@ from protocol.messages import (
 )
 
 if TYPE_CHECKING:
-    from broker.apis import KafkaApis
-    from broker.network import KafkaConnection
+    from kbroker.broker.apis import KafkaApis
+    from kbroker.broker.network import KafkaConnection
 
 log = logging.getLogger("kbroker.security")
 

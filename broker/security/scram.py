@@ -13,7 +13,7 @@ import hmac
 import os
 from dataclasses import dataclass
 
-from broker.security.sasl_common import SaslAuthenticationError, SaslError
+from kbroker.broker.security.sasl_common import SaslAuthenticationError, SaslError
 
 MECHANISMS: dict[str, str] = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 # AlterUserScramCredentials' mechanism ids (Kafka's ScramMechanism.type()).

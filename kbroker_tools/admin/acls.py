@@ -181,9 +181,10 @@ def _check_empty_listing(args: argparse.Namespace, flt: Any) -> None:
         print("WARN: librdkafka does not report DescribeAcls errors: an empty list may also mean that this "
               "principal may not describe the cluster's ACLs", file=sys.stderr)
         return
+    from kbroker.protocol.errors import ErrorCode
+    from kbroker.protocol.messages import DescribeAclsRequest
+
     from kbroker_tools.wire import WireClient
-    from protocol.errors import ErrorCode
-    from protocol.messages import DescribeAclsRequest
 
     req = DescribeAclsRequest(resource_type_filter=flt.restype.value, resource_name_filter=flt.name,
                               pattern_type_filter=flt.resource_pattern_type.value, principal_filter=flt.principal,

@@ -124,7 +124,7 @@ def _bootstrap(args: argparse.Namespace) -> str:
 
 
 def _client_quotas(args: argparse.Namespace) -> int:
-    from protocol.messages import (
+    from kbroker.protocol.messages import (
         AlterClientQuotasRequest,
         AlterClientQuotasResponse,
         DescribeClientQuotasRequest,

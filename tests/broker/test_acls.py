@@ -100,7 +100,7 @@ def consume_error(bootstrap: str, topic: str, group: str, **conf: object) -> int
 
 def init_producer_id_error(bootstrap: str) -> int:
     """What an idempotent producer's InitProducerId (no transactional id) is answered."""
-    from protocol.messages import InitProducerIdRequest
+    from kbroker.protocol.messages import InitProducerIdRequest
 
     with RawClient(bootstrap) as raw:
         resp = raw.request(22, 4, InitProducerIdRequest(transactional_id=None, transaction_timeout_ms=60000,
@@ -191,7 +191,7 @@ def test_create_describe_delete_acls_confluent(lenient: BrokerProcess, clean: Ad
 
 
 def test_invalid_acls_are_refused(lenient: BrokerProcess, clean: AdminClient) -> None:
-    from protocol.messages import CreateAclsRequest, DescribeAclsRequest
+    from kbroker.protocol.messages import CreateAclsRequest, DescribeAclsRequest
 
     C = CreateAclsRequest.AclCreation
     good = C(resource_type=2, resource_name="t", resource_pattern_type=3, principal=ANON, host="*", operation=3,
@@ -314,7 +314,7 @@ def test_deny_beats_allow_and_hosts_matter(lenient: BrokerProcess, clean: AdminC
 
 
 def test_metadata_hides_undescribable_topics(lenient: BrokerProcess, clean: AdminClient, topic_name: str) -> None:
-    from protocol.messages import MetadataRequest
+    from kbroker.protocol.messages import MetadataRequest
 
     hidden, shown = f"{topic_name}-hidden", f"{topic_name}-shown"
     create_topic(clean, hidden)
@@ -335,7 +335,7 @@ def test_metadata_hides_undescribable_topics(lenient: BrokerProcess, clean: Admi
         assert hidden not in by_name
         assert by_name[shown].topic_authorized_operations == (1 << 3) | (1 << 8)  # Read, and Describe it implies
         # DescribeTopicPartitions (KIP-966) the same way.
-        from protocol.messages import DescribeTopicPartitionsRequest as DTP
+        from kbroker.protocol.messages import DescribeTopicPartitionsRequest as DTP
 
         named = raw.request(75, 0, DTP(topics=[DTP.TopicRequest(name=hidden), DTP.TopicRequest(name=shown)],
                                        response_partition_limit=100))
@@ -401,7 +401,7 @@ def test_group_configs_need_describe_and_alter_configs_on_the_group(lenient: Bro
         assert "Error" not in str(r), r
     finally:
         kp.close()
-    from protocol.messages import DescribeConfigsRequest as D  # noqa: PLC0415
+    from kbroker.protocol.messages import DescribeConfigsRequest as D  # noqa: PLC0415
 
     with RawClient(lenient.bootstrap) as raw:
         r = raw.request(32, 4, D(resources=[D.DescribeConfigsResource(resource_type=32, resource_name="cfg-hidden",
@@ -521,7 +521,7 @@ def test_strict_read_only_principal(strict: BrokerProcess) -> None:
     with pytest.raises(KafkaException) as info:
         p.init_transactions(15)
     assert error_code(info.value) == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-    from protocol.messages import FindCoordinatorRequest
+    from kbroker.protocol.messages import FindCoordinatorRequest
 
     with RawClient(strict.bootstrap) as raw:
         fc = raw.request(10, 3, FindCoordinatorRequest(key="tx-strict", key_type=1))
@@ -540,7 +540,7 @@ def test_strict_store_survives_restart(strict: BrokerProcess) -> None:
 
 def test_broker_to_broker_apis_need_cluster_action(lenient: BrokerProcess, clean: AdminClient,
                                                    topic_name: str) -> None:
-    from protocol.messages import FetchRequest, LeaderAndIsrRequest, WriteTxnMarkersRequest
+    from kbroker.protocol.messages import FetchRequest, LeaderAndIsrRequest, WriteTxnMarkersRequest
 
     create_topic(clean, topic_name)
     create_acls(clean, [allow(ResourceType.BROKER, "kafka-cluster", AclOperation.ALL),

@@ -10,8 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from broker.security.acls import (
+from kbroker.broker.security.acls import (
     AccessControlEntry,
     AclBindingFilter,
     AclPermissionType,
@@ -20,9 +19,9 @@ from broker.security.acls import (
     ResourceType,
     java_host_address,
 )
-from broker.security.acls import AclOperation as Op
-from broker.security.acls_store import LocalAclStore
-from broker.security.authorizer import AclAuthorizer
+from kbroker.broker.security.acls import AclOperation as Op
+from kbroker.broker.security.acls_store import LocalAclStore
+from kbroker.broker.security.authorizer import AclAuthorizer
 
 T, G, C, X = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER, ResourceType.TRANSACTIONAL_ID
 LIT, PRE = PatternType.LITERAL, PatternType.PREFIXED

@@ -9,10 +9,10 @@ import struct
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from kbroker.protocol import codec
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import ApiVersionsRequest, MetadataRequest, RequestHeader
 
-from protocol import codec
-from protocol.errors import ErrorCode
-from protocol.messages import ApiVersionsRequest, MetadataRequest, RequestHeader
 from tests.clients import Msg, RawClient, ck_consume, ck_produce
 
 T = 15
@@ -171,7 +171,7 @@ def test_answers_before_a_malformed_request_still_arrive(broker, health_topic):
 
 def test_client_disconnects_mid_long_poll(broker, health_topic):
     """Closing a connection that has a parked Fetch must not hurt the broker."""
-    from protocol.messages import FetchRequest as F
+    from kbroker.protocol.messages import FetchRequest as F
 
     for _ in range(5):
         raw = RawClient(broker.bootstrap)

@@ -1,4 +1,4 @@
-"""The `python -m broker` command line: config validation at startup, SIGTERM shutdown, restart with data."""
+"""The `python -m kbroker.broker` command line: config validation at startup, SIGTERM shutdown, restart with data."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from kbroker.protocol.messages import FetchRequest
 
-from protocol.messages import FetchRequest
 from tests.broker_process import ROOT, BrokerProcess, free_port
 from tests.clients import Msg, RawClient, aio_consume, ck_produce, kp_consume, wait_until
 
@@ -18,7 +18,7 @@ T = 15
 
 
 def run_broker(tmp_path, *overrides: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
-    args = [sys.executable, "-m", "broker", str(ROOT / "configs" / "server.properties"),
+    args = [sys.executable, "-m", "kbroker.broker", str(ROOT / "configs" / "server.properties"),
             "--override", f"log.dirs={tmp_path / 'logs'}",
             "--override", f"listeners=PLAINTEXT://127.0.0.1:{free_port()}"]
     for o in overrides:
@@ -47,10 +47,10 @@ def test_bad_config_stops_startup(tmp_path, override, key):
 def test_bad_config_file(tmp_path):
     bad = tmp_path / "bad.properties"
     bad.write_text("broker.id=zero\nlog.dirs=/tmp/x\n")
-    r = subprocess.run([sys.executable, "-m", "broker", str(bad)], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "kbroker.broker", str(bad)], cwd=ROOT, capture_output=True, text=True,
                        timeout=20)
     assert r.returncode != 0 and "broker.id" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "broker", str(tmp_path / "missing.properties")], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "kbroker.broker", str(tmp_path / "missing.properties")], cwd=ROOT,
                        capture_output=True, text=True, timeout=20)
     assert r.returncode != 0 and "missing.properties" in r.stderr
     assert "Traceback" not in r.stderr
@@ -59,7 +59,7 @@ def test_bad_config_file(tmp_path):
 def test_port_in_use(tmp_path):
     first = BrokerProcess(tmp_path / "a").start()
     try:
-        args = [sys.executable, "-m", "broker", str(ROOT / "configs" / "server.properties"),
+        args = [sys.executable, "-m", "kbroker.broker", str(ROOT / "configs" / "server.properties"),
                 "--override", f"log.dirs={tmp_path / 'b'}",
                 "--override", f"listeners=PLAINTEXT://127.0.0.1:{first.port}"]
         r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=20)
@@ -118,8 +118,7 @@ def test_sigterm_answers_parked_long_polls_and_closes_at_once(tmp_path):
     shutdown (and every client's next request, unread in its socket) for their max_wait_ms: a Java or kafka-python
     consumer's long poll used to keep a stopping broker serving nothing for the processors' 5 s grace."""
     from confluent_kafka import Consumer, TopicPartition  # noqa: PLC0415
-
-    from protocol import codec  # noqa: PLC0415
+    from kbroker.protocol import codec  # noqa: PLC0415
 
     b = BrokerProcess(tmp_path / "broker").start()
     stopped = False

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from kbroker.protocol import records as R
+from kbroker.storage.checkpoints import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 
-from protocol import records as R
-from storage.checkpoints import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from tests.broker_process import BrokerProcess
 from tests.clients import Msg, ck_produce
 from tests.fuzz.common import Raw

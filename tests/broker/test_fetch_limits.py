@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from kbroker.protocol.messages import FetchRequest
+from kbroker.protocol.records import iter_batch_headers
 
-from protocol.messages import FetchRequest
-from protocol.records import iter_batch_headers
 from tests.clients import KpRaw, Msg, RawClient, ck_produce
 
 INT32_MAX = 2**31 - 1

@@ -3,7 +3,7 @@ the FetchManager's choice of context, and what an incremental response keeps."""
 
 from __future__ import annotations
 
-from broker.fetch_session import (
+from kbroker.broker.fetch_session import (
     FINAL_EPOCH,
     INT32_MAX,
     INVALID_SESSION_ID,
@@ -16,8 +16,8 @@ from broker.fetch_session import (
     SessionlessFetchContext,
     next_epoch,
 )
-from protocol.errors import ErrorCode
-from protocol.messages import FetchRequest, FetchResponse
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import FetchRequest, FetchResponse
 
 EVICTION_MS = 120_000
 
@@ -197,9 +197,10 @@ def test_a_follower_partition_stays_quiet_only_while_nothing_it_was_told_moved(t
     log end, until the request entry, the log's offsets, the leader epoch or what the session recorded changes."""
     from types import SimpleNamespace
 
-    from broker.fetch_session import NOT_QUIET, FollowerQuiet, not_quiet
-    from storage.config import LogConfig
-    from storage.log import Log
+    from kbroker.broker.fetch_session import NOT_QUIET, FollowerQuiet, not_quiet
+    from kbroker.storage.config import LogConfig
+    from kbroker.storage.log import Log
+
     from tests.storage.storage_helpers import NOW, batch
 
     lg = Log.open(tmp_path / "t-0", "t", 0, LogConfig(), clean_shutdown=True)

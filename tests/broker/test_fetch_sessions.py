@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import FetchRequest, MetadataRequest
+from kbroker.protocol.records import iter_batch_headers
 
-from protocol.errors import ErrorCode
-from protocol.messages import FetchRequest, MetadataRequest
-from protocol.records import iter_batch_headers
 from tests.broker_process import BrokerProcess, free_port
 from tests.clients import Msg, RawClient, ck_produce, wait_until
 

@@ -28,15 +28,15 @@ from confluent_kafka.admin import (
 )
 from kafka.admin import ConfigResource as KpConfigResource
 from kafka.admin import ConfigResourceType, KafkaAdminClient
-
-from protocol.errors import ErrorCode
-from protocol.messages import (
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import (
     AlterConfigsRequest,
     ConsumerGroupDescribeRequest,
     ConsumerGroupHeartbeatRequest,
     DescribeConfigsRequest,
     IncrementalAlterConfigsRequest,
 )
+
 from tests.broker_process import BrokerProcess
 from tests.clients import RawClient, wait_until
 from tests.group_helpers import kip848_broker

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer, TopicPartition
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import InitProducerIdRequest, ProduceRequest
+from kbroker.protocol.records import RecordBatchHeader, build_batch, decode_records, iter_batch_headers
 
-from protocol.errors import ErrorCode
-from protocol.messages import InitProducerIdRequest, ProduceRequest
-from protocol.records import RecordBatchHeader, build_batch, decode_records, iter_batch_headers
 from tests.broker.test_produce_consume import create_topic
 from tests.broker_process import BrokerProcess
 from tests.clients import (

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from kbroker.protocol.records import RecordBatchHeader, iter_batch_headers
 
-from protocol.records import RecordBatchHeader, iter_batch_headers
 from tests.broker.test_produce_consume import create_topic
 from tests.broker_process import BrokerProcess, free_port
 from tests.chaos_proxy import ChaosProxy

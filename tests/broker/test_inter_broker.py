@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from broker.inter_broker import CONTROLLER, InterBrokerChannel
-from protocol.messages import FetchRequest, MetadataRequest
+from kbroker.broker.inter_broker import CONTROLLER, InterBrokerChannel
+from kbroker.protocol.messages import FetchRequest, MetadataRequest
+
 from tests.broker.test_produce_consume import create_topic
 from tests.broker_process import BrokerProcess
 

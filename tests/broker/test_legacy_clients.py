@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
-
-from protocol.errors import ErrorCode
-from protocol.legacy_records import build_message_set, read_message_set
-from protocol.messages import (
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.legacy_records import build_message_set, read_message_set
+from kbroker.protocol.messages import (
     ApiVersionsRequest,
     FetchRequest,
     ListOffsetsRequest,
     MetadataRequest,
     ProduceRequest,
 )
-from protocol.records import COMPRESSION_GZIP, Record, build_batch
+from kbroker.protocol.records import COMPRESSION_GZIP, Record, build_batch
+
 from tests.broker.test_produce_consume import create_topic
 from tests.clients import (
     Msg,
@@ -468,8 +468,8 @@ def test_offset_commit_and_fetch_v0(broker, topic_name: str) -> None:
     them with the group coordinator like every other commit (README: Old clients)."""
     from kafka.protocol.consumer.group import OffsetCommitRequest as KpCommit
     from kafka.protocol.consumer.group import OffsetFetchRequest as KpFetch
+    from kbroker.protocol.messages import OffsetCommitRequest, OffsetFetchRequest
 
-    from protocol.messages import OffsetCommitRequest, OffsetFetchRequest
     from tests.clients import KpRaw
 
     create_topic(broker.bootstrap, topic_name, 1)
@@ -530,8 +530,7 @@ def test_old_group_admin_apis(broker, topic_name: str) -> None:
     """ListGroups v0 and DescribeGroups v0 (kafka-python's admin at (0, 10, 0), and raw frames) see a group of an
     old consumer (JoinGroup v0); its LeaveGroup v0 on close empties the group."""
     from kafka import KafkaAdminClient, KafkaConsumer
-
-    from protocol.messages import DescribeGroupsRequest, ListGroupsRequest
+    from kbroker.protocol.messages import DescribeGroupsRequest, ListGroupsRequest
 
     create_topic(broker.bootstrap, topic_name, 1)
     group = f"adm-{topic_name}"
@@ -599,7 +598,7 @@ def test_acks_with_old_producers(broker, topic_name: str, acks: int) -> None:
     assert values(got) == [m.value for m in msgs("a", 5) + msgs("b", 5)]
     if acks == 0:
         # No answer on the wire: the next frame is the answer to the request after it.
-        from protocol import codec
+        from kbroker.protocol import codec
 
         P = ProduceRequest
         req = P(acks=0, timeout_ms=10000, topic_data=[P.TopicProduceData(name=topic_name, partition_data=[

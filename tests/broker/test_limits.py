@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from kbroker.protocol import codec
+from kbroker.protocol.messages import FetchRequest, MetadataRequest, RequestHeader
 
-from protocol import codec
-from protocol.messages import FetchRequest, MetadataRequest, RequestHeader
 from tests.broker_process import BrokerProcess
 
 
@@ -173,8 +173,8 @@ def test_queued_max_request_bytes_bounds_memory_without_deadlock(tmp_path: Path)
     producers pipelining large batches through the pool all get their acks."""
     import threading
 
-    from protocol.messages import ProduceRequest, ProduceResponse
-    from protocol.records import build_batch
+    from kbroker.protocol.messages import ProduceRequest, ProduceResponse
+    from kbroker.protocol.records import build_batch
 
     b = BrokerProcess(tmp_path, {"queued.max.request.bytes": str(2 * 1024 * 1024)})
     b.start()

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kbroker.protocol.errors import ErrorCode
 
-from protocol.errors import ErrorCode
 from tests.broker_process import BrokerProcess
 from tests.clients import Msg, ck_consume, ck_consumer, ck_produce, wait_until
 

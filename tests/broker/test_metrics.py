@@ -145,7 +145,7 @@ def test_grafana_dashboard_reads_exposed_metrics(metrics_broker):
 
 
 def test_metrics_port_is_off_by_default(broker):
-    from broker.config import KEYS
+    from kbroker.broker.config import KEYS
 
     assert KEYS["metrics.port"].default is None
     assert "Serving Prometheus metrics" not in broker.read_log()

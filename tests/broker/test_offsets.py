@@ -184,7 +184,7 @@ def test_offset_for_leader_epoch_kafka_python(broker, ts_topic):
 
 def test_offset_for_leader_epoch_codec(broker, ts_topic):
     """The same through protocol.codec, at the oldest and newest supported versions."""
-    from protocol.messages import OffsetForLeaderEpochRequest as Req
+    from kbroker.protocol.messages import OffsetForLeaderEpochRequest as Req
 
     topic = Req.OffsetForLeaderTopic(topic=ts_topic, partitions=[
         Req.OffsetForLeaderPartition(partition=1, current_leader_epoch=-1, leader_epoch=0)])
@@ -255,7 +255,7 @@ def test_long_poll_wakes_kafka_python(broker, topic_name):
 
 
 def _raw_fetch(raw: RawClient, topic: str, offset: int, max_wait_ms: int, min_bytes: int = 1):  # type: ignore[no-untyped-def]
-    from protocol.messages import FetchRequest as F
+    from kbroker.protocol.messages import FetchRequest as F
 
     req = F(replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=1 << 20, isolation_level=0,
             session_id=0, session_epoch=-1,
@@ -288,7 +288,7 @@ def test_long_poll_does_not_block_other_requests(broker, topic_name):
     """A parked fetch on one connection must not delay requests on another."""
     kp_produce(broker.bootstrap, topic_name, [Msg(b"k", b"x", partition=0)])
     with RawClient(broker.bootstrap) as parked, RawClient(broker.bootstrap) as other:
-        from protocol.messages import ApiVersionsRequest
+        from kbroker.protocol.messages import ApiVersionsRequest
 
         result: list = []
         t = threading.Thread(target=lambda: result.append(_raw_fetch(parked, topic_name, 1, max_wait_ms=2000)))

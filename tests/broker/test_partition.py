@@ -7,12 +7,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kbroker.broker.partition import Partition
+from kbroker.coordinator.metadata_store import PartitionState
+from kbroker.protocol.errors import ErrorCode
+from kbroker.storage.config import LogConfig
+from kbroker.storage.log import Log
 
-from broker.partition import Partition
-from coordinator.metadata_store import PartitionState
-from protocol.errors import ErrorCode
-from storage.config import LogConfig
-from storage.log import Log
 from tests.storage.storage_helpers import NOW, batch
 
 LEADER = 1

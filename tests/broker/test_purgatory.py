@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from broker.purgatory import HIGH_WATERMARK, LOG_END, FetchPurgatory, expire
+from kbroker.broker.purgatory import HIGH_WATERMARK, LOG_END, FetchPurgatory, expire
 
 
 def test_a_waiter_says_whether_its_timer_or_a_partition_woke_it() -> None:

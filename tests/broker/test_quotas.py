@@ -8,13 +8,13 @@ import struct
 import time
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-
-from protocol import codec
-from protocol.messages import (
+from kbroker.protocol import codec
+from kbroker.protocol.messages import (
     AlterClientQuotasRequest,
     DescribeClientQuotasRequest,
     RequestHeader,
 )
+
 from tests.broker_process import BrokerProcess
 from tests.clients import KpRaw
 

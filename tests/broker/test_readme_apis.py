@@ -34,7 +34,7 @@ def test_readme_table_matches_api_versions_kafka_python(broker):
 
 
 def test_readme_table_matches_api_versions_raw(broker):
-    from protocol.messages import ApiVersionsRequest
+    from kbroker.protocol.messages import ApiVersionsRequest
 
     with RawClient(broker.bootstrap) as raw:
         resp = raw.request(18, 3, ApiVersionsRequest(client_software_name="readme-check",
@@ -44,7 +44,7 @@ def test_readme_table_matches_api_versions_raw(broker):
     table = readme_api_table()
     assert {k: (lo, hi) for k, (_, lo, hi) in table.items()} == advertised
     # The names are Kafka's (ApiKeys), so a reader can search for them.
-    from protocol import codec
+    from kbroker.protocol import codec
 
     for key, (name, _, _) in table.items():
         assert codec.REQUESTS[key].__name__ == f"{name}Request", (key, name)

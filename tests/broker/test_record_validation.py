@@ -10,13 +10,13 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import KafkaError
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+from kbroker.protocol import codec as wire_codec
+from kbroker.protocol import records as R
+from kbroker.protocol.accelerators import PURE_PYTHON_ENV
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import ProduceRequest
+from kbroker.protocol.record_walk import COMPILED
 
-from protocol import codec as wire_codec
-from protocol import records as R
-from protocol.accelerators import PURE_PYTHON_ENV
-from protocol.errors import ErrorCode
-from protocol.messages import ProduceRequest
-from protocol.record_walk import COMPILED
 from tests.broker_process import BrokerProcess
 from tests.clients import Msg, ProduceFailed, RawClient, ck_consume, ck_produce
 

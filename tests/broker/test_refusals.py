@@ -15,9 +15,9 @@ from kafka import KafkaAdminClient
 from kafka.admin import AlterConfigOp
 from kafka.admin import ConfigResource as KConfigResource
 from kafka.admin import ConfigResourceType as KType
+from kbroker.broker.refusals import RefusalLog
+from kbroker.protocol.errors import ErrorCode
 
-from broker.refusals import RefusalLog
-from protocol.errors import ErrorCode
 from tests.clients import RawClient, wait_until
 
 T = 15
@@ -67,7 +67,7 @@ def test_invalid_config_and_unknown_resource_type_kafka_python(broker, topic_nam
 
 
 def test_unsupported_version_logged_raw(broker):
-    from protocol.messages import ApiVersionsRequest, CreateDelegationTokenRequest
+    from kbroker.protocol.messages import ApiVersionsRequest, CreateDelegationTokenRequest
 
     with RawClient(broker.bootstrap) as raw:
         # Delegation tokens are not supported (and never advertised).

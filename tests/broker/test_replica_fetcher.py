@@ -3,8 +3,8 @@ tests/coordinator/test_replication_data.py run it against real leaders)."""
 
 from __future__ import annotations
 
-from broker.replica_fetcher import FollowerFetchSession
-from protocol.messages import FetchRequest
+from kbroker.broker.replica_fetcher import FollowerFetchSession
+from kbroker.protocol.messages import FetchRequest
 
 F = FetchRequest.FetchPartition
 

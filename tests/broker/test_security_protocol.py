@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-
-from protocol.errors import ErrorCode
-from protocol.messages import (
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import (
     ApiVersionsRequest,
     FindCoordinatorRequest,
     MetadataRequest,
     SaslAuthenticateRequest,
     SaslHandshakeRequest,
 )
+
 from tests.clients import Msg, RawClient, ck_produce
 from tests.security_setup import Pki, SecureBroker, make_pki
 

@@ -22,9 +22,9 @@ from confluent_kafka.admin import (
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
+from kbroker.broker.config import ConfigError
+from kbroker.broker.security.ssl import certificate_dn, openssl_cipher_name, parse_mapping_rules
 
-from broker.config import ConfigError
-from broker.security.ssl import certificate_dn, openssl_cipher_name, parse_mapping_rules
 from tests.broker.test_acls import produce_error
 from tests.broker_process import ROOT
 from tests.clients import Msg, RawClient, ck_produce
@@ -215,7 +215,7 @@ def test_pkcs12_keystore_and_inline_truststore(tmp_path: Path, pki: Pki, topic_n
 ])
 def test_bad_security_config_stops_startup(tmp_path: Path, pki: Pki, override: dict[str, str], message: str) -> None:
     b = SecureBroker(tmp_path, pki, override)
-    args = [sys.executable, "-m", "broker", str(ROOT / "configs" / "server.properties")]
+    args = [sys.executable, "-m", "kbroker.broker", str(ROOT / "configs" / "server.properties")]
     for k, v in b.overrides.items():
         args += ["--override", f"{k}={v}"]
     r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -273,7 +273,7 @@ def test_keystore_rotation_without_restart(tmp_path: Path, pki: Pki) -> None:
         while served_cert() != first_cert(fresh.broker_keystore):
             assert time.monotonic() < deadline, "the new keystore was not picked up"
             time.sleep(0.5)
-        from protocol.messages import MetadataRequest
+        from kbroker.protocol.messages import MetadataRequest
 
         assert open_conn.request(3, 9, MetadataRequest(topics=[])).brokers  # connections made before keep working
         open_conn.close()

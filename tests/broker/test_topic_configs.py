@@ -160,8 +160,9 @@ CODEC_IDS = {"uncompressed": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
 def stored_batches(bootstrap: str, topic: str, partition: int = 0) -> list:
     """The record batch headers as stored, through a raw Fetch v12 from offset 0."""
-    from protocol.messages import FetchRequest
-    from protocol.records import iter_batch_headers
+    from kbroker.protocol.messages import FetchRequest
+    from kbroker.protocol.records import iter_batch_headers
+
     from tests.clients import RawClient
 
     req = FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 24, isolation_level=0,
@@ -339,7 +340,8 @@ def test_dynamic_value_comes_first_then_the_static_synonyms(broker, ck_admin, to
 
 
 def test_broker_config_types_raw(broker):
-    from protocol.messages import DescribeConfigsRequest
+    from kbroker.protocol.messages import DescribeConfigsRequest
+
     from tests.clients import RawClient
 
     req = DescribeConfigsRequest(resources=[DescribeConfigsRequest.DescribeConfigsResource(

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from kbroker.protocol.errors import ErrorCode
 
-from protocol.errors import ErrorCode
 from tests.broker.test_produce_consume import create_topic
 from tests.broker_process import BrokerProcess
 from tests.clients import Msg, RawClient, ck_conf, ck_produce, wait_until
@@ -133,7 +133,7 @@ def test_last_stable_offset_while_a_transaction_is_open(broker: BrokerProcess, t
 def _offset_fetch(broker: BrokerProcess, group: str, topic: str, partition: int,
                   require_stable: bool) -> tuple[int, int]:
     """Raw OffsetFetch v7: (error code, committed offset) of one partition."""
-    from protocol.messages import OffsetFetchRequest
+    from kbroker.protocol.messages import OffsetFetchRequest
 
     req = OffsetFetchRequest(group_id=group, require_stable=require_stable, topics=[
         OffsetFetchRequest.OffsetFetchRequestTopic(name=topic, partition_indexes=[partition])])
@@ -427,7 +427,7 @@ def test_transaction_of_a_killed_producer_aborts_after_its_timeout(broker: Broke
 
 
 def test_misuse_answers_kafka_errors(broker: BrokerProcess, topic_name: str) -> None:
-    from protocol.messages import EndTxnRequest, InitProducerIdRequest
+    from kbroker.protocol.messages import EndTxnRequest, InitProducerIdRequest
 
     create_topic(broker.bootstrap, topic_name, partitions=2)
     txn_id = f"{topic_name}-txn"
@@ -547,7 +547,7 @@ def test_kill_9_with_open_and_prepared_transactions(tmp_path: Path, topic_name: 
 
 def _producer_ids(b: BrokerProcess, topic: str, partition: int) -> list[int]:
     """Producer ids of the stored batches of a partition, in log order, each once."""
-    from protocol.records import iter_batch_headers
+    from kbroker.protocol.records import iter_batch_headers
 
     out: list[int] = []
     for seg in sorted((b.data_dir / "logs" / f"{topic}-{partition}").glob("*.log")):

@@ -32,7 +32,7 @@ def input_messages(n: int) -> list[Msg]:
 
 def committed_total(bootstrap: str, group: str, topic: str) -> int:
     """The group's committed offsets on `topic`, summed (raw OffsetFetch v7, stable offsets only)."""
-    from protocol.messages import OffsetFetchRequest
+    from kbroker.protocol.messages import OffsetFetchRequest
 
     req = OffsetFetchRequest(group_id=group, require_stable=False, topics=[
         OffsetFetchRequest.OffsetFetchRequestTopic(name=topic, partition_indexes=list(range(PARTITIONS)))])

@@ -16,8 +16,8 @@ import pytest
 from confluent_kafka import Consumer, ConsumerGroupState, ConsumerGroupType
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.admin import KafkaAdminClient
+from kbroker.protocol.messages import DescribeGroupsRequest
 
-from protocol.messages import DescribeGroupsRequest
 from tests.broker_process import BrokerProcess
 from tests.clients import RawClient, wait_until
 

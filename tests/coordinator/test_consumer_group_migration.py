@@ -17,10 +17,9 @@ import pytest
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer
-
-from protocol import codec
-from protocol.errors import ErrorCode
-from protocol.messages import (
+from kbroker.protocol import codec
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import (
     ConsumerGroupHeartbeatRequest,
     ConsumerProtocolAssignment,
     ConsumerProtocolSubscription,
@@ -33,7 +32,8 @@ from protocol.messages import (
     OffsetCommitRequest,
     SyncGroupRequest,
 )
-from protocol.primitives import I16
+from kbroker.protocol.primitives import I16
+
 from tests.broker_process import BrokerProcess
 from tests.clients import RawClient, wait_until
 from tests.group_helpers import committed, describe, kip848_broker, once_loaded, produce_steadily

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kbroker.coordinator.consumer_group import ConsumerGroupMember, ConsumerGroupState, MemberState
+from kbroker.coordinator.consumer_group_assignors import MemberSubscription, RangeAssignor, UniformAssignor
+from kbroker.coordinator.consumer_group_current_assignment import CurrentAssignmentBuilder
+from kbroker.coordinator.consumer_group_manager import ConsumerHeartbeat, ConsumerHeartbeatResult
+from kbroker.protocol.errors import ErrorCode
 
-from coordinator.consumer_group import ConsumerGroupMember, ConsumerGroupState, MemberState
-from coordinator.consumer_group_assignors import MemberSubscription, RangeAssignor, UniformAssignor
-from coordinator.consumer_group_current_assignment import CurrentAssignmentBuilder
-from coordinator.consumer_group_manager import ConsumerHeartbeat, ConsumerHeartbeatResult
-from protocol.errors import ErrorCode
 from tests.coordinator.test_group_coordinator_unit import FakeHost, Harness
 
 T1, T2, T3 = b"\x01" * 16, b"\x02" * 16, b"\x03" * 16
@@ -257,7 +257,7 @@ def test_offset_commit_and_fetch_check_the_member_epoch(cg: CG) -> None:
     a = cg.hb()
     gc = cg.h.gc
     commit = cg.h.run
-    from coordinator.group_metadata import OffsetAndMetadata
+    from kbroker.coordinator.group_metadata import OffsetAndMetadata
     o = {("orders", 0): OffsetAndMetadata(5, -1, "", 0)}
     assert commit(gc.commit_offsets, "g", a.member_epoch, a.member_id, None, o) == {("orders", 0): ErrorCode.NONE}
     assert commit(gc.commit_offsets, "g", a.member_epoch + 1, a.member_id, None, o) == {

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-
-from protocol.errors import ErrorCode
-from protocol.messages import (
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import (
     ConsumerGroupDescribeRequest,
     ConsumerGroupHeartbeatRequest,
     ListGroupsRequest,
     MetadataRequest,
 )
+
 from tests.broker_process import BrokerProcess
 from tests.clients import RawClient, wait_until
 from tests.group_helpers import committed, describe, end_offsets, kip848_broker, produce_steadily
@@ -218,7 +218,7 @@ def test_heartbeat_error_codes(broker: BrokerProcess, topic_name: str) -> None:
                subscribed_topic_regex="[", topic_partitions=[])
         assert r.error_code == ErrorCode.INVALID_REGULAR_EXPRESSION
         # a classic heartbeat for the consumer group's member
-        from protocol.messages import HeartbeatRequest
+        from kbroker.protocol.messages import HeartbeatRequest
         assert raw.request(12, 4, HeartbeatRequest(group_id=group, generation_id=1, member_id=mid)).error_code == (
             ErrorCode.UNKNOWN_MEMBER_ID)
         left = hb(raw, group_id=group, member_id=mid, member_epoch=-1)

@@ -3,8 +3,8 @@ cases of Kafka's AdminUtilsTest and PartitionLeaderElectionAlgorithmsTest."""
 
 from __future__ import annotations
 
-from broker.admin_manager import assign_replicas_rack_unaware
-from coordinator.controller_context import (
+from kbroker.broker.admin_manager import assign_replicas_rack_unaware
+from kbroker.coordinator.controller_context import (
     ControllerContext,
     Reassignment,
     controlled_shutdown_leader,
@@ -16,7 +16,7 @@ from coordinator.controller_context import (
     reassign_leader,
     without_replicas,
 )
-from coordinator.zk_paths import LeaderIsrState
+from kbroker.coordinator.zk_paths import LeaderIsrState
 
 
 def test_rack_unaware_assignment_matches_kafka() -> None:

@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from coordinator.group_coordinator import GroupConfig, GroupCoordinator, JoinResult, partition_for
-from coordinator.group_metadata import GroupState, OffsetAndMetadata
-from protocol import codec
-from protocol.errors import ErrorCode
-from protocol.messages import ConsumerProtocolSubscription
-from protocol.primitives import I16
-from storage.config import LogConfig
-from storage.log import Log
+from kbroker.coordinator.group_coordinator import GroupConfig, GroupCoordinator, JoinResult, partition_for
+from kbroker.coordinator.group_metadata import GroupState, OffsetAndMetadata
+from kbroker.protocol import codec
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import ConsumerProtocolSubscription
+from kbroker.protocol.primitives import I16
+from kbroker.storage.config import LogConfig
+from kbroker.storage.log import Log
 
 NUM_PARTITIONS = 3
 TOPICS = {"orders": 4, "payments": 2}

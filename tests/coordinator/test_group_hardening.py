@@ -13,20 +13,20 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-
-from coordinator.group_coordinator import partition_for
-from coordinator.group_metadata import OffsetAndMetadata
-from coordinator.group_records import group_key, offset_key, offset_value
-from protocol.errors import ErrorCode
-from protocol.messages import (
+from kbroker.coordinator.group_coordinator import partition_for
+from kbroker.coordinator.group_metadata import OffsetAndMetadata
+from kbroker.coordinator.group_records import group_key, offset_key, offset_value
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import (
     DeleteGroupsRequest,
     JoinGroupRequest,
     ProduceRequest,
     SyncGroupRequest,
 )
-from protocol.records import build_batch
-from storage.config import LogConfig
-from storage.log import Log
+from kbroker.protocol.records import build_batch
+from kbroker.storage.config import LogConfig
+from kbroker.storage.log import Log
+
 from tests.broker_process import BrokerProcess
 from tests.clients import Msg, ProduceFailed, RawClient, ck_conf, ck_produce, wait_until
 

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kbroker.coordinator.group_coordinator import partition_for
+from kbroker.coordinator.group_metadata import GroupState, OffsetAndMetadata
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.records import decode_records, iter_batch_headers
 
-from coordinator.group_coordinator import partition_for
-from coordinator.group_metadata import GroupState, OffsetAndMetadata
-from protocol.errors import ErrorCode
-from protocol.records import decode_records, iter_batch_headers
 from tests.coordinator.test_group_coordinator_unit import NUM_PARTITIONS, FakeHost, Harness, wait_for
 
 TP0, TP1 = ("orders", 0), ("orders", 1)

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import FetchRequest, MetadataRequest, ProduceRequest
+from kbroker.protocol.records import build_batch
 
-from protocol.errors import ErrorCode
-from protocol.messages import FetchRequest, MetadataRequest, ProduceRequest
-from protocol.records import build_batch
 from tests.broker_process import BrokerProcess, wait_all_registered
 from tests.clients import RawClient, wait_until
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing

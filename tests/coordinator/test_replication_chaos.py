@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kbroker.storage.config import LogConfig
+from kbroker.storage.log import Log
 
-from storage.config import LogConfig
-from storage.log import Log
 from tests.broker_process import BrokerProcess, free_port
 from tests.netsplit import BrokerLinkProxy, NetSplit, ZooKeeperProxy
 from tests.storage.storage_helpers import read_all

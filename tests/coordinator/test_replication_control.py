@@ -20,8 +20,8 @@ from confluent_kafka import TopicPartition as CKTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaAdminClient, TopicPartition
 from kazoo.client import KazooClient
+from kbroker.coordinator import zk_paths as zp
 
-from coordinator import zk_paths as zp
 from tests.broker_process import BrokerProcess, free_port, wait_all_registered
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
 
@@ -161,7 +161,8 @@ _ALIVE: list[BrokerProcess] = []
 
 def raw_metadata(b: BrokerProcess, topic: str | None = None) -> Any:
     """Metadata asked of broker b itself (librdkafka and kafka-python ask whichever broker they like)."""
-    from protocol.messages import MetadataRequest  # noqa: PLC0415
+    from kbroker.protocol.messages import MetadataRequest  # noqa: PLC0415
+
     from tests.clients import RawClient  # noqa: PLC0415
 
     topics = None if topic is None else [MetadataRequest.MetadataRequestTopic(name=topic)]
@@ -315,7 +316,8 @@ def test_describe_log_dirs_through_two_clients(cluster: Cluster) -> None:
         assert {(t["name"], p["partition_index"]) for t in d["topics"] for p in t["partitions"]} == {
             ("rf3", p) for p in range(6)}
 
-    from protocol.messages import DescribeLogDirsRequest  # noqa: PLC0415
+    from kbroker.protocol.messages import DescribeLogDirsRequest  # noqa: PLC0415
+
     from tests.clients import RawClient  # noqa: PLC0415
 
     for b in BROKERS:
@@ -456,10 +458,11 @@ def test_alter_partition_and_controlled_shutdown_requests_are_checked_by_the_con
         cluster: Cluster, zk_client: KazooClient) -> None:
     """What a leader's ISR change (AlterPartition v2) and a stopping broker's ControlledShutdown get answered,
     sent as a broker sends them."""
-    from protocol.messages import (  # noqa: PLC0415
+    from kbroker.protocol.messages import (  # noqa: PLC0415
         AlterPartitionRequest,
         ControlledShutdownRequest,
     )
+
     from tests.clients import RawClient  # noqa: PLC0415
 
     topic = "isr-change"

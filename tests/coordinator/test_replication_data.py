@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kbroker.coordinator.group_coordinator import partition_for
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import ProduceRequest
+from kbroker.protocol.records import build_batch
+from kbroker.storage.config import LogConfig
+from kbroker.storage.log import Log
 
-from coordinator.group_coordinator import partition_for
-from protocol.errors import ErrorCode
-from protocol.messages import ProduceRequest
-from protocol.records import build_batch
-from storage.config import LogConfig
-from storage.log import Log
 from tests.broker_process import BrokerProcess, free_port, wait_all_registered
 from tests.clients import RawClient
 from tests.storage.storage_helpers import read_all
@@ -214,7 +214,7 @@ def answered(raw: RawClient) -> bool:
 def test_a_produce_waiting_for_the_isr_does_not_hold_up_the_next_one(cluster: Cluster) -> None:
     """Produce pipelining: while an acks=all Produce waits for a stopped follower, the next Produce on the same
     connection is appended; the answers still come back in request order."""
-    from protocol import codec
+    from kbroker.protocol import codec
 
     create_topic(cluster, "pipelined", [1, 2])
     assert produce_when_leader(cluster[1], "pipelined", [b"warm"]) == (ErrorCode.NONE, 0)
@@ -252,8 +252,8 @@ def test_a_produce_waiting_for_the_isr_does_not_hold_up_the_next_one(cluster: Cl
 def test_an_idempotent_producers_requests_are_appended_one_at_a_time(cluster: Cluster) -> None:
     """Requests with a producer id are not pipelined: the second waits, unappended, until the first is answered
     (the Java idempotent producer's sequence bookkeeping expects Kafka's one request at a time)."""
-    from protocol import codec
-    from protocol.messages import InitProducerIdRequest
+    from kbroker.protocol import codec
+    from kbroker.protocol.messages import InitProducerIdRequest
 
     create_topic(cluster, "one-at-a-time", [1, 2])
     assert produce_when_leader(cluster[1], "one-at-a-time", [b"warm"]) == (ErrorCode.NONE, 0)

@@ -23,9 +23,9 @@ from confluent_kafka import Consumer, ElectionType, KafkaError, KafkaException, 
 from confluent_kafka import TopicPartition as CKTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaAdminClient, KafkaProducer, TopicPartition
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import ListOffsetsRequest
 
-from protocol.errors import ErrorCode
-from protocol.messages import ListOffsetsRequest
 from tests.broker_process import BrokerProcess, wait_all_registered
 from tests.clients import RawClient
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing

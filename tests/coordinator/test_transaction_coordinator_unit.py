@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from coordinator import transaction_records as records
-from coordinator.transaction_coordinator import TRANSACTION_STATE_TOPIC, TransactionCoordinator, TxnConfig
-from coordinator.transaction_metadata import (
+from kbroker.coordinator import transaction_records as records
+from kbroker.coordinator.transaction_coordinator import (
+    TRANSACTION_STATE_TOPIC,
+    TransactionCoordinator,
+    TxnConfig,
+)
+from kbroker.coordinator.transaction_metadata import (
     MAX_EPOCH,
     IllegalTransactionTransition,
     TransactionMetadata,
@@ -29,14 +32,14 @@ from coordinator.transaction_metadata import (
     TxnTransitMetadata,
     unknown_state_filters,
 )
-from protocol import codec
-from protocol.errors import ErrorCode
-from protocol.messages import TransactionLogValue
-from protocol.primitives import I16
-from protocol.records import build_batch, decode_records, iter_batch_headers
-from storage.config import LogConfig
-from storage.errors import StorageError
-from storage.log import Log
+from kbroker.protocol import codec
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import TransactionLogValue
+from kbroker.protocol.primitives import I16
+from kbroker.protocol.records import build_batch, decode_records, iter_batch_headers
+from kbroker.storage.config import LogConfig
+from kbroker.storage.errors import StorageError
+from kbroker.storage.log import Log
 
 S = TransactionState
 NUM_PARTITIONS = 3
@@ -574,7 +577,7 @@ def test_kip360_expected_epoch(harness: Harness) -> None:
 
 def write_state(host: Host, tid: str, state: S, pid: int, epoch: int,
                 partitions: frozenset[tuple[str, int]] = frozenset(), start: int = -1) -> None:
-    from coordinator.transaction_coordinator import partition_for
+    from kbroker.coordinator.transaction_coordinator import partition_for
     t = TxnTransitMetadata(pid, -1, epoch, -1, 10000, state, partitions, start, T0)
     batch = build_batch([(records.key_bytes(tid), records.value_bytes(t), [], T0)])
     host.log(TRANSACTION_STATE_TOPIC, partition_for(tid, NUM_PARTITIONS)).append_as_leader(

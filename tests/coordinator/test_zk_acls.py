@@ -58,7 +58,7 @@ def brokers(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
 
 def topic_error(b: BrokerProcess, topic: str) -> int:
     """The error code Metadata on this broker answers for the topic (0: visible)."""
-    from protocol.messages import MetadataRequest
+    from kbroker.protocol.messages import MetadataRequest
 
     with RawClient(b.bootstrap) as raw:
         resp = raw.request(3, 9, MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic)],
@@ -83,7 +83,7 @@ def test_change_on_one_broker_is_enforced_by_the_other_within_a_second(
     seconds_until(lambda: topic_error(b2, "zk-acl-topic") == 0)
     # Only bob may read it: ANONYMOUS may not even describe it any more, on either broker. (Raw requests, so
     # each goes to the broker named: the admin clients pick any broker for ACL requests.)
-    from protocol.messages import CreateAclsRequest, DeleteAclsRequest
+    from kbroker.protocol.messages import CreateAclsRequest, DeleteAclsRequest
 
     bob = CreateAclsRequest.AclCreation(resource_type=2, resource_name="zk-acl-", resource_pattern_type=4,
                                         principal="User:bob", host="*", operation=3, permission_type=3)

@@ -25,11 +25,11 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaAdminClient
 from kazoo.client import KazooClient
+from kbroker.coordinator import zk_paths as zp
+from kbroker.coordinator.producer_ids import BLOCK_SIZE
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import InitProducerIdRequest, InitProducerIdResponse
 
-from coordinator import zk_paths as zp
-from coordinator.producer_ids import BLOCK_SIZE
-from protocol.errors import ErrorCode
-from protocol.messages import InitProducerIdRequest, InitProducerIdResponse
 from tests.broker_process import BrokerProcess
 from tests.clients import RawClient, ck_consume, wait_until
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing

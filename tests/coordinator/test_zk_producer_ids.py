@@ -6,10 +6,10 @@ import threading
 
 import pytest
 from kazoo.client import KazooClient
+from kbroker.coordinator.producer_ids import MAX_PRODUCER_ID, ProducerIdManager, ProducerIdsExhausted
+from kbroker.coordinator.zk_paths import loads
+from kbroker.coordinator.zk_producer_ids import ZkProducerIdBlockAllocator
 
-from coordinator.producer_ids import MAX_PRODUCER_ID, ProducerIdManager, ProducerIdsExhausted
-from coordinator.zk_paths import loads
-from coordinator.zk_producer_ids import ZkProducerIdBlockAllocator
 from tests.zookeeper import ZooKeeperServer
 
 

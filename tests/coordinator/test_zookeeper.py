@@ -15,8 +15,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kazoo.client import KazooClient
+from kbroker.coordinator import zk_paths as zp
 
-from coordinator import zk_paths as zp
 from tests.broker_process import BrokerProcess, free_port
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
 
@@ -198,7 +198,8 @@ def wait_for_topic(b: BrokerProcess, topic: str):  # type: ignore[no-untyped-def
 
 
 def test_fetch_from_the_broker_not_leading_is_not_leader(cluster: Cluster) -> None:
-    from protocol.messages import FetchRequest  # noqa: PLC0415
+    from kbroker.protocol.messages import FetchRequest  # noqa: PLC0415
+
     from tests.clients import RawClient  # noqa: PLC0415
 
     md = confluent_metadata(cluster.b1, "zk-shared")

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from kbroker.coordinator.group_coordinator import partition_for
+from kbroker.protocol.records import iter_batch_headers
 
-from coordinator.group_coordinator import partition_for
-from protocol.records import iter_batch_headers
 from tests.broker_process import BrokerProcess
 from tests.clients import wait_until
 from tests.coordinator.test_zookeeper import Cluster, broker_ids, wait_for, zk_overrides

@@ -16,11 +16,11 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
+from kbroker.broker.handlers import all_handlers
+from kbroker.protocol import codec
+from kbroker.protocol import records as R
+from kbroker.protocol.messages import FetchRequest, ProduceRequest, RequestHeader
 
-from broker.handlers import all_handlers
-from protocol import codec
-from protocol import records as R
-from protocol.messages import FetchRequest, ProduceRequest, RequestHeader
 from tests.protocol.test_codec import instance_strategy
 
 # ---------------------------------------------------------------- time budget

@@ -11,8 +11,8 @@ import time
 
 from confluent_kafka.admin import AdminClient, NewTopic
 from hypothesis import strategies as st
+from kbroker.protocol import records as R
 
-from protocol import records as R
 from tests.broker_process import BrokerProcess
 from tests.fuzz.common import Raw, budget, record_batch, run_for
 from tests.fuzz.test_broker_fuzz import LogWatch, assert_healthy

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from kbroker.protocol.errors import ErrorCode
 
-from protocol.errors import ErrorCode
 from tests.broker_process import BrokerProcess
 from tests.fuzz.common import Raw, bomb_batch, round_trip, vm_hwm_mb
 

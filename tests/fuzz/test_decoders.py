@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from hypothesis import strategies as st
+from kbroker.protocol import codec
+from kbroker.protocol import records as R
 
-from protocol import codec
-from protocol import records as R
 from tests.fuzz.common import ALL_CODEC_CASES, budget, record_batch, run_for
 from tests.protocol.test_codec import instance_strategy
 

@@ -6,8 +6,8 @@ owners, listed in known_bugs.py) are xfail(strict=True), so the fix makes them f
 from __future__ import annotations
 
 import pytest
+from kbroker.protocol.messages import MetadataRequest
 
-from protocol.messages import MetadataRequest
 from tests.broker_process import BrokerProcess
 from tests.fuzz.common import Raw, round_trip
 

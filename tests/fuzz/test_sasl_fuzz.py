@@ -15,9 +15,14 @@ import struct
 
 import pytest
 from hypothesis import strategies as st
+from kbroker.protocol import codec
+from kbroker.protocol.messages import (
+    ApiVersionsRequest,
+    RequestHeader,
+    SaslAuthenticateRequest,
+    SaslHandshakeRequest,
+)
 
-from protocol import codec
-from protocol.messages import ApiVersionsRequest, RequestHeader, SaslAuthenticateRequest, SaslHandshakeRequest
 from tests.fuzz.common import HEALTH_TOPIC, Frame, budget, request_frame, round_trip, run_for
 from tests.fuzz.test_broker_fuzz import LogWatch
 from tests.security_setup import PLAIN_USERS, SecureBroker, make_pki

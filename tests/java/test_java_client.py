@@ -156,7 +156,7 @@ def run_java(classpath: str, broker: Any, scenario: str, log: str = JAVA_LOG, jv
 
 
 def api_keys(bootstrap: str) -> set[int]:
-    from protocol.messages import ApiVersionsRequest
+    from kbroker.protocol.messages import ApiVersionsRequest
 
     with RawClient(bootstrap) as raw:
         resp = raw.request(18, 0, ApiVersionsRequest())
@@ -166,8 +166,8 @@ def api_keys(bootstrap: str) -> set[int]:
 
 def stored_batches(bootstrap: str, topic: str, partition: int, max_bytes: int = 1 << 20) -> list[Any]:
     """The record batch headers the broker returns from offset 0 (a raw Fetch v12: zstd topics need v10+)."""
-    from protocol.messages import FetchRequest
-    from protocol.records import iter_batch_headers
+    from kbroker.protocol.messages import FetchRequest
+    from kbroker.protocol.records import iter_batch_headers
 
     req = FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=max_bytes, isolation_level=0,
                        session_id=0, session_epoch=-1,

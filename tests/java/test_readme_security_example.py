@@ -22,8 +22,8 @@ from confluent_kafka.admin import (
     ScramMechanism,
     UserScramCredentialUpsertion,
 )
+from kbroker.broker.config import read_properties
 
-from broker.config import read_properties
 from tests.broker_process import ROOT, BrokerProcess, free_port
 from tests.conftest import have_kcat
 from tests.java.test_java_security import java_classpath  # noqa: F401  (the compiled SecurityCompat)

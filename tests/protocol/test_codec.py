@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from broker.handlers import all_handlers
-from protocol import codec
-from protocol.fieldspec import NEW_STRUCT, FieldSpec
-from protocol.messages import RequestHeader, ResponseHeader
+from kbroker.broker.handlers import all_handlers
+from kbroker.protocol import codec
+from kbroker.protocol.fieldspec import NEW_STRUCT, FieldSpec
+from kbroker.protocol.messages import RequestHeader, ResponseHeader
 
 SETTINGS = settings(
     max_examples=25,

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kbroker.protocol import codec
 
-from protocol import codec
 from tests.protocol.test_codec import (
     CASES,
     SETTINGS,
@@ -85,7 +85,7 @@ def test_compiled_codec_refuses_every_prefix_like_python(kind: str, api_key: int
 
 def test_records_decode_to_a_writable_view_of_a_writable_frame() -> None:
     """The produce path rewrites base offsets in place in the request frame's records."""
-    from protocol.messages import ProduceRequest
+    from kbroker.protocol.messages import ProduceRequest
 
     req = ProduceRequest(acks=1, timeout_ms=5, topic_data=[ProduceRequest.TopicProduceData(
         name="t", partition_data=[ProduceRequest.PartitionProduceData(index=0, records=b"abcdef")])])
@@ -99,7 +99,7 @@ def test_records_decode_to_a_writable_view_of_a_writable_frame() -> None:
 
 def test_encoding_a_wrong_class_or_an_out_of_range_value_raises() -> None:
 
-    from protocol.messages import ProduceRequest, ProduceResponse
+    from kbroker.protocol.messages import ProduceRequest, ProduceResponse
 
     with pytest.raises(TypeError):
         codec.plan(ProduceRequest, 9).encode(ProduceResponse(), bytearray(), None)

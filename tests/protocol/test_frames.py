@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from broker.handlers import all_handlers
-from protocol import codec
-from protocol.messages import RequestHeader
+from kbroker.broker.handlers import all_handlers
+from kbroker.protocol import codec
+from kbroker.protocol.messages import RequestHeader
 
 VECTORS = Path(__file__).parent / "vectors"
 API_VERSIONS, METADATA = 18, 3

@@ -12,8 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
-
-from protocol.legacy_records import (
+from kbroker.protocol.legacy_records import (
     UnsupportedCompressionTypeError,
     build_message_set,
     compress_lz4_legacy,
@@ -25,7 +24,7 @@ from protocol.legacy_records import (
     to_record_batch,
     xxh32,
 )
-from protocol.records import (
+from kbroker.protocol.records import (
     COMPRESSION_GZIP,
     COMPRESSION_LZ4,
     COMPRESSION_NONE,
@@ -229,7 +228,7 @@ def test_lz4_magic0_broken_checksum() -> None:
 
 
 def test_down_convert_drops_control_batches_headers_and_earlier_records() -> None:
-    from protocol.control_records import build_end_txn_marker_batch
+    from kbroker.protocol.control_records import build_end_txn_marker_batch
 
     data = build_batch([(b"k", b"a%d" % i, [("h", b"x")], TS0 + i) for i in range(4)], base_offset=10,
                        compression=COMPRESSION_SNAPPY, producer_id=5, producer_epoch=0, base_sequence=0,
@@ -285,7 +284,7 @@ def test_mangled_sets_are_refused_with_kafka_errors(kind: tuple[int, int], flips
 
 
 def test_each_produced_message_must_fit_max_message_bytes() -> None:
-    from protocol.legacy_records import MessageTooLargeError, convert_produced_set
+    from kbroker.protocol.legacy_records import MessageTooLargeError, convert_produced_set
 
     plain = build_message_set([Record(i, TS0, b"k", b"x" * 300) for i in range(5)], magic=1)
     # Five messages of ~340 bytes: each fits 400 bytes although the set (and the v2 batch) does not.

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from protocol import records as R
-from protocol.record_walk import COMPILED, walk_records, walk_records_py
+from kbroker.protocol import records as R
+from kbroker.protocol.record_walk import COMPILED, walk_records, walk_records_py
 
 NOW = 1_700_000_000_000
 

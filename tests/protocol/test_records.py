@@ -9,9 +9,8 @@ import snappy
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from protocol import records as r
-from protocol.records import (
+from kbroker.protocol import records as r
+from kbroker.protocol.records import (
     BATCH_HEADER_SIZE,
     CorruptRecordError,
     InvalidRecordError,

@@ -18,9 +18,8 @@ os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
+    from kbroker.spark_jobs.kbroker_source import register
     from pyspark.sql import SparkSession
-
-    from spark_jobs.kbroker_source import register
 
     s = (
         SparkSession.builder.master("local[2]")

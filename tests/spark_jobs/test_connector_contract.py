@@ -20,6 +20,14 @@ pytest.importorskip("pyspark", minversion="4.2")
 pytest.importorskip("pyarrow")
 
 from confluent_kafka import Producer  # noqa: E402
+from kbroker.spark_jobs.kbroker_source import (  # noqa: E402
+    KafkaOptions,
+    KafkaRange,
+    KBrokerBatchReader,
+    KBrokerBatchWriter,
+    KBrokerStreamReader,
+    split_ranges,
+)
 from pyspark.sql.types import (  # noqa: E402
     ArrayType,
     BinaryType,
@@ -31,14 +39,6 @@ from pyspark.sql.types import (  # noqa: E402
     TimestampType,
 )
 
-from spark_jobs.kbroker_source import (  # noqa: E402
-    KafkaOptions,
-    KafkaRange,
-    KBrokerBatchReader,
-    KBrokerBatchWriter,
-    KBrokerStreamReader,
-    split_ranges,
-)
 from tests.spark_jobs.conftest import consume_all, create_topic  # noqa: E402
 
 # ---------------------------------------------------------------- the guide, as data

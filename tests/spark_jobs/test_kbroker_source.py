@@ -16,15 +16,15 @@ pytest.importorskip("pyarrow")
 
 from confluent_kafka import Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import NewPartitions  # noqa: E402
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # noqa: E402
-
-from spark_jobs.kbroker_source import (  # noqa: E402
+from kbroker.spark_jobs.kbroker_source import (  # noqa: E402
     DataLossError,
     KafkaOptions,
     KafkaRange,
     KBrokerStreamReader,
     _rate_limit,
 )
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # noqa: E402
+
 from tests.spark_jobs.conftest import consume_all, create_topic, produce  # noqa: E402
 
 

@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("pyspark", minversion="4.2")
 pytest.importorskip("pyarrow")
 
-from spark_jobs import pageviews  # noqa: E402
+from kbroker.spark_jobs import pageviews  # noqa: E402
+
 from tests.spark_jobs.conftest import create_topic, produce, window_records  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,7 +187,7 @@ def foreign_python_env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_cli_source_kafka_without_connector_says_what_is_missing_in_one_line(tmp_path) -> None:
-    args = [sys.executable, "-m", "spark_jobs.pageviews", "--bootstrap-servers", "127.0.0.1:1"]
+    args = [sys.executable, "-m", "kbroker.spark_jobs.pageviews", "--bootstrap-servers", "127.0.0.1:1"]
     args += ["--input-topic", "in", "--output-topic", "out", "--checkpoint", str(tmp_path / "ckpt")]
     args += ["--source", "kafka", "--master", "local[1]"]
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=str(ROOT))
@@ -206,7 +207,7 @@ def test_python_worker_env() -> None:
 
 
 def test_cli_auto_falls_back_to_python_source(broker, admin, topic_name, tmp_path) -> None:
-    """`python -m spark_jobs.pageviews --source auto` in its own process: picks the Python source here, says so.
+    """`python -m kbroker.spark_jobs.pageviews --source auto` in its own process: picks the Python source here, says so.
 
     `python3` on PATH is another interpreter without pyspark (a virtualenv that is not activated): the job must
     still run its Spark workers with its own interpreter."""
@@ -215,7 +216,7 @@ def test_cli_auto_falls_back_to_python_source(broker, admin, topic_name, tmp_pat
     events = [ev(1, "/a"), ev(2, "/b"), ev(3, "/a"), ev(125, "/a")]
     produce(broker.bootstrap, tin, events)
     env = foreign_python_env(tmp_path)
-    args = [sys.executable, "-m", "spark_jobs.pageviews", "--bootstrap-servers", broker.bootstrap]
+    args = [sys.executable, "-m", "kbroker.spark_jobs.pageviews", "--bootstrap-servers", broker.bootstrap]
     args += ["--input-topic", tin, "--output-topic", tout, "--checkpoint", str(tmp_path / "ckpt")]
     args += ["--trigger", "available-now", "--source", "auto", "--master", "local[2]"]
     args += ["--shuffle-partitions", "2"]

@@ -20,9 +20,9 @@ pytest.importorskip("pyspark", minversion="4.2")
 pytest.importorskip("pyarrow")
 
 from confluent_kafka import Producer  # noqa: E402
+from kbroker.spark_jobs import pageviews  # noqa: E402
+from kbroker.spark_jobs.kbroker_source import from_json_offsets  # noqa: E402
 
-from spark_jobs import pageviews  # noqa: E402
-from spark_jobs.kbroker_source import from_json_offsets  # noqa: E402
 from tests.spark_jobs.conftest import create_topic  # noqa: E402
 from tests.spark_jobs.test_pageviews import MIN, T0, model, output_windows  # noqa: E402
 

@@ -4,9 +4,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from storage.config import LogConfig
-from storage.log import Log
+from kbroker.storage.config import LogConfig
+from kbroker.storage.log import Log
 
 
 @pytest.fixture

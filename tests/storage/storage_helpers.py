@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from protocol.records import (
+from kbroker.protocol.records import (
     Record,
     build_batch,
     decode_records,
@@ -12,7 +12,7 @@ from protocol.records import (
     parse_batch_header,
     set_base_offset,
 )
-from storage.log import Log
+from kbroker.storage.log import Log
 
 NOW = 1_700_000_000_000
 

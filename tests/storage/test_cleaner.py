@@ -3,8 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from protocol.records import (
+from kbroker.protocol.records import (
     COMPRESSION_LZ4,
     COMPRESSION_ZSTD,
     build_batch,
@@ -12,9 +11,10 @@ from protocol.records import (
     iter_batch_headers,
     validate_batches,
 )
-from storage.cleaner import CleanerStats, LogCleaner, clean_log
-from storage.config import LogConfig
-from storage.log import Log
+from kbroker.storage.cleaner import CleanerStats, LogCleaner, clean_log
+from kbroker.storage.config import LogConfig
+from kbroker.storage.log import Log
+
 from tests.storage.storage_helpers import NOW, kv_batch, read_all, write_legacy_segment
 
 DAY = 86_400_000
@@ -182,7 +182,7 @@ def test_concurrent_appends_reads_retention_and_cleaning(tmp_path: Path) -> None
     import threading
     import time
 
-    from storage.errors import OffsetOutOfRangeError
+    from kbroker.storage.errors import OffsetOutOfRangeError
 
     cfg = LogConfig(segment_bytes=3000, cleanup_policy="compact,delete", retention_bytes=10000, retention_ms=-1,
                     file_delete_delay_ms=20, min_cleanable_dirty_ratio=0.1, index_interval_bytes=200)
@@ -247,7 +247,7 @@ def test_concurrent_appends_reads_retention_and_cleaning(tmp_path: Path) -> None
 
 def _lying_offsets_batch() -> bytes:
     """Two keyed records whose first record claims offset delta 23 in a batch of lastOffsetDelta 1, valid CRC."""
-    from protocol.records import BATCH_HEADER_SIZE, compute_crc
+    from kbroker.protocol.records import BATCH_HEADER_SIZE, compute_crc
 
     raw = bytearray(build_batch([(b"a", b"1", [], NOW), (b"b", b"2", [], NOW)]))
     # record 0: length varint, attributes, timestampDelta varint (0), offsetDelta varint (0) -> zigzag(23) = 46
@@ -260,8 +260,7 @@ def _lying_offsets_batch() -> bytes:
 
 def test_produce_refuses_records_outside_their_batch() -> None:
     import pytest
-
-    from protocol.records import InvalidRecordError
+    from kbroker.protocol.records import InvalidRecordError
 
     raw = _lying_offsets_batch()
     assert list(iter_batch_headers(raw))  # header and CRC are fine: only the records lie
@@ -271,8 +270,7 @@ def test_produce_refuses_records_outside_their_batch() -> None:
 
 def test_compacted_append_rejects_records_outside_their_batch(make_log) -> None:
     import pytest
-
-    from protocol.records import InvalidRecordError
+    from kbroker.protocol.records import InvalidRecordError
 
     log = _compacted(make_log)
     with pytest.raises(InvalidRecordError):
@@ -337,7 +335,7 @@ def test_merge_interrupted_after_the_swap_completes_on_load(log_dir: Path) -> No
     expected = [(r.offset, r.value) for r in read_all(log)]
     log.close()
     # A crash right after the merged copy became .swap: the old segments are all still there.
-    from storage.cleaner import _clean_segments, group_segments_by_size
+    from kbroker.storage.cleaner import _clean_segments, group_segments_by_size
 
     log = Log.open(log_dir, "topic", 0, cfg, clean_shutdown=True)
     [group] = group_segments_by_size(log, list(log.segments[:-1]), log.segments[-1].base_offset)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from protocol.records import iter_batch_headers
-from storage.cleaner import clean_log
-from storage.log import Log
-from storage.transaction_index import AbortedTxn
+from kbroker.protocol.records import iter_batch_headers
+from kbroker.storage.cleaner import clean_log
+from kbroker.storage.log import Log
+from kbroker.storage.transaction_index import AbortedTxn
+
 from tests.storage.storage_helpers import NOW, kv_batch, read_all
 
 DAY = 86_400_000

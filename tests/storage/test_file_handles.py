@@ -3,7 +3,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from storage.file_handles import FileHandleCache, LazyFile
+from kbroker.storage.file_handles import FileHandleCache, LazyFile
 
 
 def _files(tmp_path: Path, cache: FileHandleCache, n: int) -> list[LazyFile]:

@@ -4,8 +4,7 @@ import struct
 from pathlib import Path
 
 import pytest
-
-from storage.index import PENDING_BYTES, OffsetIndex, TimeIndex
+from kbroker.storage.index import PENDING_BYTES, OffsetIndex, TimeIndex
 
 
 def test_offset_index_lookup_append_truncate(tmp_path: Path) -> None:

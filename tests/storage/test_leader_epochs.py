@@ -10,20 +10,20 @@ import time
 from pathlib import Path
 
 import pytest
-
-from protocol.records import CorruptRecordError, iter_batch_headers
-from storage.config import LogConfig
-from storage.errors import NotLeaderOrFollowerError
-from storage.leader_epoch_cache import (
+from kbroker.protocol.records import CorruptRecordError, iter_batch_headers
+from kbroker.storage.config import LogConfig
+from kbroker.storage.errors import NotLeaderOrFollowerError
+from kbroker.storage.leader_epoch_cache import (
     LEADER_EPOCH_CHECKPOINT,
     EpochEntry,
     LeaderEpochFileCache,
     read_checkpoint,
     write_checkpoint,
 )
-from storage.log import Log
-from storage.log_replica import UnexpectedAppendOffsetError
-from storage.manager import LogManager
+from kbroker.storage.log import Log
+from kbroker.storage.log_replica import UnexpectedAppendOffsetError
+from kbroker.storage.manager import LogManager
+
 from tests.storage.storage_helpers import NOW, batch, read_all
 
 PID = 4242

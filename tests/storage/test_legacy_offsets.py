@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from kbroker.protocol.legacy_records import MessageTooLargeError, build_message_set
+from kbroker.protocol.records import COMPRESSION_GZIP, Record, parse_batch_header
+from kbroker.storage.legacy_offsets import legacy_offsets_before
 
-from protocol.legacy_records import MessageTooLargeError, build_message_set
-from protocol.records import COMPRESSION_GZIP, Record, parse_batch_header
-from storage.legacy_offsets import legacy_offsets_before
 from tests.storage.storage_helpers import NOW, batch, read_all
 
 

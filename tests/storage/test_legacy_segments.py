@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from protocol.records import (
+from kbroker.protocol.records import (
     COMPRESSION_LZ4,
     COMPRESSION_NONE,
     COMPRESSION_ZSTD,
@@ -15,9 +14,10 @@ from protocol.records import (
     build_batch,
     iter_batch_headers,
 )
-from storage.cleaner import clean_log, rewrite_empty_compressed_batches
-from storage.config import LogConfig
-from storage.log import MAX_TIMESTAMP, Log
+from kbroker.storage.cleaner import clean_log, rewrite_empty_compressed_batches
+from kbroker.storage.config import LogConfig
+from kbroker.storage.log import MAX_TIMESTAMP, Log
+
 from tests.storage.storage_helpers import NOW, kv_batch, read_all, write_legacy_segment
 
 

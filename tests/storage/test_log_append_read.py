@@ -5,8 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
-
-from protocol.records import (
+from kbroker.protocol.records import (
     BATCH_HEADER_SIZE,
     TIMESTAMP_LOG_APPEND_TIME,
     CorruptRecordError,
@@ -17,9 +16,10 @@ from protocol.records import (
     parse_batch_header,
     validate_batches,
 )
-from storage.errors import KafkaStorageError, OffsetOutOfRangeError, RecordTooLargeError
-from storage.log import Log
-from storage.segment import _PAGE, _SCAN_CHUNK, _scan_chunk
+from kbroker.storage.errors import KafkaStorageError, OffsetOutOfRangeError, RecordTooLargeError
+from kbroker.storage.log import Log
+from kbroker.storage.segment import _PAGE, _SCAN_CHUNK, _scan_chunk
+
 from tests.storage.storage_helpers import NOW, batch, kv_batch, read_all
 
 

@@ -4,10 +4,10 @@ import time
 from pathlib import Path
 
 import pytest
+from kbroker.storage.checkpoints import OffsetCheckpointFile
+from kbroker.storage.config import TOPIC_CONFIG_KEYS, LogConfig
+from kbroker.storage.manager import LogManager
 
-from storage.checkpoints import OffsetCheckpointFile
-from storage.config import TOPIC_CONFIG_KEYS, LogConfig
-from storage.manager import LogManager
 from tests.storage.storage_helpers import NOW, batch, kv_batch, read_all
 
 

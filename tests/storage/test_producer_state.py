@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from protocol.records import InvalidRecordError, build_batch
-from storage.cleaner import clean_log
-from storage.config import LogConfig
-from storage.errors import InvalidProducerEpochError, OutOfOrderSequenceError, UnknownProducerIdError
-from storage.log import Log
-from storage.manager import LogManager
-from storage.producer_state import (
+from kbroker.protocol.records import InvalidRecordError, build_batch
+from kbroker.storage.cleaner import clean_log
+from kbroker.storage.config import LogConfig
+from kbroker.storage.errors import InvalidProducerEpochError, OutOfOrderSequenceError, UnknownProducerIdError
+from kbroker.storage.log import Log
+from kbroker.storage.manager import LogManager
+from kbroker.storage.producer_state import (
     INT32_MAX,
     ProducerStateEntry,
     ProducerStateManager,
@@ -21,6 +20,7 @@ from storage.producer_state import (
     in_sequence,
     snapshot_file_name,
 )
+
 from tests.storage.storage_helpers import NOW, batch, read_all
 
 PID = 1000

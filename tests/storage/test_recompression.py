@@ -4,8 +4,7 @@ offsets, timestamps and producer metadata; "producer" stores batches as sent; co
 from __future__ import annotations
 
 import pytest
-
-from protocol.records import (
+from kbroker.protocol.records import (
     COMPRESSION_GZIP,
     COMPRESSION_LZ4,
     COMPRESSION_NONE,
@@ -18,8 +17,9 @@ from protocol.records import (
     recompress_batch,
     validate_batches,
 )
-from storage.config import LogConfig
-from storage.errors import RecordTooLargeError
+from kbroker.storage.config import LogConfig
+from kbroker.storage.errors import RecordTooLargeError
+
 from tests.storage.storage_helpers import NOW, read_all
 
 CODECS = {"uncompressed": COMPRESSION_NONE, "gzip": COMPRESSION_GZIP, "snappy": COMPRESSION_SNAPPY,

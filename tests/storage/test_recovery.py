@@ -5,9 +5,10 @@ import os
 import time
 from pathlib import Path
 
-from storage.config import LogConfig
-from storage.log import Log
-from storage.segment import LogSegment
+from kbroker.storage.config import LogConfig
+from kbroker.storage.log import Log
+from kbroker.storage.segment import LogSegment
+
 from tests.storage.storage_helpers import NOW, batch, read_all
 
 CFG = LogConfig(segment_bytes=2000, index_interval_bytes=150)
@@ -172,7 +173,7 @@ def test_clean_restart_of_200_segments_is_fast(log_dir: Path) -> None:
 
 
 def test_segment_recover_direct(tmp_path: Path) -> None:
-    from storage.recovery import recover_segment
+    from kbroker.storage.recovery import recover_segment
 
     data = batch(2) + batch(2, base_offset=2) + batch(1, base_offset=1)  # last one goes backwards
     (tmp_path / "00000000000000000000.log").write_bytes(data)

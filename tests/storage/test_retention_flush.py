@@ -5,9 +5,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from kbroker.storage.config import LogConfig
+from kbroker.storage.log import Log
 
-from storage.config import LogConfig
-from storage.log import Log
 from tests.storage.storage_helpers import NOW, batch, read_all
 
 DAY = 86_400_000

@@ -8,17 +8,17 @@ import struct
 from pathlib import Path
 
 import pytest
-
-from protocol.control_records import build_end_txn_marker_batch, parse_end_txn_marker
-from protocol.records import iter_batch_headers
-from storage.config import LogConfig
-from storage.errors import (
+from kbroker.protocol.control_records import build_end_txn_marker_batch, parse_end_txn_marker
+from kbroker.protocol.records import iter_batch_headers
+from kbroker.storage.config import LogConfig
+from kbroker.storage.errors import (
     InvalidProducerEpochError,
     InvalidTxnStateError,
     TransactionCoordinatorFencedError,
 )
-from storage.log import Log
-from storage.transaction_index import AbortedTxn, TransactionIndex
+from kbroker.storage.log import Log
+from kbroker.storage.transaction_index import AbortedTxn, TransactionIndex
+
 from tests.storage.storage_helpers import NOW, batch
 
 CFG = LogConfig(segment_bytes=1500, index_interval_bytes=100)
@@ -70,7 +70,7 @@ def test_marker_batch_format() -> None:
     assert h.base_sequence == -1 and h.records_count == 1
     marker = parse_end_txn_marker(raw)
     assert marker is not None and not marker.commit and marker.coordinator_epoch == 5
-    from protocol.records import decode_records
+    from kbroker.protocol.records import decode_records
     rec, = decode_records(raw)
     assert rec.key == struct.pack(">hh", 0, 0) and rec.value == struct.pack(">hi", 0, 5)
 
@@ -403,7 +403,7 @@ def test_transaction_index_file_ops(tmp_path: Path) -> None:
     assert reopened.all_entries() == [e1] and idx.path.stat().st_size == 34
     with open(idx.path, "ab") as f:
         f.write(b"\x00" * 5)
-    from storage.transaction_index import CorruptTransactionIndexError
+    from kbroker.storage.transaction_index import CorruptTransactionIndexError
     with pytest.raises(CorruptTransactionIndexError):
         TransactionIndex(idx.path, 0).sanity_check()
     assert TransactionIndex(idx.path, 0).all_entries() == [e1]

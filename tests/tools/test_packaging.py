@@ -7,13 +7,13 @@ import subprocess
 import sys
 
 import pytest
+from kbroker.broker.config import KEYS
 
-from broker.config import KEYS
 from tests.broker_process import ROOT, BrokerProcess, free_port
 
 
 def kbroker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kbroker.broker", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=30)
 
 
