@@ -228,7 +228,25 @@ class KafkaBroker:
 # ---------------------------------------------------------------- pytest hooks and fixtures
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+def _leave_kbroker_unrewritten(pluginmanager: pytest.PytestPluginManager) -> None:
+    """Keep pytest's assertion rewriting off kbroker's own modules (the broker holds no test asserts).
+
+    pytest marks every top-level package of a distribution that declares a pytest11 entry point for rewriting, so
+    the in-process broker's imports would each be parsed, rewritten and compiled again, with no cache where bytecode
+    cannot be written (PYTHONDONTWRITEBYTECODE): 1-1.5 s for the generated protocol module alone. pytest offers no
+    public way to unmark a package, so this drops the two names from its hook's set while nothing is imported yet.
+    """
+    hook = getattr(pluginmanager, "rewrite_hook", None)
+    marked = getattr(hook, "_must_rewrite", None)
+    if isinstance(marked, set) and marked & {"kbroker", "kbroker_tools"}:
+        marked.difference_update({"kbroker", "kbroker_tools"})
+        cache = getattr(hook, "_marked_for_rewrite_cache", None)
+        if isinstance(cache, dict):
+            cache.clear()
+
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    _leave_kbroker_unrewritten(pluginmanager)
     group = parser.getgroup("kbroker", "kbroker broker for the kafka_broker fixture")
     group.addoption("--kbroker-override", action="append", default=[], metavar="KEY=VALUE",
                     help="broker config for the kafka_broker fixture (Kafka's server.properties keys)")
