@@ -465,7 +465,7 @@ def test_kafka_python_0_8_2_assign_and_commit(broker, topic_name: str) -> None:
 
 def test_offset_commit_and_fetch_v0(broker, topic_name: str) -> None:
     """OffsetCommit v0 / OffsetFetch v0. Kafka keeps v0 offsets in ZooKeeper, apart from the v1+ ones; kbroker keeps
-    them with the group coordinator like every other commit (README: Old clients)."""
+    them with the group coordinator like every other commit (docs/apis.md: Old clients)."""
     from kafka.protocol.consumer.group import OffsetCommitRequest as KpCommit
     from kafka.protocol.consumer.group import OffsetFetchRequest as KpFetch
     from kbroker.protocol.messages import OffsetCommitRequest, OffsetFetchRequest

@@ -1,4 +1,4 @@
-"""The README's "Supported APIs" table says exactly what ApiVersions advertises.
+"""The "Supported APIs" table of docs/apis.md says exactly what ApiVersions advertises.
 
 Asked through kafka-python's protocol classes and through raw frames built with protocol.codec.
 """
@@ -11,13 +11,17 @@ from tests.broker_process import ROOT
 from tests.clients import KpRaw, RawClient
 
 
+def supported_apis_section() -> str:
+    text = (ROOT / "docs" / "apis.md").read_text()
+    return text.split("# Supported APIs", 1)[1].split("\n## ", 1)[0]
+
+
 def readme_api_table() -> dict[int, tuple[str, int, int]]:
-    """api key -> (name, min version, max version) from the README's table."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Supported APIs", 1)[1].split("\n## ", 1)[0]
+    """api key -> (name, min version, max version) from the docs' table."""
+    section = supported_apis_section()
     rows: dict[int, tuple[str, int, int]] = {}
     for name, key, lo, hi in re.findall(r"^\| (\w+) \| (\d+) \| (\d+)(?:-(\d+))?\b", section, re.M):
-        assert int(key) not in rows, f"README lists api key {key} twice"
+        assert int(key) not in rows, f"docs/apis.md lists api key {key} twice"
         rows[int(key)] = (name, int(lo), int(hi or lo))
     return rows
 
@@ -51,8 +55,7 @@ def test_readme_table_matches_api_versions_raw(broker):
 
 
 def test_readme_unsupported_list_does_not_contradict_quotas():
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Supported APIs", 1)[1].split("\n## ", 1)[0]
+    section = supported_apis_section()
     not_supported = section.split("Not supported:", 1)[1].split("\n\n", 1)[0]
     # Byte-rate quotas per client id are supported (DescribeClientQuotas/AlterClientQuotas are advertised).
     assert not re.search(r"(^|[ ,])quotas\.?$", not_supported.strip(), re.M)

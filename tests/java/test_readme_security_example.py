@@ -1,4 +1,4 @@
-"""The README's worked SASL_SSL + ACL example, run as written: its broker properties (paths, hosts and ports
+"""The worked SASL_SSL + ACL example, run as written: its broker properties (paths, hosts and ports
 substituted), its SCRAM user and ACLs, its kcat commands and its Java client properties."""
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ pytestmark = pytest.mark.skipif(not have_kcat(), reason="kcat is not installed")
 
 
 def example_blocks() -> list[tuple[str, str]]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### Worked example: SASL_SSL", 1)[1].split("\n### ", 1)[0]
+    text = (ROOT / "docs" / "security.md").read_text()
+    section = text.split("## Worked example: SASL_SSL", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```(\w+)\n(.*?)```", section, re.S)
 
 
@@ -89,7 +89,7 @@ def test_worked_example(example: Example, java_classpath: str) -> None:  # noqa:
     for f in admin.create_acls(bindings).values():
         f.result(timeout=30)
 
-    # The Java client with the README's client.properties: produce and consume in group billing.
+    # The Java client with the example's client.properties: produce and consume in group billing.
     props = {f"prop.{k}": v for k, v in example.client.items() if k != "bootstrap.servers"}
     cmd = ["java", "-cp", java_classpath, "SecurityCompat", example.client["bootstrap.servers"], "roundtrip",
            "topic=orders", "group=billing", "count=100", *(f"{k}={v}" for k, v in props.items())]
