@@ -10,6 +10,7 @@ COPY broker broker
 COPY protocol protocol
 COPY storage storage
 COPY coordinator coordinator
+COPY console console
 COPY kbroker_tools kbroker_tools
 COPY spark_jobs spark_jobs
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .

@@ -7,7 +7,7 @@ optional=True: without a compiler the pure-Python twins are used. In a checkout:
 
 from setuptools import Extension, find_packages, setup
 
-ROOTS = ["broker", "coordinator", "storage", "protocol", "spark_jobs"]
+ROOTS = ["broker", "console", "coordinator", "storage", "protocol", "spark_jobs"]
 
 packages = ["kbroker", *find_packages(include=["kbroker_tools", "kbroker_tools.*"])]
 for root in ROOTS:
@@ -16,6 +16,8 @@ for root in ROOTS:
 setup(
     packages=packages,
     package_dir={"kbroker": "kbroker", **{f"kbroker.{root}": root for root in ROOTS}},
+    # The console's pages ship as they are: no build step for users.
+    package_data={"kbroker.console": ["static/*"]},
     ext_modules=[
         Extension("kbroker.protocol._record_walk", ["protocol/_record_walk.c"], optional=True,
                   extra_compile_args=["-O2"]),

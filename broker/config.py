@@ -103,6 +103,19 @@ def _listeners_check(v: Any) -> str | None:
     return None
 
 
+# The web console's address (kbroker's own key): one http://HOST:PORT, or empty for no console.
+CONSOLE_LISTENER = re.compile(r"http://(\[[^\]]*\]|[^:/\s]*):(\d+)")
+
+
+def _console_listener_check(v: str) -> str | None:
+    if not v:
+        return None
+    m = CONSOLE_LISTENER.fullmatch(v)
+    if m is None or not 0 <= int(m.group(2)) <= 65535:
+        return "must be http://HOST:PORT (one listener; https is not served), or empty for no console"
+    return None
+
+
 def _protocol_map(v: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in v.split(","):
@@ -289,6 +302,8 @@ KEYS: dict[str, ConfigKey] = {
         # kbroker's own: Prometheus metrics over HTTP (unset = off), where Kafka would run the JMX exporter agent.
         ConfigKey("metrics.port", _int, None, between(0, 65535)),
         ConfigKey("metrics.host", _str, "0.0.0.0"),
+        # kbroker's own: the web console over HTTP (console/; empty = off).
+        ConfigKey("console.listeners", _str, "", _console_listener_check),
         # Authorization (broker.security.authorizer): Kafka's ACL authorizer class names turn it on.
         ConfigKey("authorizer.class.name", _str, "", one_of("", *AUTHORIZER_CLASS_NAMES)),
         ConfigKey("super.users", _super_users, frozenset()),

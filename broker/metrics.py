@@ -100,6 +100,27 @@ def _api_name(api_key: int) -> str:
     return cls.__name__.removesuffix("Request") if cls is not None else str(api_key)
 
 
+def _topic_sums(shards: list[tuple[str, Shard]]) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    msgs: dict[str, int] = {}
+    bytes_in: dict[str, int] = {}
+    bytes_out: dict[str, int] = {}
+    for _, s in shards:
+        for topic, (m, b) in list(s.topic_in.items()):
+            msgs[topic] = msgs.get(topic, 0) + m
+            bytes_in[topic] = bytes_in.get(topic, 0) + b
+        for topic, (b,) in list(s.topic_out.items()):
+            bytes_out[topic] = bytes_out.get(topic, 0) + b
+    return msgs, bytes_in, bytes_out
+
+
+def topic_totals() -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """Records in, bytes in and bytes out per topic since start-up: the BrokerTopicMetrics counters, summed over
+    every thread's shard (for readers other than the exporter, such as the web console's charts)."""
+    with _shards_lock:
+        shards = list(_shards)
+    return _topic_sums(shards)
+
+
 class KafkaCollector:
     """prometheus_client collector: every family computed at scrape time from the shards and the server."""
 
@@ -127,13 +148,7 @@ class KafkaCollector:
 
     @staticmethod
     def _topic_families(shards: list[tuple[str, Shard]], Counter: Any) -> Iterator[Any]:
-        msgs, bytes_in, bytes_out = {}, {}, {}
-        for _, s in shards:
-            for topic, (m, b) in list(s.topic_in.items()):
-                msgs[topic] = msgs.get(topic, 0) + m
-                bytes_in[topic] = bytes_in.get(topic, 0) + b
-            for topic, (b,) in list(s.topic_out.items()):
-                bytes_out[topic] = bytes_out.get(topic, 0) + b
+        msgs, bytes_in, bytes_out = _topic_sums(shards)
         for name, doc, values in (
             ("kafka_server_brokertopicmetrics_messagesin", "Records appended, per topic", msgs),
             ("kafka_server_brokertopicmetrics_bytesin", "Record bytes produced, per topic", bytes_in),

@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from kbroker.broker.admin_manager import AdminManager
 from kbroker.broker.apis import KafkaApis
@@ -44,6 +45,9 @@ from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.messages import ControlledShutdownRequest
 from kbroker.storage.config import LogConfig
 from kbroker.storage.manager import LogManager
+
+if TYPE_CHECKING:
+    from kbroker.console.server import ConsoleServer
 
 log = logging.getLogger("kbroker.server")
 
@@ -162,6 +166,7 @@ class KafkaServer:
             )
         self._stopped = asyncio.Event()
         self.metrics_exporter: MetricsExporter | None = None
+        self.console: ConsoleServer | None = None
         self._ids_cache: tuple[dict[str, TopicRecord], dict[bytes, str]] | None = None
 
     def advertised_endpoints(self) -> dict[str, tuple[str, int]]:
@@ -234,6 +239,12 @@ class KafkaServer:
         if self.config["metrics.port"] is not None:
             self.metrics_exporter = MetricsExporter(self)
             self.metrics_exporter.start()
+        if self.config["console.listeners"]:
+            # Imported here: only a broker with a console pays for importing it.
+            from kbroker.console.server import ConsoleServer
+
+            self.console = ConsoleServer(self)
+            self.console.start()
         host, port = self.advertised_endpoint()
         await loop.run_in_executor(None, self.metadata.register_broker, self.advertised_endpoints())
         log.info(
@@ -299,6 +310,7 @@ class KafkaServer:
         # second later: first in line, it delayed the controlled shutdown by as much).
         metrics_stopped = (loop.run_in_executor(None, self.metrics_exporter.stop)
                            if self.metrics_exporter is not None else None)
+        console_stopped = loop.run_in_executor(None, self.console.stop) if self.console is not None else None
         self.socket_server.stop_accepting()
         # Parked long polls and group joins answer now: otherwise the processors' drain waits them out (a fetch's
         # max_wait_ms, 500 ms for librdkafka; a rebalance, up to the drain's 5 s grace) while the clients' next
@@ -322,6 +334,8 @@ class KafkaServer:
         self.metadata.stop()
         if metrics_stopped is not None:
             await metrics_stopped
+        if console_stopped is not None:
+            await console_stopped
         log.info("Broker %d shut down cleanly", self.broker_id)
 
     def request_stop(self) -> None:

@@ -1,9 +1,11 @@
 """A minimal blocking Kafka protocol client built on protocol.codec, for tools that must not need a client
-library: the container health check and the pytest plugin's topic creation."""
+library: the container health check, the pytest plugin's topic creation and the web console (which signs in with
+SASL PLAIN or SCRAM as the console's user, so the broker's authorizer decides what that user sees)."""
 
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 from typing import Any
 
@@ -16,9 +18,13 @@ from kbroker.protocol.messages import (
     MetadataRequest,
     MetadataResponse,
     RequestHeader,
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
 )
 
-METADATA, API_VERSIONS, CREATE_TOPICS = 3, 18, 19
+METADATA, SASL_HANDSHAKE, API_VERSIONS, CREATE_TOPICS, SASL_AUTHENTICATE = 3, 17, 18, 19, 36
 UNSUPPORTED_VERSION, TOPIC_ALREADY_EXISTS = 35, 36
 
 
@@ -31,9 +37,18 @@ class WireError(Exception):
 
 
 class WireClient:
-    def __init__(self, bootstrap: str, timeout: float = 10.0, client_id: str = "kbroker-tools") -> None:
+    def __init__(self, bootstrap: str, timeout: float = 10.0, client_id: str = "kbroker-tools",
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+        if ssl_context is not None:
+            try:
+                sock = ssl_context.wrap_socket(sock, server_hostname=host.strip("[]")
+                                               if ssl_context.check_hostname else None)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
         self.client_id = client_id
         self._correlation_id = 0
 
@@ -65,6 +80,34 @@ class WireClient:
         if cid != self._correlation_id:
             raise ConnectionError(f"correlation id {cid} answers no request of this connection")
         return resp
+
+    def authenticate(self, mechanism: str, username: str, password: str) -> None:
+        """SASL PLAIN or SCRAM-SHA-256/512 on a fresh connection; WireError when the broker refuses."""
+        from kbroker.broker.security import scram
+        from kbroker.broker.security.sasl_common import SaslAuthenticationError, SaslError
+
+        hs: SaslHandshakeResponse = self.request(SASL_HANDSHAKE, 1, SaslHandshakeRequest(mechanism=mechanism))
+        if hs.error_code:
+            raise WireError(hs.error_code, f"SASL mechanism {mechanism} is not enabled here "
+                                           f"(the listener offers {', '.join(hs.mechanisms) or 'none'})")
+
+        def step(token: bytes) -> bytes:
+            resp: SaslAuthenticateResponse = self.request(SASL_AUTHENTICATE, 1,
+                                                          SaslAuthenticateRequest(auth_bytes=token))
+            if resp.error_code:
+                raise WireError(resp.error_code, resp.error_message or "SASL authentication failed")
+            return bytes(resp.auth_bytes)
+
+        if mechanism == "PLAIN":
+            step(f"\0{username}\0{password}".encode())
+            return
+        if mechanism not in scram.MECHANISMS:
+            raise WireError(33, f"SASL mechanism {mechanism} is not one this client speaks")  # UNSUPPORTED_SASL_MECHANISM
+        client = scram.ScramClient(mechanism, username, password)
+        try:
+            client.verify(step(client.final(step(client.first()))))
+        except (SaslError, SaslAuthenticationError, ValueError, KeyError) as e:  # a malformed or refused exchange
+            raise WireError(58, f"SCRAM exchange failed: {e}") from None  # SASL_AUTHENTICATION_FAILED
 
     def api_versions(self) -> ApiVersionsResponse:
         resp: ApiVersionsResponse = self.request(API_VERSIONS, 3, ApiVersionsRequest(
