@@ -61,7 +61,7 @@ def _password(v: str) -> str:
 
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,21 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("sasl.server.max.receive.size", _int, 524288, at_least(1)),
         ConfigKey("connections.max.reauth.ms", _long, 0, at_least(0)),
         ConfigKey("connection.failed.authentication.delay.ms", _int, 100, at_least(0)),
+        # OAUTHBEARER (broker/security/oauthbearer.py): which validator, and the signed-JWT validator's settings.
+        ConfigKey("sasl.server.callback.handler.class", _str, None),
+        ConfigKey("sasl.oauthbearer.jwks.endpoint.url", _str, None),
+        ConfigKey("sasl.oauthbearer.jwks.endpoint.refresh.ms", _long, 3600000, at_least(1)),
+        ConfigKey("sasl.oauthbearer.jwks.endpoint.retry.backoff.ms", _long, 100, at_least(0)),
+        ConfigKey("sasl.oauthbearer.jwks.endpoint.retry.backoff.max.ms", _long, 10000, at_least(0)),
+        ConfigKey("sasl.oauthbearer.clock.skew.seconds", _int, 30, at_least(0)),
+        ConfigKey("sasl.oauthbearer.expected.audience", _list, []),
+        ConfigKey("sasl.oauthbearer.expected.issuer", _str, None),
+        ConfigKey("sasl.oauthbearer.scope.claim.name", _str, "scope"),
+        ConfigKey("sasl.oauthbearer.sub.claim.name", _str, "sub"),
+        # Accepted as Kafka does; they configure a client's token retrieval, which the broker does not do here.
+        ConfigKey("sasl.oauthbearer.token.endpoint.url", _str, None),
+        ConfigKey("sasl.login.callback.handler.class", _str, None),
+        ConfigKey("sasl.login.class", _str, None),
         ConfigKey("ssl.protocol", _str, "TLSv1.3"),
         ConfigKey("ssl.enabled.protocols", _list, ["TLSv1.2", "TLSv1.3"], one_of("TLSv1.2", "TLSv1.3")),
         ConfigKey("ssl.cipher.suites", _list, []),
@@ -348,7 +363,8 @@ LISTENER_KEYS: frozenset[str] = frozenset(
     {k for k in KEYS if k.startswith(("ssl.", "sasl.")) and k != "sasl.mechanism.inter.broker.protocol"}
     | {"connections.max.reauth.ms"}
 )
-MECHANISM_KEYS: frozenset[str] = frozenset({"sasl.jaas.config", "connections.max.reauth.ms"})
+MECHANISM_KEYS: frozenset[str] = frozenset(
+    {"sasl.jaas.config", "connections.max.reauth.ms", "sasl.server.callback.handler.class"})
 
 
 @dataclass(frozen=True)

@@ -926,3 +926,5 @@ class SocketServer:
     def stop_processors(self) -> None:
         for p in self.processors:
             p.stop()
+        for sec in self.security.values():
+            sec.close()

@@ -72,6 +72,10 @@ class ListenerSecurity:
         self.ssl_context = ctx
         log.info("Listener %s: reloaded its TLS keystore/truststore (%s)", self.listener, ", ".join(sorted(stamps)))
 
+    def close(self) -> None:
+        if self.sasl is not None:
+            self.sasl.close()
+
     def on_connect(self, conn: KafkaConnection, transport: asyncio.BaseTransport) -> None:
         """Called once the TLS handshake (if any) is done, before the first request is read."""
         if self.protocol == "SSL":

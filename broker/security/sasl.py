@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from kbroker.broker.config import ConfigError, KafkaConfig
 from kbroker.broker.network import CloseConnection, Response
-from kbroker.broker.security import plain, scram
+from kbroker.broker.security import oauthbearer, plain, scram
 from kbroker.broker.security.credentials import ScramCredentialStore
 from kbroker.broker.security.sasl_common import SaslAuthenticationError, SaslError, parse_jaas
 from kbroker.protocol import codec
@@ -77,14 +77,28 @@ class SaslSettings:
                     f"listener {listener} enables PLAIN but has no listener.name.{listener.lower()}.plain."
                     "sasl.jaas.config (PlainLoginModule with user_<name>=\"<password>\" options)")
             self.plain_users = plain.users_from_jaas(options)
+        self.oauth_validator: oauthbearer.Validator | None = None
+        if oauthbearer.MECHANISM in self.mechanisms:
+            self.oauth_validator = oauthbearer.validator_for(
+                config, listener, jaas_options(config, listener, oauthbearer.MECHANISM) or {})
         self.reauth_ms = {m: int(config.for_listener(listener, "connections.max.reauth.ms", m)) for m in self.mechanisms}
         self.failure_delay_s = config["connection.failed.authentication.delay.ms"] / 1000
         self.max_receive = int(config.for_listener(listener, "sasl.server.max.receive.size"))
 
-    def new_server(self, mechanism: str) -> plain.PlainServer | scram.ScramServer:
+    def new_server(self, mechanism: str) -> SaslServer:
         if mechanism == plain.MECHANISM:
             return plain.PlainServer(self.plain_users)
+        if mechanism == oauthbearer.MECHANISM:
+            assert self.oauth_validator is not None
+            return oauthbearer.OAuthBearerServer(self.oauth_validator)
         return scram.ScramServer(mechanism, self.credentials.get)
+
+    def close(self) -> None:
+        if self.oauth_validator is not None:
+            self.oauth_validator.close()
+
+
+SaslServer = plain.PlainServer | scram.ScramServer | oauthbearer.OAuthBearerServer
 
 
 def _encode(header: RequestHeader, body: Any) -> Response:
@@ -99,7 +113,7 @@ class SaslServerAuthenticator:
         self.apis = apis
         self.state = HANDSHAKE_OR_VERSIONS
         self.mechanism = ""
-        self.server: plain.PlainServer | scram.ScramServer | None = None
+        self.server: SaslServer | None = None
         self.raw_tokens = False
         self.reauthenticating = False
         self.authenticate_version = -1
@@ -220,8 +234,15 @@ class SaslServerAuthenticator:
         conn.raw_frames = False
         self.state = COMPLETE
         self.reauthenticating = False
-        lifetime_ms = self.settings.reauth_ms.get(self.mechanism, 0)
-        if lifetime_ms > 0:
+        # KIP-368 as Kafka's ReauthInfo: the session ends at connections.max.reauth.ms or when the credential
+        # (an OAUTHBEARER token) expires, whichever comes first.
+        max_reauth_ms = self.settings.reauth_ms.get(self.mechanism, 0)
+        expiry_ms = getattr(self.server, "credential_expiry_ms", None)
+        lifetime_ms = max_reauth_ms
+        if expiry_ms is not None:
+            remaining_ms = max(0, int(expiry_ms - time.time() * 1000))
+            lifetime_ms = remaining_ms if max_reauth_ms <= 0 else min(remaining_ms, max_reauth_ms)
+        if lifetime_ms > 0 or expiry_ms is not None:
             self.expires_at = time.monotonic() + lifetime_ms / 1000
             conn.handle = self.handle_authenticated
         else:

@@ -1,0 +1,377 @@
+"""SASL/OAUTHBEARER with real clients: unsecured JWS tokens (Kafka's default validator) from confluent-kafka,
+kafka-python and aiokafka; signed JWTs from a token endpoint (librdkafka's `sasl.oauthbearer.method=oidc`) checked
+against the provider's JWKS; Kafka's answers to refused tokens; the token's expiry bounding the session (KIP-368);
+principals from the subject claim deciding ACLs; configuration errors stopping start-up."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, Producer
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+)
+from confluent_kafka.admin import ResourceType as CkResourceType
+from cryptography.hazmat.primitives.asymmetric import rsa
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import MetadataRequest, SaslAuthenticateRequest, SaslHandshakeRequest
+
+from tests.broker_process import BrokerProcess, free_port
+from tests.clients import Msg, RawClient, ck_consume, ck_produce, kp_consume, kp_produce
+from tests.oauth_idp import IdentityProvider, client_first_message, unsecured_token
+
+CLIENTS = {"svc-orders": "orders-secret", "svc-other": "other-secret"}
+AUTHORIZER = "kafka.security.authorizer.AclAuthorizer"
+JWKS_VALIDATOR = "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler"
+LOGIN_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+
+
+class OAuthBroker(BrokerProcess):
+    """PLAINTEXT for set-up (its User:ANONYMOUS is a super user), DEV with unsecured tokens, SCOPED with unsecured
+    tokens that must carry the scope "kafka", OIDC with signed JWTs checked against the IdP's JWKS."""
+
+    NAMES = ("PLAINTEXT", "DEV", "SCOPED", "OIDC")
+
+    def __init__(self, data_dir: Path, idp: IdentityProvider, overrides: dict[str, str] | None = None) -> None:
+        self.ports = {name: free_port() for name in self.NAMES}
+        conf = {
+            "listeners": ",".join(f"{n}://127.0.0.1:{p}" for n, p in self.ports.items()),
+            "listener.security.protocol.map":
+                "PLAINTEXT:PLAINTEXT,DEV:SASL_PLAINTEXT,SCOPED:SASL_PLAINTEXT,OIDC:SASL_PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "sasl.enabled.mechanisms": "OAUTHBEARER",
+            "listener.name.scoped.oauthbearer.sasl.jaas.config":
+                f'{LOGIN_MODULE} required unsecuredValidatorRequiredScope="kafka";',
+            "listener.name.oidc.oauthbearer.sasl.server.callback.handler.class": JWKS_VALIDATOR,
+            "listener.name.oidc.sasl.oauthbearer.jwks.endpoint.url": idp.jwks_url,
+            "listener.name.oidc.sasl.oauthbearer.expected.audience": "kafka",
+            "listener.name.oidc.sasl.oauthbearer.expected.issuer": "https://idp.kbroker.test",
+            "sasl.oauthbearer.clock.skew.seconds": "0",
+            "authorizer.class.name": AUTHORIZER,
+            "allow.everyone.if.no.acl.found": "true",
+            "super.users": "User:ANONYMOUS",
+            "connection.failed.authentication.delay.ms": "20",
+            **(overrides or {}),
+        }
+        super().__init__(data_dir, conf, port=self.ports["PLAINTEXT"])
+
+    def listen_ports(self) -> list[int]:
+        return list(self.ports.values())
+
+    def addr(self, listener: str) -> str:
+        return f"127.0.0.1:{self.ports[listener]}"
+
+
+@pytest.fixture(scope="module")
+def idp() -> Iterator[IdentityProvider]:
+    p = IdentityProvider(CLIENTS).start()
+    yield p
+    p.stop()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory, idp: IdentityProvider) -> Iterator[OAuthBroker]:
+    b = OAuthBroker(tmp_path_factory.mktemp("oauth"), idp)
+    b.start()
+    yield b
+    b.stop()
+
+
+def sasl(listener_addr: str, **conf: Any) -> dict[str, Any]:
+    return {"bootstrap.servers": listener_addr, "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "OAUTHBEARER", **conf}
+
+
+def oidc(idp: IdentityProvider, client: str, **conf: Any) -> dict[str, Any]:
+    return {"sasl.oauthbearer.method": "oidc", "sasl.oauthbearer.client.id": client,
+            "sasl.oauthbearer.client.secret": CLIENTS[client], "sasl.oauthbearer.token.endpoint.url": idp.token_url,
+            **conf}
+
+
+def unsecured(principal: str, **conf: Any) -> dict[str, Any]:
+    return {"enable.sasl.oauthbearer.unsecure.jwt": True, "sasl.oauthbearer.config": f"principal={principal}", **conf}
+
+
+def authenticate(raw: RawClient, first_message: bytes, version: int = 2) -> Any:
+    hs = raw.request(17, 1, SaslHandshakeRequest(mechanism="OAUTHBEARER"))
+    assert hs.error_code == 0 and hs.mechanisms == ["OAUTHBEARER"]
+    return raw.request(36, version, SaslAuthenticateRequest(auth_bytes=first_message))
+
+
+def assert_refused(raw: RawClient, first_message: bytes, challenge: str) -> None:
+    """Kafka's OAuthBearerSaslServer: the refused token gets the JSON challenge with no error; the client's %x01
+    answer then ends the exchange with SASL_AUTHENTICATION_FAILED carrying the same text, and the connection."""
+    resp = authenticate(raw, first_message)
+    assert (resp.error_code, resp.auth_bytes.decode()) == (0, challenge)
+    resp = raw.request(36, 2, SaslAuthenticateRequest(auth_bytes=b"\x01"))
+    assert (resp.error_code, resp.error_message) == (ErrorCode.SASL_AUTHENTICATION_FAILED, challenge)
+    assert raw.closed_by_peer()
+
+
+def metadata_ok(raw: RawClient) -> None:
+    assert raw.request(3, 9, MetadataRequest(topics=[], allow_auto_topic_creation=False)).brokers
+
+
+# ------------------------------------------------------------ unsecured tokens (Kafka's default validator)
+
+
+def test_unsecured_tokens_with_three_clients(broker: OAuthBroker, topic_name: str) -> None:
+    msgs = [Msg(b"k%d" % i, b"v%d" % i, partition=0) for i in range(5)]
+    ck_produce(broker.addr("DEV"), topic_name, msgs, **sasl(broker.addr("DEV"), **unsecured("alice")))
+
+    class Unsecured(_token_provider_base()):  # type: ignore[misc]
+        def token(self) -> str:
+            return unsecured_token("alice")
+
+    got = kp_consume(broker.addr("DEV"), topic_name, [0], 5, security_protocol="SASL_PLAINTEXT",
+                     sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=Unsecured())
+    assert [r.value for r in got] == [m.value for m in msgs]
+
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.abc import AbstractTokenProvider
+
+    class AioUnsecured(AbstractTokenProvider):
+        async def token(self) -> str:
+            return unsecured_token("alice")
+
+    async def aio_read() -> list[bytes]:
+        c = AIOKafkaConsumer(bootstrap_servers=broker.addr("DEV"), security_protocol="SASL_PLAINTEXT",
+                             sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=AioUnsecured(),
+                             enable_auto_commit=False, auto_offset_reset="earliest")
+        await c.start()
+        try:
+            c.assign([TopicPartition(topic_name, 0)])
+            await c.seek_to_beginning()
+            out: list[bytes] = []
+            while len(out) < 5:
+                for recs in (await c.getmany(timeout_ms=1000)).values():
+                    out.extend(r.value for r in recs)
+            return out
+        finally:
+            await c.stop()
+
+    assert asyncio.run(asyncio.wait_for(aio_read(), 30)) == [m.value for m in msgs]
+
+
+def _token_provider_base() -> type:
+    for module in ("kafka.net.sasl.oauth", "kafka.sasl.oauth", "kafka.oauth.abstract"):
+        try:
+            return __import__(module, fromlist=["AbstractTokenProvider"]).AbstractTokenProvider  # type: ignore[no-any-return]
+        except ImportError:
+            continue
+    pytest.skip("this kafka-python has no OAUTHBEARER token provider class")
+
+
+@pytest.mark.parametrize("token, why", [
+    (unsecured_token("alice", lifetime_s=-5), "expired"),
+    (unsecured_token("alice").replace("eyJhbGciOiJub25lIn0", "eyJhbGciOiJIUzI1NiJ9"), "alg is not none"),
+    (unsecured_token("alice") + "c2ln", "has a signature"),
+    (unsecured_token(""), "no principal"),
+    ("not.a-token", "two parts"),
+])
+def test_unsecured_validator_refuses(broker: OAuthBroker, token: str, why: str) -> None:
+    with RawClient(broker.addr("DEV")) as raw:
+        assert_refused(raw, client_first_message(token), '{"status":"invalid_token"}')
+
+
+def test_required_scope(broker: OAuthBroker) -> None:
+    with RawClient(broker.addr("SCOPED")) as raw:
+        assert_refused(raw, client_first_message(unsecured_token("alice", scope=["read"])),
+                       '{"status":"insufficient_scope", "scope":"kafka"}')
+    with RawClient(broker.addr("SCOPED")) as raw:
+        resp = authenticate(raw, client_first_message(unsecured_token("alice", scope=["read", "kafka"])))
+        assert resp.error_code == 0 and resp.auth_bytes == b""
+        metadata_ok(raw)
+
+
+@pytest.mark.parametrize("message, error", [
+    (b"n,,auth=Bearer x\x01\x01", "malformed"),
+    (b"n,,\x01auth=Basic abc\x01\x01", "wrong scheme"),
+    (b"n,,\x01user=alice\x01\x01", "no auth"),
+    (b"p=tls-unique,,\x01auth=Bearer abc\x01\x01", "channel binding"),
+])
+def test_malformed_client_first_message(broker: OAuthBroker, message: bytes, error: str) -> None:
+    """Kafka answers a SaslException: the generic text, never the parser's."""
+    with RawClient(broker.addr("DEV")) as raw:
+        resp = authenticate(raw, message)
+        assert resp.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+        assert resp.error_message == ("Authentication failed during authentication due to invalid credentials "
+                                      "with SASL mechanism OAUTHBEARER")
+        assert raw.closed_by_peer()
+
+
+def test_authorization_id_must_be_the_principal(broker: OAuthBroker) -> None:
+    with RawClient(broker.addr("DEV")) as raw:
+        resp = authenticate(raw, client_first_message(unsecured_token("alice"), authzid="bob"))
+        assert resp.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+        assert resp.error_message == ("Authentication failed: Client requested an authorization id (bob) that is "
+                                      "different from the token's principal name (alice)")
+    with RawClient(broker.addr("DEV")) as raw:
+        resp = authenticate(raw, client_first_message(unsecured_token("alice"), authzid="alice", traceId="t-1"))
+        assert resp.error_code == 0
+        metadata_ok(raw)
+
+
+# ------------------------------------------------------------ signed JWTs against the provider's JWKS
+
+
+def test_oidc_clients_and_acls_by_subject(broker: OAuthBroker, idp: IdentityProvider, topic_name: str) -> None:
+    """confluent-kafka fetches its token from the endpoint; the broker checks it against the JWKS; the principal is
+    User:<sub>, so an ACL for User:svc-orders lets it write and DENY for User:svc-other stops that one."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    pattern = (CkResourceType.TOPIC, topic_name, ResourcePatternType.LITERAL)
+    for fut in admin.create_acls([
+        AclBinding(*pattern, "User:svc-orders", "*", AclOperation.ALL, AclPermissionType.ALLOW),
+        AclBinding(*pattern, "User:svc-other", "*", AclOperation.ALL, AclPermissionType.DENY),
+    ]).values():
+        fut.result(10)
+    requests_before = idp.token_requests
+    msgs = [Msg(None, b"order-%d" % i, partition=0) for i in range(3)]
+    ck_produce(broker.addr("OIDC"), topic_name, msgs, **sasl(broker.addr("OIDC"), **oidc(idp, "svc-orders")))
+    assert idp.token_requests > requests_before
+    got = ck_consume(broker.addr("OIDC"), topic_name, [0], 3, **sasl(broker.addr("OIDC"), **oidc(idp, "svc-orders")))
+    assert [r.value for r in got] == [m.value for m in msgs]
+
+    errors: list[KafkaError] = []
+    p = Producer(sasl(broker.addr("OIDC"), **oidc(idp, "svc-other"), error_cb=errors.append))
+    p.produce(topic_name, b"denied", partition=0, on_delivery=lambda err, m: errors.append(err))
+    p.flush(20)
+    assert any(e is not None and e.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED for e in errors), errors
+
+
+def test_oidc_token_from_kafka_python(broker: OAuthBroker, idp: IdentityProvider, topic_name: str) -> None:
+    class ClientCredentials(_token_provider_base()):  # type: ignore[misc]
+        def token(self) -> str:
+            body = b"grant_type=client_credentials&client_id=svc-orders&client_secret=orders-secret"
+            with urllib.request.urlopen(urllib.request.Request(idp.token_url, data=body), timeout=10) as resp:
+                return json.load(resp)["access_token"]  # type: ignore[no-any-return]
+
+    conf = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "OAUTHBEARER",
+            "sasl_oauth_token_provider": ClientCredentials()}
+    kp_produce(broker.addr("OIDC"), topic_name, [Msg(b"k", b"from kafka-python", partition=0)], **conf)
+    assert [r.value for r in kp_consume(broker.addr("OIDC"), topic_name, [0], 1, **conf)] == [b"from kafka-python"]
+
+
+def _other_key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+@pytest.mark.parametrize("case", ["expired", "other key", "unknown kid", "audience", "issuer", "no iat",
+                                  "unsecured", "not yet valid"])
+def test_jwks_validator_refuses(broker: OAuthBroker, idp: IdentityProvider, case: str) -> None:
+    token = {
+        "expired": lambda: idp.token("svc-orders", lifetime_s=-10),
+        "other key": lambda: idp.token("svc-orders", key=_other_key()),
+        "unknown kid": lambda: idp.token("svc-orders", key=_other_key(), kid="rotated-away"),
+        "audience": lambda: idp.token("svc-orders", aud="billing"),
+        "issuer": lambda: idp.token("svc-orders", iss="https://evil.example"),
+        "no iat": lambda: idp.token("svc-orders", iat=None),
+        "unsecured": lambda: unsecured_token("svc-orders"),
+        "not yet valid": lambda: idp.token("svc-orders", nbf=int(time.time()) + 600),
+    }[case]()
+    with RawClient(broker.addr("OIDC")) as raw:
+        assert_refused(raw, client_first_message(token), '{"status":"invalid_token"}')
+    with RawClient(broker.addr("OIDC")) as raw:  # the same listener still takes a good token
+        assert authenticate(raw, client_first_message(idp.token("svc-orders"))).error_code == 0
+        metadata_ok(raw)
+
+
+# ------------------------------------------------------------ the token's expiry bounds the session (KIP-368)
+
+
+def test_session_ends_when_the_token_expires(broker: OAuthBroker, idp: IdentityProvider) -> None:
+    with RawClient(broker.addr("OIDC")) as raw:
+        resp = authenticate(raw, client_first_message(idp.token("svc-orders", lifetime_s=3)))
+        assert resp.error_code == 0 and 1000 < resp.session_lifetime_ms <= 3000
+        metadata_ok(raw)
+        # Re-authenticating with a fresh token extends the session; another subject is refused.
+        resp = authenticate(raw, client_first_message(idp.token("svc-orders", lifetime_s=4)))
+        assert resp.error_code == 0 and 2000 < resp.session_lifetime_ms <= 4000
+        metadata_ok(raw)
+        time.sleep(resp.session_lifetime_ms / 1000 + 0.5)
+        raw.send_bytes(raw.frame(3, 9, MetadataRequest(topics=[])))
+        assert raw.closed_by_peer()
+    with RawClient(broker.addr("OIDC")) as raw:
+        assert authenticate(raw, client_first_message(idp.token("svc-orders"))).error_code == 0
+        resp = authenticate(raw, client_first_message(idp.token("svc-other")))
+        assert resp.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+        assert "Cannot change principals" in resp.error_message
+
+
+def test_librdkafka_refreshes_its_token_and_reauthenticates(tmp_path: Path, topic_name: str) -> None:
+    """Tokens living 4 s: librdkafka fetches a new one before expiry and re-authenticates on its connections, so a
+    producer runs through several token lifetimes without an error."""
+    idp = IdentityProvider(CLIENTS, lifetime_s=4).start()
+    b = OAuthBroker(tmp_path, idp).start()
+    try:
+        errors: list[Any] = []
+        delivered: list[int] = []
+        p = Producer(sasl(b.addr("OIDC"), **oidc(idp, "svc-orders"), error_cb=errors.append, **{"linger.ms": 0}))
+        deadline = time.monotonic() + 10
+        sent = 0
+        while time.monotonic() < deadline:
+            p.produce(topic_name, b"v%d" % sent, on_delivery=lambda err, m: err is None and delivered.append(1))
+            p.flush(10)
+            sent += 1
+            time.sleep(0.05)
+        assert len(delivered) == sent and not errors, errors
+        assert idp.token_requests >= 3
+        assert "SASL session of User:svc-orders expired" not in b.read_log()
+    finally:
+        b.stop()
+        idp.stop()
+
+
+# ------------------------------------------------------------ configuration
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"listener.name.oidc.oauthbearer.sasl.server.callback.handler.class": "com.example.MyValidator"},
+     "listener.name.oidc.oauthbearer.sasl.server.callback.handler.class"),
+    ({"listener.name.oidc.sasl.oauthbearer.jwks.endpoint.url": "file:/nonexistent/jwks.json"},
+     "sasl.oauthbearer.jwks.endpoint.url"),
+    ({"listener.name.oidc.sasl.oauthbearer.jwks.endpoint.url": "ftp://idp/jwks"},
+     "sasl.oauthbearer.jwks.endpoint.url"),
+    ({"listener.name.dev.oauthbearer.sasl.jaas.config":
+      f'{LOGIN_MODULE} required unsecuredValidatorAllowableClockSkewMs="soon";'},
+     "listener.name.dev.oauthbearer.sasl.jaas.config"),
+])
+def test_bad_config_stops_startup(tmp_path: Path, idp: IdentityProvider, overrides: dict[str, str], key: str) -> None:
+    b = OAuthBroker(tmp_path, idp, overrides)
+    with pytest.raises(RuntimeError) as info:
+        b.start(timeout=20)
+    assert key in str(info.value)
+
+
+def test_jwks_from_a_file(tmp_path: Path, idp: IdentityProvider) -> None:
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(json.dumps(idp.jwks()))
+    b = OAuthBroker(tmp_path / "data", idp, {"listener.name.oidc.sasl.oauthbearer.jwks.endpoint.url": jwks.as_uri()})
+    b.start()
+    try:
+        with RawClient(b.addr("OIDC")) as raw:
+            assert authenticate(raw, client_first_message(idp.token("svc-orders"))).error_code == 0
+            metadata_ok(raw)
+        with RawClient(b.addr("OIDC")) as raw:
+            assert_refused(raw, client_first_message(idp.token("svc-orders", key=_other_key())),
+                           '{"status":"invalid_token"}')
+    finally:
+        b.stop()
+
+
+def test_other_mechanisms_are_not_offered(broker: OAuthBroker, topic_name: str) -> None:
+    with RawClient(broker.addr("DEV")) as raw:
+        hs = raw.request(17, 1, SaslHandshakeRequest(mechanism="PLAIN"))
+        assert (hs.error_code, hs.mechanisms) == (ErrorCode.UNSUPPORTED_SASL_MECHANISM, ["OAUTHBEARER"])
+    assert ck_produce(broker.bootstrap, topic_name, [Msg(None, b"x", partition=0)])[0].offset == 0
