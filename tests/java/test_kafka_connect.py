@@ -1,0 +1,246 @@
+"""Kafka Connect 3.9 (connect-runtime and connect-file from Maven Central) on kbroker: a distributed cluster of two
+workers keeping its configs, offsets and statuses in compacted kbroker topics, exactly-once source support
+(KIP-618: transactional source tasks, zombie fencing), the FileStream source and sink connectors driven through the
+REST API (create, pause, resume, restart, delete), and a worker killed with SIGKILL: its task moves to the other
+worker and the topic, read read_committed, holds every line of the input file exactly once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from bench.peers.maven import ArtifactUnavailable, classpath
+from tests.broker_process import BrokerProcess, free_port
+
+CONNECT = ["org.apache.kafka:connect-runtime:3.9.1", "org.apache.kafka:connect-file:3.9.1",
+           "org.apache.kafka:connect-json:3.9.1"]
+GROUP = "kbroker-connect"
+LOG4J = "log4j.rootLogger=WARN, stderr\nlog4j.appender.stderr=org.apache.log4j.ConsoleAppender\n" \
+        "log4j.appender.stderr.Target=System.err\nlog4j.appender.stderr.layout=org.apache.log4j.PatternLayout\n" \
+        "log4j.appender.stderr.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
+
+
+def connect_classpath() -> str:
+    if shutil.which("java") is None:
+        pytest.skip("java not on PATH: Kafka Connect test not run")
+    try:
+        return classpath("connect-3.9", CONNECT)
+    except ArtifactUnavailable as e:
+        pytest.skip(f"Kafka Connect 3.9 could not be fetched from Maven Central: {e}")
+
+
+class Worker:
+    def __init__(self, cp: str, bootstrap: str, work: Path, name: str) -> None:
+        self.port = free_port()
+        self.name = name
+        self.work = work
+        props = {
+            "bootstrap.servers": bootstrap, "group.id": GROUP,
+            "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+            "value.converter": "org.apache.kafka.connect.storage.StringConverter",
+            "config.storage.topic": "connect-configs", "offset.storage.topic": "connect-offsets",
+            "status.storage.topic": "connect-status", "config.storage.replication.factor": "1",
+            "offset.storage.replication.factor": "1", "status.storage.replication.factor": "1",
+            "offset.storage.partitions": "3", "status.storage.partitions": "3",
+            "listeners": f"http://127.0.0.1:{self.port}", "rest.advertised.host.name": "127.0.0.1",
+            "rest.advertised.port": str(self.port), "exactly.once.source.support": "enabled",
+            "offset.flush.interval.ms": "500", "scheduled.rebalance.max.delay.ms": "2000",
+            "session.timeout.ms": "6000", "heartbeat.interval.ms": "1000", "task.shutdown.graceful.timeout.ms": "2000",
+            "plugin.discovery": "only_scan",
+        }
+        self.props_file = work / f"{name}.properties"
+        self.props_file.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        (work / "log4j.properties").write_text(LOG4J)
+        self.cmd = ["java", "-Xmx384m", f"-Dlog4j.configuration=file:{work / 'log4j.properties'}", "-cp", cp,
+                    "org.apache.kafka.connect.cli.ConnectDistributed", str(self.props_file)]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def worker_id(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> Worker:
+        log = (self.work / f"{self.name}.log").open("ab")
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def log(self) -> str:
+        return (self.work / f"{self.name}.log").read_text(errors="replace")[-4000:]
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def rest(worker: Worker, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200, 201, 202, 204)) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(worker.url + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json", "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status in ok, (method, path, resp.status)
+            raw = resp.read()
+            return json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"{method} {path}: {e.code} {e.read()[:500]!r}") from None
+
+
+def wait_for(cond: Any, what: str, timeout: float = 90.0, workers: list[Worker] | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = cond()
+            if last:
+                return last
+        except (AssertionError, OSError) as e:
+            last = e
+        time.sleep(0.5)
+    logs = "\n".join(f"--- {w.name}:\n{w.log()}" for w in workers or [])
+    raise AssertionError(f"timed out waiting for {what}: {last}\n{logs}")
+
+
+def topic_lines(bootstrap: str, topic: str) -> list[str]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "connect-checker", "isolation.level": "read_committed",
+                  "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 50})
+    try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        if not md.partitions:
+            return []
+        c.assign([TopicPartition(topic, p, 0) for p in md.partitions])
+        left, out = len(md.partitions), []
+        deadline = time.monotonic() + 20
+        while left and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                left -= 1
+                continue
+            out.append(m.value().decode())
+        return out
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    b = BrokerProcess(tmp_path / "broker", {"offsets.topic.num.partitions": "3",
+                                            "transaction.state.log.num.partitions": "3",
+                                            "auto.create.topics.enable": "false"})
+    b.start()
+    yield b
+    b.stop()
+
+
+def append(path: Path, lines: list[str]) -> None:
+    with path.open("a") as f:
+        f.writelines(line + "\n" for line in lines)
+
+
+def task_worker(w: Worker, connector: str) -> str | None:
+    status = rest(w, "GET", f"/connectors/{connector}/status")
+    tasks = status.get("tasks") or []
+    if tasks and tasks[0]["state"] == "RUNNING":
+        return str(tasks[0]["worker_id"])
+    return None
+
+
+def test_distributed_workers_exactly_once_source_and_a_killed_worker(broker: BrokerProcess, tmp_path: Path) -> None:
+    cp = connect_classpath()
+    source_file, sink_file = tmp_path / "in.txt", tmp_path / "out.txt"
+    source_file.write_text("")
+    workers = [Worker(cp, broker.bootstrap, tmp_path, f"worker{i}").start() for i in (1, 2)]
+    try:
+        for w in workers:
+            wait_for(lambda w=w: rest(w, "GET", "/connectors") == [], f"{w.name} REST up", workers=workers)
+        # Connect created its topics compacted on kbroker (it checks the policy and refuses otherwise).
+        from confluent_kafka.admin import AdminClient, ConfigResource
+
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        for topic in ("connect-configs", "connect-offsets", "connect-status"):
+            res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+            configs = admin.describe_configs([res])[res].result(10)
+            assert configs["cleanup.policy"].value == "compact", topic
+
+        w1 = workers[0]
+        expected = [f"line-{i}" for i in range(200)]
+        append(source_file, expected)
+        rest(w1, "POST", "/connectors", {"name": "lines-in", "config": {
+            "connector.class": "org.apache.kafka.connect.file.FileStreamSourceConnector", "tasks.max": "1",
+            "file": str(source_file), "topic": "lines", "exactly.once.support": "required",
+            "transaction.boundary": "poll", "topic.creation.default.replication.factor": "1",
+            "topic.creation.default.partitions": "1"}})
+        rest(w1, "POST", "/connectors", {"name": "lines-out", "config": {
+            "connector.class": "org.apache.kafka.connect.file.FileStreamSinkConnector", "tasks.max": "1",
+            "file": str(sink_file), "topics": "lines"}})
+        wait_for(lambda: topic_lines(broker.bootstrap, "lines") == expected, "the first 200 lines in the topic",
+                 workers=workers)
+
+        # Pause: nothing more is read from the file; resume: the rest arrives.
+        rest(w1, "PUT", "/connectors/lines-in/pause")
+        wait_for(lambda: rest(w1, "GET", "/connectors/lines-in/status")["connector"]["state"] == "PAUSED", "paused")
+        more = [f"line-{i}" for i in range(200, 250)]
+        append(source_file, more)
+        time.sleep(3)
+        assert len(topic_lines(broker.bootstrap, "lines")) == 200
+        rest(w1, "PUT", "/connectors/lines-in/resume")
+        expected += more
+        wait_for(lambda: topic_lines(broker.bootstrap, "lines") == expected, "250 lines after resume",
+                 workers=workers)
+
+        # SIGKILL the worker running the source task; the other one takes it over, fencing the dead one's producer.
+        owner = wait_for(lambda: task_worker(w1, "lines-in"), "the source task running")
+        victim = next(w for w in workers if w.worker_id == owner)
+        survivor = next(w for w in workers if w is not victim)
+        victim.kill()
+        more = [f"line-{i}" for i in range(250, 400)]
+        append(source_file, more)
+        expected += more
+        wait_for(lambda: task_worker(survivor, "lines-in") == survivor.worker_id, "the task on the survivor",
+                 timeout=120, workers=workers)
+        wait_for(lambda: topic_lines(broker.bootstrap, "lines") == expected, "every line exactly once",
+                 timeout=120, workers=workers)
+
+        # The sink wrote every line (at least once, which is what Connect promises for this sink).
+        wait_for(lambda: set(sink_file.read_text().splitlines()) >= set(expected), "the sink file complete",
+                 workers=workers)
+
+        rest(survivor, "POST", "/connectors/lines-in/restart?includeTasks=true&onlyFailed=false")
+        wait_for(lambda: task_worker(survivor, "lines-in") is not None, "the source task back after a restart")
+        for name in ("lines-in", "lines-out"):
+            rest(survivor, "DELETE", f"/connectors/{name}")
+        wait_for(lambda: rest(survivor, "GET", "/connectors") == [], "the connectors deleted")
+        assert topic_lines(broker.bootstrap, "lines") == expected
+    finally:
+        for w in workers:
+            w.stop()
+    assert broker.alive()
