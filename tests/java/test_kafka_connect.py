@@ -1,4 +1,4 @@
-"""Kafka Connect 3.9 (connect-runtime and connect-file from Maven Central) on kbroker: a distributed cluster of two
+"""Kafka Connect 3.9 and 4.3 (connect-runtime and connect-file from Maven Central) on kbroker: a distributed cluster of two
 workers keeping its configs, offsets and statuses in compacted kbroker topics, exactly-once source support
 (KIP-618: transactional source tasks, zombie fencing), the FileStream source and sink connectors driven through the
 REST API (create, pause, resume, restart, delete), and a worker killed with SIGKILL: its task moves to the other
@@ -7,6 +7,7 @@ worker and the topic, read read_committed, holds every line of the input file ex
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -22,21 +23,32 @@ from confluent_kafka import Consumer, TopicPartition
 from bench.peers.maven import ArtifactUnavailable, classpath
 from tests.broker_process import BrokerProcess, free_port
 
-CONNECT = ["org.apache.kafka:connect-runtime:3.9.1", "org.apache.kafka:connect-file:3.9.1",
-           "org.apache.kafka:connect-json:3.9.1"]
+HERE = Path(__file__).parent
+
+# The generation kbroker emulates, and the newest release whose connect-file the Maven repository serves.
+VERSIONS = ["3.9.1", "4.3.1"]
 GROUP = "kbroker-connect"
 LOG4J = "log4j.rootLogger=WARN, stderr\nlog4j.appender.stderr=org.apache.log4j.ConsoleAppender\n" \
         "log4j.appender.stderr.Target=System.err\nlog4j.appender.stderr.layout=org.apache.log4j.PatternLayout\n" \
         "log4j.appender.stderr.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
 
 
-def connect_classpath() -> str:
-    if shutil.which("java") is None:
-        pytest.skip("java not on PATH: Kafka Connect test not run")
+def connect_classpath(version: str, tmp: Path) -> str:
+    """The Connect jars, and the tests' SLF4J 1.7 binding so the workers' warnings reach their logs."""
+    if shutil.which("java") is None or shutil.which("javac") is None:
+        pytest.skip("java/javac not on PATH: Kafka Connect test not run")
+    name = "connect-3.9" if version == "3.9.1" else f"connect-{version}"
     try:
-        return classpath("connect-3.9", CONNECT)
+        cp = classpath(name, [f"org.apache.kafka:{a}:{version}" for a in ("connect-runtime", "connect-file",
+                                                                          "connect-json")])
     except ArtifactUnavailable as e:
-        pytest.skip(f"Kafka Connect 3.9 could not be fetched from Maven Central: {e}")
+        pytest.skip(f"Kafka Connect {version} could not be fetched from Maven Central: {e}")
+    out = tmp / "slf4j-binding"
+    r = subprocess.run(["javac", "-d", str(out), "-cp", cp, str(HERE / "org" / "slf4j" / "impl" /
+                                                                 "StaticLoggerBinder.java")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return os.pathsep.join([str(out), cp])
 
 
 class Worker:
@@ -61,7 +73,8 @@ class Worker:
         self.props_file = work / f"{name}.properties"
         self.props_file.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         (work / "log4j.properties").write_text(LOG4J)
-        self.cmd = ["java", "-Xmx384m", f"-Dlog4j.configuration=file:{work / 'log4j.properties'}", "-cp", cp,
+        self.cmd = ["java", "-Xmx384m", f"-Dlog4j.configuration=file:{work / 'log4j.properties'}",
+                    f"-Dkcompat.log={os.environ.get('KBROKER_JAVA_LOG', 'WARN')}", "-cp", cp,
                     "org.apache.kafka.connect.cli.ConnectDistributed", str(self.props_file)]
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -174,14 +187,17 @@ def task_worker(w: Worker, connector: str) -> str | None:
     return None
 
 
-def test_distributed_workers_exactly_once_source_and_a_killed_worker(broker: BrokerProcess, tmp_path: Path) -> None:
-    cp = connect_classpath()
+@pytest.mark.parametrize("version", VERSIONS)
+def test_distributed_workers_exactly_once_source_and_a_killed_worker(broker: BrokerProcess, tmp_path: Path,
+                                                                      version: str) -> None:
+    cp = connect_classpath(version, tmp_path)
     source_file, sink_file = tmp_path / "in.txt", tmp_path / "out.txt"
     source_file.write_text("")
     workers = [Worker(cp, broker.bootstrap, tmp_path, f"worker{i}").start() for i in (1, 2)]
     try:
         for w in workers:
-            wait_for(lambda w=w: rest(w, "GET", "/connectors") == [], f"{w.name} REST up", workers=workers)
+            wait_for(lambda w=w: rest(w, "GET", "/connectors") == [], f"{w.name} REST up", timeout=180,
+                     workers=workers)
         # Connect created its topics compacted on kbroker (it checks the policy and refuses otherwise).
         from confluent_kafka.admin import AdminClient, ConfigResource
 

@@ -1,4 +1,4 @@
-"""Kafka Streams 3.9 (from Maven Central) on kbroker, exactly_once_v2: two instances of a word count (repartition,
+"""Kafka Streams 3.9 and 4.4 (from Maven Central) on kbroker, exactly_once_v2: two instances of a word count (repartition,
 state store, changelog), a windowed count and a stream-table join (streams/StreamsApp.java), one of them killed with
 SIGKILL twice while input arrives and restarted; the read_committed output then equals an independent computation
 of the input, with no join result lost or duplicated, and a new instance with an empty state directory restores the
@@ -27,7 +27,8 @@ from tests.broker_process import BrokerProcess, wait_all_registered
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
 
 HERE = Path(__file__).parent
-STREAMS = ["org.apache.kafka:kafka-streams:3.9.1"]
+# The generation kbroker emulates, and the newest release (what a new project starts with).
+VERSIONS = ["3.9.1", "4.4.0"]
 PARTITIONS = 3
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
 USERS = {f"u{i}": f"name{i}" for i in range(12)}
@@ -35,12 +36,13 @@ BASE_TS = 1_700_000_000_000
 JAVA_LOG = os.environ.get("KBROKER_JAVA_LOG", "WARN")
 
 
-def streams_classpath(tmp: Path) -> str:
+def streams_classpath(tmp: Path, version: str = VERSIONS[0]) -> str:
     """StreamsApp compiled against kafka-streams and its dependencies; skips the test when they cannot be had."""
+    name = "streams-3.9" if version == "3.9.1" else f"streams-{version.rsplit('.', 1)[0]}"
     try:
-        cp = classpath("streams-3.9", STREAMS)
+        cp = classpath(name, [f"org.apache.kafka:kafka-streams:{version}"])
     except ArtifactUnavailable as e:
-        pytest.skip(f"kafka-streams 3.9 could not be fetched from Maven Central: {e}")
+        pytest.skip(f"kafka-streams {version} could not be fetched from Maven Central: {e}")
     out = tmp / "classes"
     out.mkdir(exist_ok=True)
     sources = [HERE / "streams" / "StreamsApp.java", HERE / "org" / "slf4j" / "impl" / "StaticLoggerBinder.java"]
@@ -233,10 +235,11 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     b.stop()
 
 
-def test_exactly_once_through_kills_and_a_restore(broker: BrokerProcess, tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", VERSIONS)
+def test_exactly_once_through_kills_and_a_restore(broker: BrokerProcess, tmp_path: Path, version: str) -> None:
     if not _have_java():
         pytest.skip("javac/java not on PATH: Kafka Streams test not run")
-    cp = streams_classpath(tmp_path)
+    cp = streams_classpath(tmp_path, version)
     run_scenario(cp, broker.bootstrap, tmp_path, rounds=2, seed=7)
 
 
@@ -279,6 +282,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--version", choices=VERSIONS, default=VERSIONS[0])
     args = ap.parse_args(argv)
     import tempfile
 
@@ -287,7 +291,7 @@ def main(argv: list[str]) -> int:
         b = BrokerProcess(work / "broker", {"num.partitions": "3", "transaction.state.log.num.partitions": "3",
                                             "offsets.topic.num.partitions": "3"}).start()
         try:
-            run_scenario(streams_classpath(work), b.bootstrap, work, args.rounds, args.seed)
+            run_scenario(streams_classpath(work, args.version), b.bootstrap, work, args.rounds, args.seed)
         finally:
             b.stop()
     print(f"exactly-once held through {args.rounds} kills")
