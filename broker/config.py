@@ -116,6 +116,15 @@ def _console_listener_check(v: str) -> str | None:
     return None
 
 
+def _schema_registry_listener_check(v: str) -> str | None:
+    if not v:
+        return None
+    m = CONSOLE_LISTENER.fullmatch(v)
+    if m is None or not 0 <= int(m.group(2)) <= 65535:
+        return "must be http://HOST:PORT (one listener), or empty for no schema registry"
+    return None
+
+
 def _protocol_map(v: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in v.split(","):
@@ -304,6 +313,8 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("metrics.host", _str, "0.0.0.0"),
         # kbroker's own: the web console over HTTP (console/; empty = off).
         ConfigKey("console.listeners", _str, "", _console_listener_check),
+        # kbroker's own: the Confluent-compatible schema registry over HTTP (schema_registry/; empty = off).
+        ConfigKey("schema.registry.listeners", _str, "", _schema_registry_listener_check),
         # Authorization (broker.security.authorizer): Kafka's ACL authorizer class names turn it on.
         ConfigKey("authorizer.class.name", _str, "", one_of("", *AUTHORIZER_CLASS_NAMES)),
         ConfigKey("super.users", _super_users, frozenset()),
