@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from kbroker.schema_registry.formats import ParsedSchema
 
-LEVELS = ("NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE")
+LEVELS = (
+    "NONE",
+    "BACKWARD",
+    "BACKWARD_TRANSITIVE",
+    "FORWARD",
+    "FORWARD_TRANSITIVE",
+    "FULL",
+    "FULL_TRANSITIVE",
+)
 
 
 def check(level: str, new: ParsedSchema, previous: list[tuple[int, ParsedSchema]]) -> list[str]:
@@ -24,6 +32,9 @@ def check(level: str, new: ParsedSchema, previous: list[tuple[int, ParsedSchema]
         if base in ("FORWARD", "FULL"):
             errors += old.read_errors(new)
         if errors:
-            messages += errors + [f"{{oldSchemaVersion: {version}}}", f"{{oldSchema: '{old.canonical()}'}}",
-                                  f"{{compatibility: '{level}'}}"]
+            messages += errors + [
+                f"{{oldSchemaVersion: {version}}}",
+                f"{{oldSchema: '{old.canonical()}'}}",
+                f"{{compatibility: '{level}'}}",
+            ]
     return messages

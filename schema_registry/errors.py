@@ -29,25 +29,37 @@ def schema_not_found(detail: str = "Schema not found") -> RegistryError:
 
 
 def subject_soft_deleted(subject: str) -> RegistryError:
-    return RegistryError(404, 40404, f"Subject '{subject}' was soft deleted.Set permanent=true to delete permanently")
+    return RegistryError(
+        404, 40404, f"Subject '{subject}' was soft deleted.Set permanent=true to delete permanently"
+    )
 
 
 def subject_not_soft_deleted(subject: str) -> RegistryError:
-    return RegistryError(404, 40405, f"Subject '{subject}' was not deleted first before being permanently deleted")
+    return RegistryError(
+        404, 40405, f"Subject '{subject}' was not deleted first before being permanently deleted"
+    )
 
 
 def version_soft_deleted(subject: str, version: int) -> RegistryError:
-    return RegistryError(404, 40406, f"Subject '{subject}' Version {version} was soft deleted.Set permanent=true to "
-                                     "delete permanently")
+    return RegistryError(
+        404,
+        40406,
+        f"Subject '{subject}' Version {version} was soft deleted.Set permanent=true to delete permanently",
+    )
 
 
 def version_not_soft_deleted(subject: str, version: int) -> RegistryError:
-    return RegistryError(404, 40407, f"Subject '{subject}' Version {version} was not deleted first before being "
-                                     "permanently deleted")
+    return RegistryError(
+        404,
+        40407,
+        f"Subject '{subject}' Version {version} was not deleted first before being permanently deleted",
+    )
 
 
 def compatibility_not_configured(subject: str) -> RegistryError:
-    return RegistryError(404, 40408, f"Subject '{subject}' does not have subject-level compatibility configured")
+    return RegistryError(
+        404, 40408, f"Subject '{subject}' does not have subject-level compatibility configured"
+    )
 
 
 def mode_not_configured(subject: str) -> RegistryError:
@@ -63,13 +75,21 @@ def invalid_schema(message: str) -> RegistryError:
 
 
 def invalid_version(version: str) -> RegistryError:
-    return RegistryError(422, 42202, f"The specified version '{version}' is not a valid version id. Allowed values "
-                                     'are between [1, 2^31-1] and the string "latest"')
+    return RegistryError(
+        422,
+        42202,
+        f"The specified version '{version}' is not a valid version id. Allowed values "
+        'are between [1, 2^31-1] and the string "latest"',
+    )
 
 
 def invalid_compatibility_level(level: Any) -> RegistryError:
-    return RegistryError(422, 42203, "Invalid compatibility level. Valid values are none, backward, forward, full, "
-                                     "backward_transitive, forward_transitive, and full_transitive")
+    return RegistryError(
+        422,
+        42203,
+        "Invalid compatibility level. Valid values are none, backward, forward, full, "
+        "backward_transitive, forward_transitive, and full_transitive",
+    )
 
 
 def invalid_mode(mode: Any) -> RegistryError:

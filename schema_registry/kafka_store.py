@@ -16,21 +16,39 @@ from collections.abc import Callable
 
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import FetchRequest, ProduceRequest
-from kbroker.protocol.records import ATTR_CONTROL, CorruptRecordError, build_batch, decode_records, iter_batch_headers
+from kbroker.protocol.records import (
+    ATTR_CONTROL,
+    CorruptRecordError,
+    build_batch,
+    decode_records,
+    iter_batch_headers,
+)
 from kbroker.schema_registry.errors import store_error, store_timeout
 
 log = logging.getLogger("kbroker.schema_registry")
 
 TOPIC = "_schemas"
 PRODUCE, FETCH = 0, 1
-RETRIABLE = {ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.LEADER_NOT_AVAILABLE,
-             ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND, ErrorCode.REQUEST_TIMED_OUT,
-             ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH}
+RETRIABLE = {
+    ErrorCode.NOT_LEADER_OR_FOLLOWER,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode.LEADER_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    ErrorCode.REQUEST_TIMED_OUT,
+    ErrorCode.FENCED_LEADER_EPOCH,
+    ErrorCode.UNKNOWN_LEADER_EPOCH,
+}
 
 
 class KafkaStore:
-    def __init__(self, bootstrap: tuple[str, int], ssl_context: ssl.SSLContext | None,
-                 apply: Callable[[bytes | None, bytes | None], None], timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        bootstrap: tuple[str, int],
+        ssl_context: ssl.SSLContext | None,
+        apply: Callable[[bytes | None, bytes | None], None],
+        timeout: float = 30.0,
+    ) -> None:
         self.bootstrap = bootstrap
         self.ssl_context = ssl_context
         self.apply = apply
@@ -50,8 +68,9 @@ class KafkaStore:
         from kbroker_tools.wire import WireClient
 
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        return WireClient(address, timeout=self.timeout, client_id="kbroker-schema-registry",
-                          ssl_context=self.ssl_context)
+        return WireClient(
+            address, timeout=self.timeout, client_id="kbroker-schema-registry", ssl_context=self.ssl_context
+        )
 
     def _leader_client(self):  # type: ignore[no-untyped-def]
         """A connection to the leader of _schemas-0, creating the topic on first use."""
@@ -66,8 +85,12 @@ class KafkaStore:
                 if t.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                     replicas = max(1, min(3, len(md.brokers)))
                     try:
-                        client.create_topic(TOPIC, 1, {"cleanup.policy": "compact"}, replication_factor=replicas)
-                        log.info("Created the schema registry's topic %s (replication factor %d)", TOPIC, replicas)
+                        client.create_topic(
+                            TOPIC, 1, {"cleanup.policy": "compact"}, replication_factor=replicas
+                        )
+                        log.info(
+                            "Created the schema registry's topic %s (replication factor %d)", TOPIC, replicas
+                        )
                     except WireError as e:
                         if e.code != ErrorCode.TOPIC_ALREADY_EXISTS:
                             raise
@@ -127,11 +150,31 @@ class KafkaStore:
             client.close()
 
     def _fetch_once(self, client, max_wait_ms: int) -> int:  # type: ignore[no-untyped-def]
-        req = FetchRequest(replica_id=-1, max_wait_ms=max_wait_ms if self.ready.is_set() else 0, min_bytes=1,
-                           max_bytes=8 << 20, isolation_level=1, session_id=0, session_epoch=-1,
-                           topics=[FetchRequest.FetchTopic(topic=TOPIC, partitions=[FetchRequest.FetchPartition(
-                               partition=0, current_leader_epoch=-1, fetch_offset=self.position, log_start_offset=-1,
-                               partition_max_bytes=8 << 20)])], forgotten_topics_data=[], rack_id="")
+        req = FetchRequest(
+            replica_id=-1,
+            max_wait_ms=max_wait_ms if self.ready.is_set() else 0,
+            min_bytes=1,
+            max_bytes=8 << 20,
+            isolation_level=1,
+            session_id=0,
+            session_epoch=-1,
+            topics=[
+                FetchRequest.FetchTopic(
+                    topic=TOPIC,
+                    partitions=[
+                        FetchRequest.FetchPartition(
+                            partition=0,
+                            current_leader_epoch=-1,
+                            fetch_offset=self.position,
+                            log_start_offset=-1,
+                            partition_max_bytes=8 << 20,
+                        )
+                    ],
+                )
+            ],
+            forgotten_topics_data=[],
+            rack_id="",
+        )
         resp = client.request(FETCH, 11, req)
         if resp.error_code:
             raise ConnectionError(f"Fetch {TOPIC}: {ErrorCode(resp.error_code).name}")
@@ -166,8 +209,9 @@ class KafkaStore:
 
     def wait_ready(self, timeout: float) -> None:
         if not self.ready.wait(timeout):
-            raise store_timeout(f"The schema registry has not read {TOPIC} yet"
-                                + (f" ({self.error})" if self.error else ""))
+            raise store_timeout(
+                f"The schema registry has not read {TOPIC} yet" + (f" ({self.error})" if self.error else "")
+            )
 
     # ------------------------------------------------------------ writes
 
@@ -186,9 +230,16 @@ class KafkaStore:
 
     def _produce(self, key: bytes, value: bytes | None) -> int:
         batch = build_batch([(key, value, [], int(time.time() * 1000))])
-        req = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=int(self.timeout * 1000), topic_data=[
-            ProduceRequest.TopicProduceData(name=TOPIC, partition_data=[
-                ProduceRequest.PartitionProduceData(index=0, records=batch)])])
+        req = ProduceRequest(
+            transactional_id=None,
+            acks=-1,
+            timeout_ms=int(self.timeout * 1000),
+            topic_data=[
+                ProduceRequest.TopicProduceData(
+                    name=TOPIC, partition_data=[ProduceRequest.PartitionProduceData(index=0, records=batch)]
+                )
+            ],
+        )
         last = ""
         for attempt in range(5):
             try:

@@ -7,7 +7,13 @@ import json
 from typing import Any
 
 SCHEMA, CONFIG, MODE, DELETE_SUBJECT, CLEAR_SUBJECT, NOOP = (
-    "SCHEMA", "CONFIG", "MODE", "DELETE_SUBJECT", "CLEAR_SUBJECT", "NOOP")
+    "SCHEMA",
+    "CONFIG",
+    "MODE",
+    "DELETE_SUBJECT",
+    "CLEAR_SUBJECT",
+    "NOOP",
+)
 
 
 def _dump(value: dict[str, Any]) -> bytes:
@@ -18,8 +24,15 @@ def schema_key(subject: str, version: int) -> bytes:
     return _dump({"keytype": SCHEMA, "subject": subject, "version": version, "magic": 1})
 
 
-def schema_value(subject: str, version: int, schema_id: int, schema_type: str, references: list[dict[str, Any]],
-                 schema: str, deleted: bool) -> bytes:
+def schema_value(
+    subject: str,
+    version: int,
+    schema_id: int,
+    schema_type: str,
+    references: list[dict[str, Any]],
+    schema: str,
+    deleted: bool,
+) -> bytes:
     value: dict[str, Any] = {"subject": subject, "version": version, "id": schema_id}
     if schema_type != "AVRO":
         value["schemaType"] = schema_type

@@ -55,8 +55,11 @@ class Registry:
     def subjects(self, deleted: bool = False, prefix: str = "") -> list[str]:
         self._ready()
         with self.state.lock:
-            return sorted(s for s in self.state.subjects
-                          if s.startswith(prefix) and self.state.live_versions(s, deleted))
+            return sorted(
+                s
+                for s in self.state.subjects
+                if s.startswith(prefix) and self.state.live_versions(s, deleted)
+            )
 
     def versions(self, subject: str, deleted: bool = False) -> list[int]:
         self._ready()
@@ -96,32 +99,49 @@ class Registry:
             users = self.state.by_id.get(schema_id)
             if not users:
                 raise errors.schema_not_found("Schema not found")
-            return [{"subject": s, "version": v} for (s, v), sv in sorted(users.items()) if deleted or not sv.deleted]
+            return [
+                {"subject": s, "version": v}
+                for (s, v), sv in sorted(users.items())
+                if deleted or not sv.deleted
+            ]
 
     def referenced_by(self, subject: str, version_text: str) -> list[int]:
         sv = self.version(subject, version_text)
         with self.state.lock:
-            return sorted({other.id for versions in self.state.subjects.values() for other in versions.values()
-                           if not other.deleted and _refers(other, sv)})
+            return sorted(
+                {
+                    other.id
+                    for versions in self.state.subjects.values()
+                    for other in versions.values()
+                    if not other.deleted and _refers(other, sv)
+                }
+            )
 
     # ------------------------------------------------------------ parsing
 
-    def _resolve(self, references: list[dict[str, Any]], seen: set[tuple[str, int]] | None = None
-                 ) -> tuple[list[dict[str, Any]], list[tuple[str, str, str]]]:
+    def _resolve(
+        self, references: list[dict[str, Any]], seen: set[tuple[str, int]] | None = None
+    ) -> tuple[list[dict[str, Any]], list[tuple[str, str, str]]]:
         """References with their versions made concrete, and the (name, type, text) of every schema they need,
         dependencies first."""
         seen = set() if seen is None else seen
         concrete: list[dict[str, Any]] = []
         texts: list[tuple[str, str, str]] = []
         for ref in references:
-            if not isinstance(ref, dict) or not isinstance(ref.get("name"), str) \
-                    or not isinstance(ref.get("subject"), str) or not isinstance(ref.get("version"), int):
+            if (
+                not isinstance(ref, dict)
+                or not isinstance(ref.get("name"), str)
+                or not isinstance(ref.get("subject"), str)
+                or not isinstance(ref.get("version"), int)
+            ):
                 raise errors.invalid_schema(f"Invalid schema reference {ref}")
             try:
                 target = self.version(ref["subject"], str(ref["version"]))
             except errors.RegistryError:
-                raise errors.invalid_schema(f"Invalid schema: reference {ref['name']} (subject {ref['subject']}, "
-                                            f"version {ref['version']}) not found") from None
+                raise errors.invalid_schema(
+                    f"Invalid schema: reference {ref['name']} (subject {ref['subject']}, "
+                    f"version {ref['version']}) not found"
+                ) from None
             concrete.append({"name": ref["name"], "subject": target.subject, "version": target.version})
             if (target.subject, target.version) in seen:
                 continue
@@ -177,24 +197,34 @@ class Registry:
                     holder = self.state.schema_by_id(wanted_id)
                     if holder is not None and holder.identity() != identity:
                         raise errors.operation_not_permitted(
-                            f"Overwrite new schema with id {wanted_id} is not permitted.")
+                            f"Overwrite new schema with id {wanted_id} is not permitted."
+                        )
                     schema_id = wanted_id
                 else:
                     schema_id = existing_id if existing_id is not None else self.state.max_id + 1
                 last = max((sv.version for sv in all_versions), default=0)
-                version = wanted_version if isinstance(wanted_version, int) and wanted_version > 0 else last + 1
+                version = (
+                    wanted_version if isinstance(wanted_version, int) and wanted_version > 0 else last + 1
+                )
                 level = self.state.compatibility(subject)
             if mode != "IMPORT":
                 problems = check(level, parsed, self._previous(subject))
                 if problems:
                     raise errors.incompatible(
                         f'Schema being registered is incompatible with an earlier schema for subject "{subject}", '
-                        f"details: [{', '.join(problems)}]")
-            self.store.write(records.schema_key(subject, version), records.schema_value(
-                subject, version, schema_id, parsed.schema_type, references, parsed.canonical(), False))
+                        f"details: [{', '.join(problems)}]"
+                    )
+            self.store.write(
+                records.schema_key(subject, version),
+                records.schema_value(
+                    subject, version, schema_id, parsed.schema_type, references, parsed.canonical(), False
+                ),
+            )
         return {"id": schema_id, "version": version}
 
-    def lookup(self, subject: str, body: Any, normalize: bool = False, deleted: bool = False) -> SchemaVersion:
+    def lookup(
+        self, subject: str, body: Any, normalize: bool = False, deleted: bool = False
+    ) -> SchemaVersion:
         self._ready()
         with self.state.lock:
             if not self.state.live_versions(subject, deleted):
@@ -207,8 +237,9 @@ class Registry:
                     return sv
         raise errors.schema_not_found("Schema not found")
 
-    def test_compatibility(self, subject: str, version_text: str | None, body: Any, normalize: bool = False
-                           ) -> list[str]:
+    def test_compatibility(
+        self, subject: str, version_text: str | None, body: Any, normalize: bool = False
+    ) -> list[str]:
         """Messages why the schema in body is incompatible (empty when compatible) with one version of subject, or
         (version_text None) with the versions its level checks."""
         version = None if version_text is None else parse_version(version_text)
@@ -244,7 +275,8 @@ class Registry:
                     if _refers(other, sv) and other.subject != sv.subject:
                         raise errors.reference_exists(
                             "One or more references exist to the schema {magic=1,keytype=SCHEMA,"
-                            f"subject={sv.subject},version={sv.version}}}.")
+                            f"subject={sv.subject},version={sv.version}}}."
+                        )
 
     def delete_subject(self, subject: str, permanent: bool = False) -> list[int]:
         self._ready()
@@ -266,8 +298,9 @@ class Registry:
                 for sv in every:
                     self.store.write(records.schema_key(subject, sv.version), None)
                 return [sv.version for sv in every]
-            self.store.write(records.delete_subject_key(subject),
-                             records.delete_subject_value(subject, every[-1].version))
+            self.store.write(
+                records.delete_subject_key(subject), records.delete_subject_value(subject, every[-1].version)
+            )
             with self.state.lock:
                 has_config, has_mode = subject in self.state.configs, subject in self.state.modes
             if has_config:
@@ -305,8 +338,18 @@ class Registry:
             if permanent:
                 self.store.write(key, None)
             else:
-                self.store.write(key, records.schema_value(subject, target.version, target.id, target.schema_type,
-                                                           target.references, target.schema, True))
+                self.store.write(
+                    key,
+                    records.schema_value(
+                        subject,
+                        target.version,
+                        target.id,
+                        target.schema_type,
+                        target.references,
+                        target.schema,
+                        True,
+                    ),
+                )
             return target.version
 
     # ------------------------------------------------------------ config and mode
@@ -322,7 +365,9 @@ class Registry:
         return level
 
     def set_compatibility(self, subject: str | None, body: Any) -> str:
-        level = body.get("compatibility") or body.get("compatibilityLevel") if isinstance(body, dict) else None
+        level = (
+            body.get("compatibility") or body.get("compatibilityLevel") if isinstance(body, dict) else None
+        )
         if not isinstance(level, str) or level.upper() not in LEVELS:
             raise errors.invalid_compatibility_level(level)
         self._ready()
@@ -361,11 +406,13 @@ class Registry:
         with self._write_lock:
             with self.state.lock:
                 if mode == "IMPORT" and not force:
-                    has = (self.state.live_versions(subject, True) if subject is not None
-                           else any(self.state.live_versions(s, True) for s in self.state.subjects))
+                    has = (
+                        self.state.live_versions(subject, True)
+                        if subject is not None
+                        else any(self.state.live_versions(s, True) for s in self.state.subjects)
+                    )
                     if has:
-                        raise errors.operation_not_permitted(
-                            "Cannot import since found existing subjects")
+                        raise errors.operation_not_permitted("Cannot import since found existing subjects")
             self.store.write(records.mode_key(subject), records.mode_value(mode))
         return mode
 
@@ -381,4 +428,6 @@ class Registry:
 
 
 def _refers(other: SchemaVersion, target: SchemaVersion) -> bool:
-    return any(r.get("subject") == target.subject and r.get("version") == target.version for r in other.references)
+    return any(
+        r.get("subject") == target.subject and r.get("version") == target.version for r in other.references
+    )

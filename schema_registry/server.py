@@ -29,8 +29,12 @@ log = logging.getLogger("kbroker.schema_registry")
 
 LISTENER = re.compile(r"http://(\[[^\]]*\]|[^:/\s]*):(\d+)")
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
-ACCEPTED_BODIES = ("application/vnd.schemaregistry.v1+json", "application/vnd.schemaregistry+json",
-                   "application/json", "application/octet-stream")
+ACCEPTED_BODIES = (
+    "application/vnd.schemaregistry.v1+json",
+    "application/vnd.schemaregistry+json",
+    "application/json",
+    "application/octet-stream",
+)
 LISTENER_PREFERENCE = ("PLAINTEXT", "SSL")
 MAX_BODY = 8 << 20
 
@@ -70,8 +74,10 @@ class SchemaRegistryServer:
             for name, p in names.items():
                 if p == protocol:
                     return name, p
-        raise ValueError("schema.registry.listeners: the broker needs a PLAINTEXT or SSL listener for the registry "
-                         "to reach the _schemas topic through")
+        raise ValueError(
+            "schema.registry.listeners: the broker needs a PLAINTEXT or SSL listener for the registry "
+            "to reach the _schemas topic through"
+        )
 
     def start(self) -> None:
         registry = self.registry
@@ -83,17 +89,26 @@ class SchemaRegistryServer:
         try:
             self._httpd = ThreadingHTTPServer((self.host, self.port), Handler)
         except OSError as e:
-            raise OSError(e.errno, f"cannot bind schema.registry.listeners to {self.host}:{self.port}: "
-                                   f"{e.strerror}") from None
+            raise OSError(
+                e.errno, f"cannot bind schema.registry.listeners to {self.host}:{self.port}: {e.strerror}"
+            ) from None
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         # The listener's actual port (the config may say 0) is what the reader connects to.
         self.store.bootstrap = self._bound_address()
         self.store.start()
-        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
-                         name="kbroker-schema-registry", daemon=True).start()
-        log.info("Serving the schema registry on http://%s:%d/ (topic _schemas through listener %s)", self.host,
-                 self.port, self.listener)
+        threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="kbroker-schema-registry",
+            daemon=True,
+        ).start()
+        log.info(
+            "Serving the schema registry on http://%s:%d/ (topic _schemas through listener %s)",
+            self.host,
+            self.port,
+            self.listener,
+        )
 
     def _bound_address(self) -> tuple[str, int]:
         host, port = self.server.socket_server.bound[self.listener]
@@ -170,7 +185,11 @@ class RegistryHandler(BaseHTTPRequestHandler):
 
     def _route(self, parts: list[str], query: dict[str, list[str]]) -> Any:
         r, method = self.registry, "GET" if self.command == "HEAD" else self.command
-        deleted, permanent, normalize = _flag(query, "deleted"), _flag(query, "permanent"), _flag(query, "normalize")
+        deleted, permanent, normalize = (
+            _flag(query, "deleted"),
+            _flag(query, "permanent"),
+            _flag(query, "normalize"),
+        )
         match parts:
             case [] if method == "GET":
                 return {}
@@ -209,7 +228,9 @@ class RegistryHandler(BaseHTTPRequestHandler):
                 return RawSchema(r.version(subject, version, deleted).schema)
             case ["subjects", subject, "versions", version, "referencedby"] if method == "GET":
                 return r.referenced_by(subject, version)
-            case ["compatibility", "subjects", subject, "versions", *rest] if method == "POST" and len(rest) <= 1:
+            case ["compatibility", "subjects", subject, "versions", *rest] if (
+                method == "POST" and len(rest) <= 1
+            ):
                 messages = r.test_compatibility(subject, rest[0] if rest else None, self._body(), normalize)
                 result: dict[str, Any] = {"is_compatible": not messages}
                 if _flag(query, "verbose"):

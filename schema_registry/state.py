@@ -71,7 +71,9 @@ class RegistryState:
                         sv.deleted = True
             elif keytype == records.CLEAR_SUBJECT and isinstance(subject, str) and value is not None:
                 through = value.get("version")
-                for v in [v for v in self.subjects.get(subject, {}) if isinstance(through, int) and v <= through]:
+                for v in [
+                    v for v in self.subjects.get(subject, {}) if isinstance(through, int) and v <= through
+                ]:
                     self._apply_schema(subject, v, None)
             # NOOP (the reference registry's marker for reading to the end) and unknown key types change nothing.
 
@@ -88,8 +90,15 @@ class RegistryState:
             if not versions:
                 del self.subjects[subject]
             return
-        sv = SchemaVersion(subject, version, value["id"], value.get("schemaType") or "AVRO",
-                           list(value.get("references") or []), value["schema"], bool(value.get("deleted")))
+        sv = SchemaVersion(
+            subject,
+            version,
+            value["id"],
+            value.get("schemaType") or "AVRO",
+            list(value.get("references") or []),
+            value["schema"],
+            bool(value.get("deleted")),
+        )
         versions[version] = sv
         self.by_id.setdefault(sv.id, {})[(subject, version)] = sv
         self.ids.setdefault(sv.identity(), sv.id)
@@ -98,8 +107,10 @@ class RegistryState:
     # ------------------------------------------------------------ reads (callers hold self.lock)
 
     def live_versions(self, subject: str, deleted: bool = False) -> list[SchemaVersion]:
-        return sorted((sv for sv in self.subjects.get(subject, {}).values() if deleted or not sv.deleted),
-                      key=lambda sv: sv.version)
+        return sorted(
+            (sv for sv in self.subjects.get(subject, {}).values() if deleted or not sv.deleted),
+            key=lambda sv: sv.version,
+        )
 
     def schema_by_id(self, schema_id: int) -> SchemaVersion | None:
         users = self.by_id.get(schema_id)

@@ -9,7 +9,6 @@ from typing import Any
 import avro.compatibility as compat
 import avro.errors
 import avro.schema
-
 from kbroker.schema_registry.errors import invalid_schema
 
 
@@ -59,8 +58,9 @@ class AvroSchema:
         return self._canonical
 
     def normalized(self) -> AvroSchema:
-        return AvroSchema.parse(json.dumps(_sorted_json(json.loads(self._canonical)), separators=(",", ":")),
-                                self.references)
+        return AvroSchema.parse(
+            json.dumps(_sorted_json(json.loads(self._canonical)), separators=(",", ":")), self.references
+        )
 
     def read_errors(self, writer: object) -> list[str]:
         if not isinstance(writer, AvroSchema):
@@ -76,7 +76,8 @@ class AvroSchema:
             kind, location = kinds[min(i, len(kinds) - 1)], locations[min(i, len(locations) - 1)]
             detail = details[min(i, len(details) - 1)]
             text = DESCRIPTIONS.get(kind, "{kind} at path '{path}': {detail}").format(
-                kind=kind, path=location, detail=detail)
+                kind=kind, path=location, detail=detail
+            )
             out.append(f"{{errorType:'{kind}', description:'{text}', additionalInfo:'{detail}'}}")
         return out
 
@@ -84,12 +85,12 @@ class AvroSchema:
 # The reference registry's wording for each of Avro's incompatibility kinds.
 DESCRIPTIONS = {
     "READER_FIELD_MISSING_DEFAULT_VALUE": "The field '{detail}' at path '{path}' in the new schema has no default "
-                                          "value and is missing in the old schema",
+    "value and is missing in the old schema",
     "TYPE_MISMATCH": "The type (path '{path}') of a field in the new schema does not match with the old schema",
     "NAME_MISMATCH": "The name of the schema has changed (path '{path}')",
     "MISSING_ENUM_SYMBOLS": "The new schema is missing enum symbols '{detail}' at path '{path}' in the old schema",
     "MISSING_UNION_BRANCH": "The new schema is missing a type inside a union field at path '{path}' in the old "
-                            "schema",
+    "schema",
     "FIXED_SIZE_MISMATCH": "The size of FIXED type field at path '{path}' in the new schema does not match with the "
-                           "old schema",
+    "old schema",
 }
