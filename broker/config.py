@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -122,6 +123,8 @@ def _schema_registry_listener_check(v: str) -> str | None:
     m = CONSOLE_LISTENER.fullmatch(v)
     if m is None or not 0 <= int(m.group(2)) <= 65535:
         return "must be http://HOST:PORT (one listener), or empty for no schema registry"
+    if importlib.util.find_spec("avro") is None:
+        return "needs the avro and jsonschema packages: pip install 'kbroker[registry]'"
     return None
 
 
