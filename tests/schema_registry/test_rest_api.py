@@ -240,3 +240,77 @@ def test_modes(http: Http) -> None:
     http.ok("DELETE", "/mode/imported")
     # New ids continue after the imported one.
     assert http.ok("POST", "/subjects/after-import/versions", {"schema": '"double"'}) == {"id": 501}
+
+
+def test_a_schemas_topic_written_by_another_registry_is_read_as_is(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Records in the reference registry's key/value format (as its KafkaStore writes them), produced by a plain
+    Kafka client before the registry starts: ids, versions, deletes, configs and modes come back as written."""
+    from confluent_kafka import Producer
+
+    from tests.broker_process import free_port
+    from tests.schema_registry.registry_http import wait_for_port
+
+    port = free_port()
+    b = BrokerProcess(tmp_path, {"schema.registry.listeners": f"http://127.0.0.1:{port}"})
+    # The registry creates _schemas when it first starts: written first by a plain client, the topic is the other
+    # registry's, and this one must take it as it is.
+    plain = BrokerProcess(tmp_path, port=b.port).start()
+    records = [
+        (
+            {"keytype": "SCHEMA", "subject": "legacy", "version": 1, "magic": 1},
+            {"subject": "legacy", "version": 1, "id": 21, "schema": '"string"', "deleted": False},
+        ),
+        (
+            {"keytype": "SCHEMA", "subject": "legacy", "version": 2, "magic": 1},
+            {"subject": "legacy", "version": 2, "id": 22, "schema": '"bytes"', "deleted": False},
+        ),
+        (
+            {"keytype": "SCHEMA", "subject": "legacy-json", "version": 1, "magic": 1},
+            {
+                "subject": "legacy-json",
+                "version": 1,
+                "id": 23,
+                "schemaType": "JSON",
+                "schema": '{"type":"object"}',
+                "deleted": False,
+            },
+        ),
+        (
+            {"keytype": "SCHEMA", "subject": "gone", "version": 1, "magic": 1},
+            {"subject": "gone", "version": 1, "id": 24, "schema": '"int"', "deleted": False},
+        ),
+        ({"keytype": "DELETE_SUBJECT", "subject": "gone", "magic": 0}, {"subject": "gone", "version": 1}),
+        ({"keytype": "CONFIG", "subject": None, "magic": 0}, {"compatibilityLevel": "FULL"}),
+        ({"keytype": "CONFIG", "subject": "legacy", "magic": 0}, {"compatibilityLevel": "NONE"}),
+        ({"keytype": "MODE", "subject": "legacy-json", "magic": 0}, {"mode": "READONLY"}),
+        ({"keytype": "NOOP", "magic": 0}, None),
+    ]
+    p = Producer({"bootstrap.servers": plain.bootstrap})
+    for key, value in records:
+        p.produce(
+            "_schemas",
+            key=json.dumps(key).encode(),
+            value=None if value is None else json.dumps(value).encode(),
+        )
+    assert p.flush(30) == 0
+    assert plain.stop() == 0
+    b.start()
+    wait_for_port(port)
+    try:
+        http = Http(f"http://127.0.0.1:{port}")
+        assert http.ok("GET", "/subjects") == ["legacy", "legacy-json"]
+        assert http.ok("GET", "/subjects/legacy/versions/2") == {
+            "subject": "legacy",
+            "version": 2,
+            "id": 22,
+            "schema": '"bytes"',
+        }
+        assert http.ok("GET", "/schemas/ids/23") == {"schemaType": "JSON", "schema": '{"type":"object"}'}
+        assert http.ok("GET", "/subjects/gone/versions?deleted=true") == [1]
+        assert http.ok("GET", "/config") == {"compatibilityLevel": "FULL"}
+        assert http.ok("GET", "/config/legacy") == {"compatibilityLevel": "NONE"}
+        assert http.ok("GET", "/mode/legacy-json") == {"mode": "READONLY"}
+        # New ids continue after the other registry's.
+        assert http.ok("POST", "/subjects/new/versions", {"schema": '"long"'}) == {"id": 25}
+    finally:
+        assert b.stop() == 0
