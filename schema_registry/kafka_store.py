@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from kbroker.protocol.errors import ErrorCode
-from kbroker.protocol.messages import FetchRequest, ProduceRequest
+from kbroker.protocol.messages import FetchRequest, ListOffsetsRequest, ProduceRequest
 from kbroker.protocol.records import (
     ATTR_CONTROL,
     CorruptRecordError,
@@ -28,7 +28,7 @@ from kbroker.schema_registry.errors import store_error, store_timeout
 log = logging.getLogger("kbroker.schema_registry")
 
 TOPIC = "_schemas"
-PRODUCE, FETCH = 0, 1
+PRODUCE, FETCH, LIST_OFFSETS = 0, 1, 2
 RETRIABLE = {
     ErrorCode.NOT_LEADER_OR_FOLLOWER,
     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
@@ -72,8 +72,10 @@ class KafkaStore:
             address, timeout=self.timeout, client_id="kbroker-schema-registry", ssl_context=self.ssl_context
         )
 
-    def _leader_client(self):  # type: ignore[no-untyped-def]
-        """A connection to the leader of _schemas-0, creating the topic on first use."""
+    def _leader_client(self, create: bool = True):  # type: ignore[no-untyped-def]
+        """A connection to the leader of _schemas-0, creating the topic when `create` (the first write: by then a
+        cluster's brokers have registered, so the replication factor counts them); None when the topic does not
+        exist and create is False."""
         from kbroker_tools.wire import WireError
 
         client = self._connect(*self.bootstrap)
@@ -82,18 +84,28 @@ class KafkaStore:
             while True:
                 md = client.metadata([TOPIC])
                 (t,) = md.topics
+                if t.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and not create:
+                    client.close()
+                    return None
                 if t.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                     replicas = max(1, min(3, len(md.brokers)))
+                    controller = next((b for b in md.brokers if b.node_id == md.controller_id), None)
+                    # CreateTopics goes to the controller (a single node is its own).
+                    remote = controller is not None and (controller.host, controller.port) != self.bootstrap
+                    target = self._connect(controller.host, controller.port) if remote else client
                     try:
-                        client.create_topic(
+                        target.create_topic(
                             TOPIC, 1, {"cleanup.policy": "compact"}, replication_factor=replicas
                         )
                         log.info(
                             "Created the schema registry's topic %s (replication factor %d)", TOPIC, replicas
                         )
                     except WireError as e:
-                        if e.code != ErrorCode.TOPIC_ALREADY_EXISTS:
+                        if e.code not in (ErrorCode.TOPIC_ALREADY_EXISTS, ErrorCode.NOT_CONTROLLER):
                             raise
+                    finally:
+                        if target is not client:
+                            target.close()
                 elif t.error_code == 0 and t.partitions and t.partitions[0].leader_id >= 0:
                     leader = t.partitions[0].leader_id
                     for b in md.brokers:
@@ -132,7 +144,11 @@ class KafkaStore:
         while not self._stopping.is_set():
             try:
                 if client is None:
-                    client = self._leader_client()
+                    client = self._leader_client(create=False)
+                if client is None:  # no registry wrote yet: an empty registry, until the topic appears
+                    self.ready.set()
+                    self._stopping.wait(0.5)
+                    continue
                 high_watermark = self._fetch_once(client, 500)
                 if not self.ready.is_set() and self.position >= high_watermark:
                     self.ready.set()
@@ -228,6 +244,36 @@ class KafkaStore:
                 self._applied.wait(left)
         return offset
 
+    def catch_up(self) -> None:
+        """Wait until the reader has applied everything in the topic now: after another registry wrote for us."""
+        Topic, Partition = ListOffsetsRequest.ListOffsetsTopic, ListOffsetsRequest.ListOffsetsPartition
+        req = ListOffsetsRequest(
+            replica_id=-1,
+            isolation_level=1,
+            topics=[
+                Topic(
+                    name=TOPIC,
+                    partitions=[Partition(partition_index=0, current_leader_epoch=-1, timestamp=-1)],
+                )
+            ],
+        )
+        with self._write_lock:
+            if self._writer is None:
+                self._writer = self._leader_client()
+            try:
+                resp = self._writer.request(LIST_OFFSETS, 7, req)
+            except BaseException:
+                self._writer.close()
+                self._writer = None
+                raise
+        (p,) = [p for t in resp.topics for p in t.partitions]
+        if p.error_code:
+            return
+        deadline = time.monotonic() + self.timeout
+        with self._applied:
+            while self.position < p.offset and time.monotonic() < deadline:
+                self._applied.wait(deadline - time.monotonic())
+
     def _produce(self, key: bytes, value: bytes | None) -> int:
         batch = build_batch([(key, value, [], int(time.time() * 1000))])
         req = ProduceRequest(
@@ -241,7 +287,10 @@ class KafkaStore:
             ],
         )
         last = ""
-        for attempt in range(5):
+        deadline = time.monotonic() + self.timeout
+        for attempt in range(1000):
+            if attempt and time.monotonic() > deadline:
+                break
             try:
                 if self._writer is None:
                     self._writer = self._leader_client()
@@ -251,7 +300,7 @@ class KafkaStore:
                 if self._writer is not None:
                     self._writer.close()
                     self._writer = None
-                time.sleep(0.1 * (attempt + 1))
+                time.sleep(min(0.1 * (attempt + 1), 1.0))
                 continue
             (p,) = [p for t in resp.responses for p in t.partition_responses]
             if p.error_code == 0:
@@ -261,5 +310,5 @@ class KafkaStore:
                 break
             self._writer.close()
             self._writer = None
-            time.sleep(0.1 * (attempt + 1))
+            time.sleep(min(0.1 * (attempt + 1), 1.0))
         raise store_error(f"Error while writing to {TOPIC}: {last}")

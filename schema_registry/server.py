@@ -12,11 +12,15 @@ import logging
 import re
 import ssl
 import threading
+import time
+import urllib.error
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from kbroker.schema_registry import errors
+from kbroker.schema_registry.election import WriterElection
 from kbroker.schema_registry.formats import SCHEMA_TYPES
 from kbroker.schema_registry.kafka_store import KafkaStore
 from kbroker.schema_registry.registry import Registry, version_json
@@ -37,6 +41,7 @@ ACCEPTED_BODIES = (
 )
 LISTENER_PREFERENCE = ("PLAINTEXT", "SSL")
 MAX_BODY = 8 << 20
+FORWARD_TIMEOUT = 30.0  # a writer's broker gone: its group session (10 s) ends and another is elected
 
 
 def listener_problem(value: str) -> str | None:
@@ -65,6 +70,9 @@ class SchemaRegistryServer:
         self.state = RegistryState()
         self.store = KafkaStore(("127.0.0.1", 0), context, self.state.apply)  # the bound address: start()
         self.registry = Registry(self.store, self.state)
+        self.ssl_context = context
+        # Several brokers (ZooKeeper) serve one registry: one elected writer, the others forward writes to it.
+        self.election: WriterElection | None = None
         self._httpd: ThreadingHTTPServer | None = None
 
     def _kafka_listener(self) -> tuple[str, str]:
@@ -86,6 +94,7 @@ class SchemaRegistryServer:
             pass
 
         Handler.registry = registry
+        Handler.frontend = self
         try:
             self._httpd = ThreadingHTTPServer((self.host, self.port), Handler)
         except OSError as e:
@@ -97,6 +106,16 @@ class SchemaRegistryServer:
         # The listener's actual port (the config may say 0) is what the reader connects to.
         self.store.bootstrap = self._bound_address()
         self.store.start()
+        if self.server.config["zookeeper.connect"]:
+            host = (
+                self.host if self.host not in ("", "0.0.0.0", "::") else self.server.advertised_endpoint()[0]
+            )
+            self.election = WriterElection(
+                self.store.bootstrap,
+                self.ssl_context,
+                {"version": 1, "host": host, "port": self.port, "master_eligibility": True, "scheme": "http"},
+            )
+            self.election.start()
         threading.Thread(
             target=self._httpd.serve_forever,
             kwargs={"poll_interval": 0.2},
@@ -115,6 +134,8 @@ class SchemaRegistryServer:
         return ("127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host), port
 
     def stop(self) -> None:
+        if self.election is not None:
+            self.election.stop()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -135,6 +156,7 @@ def _int(text: str, what: str) -> int:
 
 class RegistryHandler(BaseHTTPRequestHandler):
     registry: Registry
+    frontend: SchemaRegistryServer
     server_version = "kbroker-schema-registry"
     protocol_version = "HTTP/1.1"
 
@@ -150,11 +172,18 @@ class RegistryHandler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def _body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
+    def _read_raw(self) -> bytes:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
         if not 0 <= length <= MAX_BODY:
+            self.close_connection = True  # the unread body would be taken for the next request
             raise errors.RegistryError(413, 413, "HTTP 413 Request Entity Too Large")
-        data = self.rfile.read(length)
+        return self.rfile.read(length)
+
+    def _body(self) -> Any:
+        data = self._raw
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if content_type and content_type not in ACCEPTED_BODIES:
             raise errors.RegistryError(415, 415, "HTTP 415 Unsupported Media Type")
@@ -167,7 +196,17 @@ class RegistryHandler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         parts = [unquote(p) for p in url.path.strip("/").split("/")] if url.path.strip("/") else []
         query = parse_qs(url.query)
+        self._raw = b""
         try:
+            self._raw = self._read_raw()
+            election = self.frontend.election
+            if (
+                election is not None
+                and self._is_write(parts)
+                and not election.is_writer
+                and self._forward(election)
+            ):
+                return
             result = self._route(parts, query)
             if isinstance(result, RawSchema):
                 self._send(200, result.text, raw=True)
@@ -261,6 +300,53 @@ class RegistryHandler(BaseHTTPRequestHandler):
         if self._known(parts):
             raise errors.RegistryError(405, 405, "HTTP 405 Method Not Allowed")
         raise errors.RegistryError(404, 404, "HTTP 404 Not Found")
+
+    def _is_write(self, parts: list[str]) -> bool:
+        if self.command in ("PUT", "DELETE"):
+            return True
+        return (
+            self.command == "POST"
+            and parts[:1] == ["subjects"]
+            and len(parts) == 3
+            and parts[2] == "versions"
+        )
+
+    def _forward(self, election: WriterElection) -> bool:
+        """A write on a registry that is not the writer: relayed to the writer as it came, its answer relayed back.
+        False when this registry became the writer meanwhile (the caller then serves the write itself)."""
+        deadline = time.monotonic() + FORWARD_TIMEOUT
+        while True:
+            url = election.writer_url(timeout=max(0.0, deadline - time.monotonic()))
+            if election.is_writer:
+                return False
+            if url is None:
+                raise errors.RegistryError(500, 50004, "Leader not known.")
+            req = urllib.request.Request(url + self.path, method=self.command, data=self._raw or None)
+            for header in ("Content-Type", "Authorization", "Accept"):
+                if self.headers.get(header):
+                    req.add_header(header, self.headers[header])
+            try:
+                with urllib.request.urlopen(req, timeout=60) as resp:
+                    status, body = resp.status, resp.read()
+                break
+            except urllib.error.HTTPError as e:
+                status, body = e.code, e.read()
+                break
+            except OSError as e:
+                # The writer's broker went away: its group session ends and the survivors elect another.
+                if time.monotonic() >= deadline:
+                    raise errors.RegistryError(
+                        500, 50003, f"Error while forwarding the request to the leader: {e}"
+                    ) from None
+                election.wait_for_change(url, max(0.0, min(1.0, deadline - time.monotonic())))
+        if status < 300:
+            self.registry.store.catch_up()  # read-your-writes on this broker too
+        self.send_response(status)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        return True
 
     @staticmethod
     def _known(parts: list[str]) -> bool:
