@@ -120,9 +120,9 @@ def _console_listener_check(v: str) -> str | None:
 def _schema_registry_listener_check(v: str) -> str | None:
     if not v:
         return None
-    m = CONSOLE_LISTENER.fullmatch(v)
+    m = re.fullmatch(r"https?://(\[[^\]]*\]|[^:/\s]*):(\d+)", v)
     if m is None or not 0 <= int(m.group(2)) <= 65535:
-        return "must be http://HOST:PORT (one listener), or empty for no schema registry"
+        return "must be http://HOST:PORT or https://HOST:PORT (one listener), or empty for no schema registry"
     if importlib.util.find_spec("avro") is None:
         return "needs the avro and jsonschema packages: pip install 'kbroker[registry]'"
     return None

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-import ssl
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from kbroker.protocol.errors import ErrorCode
@@ -43,10 +43,10 @@ def identity_url(identity: dict[str, Any]) -> str:
 
 class WriterElection:
     def __init__(
-        self, bootstrap: tuple[str, int], ssl_context: ssl.SSLContext | None, identity: dict[str, Any]
+        self, bootstrap: tuple[str, int], connect: Callable[[str, int], Any], identity: dict[str, Any]
     ) -> None:
         self.bootstrap = bootstrap
-        self.ssl_context = ssl_context
+        self.connect = connect
         self.identity = identity
         self.member_id = ""
         self.generation = -1
@@ -80,15 +80,8 @@ class WriterElection:
         self._stopping.set()
         self._thread.join(timeout=5)
 
-    def _connect(self, host: str, port: int):  # type: ignore[no-untyped-def]
-        from kbroker_tools.wire import WireClient
-
-        return WireClient(
-            f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
-            timeout=30,
-            client_id="kbroker-schema-registry",
-            ssl_context=self.ssl_context,
-        )
+    def _connect(self, host: str, port: int) -> Any:
+        return self.connect(host, port)
 
     def _coordinator(self):  # type: ignore[no-untyped-def]
         with self._connect(*self.bootstrap) as c:

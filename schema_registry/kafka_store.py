@@ -9,10 +9,10 @@ write is visible to its own answer and to every later read (the reference regist
 from __future__ import annotations
 
 import logging
-import ssl
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import FetchRequest, ListOffsetsRequest, ProduceRequest
@@ -44,13 +44,13 @@ RETRIABLE = {
 class KafkaStore:
     def __init__(
         self,
-        bootstrap: tuple[str, int],
-        ssl_context: ssl.SSLContext | None,
+        connect: Callable[[str, int], Any],
         apply: Callable[[bytes | None, bytes | None], None],
         timeout: float = 30.0,
     ) -> None:
-        self.bootstrap = bootstrap
-        self.ssl_context = ssl_context
+        """connect(host, port): an authenticated WireClient to a broker; `bootstrap` is set before start()."""
+        self.connect = connect
+        self.bootstrap: tuple[str, int] = ("127.0.0.1", 0)
         self.apply = apply
         self.timeout = timeout
         self.position = 0  # the next offset the reader applies
@@ -64,13 +64,8 @@ class KafkaStore:
 
     # ------------------------------------------------------------ connections
 
-    def _connect(self, host: str, port: int):  # type: ignore[no-untyped-def]
-        from kbroker_tools.wire import WireClient
-
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        return WireClient(
-            address, timeout=self.timeout, client_id="kbroker-schema-registry", ssl_context=self.ssl_context
-        )
+    def _connect(self, host: str, port: int) -> Any:
+        return self.connect(host, port)
 
     def _leader_client(self, create: bool = True):  # type: ignore[no-untyped-def]
         """A connection to the leader of _schemas-0, creating the topic when `create` (the first write: by then a

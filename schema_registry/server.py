@@ -7,6 +7,7 @@ under its lock. Nothing here touches the broker's loops: the store is a Kafka cl
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -24,6 +25,7 @@ from kbroker.schema_registry.election import WriterElection
 from kbroker.schema_registry.formats import SCHEMA_TYPES
 from kbroker.schema_registry.kafka_store import KafkaStore
 from kbroker.schema_registry.registry import Registry, version_json
+from kbroker.schema_registry.security import BasicAuth, BrokerConnector, https_context
 from kbroker.schema_registry.state import RegistryState
 
 if TYPE_CHECKING:
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kbroker.schema_registry")
 
-LISTENER = re.compile(r"http://(\[[^\]]*\]|[^:/\s]*):(\d+)")
+LISTENER = re.compile(r"(https?)://(\[[^\]]*\]|[^:/\s]*):(\d+)")
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 ACCEPTED_BODIES = (
     "application/vnd.schemaregistry.v1+json",
@@ -39,19 +41,8 @@ ACCEPTED_BODIES = (
     "application/json",
     "application/octet-stream",
 )
-LISTENER_PREFERENCE = ("PLAINTEXT", "SSL")
 MAX_BODY = 8 << 20
 FORWARD_TIMEOUT = 30.0  # a writer's broker gone: its group session (10 s) ends and another is elected
-
-
-def listener_problem(value: str) -> str | None:
-    """Why a schema.registry.listeners value is unusable (None when it is fine or empty)."""
-    if not value:
-        return None
-    m = LISTENER.fullmatch(value)
-    if m is None or not 0 <= int(m.group(2)) <= 65535:
-        return "must be http://HOST:PORT (one listener), or empty for no schema registry"
-    return None
 
 
 class SchemaRegistryServer:
@@ -59,41 +50,22 @@ class SchemaRegistryServer:
         self.server = server
         m = LISTENER.fullmatch(server.config["schema.registry.listeners"].strip())
         assert m is not None  # the config check refused anything else
-        self.host, self.port = m.group(1).strip("[]"), int(m.group(2))
-        self.listener, protocol = self._kafka_listener()
-        context = None
-        if protocol == "SSL":
-            # The broker's own listener on loopback first: the connection never leaves this host.
-            context = ssl.create_default_context()
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
+        self.scheme, self.host, self.port = m.group(1), m.group(2).strip("[]"), int(m.group(3))
+        self.tls = https_context(server) if self.scheme == "https" else None
+        self.connector = BrokerConnector(server)
+        self.auth = BasicAuth(server)
         self.state = RegistryState()
-        self.store = KafkaStore(("127.0.0.1", 0), context, self.state.apply)  # the bound address: start()
+        self.store = KafkaStore(self.connector, self.state.apply)
         self.registry = Registry(self.store, self.state)
-        self.ssl_context = context
         # Several brokers (ZooKeeper) serve one registry: one elected writer, the others forward writes to it.
         self.election: WriterElection | None = None
         self._httpd: ThreadingHTTPServer | None = None
 
-    def _kafka_listener(self) -> tuple[str, str]:
-        config = self.server.config
-        names = {listener.name: config.security_protocol(listener.name) for listener in config.listeners}
-        for protocol in LISTENER_PREFERENCE:
-            for name, p in names.items():
-                if p == protocol:
-                    return name, p
-        raise ValueError(
-            "schema.registry.listeners: the broker needs a PLAINTEXT or SSL listener for the registry "
-            "to reach the _schemas topic through"
-        )
-
     def start(self) -> None:
-        registry = self.registry
-
         class Handler(RegistryHandler):
             pass
 
-        Handler.registry = registry
+        Handler.registry = self.registry
         Handler.frontend = self
         try:
             self._httpd = ThreadingHTTPServer((self.host, self.port), Handler)
@@ -101,20 +73,24 @@ class SchemaRegistryServer:
             raise OSError(
                 e.errno, f"cannot bind schema.registry.listeners to {self.host}:{self.port}: {e.strerror}"
             ) from None
+        if self.tls is not None:
+            self._httpd.socket = self.tls().wrap_socket(self._httpd.socket, server_side=True)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
-        # The listener's actual port (the config may say 0) is what the reader connects to.
-        self.store.bootstrap = self._bound_address()
+        self.store.bootstrap = self.connector.bootstrap()
         self.store.start()
         if self.server.config["zookeeper.connect"]:
             host = (
                 self.host if self.host not in ("", "0.0.0.0", "::") else self.server.advertised_endpoint()[0]
             )
-            self.election = WriterElection(
-                self.store.bootstrap,
-                self.ssl_context,
-                {"version": 1, "host": host, "port": self.port, "master_eligibility": True, "scheme": "http"},
-            )
+            identity = {
+                "version": 1,
+                "host": host,
+                "port": self.port,
+                "master_eligibility": True,
+                "scheme": self.scheme,
+            }
+            self.election = WriterElection(self.store.bootstrap, self.connector, identity)
             self.election.start()
         threading.Thread(
             target=self._httpd.serve_forever,
@@ -123,15 +99,19 @@ class SchemaRegistryServer:
             daemon=True,
         ).start()
         log.info(
-            "Serving the schema registry on http://%s:%d/ (topic _schemas through listener %s)",
+            "Serving the schema registry on %s://%s:%d/ (topic _schemas through listener %s%s)",
+            self.scheme,
             self.host,
             self.port,
-            self.listener,
+            self.connector.listener,
+            f"; HTTP basic auth with the SASL users of listener {self.auth.listener}"
+            if self.auth.required
+            else "",
         )
 
-    def _bound_address(self) -> tuple[str, int]:
-        host, port = self.server.socket_server.bound[self.listener]
-        return ("127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host), port
+    def forward_context(self) -> ssl.SSLContext | None:
+        """TLS for writes forwarded to another broker's https registry: the broker's inter-broker trust."""
+        return self.connector.security.ssl_context if self.scheme == "https" else None
 
     def stop(self) -> None:
         if self.election is not None:
@@ -199,6 +179,9 @@ class RegistryHandler(BaseHTTPRequestHandler):
         self._raw = b""
         try:
             self._raw = self._read_raw()
+            if self.frontend.auth.required and not self._signed_in():
+                self._unauthorized()
+                return
             election = self.frontend.election
             if (
                 election is not None
@@ -301,6 +284,25 @@ class RegistryHandler(BaseHTTPRequestHandler):
             raise errors.RegistryError(405, 405, "HTTP 405 Method Not Allowed")
         raise errors.RegistryError(404, 404, "HTTP 404 Not Found")
 
+    def _signed_in(self) -> bool:
+        header = self.headers.get("Authorization", "")
+        if not header.startswith("Basic "):
+            return False
+        try:
+            user, sep, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        return bool(sep) and self.frontend.auth.check(user, password)
+
+    def _unauthorized(self) -> None:
+        body = json.dumps({"error_code": 401, "message": "Unauthorized"}).encode()
+        self.send_response(401)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("WWW-Authenticate", 'Basic realm="SchemaRegistry"')
+        self.end_headers()
+        self.wfile.write(body)
+
     def _is_write(self, parts: list[str]) -> bool:
         if self.command in ("PUT", "DELETE"):
             return True
@@ -326,7 +328,7 @@ class RegistryHandler(BaseHTTPRequestHandler):
                 if self.headers.get(header):
                     req.add_header(header, self.headers[header])
             try:
-                with urllib.request.urlopen(req, timeout=60) as resp:
+                with urllib.request.urlopen(req, timeout=60, context=self.frontend.forward_context()) as resp:
                     status, body = resp.status, resp.read()
                 break
             except urllib.error.HTTPError as e:
