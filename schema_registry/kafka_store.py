@@ -58,7 +58,7 @@ class KafkaStore:
         self.error: str | None = None
         self._applied = threading.Condition()
         self._write_lock = threading.Lock()
-        self._writer = None
+        self._writer: Any = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kbroker-schema-registry-reader", daemon=True)
 
@@ -86,8 +86,9 @@ class KafkaStore:
                     replicas = max(1, min(3, len(md.brokers)))
                     controller = next((b for b in md.brokers if b.node_id == md.controller_id), None)
                     # CreateTopics goes to the controller (a single node is its own).
-                    remote = controller is not None and (controller.host, controller.port) != self.bootstrap
-                    target = self._connect(controller.host, controller.port) if remote else client
+                    target = client
+                    if controller is not None and (controller.host, controller.port) != self.bootstrap:
+                        target = self._connect(controller.host, controller.port)
                     try:
                         target.create_topic(
                             TOPIC, 1, {"cleanup.policy": "compact"}, replication_factor=replicas

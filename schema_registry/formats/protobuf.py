@@ -11,10 +11,10 @@ import tempfile
 from typing import Any
 
 from google.protobuf import descriptor_pb2
+from google.protobuf.descriptor_pb2 import FileDescriptorProto as FDP
 from google.protobuf.message import DecodeError
 from kbroker.schema_registry.errors import invalid_schema
 
-FDP = descriptor_pb2.FileDescriptorProto
 F = descriptor_pb2.FieldDescriptorProto
 MAIN_FILE = "schema.proto"
 
