@@ -7,7 +7,7 @@ optional=True: without a compiler the pure-Python twins are used. In a checkout:
 
 from setuptools import Extension, find_packages, setup
 
-ROOTS = ["broker", "console", "coordinator", "storage", "protocol", "spark_jobs"]
+ROOTS = ["broker", "console", "coordinator", "storage", "protocol", "schema_registry", "spark_jobs"]
 
 packages = ["kbroker", *find_packages(include=["kbroker_tools", "kbroker_tools.*"])]
 for root in ROOTS:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -113,6 +114,17 @@ def _console_listener_check(v: str) -> str | None:
     m = CONSOLE_LISTENER.fullmatch(v)
     if m is None or not 0 <= int(m.group(2)) <= 65535:
         return "must be http://HOST:PORT (one listener; https is not served), or empty for no console"
+    return None
+
+
+def _schema_registry_listener_check(v: str) -> str | None:
+    if not v:
+        return None
+    m = re.fullmatch(r"https?://(\[[^\]]*\]|[^:/\s]*):(\d+)", v)
+    if m is None or not 0 <= int(m.group(2)) <= 65535:
+        return "must be http://HOST:PORT or https://HOST:PORT (one listener), or empty for no schema registry"
+    if importlib.util.find_spec("avro") is None:
+        return "needs the avro and jsonschema packages: pip install 'kbroker[registry]'"
     return None
 
 
@@ -319,6 +331,8 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("metrics.host", _str, "0.0.0.0"),
         # kbroker's own: the web console over HTTP (console/; empty = off).
         ConfigKey("console.listeners", _str, "", _console_listener_check),
+        # kbroker's own: the Confluent-compatible schema registry over HTTP (schema_registry/; empty = off).
+        ConfigKey("schema.registry.listeners", _str, "", _schema_registry_listener_check),
         # Authorization (broker.security.authorizer): Kafka's ACL authorizer class names turn it on.
         ConfigKey("authorizer.class.name", _str, "", one_of("", *AUTHORIZER_CLASS_NAMES)),
         ConfigKey("super.users", _super_users, frozenset()),

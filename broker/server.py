@@ -48,6 +48,7 @@ from kbroker.storage.manager import LogManager
 
 if TYPE_CHECKING:
     from kbroker.console.server import ConsoleServer
+    from kbroker.schema_registry.server import SchemaRegistryServer
 
 log = logging.getLogger("kbroker.server")
 
@@ -167,6 +168,7 @@ class KafkaServer:
         self._stopped = asyncio.Event()
         self.metrics_exporter: MetricsExporter | None = None
         self.console: ConsoleServer | None = None
+        self.schema_registry: SchemaRegistryServer | None = None
         self._ids_cache: tuple[dict[str, TopicRecord], dict[bytes, str]] | None = None
 
     def advertised_endpoints(self) -> dict[str, tuple[str, int]]:
@@ -245,6 +247,11 @@ class KafkaServer:
 
             self.console = ConsoleServer(self)
             self.console.start()
+        if self.config["schema.registry.listeners"]:
+            from kbroker.schema_registry.server import SchemaRegistryServer
+
+            self.schema_registry = SchemaRegistryServer(self)
+            self.schema_registry.start()
         host, port = self.advertised_endpoint()
         await loop.run_in_executor(None, self.metadata.register_broker, self.advertised_endpoints())
         log.info(
@@ -311,6 +318,8 @@ class KafkaServer:
         metrics_stopped = (loop.run_in_executor(None, self.metrics_exporter.stop)
                            if self.metrics_exporter is not None else None)
         console_stopped = loop.run_in_executor(None, self.console.stop) if self.console is not None else None
+        registry_stopped = (loop.run_in_executor(None, self.schema_registry.stop)
+                            if self.schema_registry is not None else None)
         self.socket_server.stop_accepting()
         # Parked long polls and group joins answer now: otherwise the processors' drain waits them out (a fetch's
         # max_wait_ms, 500 ms for librdkafka; a rebalance, up to the drain's 5 s grace) while the clients' next
@@ -336,6 +345,8 @@ class KafkaServer:
             await metrics_stopped
         if console_stopped is not None:
             await console_stopped
+        if registry_stopped is not None:
+            await registry_stopped
         log.info("Broker %d shut down cleanly", self.broker_id)
 
     def request_stop(self) -> None:

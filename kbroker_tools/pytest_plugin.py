@@ -5,6 +5,8 @@ Fixtures:
   and removed after the session. `bootstrap_servers`, `create_topic(name, partitions, config)`, `restart()`,
   `kill()` (SIGKILL, for crash tests), `start_seconds`. Under pytest-xdist each worker gets its own broker.
 - `kafka_topic` (function): a new topic per test; `@pytest.mark.kafka_topic(partitions=3, config={...})` shapes it.
+- `schema_registry_url` (session): the URL of the broker's schema registry (Confluent's REST API), turned on for
+  the session's broker when a collected test asks for this fixture (needs `pip install 'kbroker[registry]'`).
 
 Options (command line, or the ini key of the same name with underscores):
 - `--kbroker-override KEY=VALUE` / `kbroker_overrides` (one per line): broker config, Kafka's server.properties keys.
@@ -83,6 +85,10 @@ class KafkaBroker:
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "log.dirs": str(self.data_dir / "logs"),
         }
+        self.schema_registry_url: str | None = None
+        listener = self.overrides.get("schema.registry.listeners")
+        if listener:
+            self.schema_registry_url = listener.rstrip("/")
         self.start_seconds = 0.0  # how long the last start took, until the broker answered ApiVersions
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
@@ -157,7 +163,7 @@ class KafkaBroker:
                 raise RuntimeError(f"kbroker exited with {self._proc.returncode}:\n{self.read_log()[-4000:]}")
             try:
                 with WireClient(self.bootstrap_servers, timeout=2.0) as c:
-                    if c.api_versions().error_code == 0:
+                    if c.api_versions().error_code == 0 and self._registry_listening():
                         return
             except OSError:
                 pass
@@ -165,6 +171,17 @@ class KafkaBroker:
                 self.kill() if self._proc is not None else self.stop()
                 raise RuntimeError(f"kbroker did not answer within {self.start_timeout} s:\n{self.read_log()[-4000:]}")
             time.sleep(0.01)
+
+    def _registry_listening(self) -> bool:
+        """The registry's HTTP port binds just after the Kafka listeners."""
+        if self.schema_registry_url is None:
+            return True
+        host, _, port = self.schema_registry_url.rsplit("/", 1)[-1].rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=1.0):
+                return True
+        except OSError:
+            return False
 
     def read_log(self) -> str:
         try:
@@ -273,6 +290,12 @@ def _overrides(config: pytest.Config) -> dict[str, str]:
 
 
 _STARTS: list[tuple[str, float]] = []
+_WANTS_REGISTRY = pytest.StashKey[bool]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The session's broker is started once: it serves a schema registry only for a run whose tests ask for one.
+    config.stash[_WANTS_REGISTRY] = any("schema_registry_url" in getattr(i, "fixturenames", ()) for i in items)
 
 
 @pytest.fixture(scope="session")
@@ -282,7 +305,10 @@ def kafka_broker(request: pytest.FixtureRequest) -> Iterator[KafkaBroker]:
     if in_process is None:
         in_process = config.getini("kbroker_in_process")
     data_dir = Path(tempfile.mkdtemp(prefix="kbroker-pytest-"))
-    broker = KafkaBroker(data_dir, _overrides(config), in_process=bool(in_process))
+    overrides = _overrides(config)
+    if config.stash.get(_WANTS_REGISTRY, False) and not overrides.get("schema.registry.listeners"):
+        overrides["schema.registry.listeners"] = f"http://127.0.0.1:{_free_port()}"
+    broker = KafkaBroker(data_dir, overrides, in_process=bool(in_process))
     try:
         broker.start()
         _STARTS.append(("in-process" if broker.in_process else "subprocess", broker.start_seconds))
@@ -292,6 +318,13 @@ def kafka_broker(request: pytest.FixtureRequest) -> Iterator[KafkaBroker]:
             broker.stop()
         finally:
             shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def schema_registry_url(kafka_broker: KafkaBroker) -> str:
+    if kafka_broker.schema_registry_url is None:
+        raise pytest.UsageError("schema_registry_url: the session's broker has no schema.registry.listeners")
+    return kafka_broker.schema_registry_url
 
 
 @pytest.fixture

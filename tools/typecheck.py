@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("broker", "console", "coordinator", "storage", "protocol", "spark_jobs")
+PACKAGES = ("broker", "console", "coordinator", "storage", "protocol", "schema_registry", "spark_jobs")
 CHECKED = ("protocol", "storage")
 
 
