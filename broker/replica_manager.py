@@ -32,6 +32,7 @@ from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.messages import AlterPartitionRequest, AlterPartitionResponse
 from kbroker.storage.errors import KafkaStorageError
 from kbroker.storage.manager import TopicPartition
+from kbroker.storage.producer_state import VerificationGuard
 
 if TYPE_CHECKING:
     from kbroker.broker.server import KafkaServer
@@ -126,7 +127,8 @@ class ReplicaManager:
 
     # ------------------------------------------------------------ produce
 
-    def append(self, topic: str, partition: int, records: Any, required_acks: int) -> Any:
+    def append(self, topic: str, partition: int, records: Any, required_acks: int,
+               verification_guard: VerificationGuard | None = None) -> Any:
         p = self.partitions.get((topic, partition))
         if p is None:
             lg = self.get_log(topic, partition)
@@ -145,7 +147,8 @@ class ReplicaManager:
             if required_acks == -1:
                 p.check_enough_replicas(self.min_insync_replicas(topic))
         try:
-            info = lg.append_as_leader(records, int(time.time() * 1000), leader_epoch=epoch)
+            info = lg.append_as_leader(records, int(time.time() * 1000), leader_epoch=epoch,
+                                       verification_guard=verification_guard)
         except KafkaStorageError as e:
             log.error("Append to %s-%d at offset %d failed (KAFKA_STORAGE_ERROR): %s",
                       topic, partition, lg.log_end_offset, e)

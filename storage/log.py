@@ -24,6 +24,7 @@ from kbroker.protocol.legacy_records import MAGIC_V1, convert_produced_set, firs
 from kbroker.protocol.records import (
     ATTR_TIMESTAMP_TYPE,
     BatchesSummary,
+    RecordBatchHeader,
     decode_records,
     max_decompressed_size,
     recompress_batches,
@@ -35,6 +36,7 @@ from kbroker.protocol.records import (
 from kbroker.storage.atomic_file import fsync_dir
 from kbroker.storage.config import LogConfig
 from kbroker.storage.errors import (
+    InvalidTxnStateError,
     KafkaStorageError,
     NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
@@ -55,6 +57,7 @@ from kbroker.storage.producer_state import (
     ProducerAppendInfo,
     ProducerStateEntry,
     ProducerStateManager,
+    VerificationGuard,
     validate_client_batch,
 )
 from kbroker.storage.recovery import recover_segment
@@ -121,6 +124,11 @@ ProducerStateValidator = Callable[["Log", BatchesSummary, int], "LogAppendInfo |
 class _PendingDelete:
     due_ms: int
     segment: LogSegment
+
+
+
+def _ongoing(entry: ProducerStateEntry | None, producer_epoch: int) -> bool:
+    return entry is not None and entry.current_txn_first_offset is not None and entry.producer_epoch == producer_epoch
 
 
 class Log(ReplicaLogMixin):
@@ -368,7 +376,8 @@ class Log(ReplicaLogMixin):
 
     def append_as_leader(self, records: bytes | bytearray | memoryview, now_ms: int, *,
                          leader_epoch: int | None = None, from_client: bool = True,
-                         end_txn_marker: EndTxnMarker | None = None) -> LogAppendInfo:
+                         end_txn_marker: EndTxnMarker | None = None,
+                         verification_guard: VerificationGuard | None = None) -> LogAppendInfo:
         """Validate, assign offsets and append all batches of one request (all or nothing).
 
         Writable records (bytearray, writable memoryview) are rewritten in place: the caller hands them over.
@@ -427,7 +436,7 @@ class Log(ReplicaLogMixin):
                 offset = h.next_offset
             last_offset = offset - 1
             updates, completed, duplicate_batch = self._analyze_producer_state(
-                buf, summary, from_client, end_txn_marker if len(summary.batches) == 1 else None)
+                buf, summary, from_client, end_txn_marker if len(summary.batches) == 1 else None, verification_guard)
             if duplicate_batch is not None:
                 # Kafka answers a retried batch with the offsets it was written at, and appends nothing.
                 return LogAppendInfo(
@@ -487,7 +496,7 @@ class Log(ReplicaLogMixin):
 
     def _analyze_producer_state(
         self, buf: bytearray | memoryview, summary: BatchesSummary, from_client: bool,
-        known_marker: EndTxnMarker | None = None,
+        known_marker: EndTxnMarker | None = None, verification_guard: VerificationGuard | None = None,
     ) -> tuple[list[ProducerAppendInfo], list[CompletedTxn], BatchMetadata | None]:
         """Validate the batches of producers (Kafka's analyzeAndValidateProducerState); stage their updates.
 
@@ -511,6 +520,10 @@ class Log(ReplicaLogMixin):
                         logger.debug("Duplicate batch of producer %d (seq %d..%d) in %s: original at offset %d",
                                      pid, h.base_sequence, h.last_sequence, self.name, duplicate.first_offset)
                         return [], [], duplicate
+                if verification_guard is not None and h.is_transactional and not h.is_control:
+                    # Every batch, not only a request's first: a transactional batch the coordinator does not know
+                    # of would hold the last stable offset back for good (Kafka's UnifiedLog.append).
+                    self._check_verified(h, entry, verification_guard)
             info = updates.get(pid)
             if info is None:
                 info = updates[pid] = psm.prepare_update(pid, validate=from_client)
@@ -522,6 +535,13 @@ class Log(ReplicaLogMixin):
             if txn is not None:
                 completed.append(txn)
         return list(updates.values()), completed, None
+
+    def _check_verified(self, h: RecordBatchHeader, entry: ProducerStateEntry | None,
+                        guard: VerificationGuard) -> None:
+        if not _ongoing(entry, h.producer_epoch) and guard.producer_id != h.producer_id:
+            raise InvalidTxnStateError(
+                f"Record was not part of an ongoing transaction (producer {h.producer_id}, epoch "
+                f"{h.producer_epoch}, {self.name})")
 
     def _update_producers(self, updates: list[ProducerAppendInfo], completed: list[CompletedTxn],
                           segment: LogSegment) -> None:
@@ -834,6 +854,10 @@ class Log(ReplicaLogMixin):
     def ongoing_transaction_first_offset(self, producer_id: int) -> int | None:
         entry = self.producer_state.producers.get(producer_id)
         return entry.current_txn_first_offset if entry is not None else None
+
+    def has_ongoing_transaction(self, producer_id: int, producer_epoch: int) -> bool:
+        """Kafka's UnifiedLog.hasOngoingTransaction: the producer's transaction at this epoch is open here."""
+        return _ongoing(self.producer_state.producers.get(producer_id), producer_epoch)
 
     def take_producer_snapshot(self) -> None:
         """Snapshot the producer state at LEO now (tests, tools)."""

@@ -83,6 +83,14 @@ class BatchMetadata:
     max_timestamp: int
 
 
+@dataclass(slots=True, frozen=True)
+class VerificationGuard:
+    """Kafka's VerificationGuard: the producer whose transaction the coordinator confirmed for one append to a
+    partition (KIP-890), so its first transactional batch there may open the transaction; -1: none (the sentinel)."""
+
+    producer_id: int = -1
+
+
 @dataclass(slots=True)
 class ProducerStateEntry:
     producer_id: int

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kbroker.broker.admin_manager import INTERNAL_TOPICS
 from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.config import CONFIG_TYPE_NAMES, KAFKA_DYNAMIC_CONFIGS, KEYS, render_value
 from kbroker.broker.group_config import DOCUMENTATION, GROUP_TO_BROKER, INT_TYPE, describe_group
@@ -160,6 +161,8 @@ def handle_describe_configs(ctx: RequestContext, req: DescribeConfigsRequest) ->
 
 def _apply(ctx: RequestContext, resource_type: int, name: str, new: dict[str, str | None], validate_only: bool) -> None:
     if resource_type == TOPIC:
+        if name in INTERNAL_TOPICS:
+            _check_internal_cleanup_policy(ctx, name, new)
         ctx.server.admin.set_topic_configs(name, new, validate_only)
     elif resource_type == BROKER:
         _check_broker_resource(ctx, name, allow_default=True)
@@ -168,6 +171,17 @@ def _apply(ctx: RequestContext, resource_type: int, name: str, new: dict[str, st
         ctx.server.admin.set_group_configs(name, new, validate_only)
     else:
         raise KafkaError(ErrorCode.INVALID_REQUEST, f"Unsupported resource type {resource_type}")
+
+
+def _check_internal_cleanup_policy(ctx: RequestContext, name: str, new: dict[str, str | None]) -> None:
+    """The coordinators' topics must stay compacted: under `delete` retention would drop every group's committed
+    offsets and every transactional id's state once they are older than retention.ms."""
+    policy = new.get("cleanup.policy")
+    if policy is None:
+        policy = _effective(ctx, TOPIC, "cleanup.policy")
+    if "compact" not in [p.strip() for p in (policy or "").split(",")]:
+        raise KafkaError(ErrorCode.INVALID_CONFIG,
+                         f"cleanup.policy of internal topic {name} must include compact, not {policy!r}")
 
 
 def _current(ctx: RequestContext, resource_type: int, name: str) -> dict[str, str | None]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import struct
 from typing import Any
 
 from kbroker.broker import metrics
@@ -16,6 +17,7 @@ from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.leader_hints import PRODUCE_VERSION as HINTS_VERSION
 from kbroker.broker.leader_hints import LeaderHints
 from kbroker.broker.network import DelayedResponse
+from kbroker.broker.produce_validation import ONE_BATCH_VERSION, Refusal, validate_records
 from kbroker.broker.replica_manager import error_of
 from kbroker.broker.security.acls import AclOperation, ResourceType
 from kbroker.protocol import codec
@@ -25,11 +27,13 @@ from kbroker.protocol.messages import ProduceRequest, ProduceResponse
 from kbroker.protocol.records import (
     ATTR_TRANSACTIONAL,
     BATCH_HEADER_SIZE,
+    LOG_OVERHEAD,
     RecordError,
     RecordValidationError,
     parse_batch_header,
 )
 from kbroker.storage.errors import KafkaStorageError
+from kbroker.storage.producer_state import VerificationGuard
 
 log = logging.getLogger("kbroker.produce")
 # Answers that tell an idempotent producer the broker's idea of its sequence differs from its own.
@@ -43,6 +47,10 @@ PartitionResponse = ProduceResponse.PartitionProduceResponse
 _NO_LEADER = codec.tagged_default(ProduceResponse.LeaderIdAndEpoch)
 _ATTRIBUTES_LOW_BYTE = 22  # batch attributes are the int16 at offset 21
 _PRODUCER_ID = 43  # first byte of a v2 batch's producer id: 0xFF only for -1 (ids are never negative otherwise)
+_MAGIC = 16
+_PRODUCER = struct.Struct(">qh")  # producer id and epoch
+_BATCH_LENGTH = struct.Struct(">i")
+_NO_GUARD = VerificationGuard()
 
 
 def _error(index: int, code: ErrorCode, message: str | None = None,
@@ -56,42 +64,91 @@ def _error(index: int, code: ErrorCode, message: str | None = None,
 
 
 def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
-    failed: dict[tuple[str, int], ErrorCode] = {}
+    txn_id = req.transactional_id
+    if _has_transactional_records(req) and (txn_id is None or not ctx.authorized(
+            AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, txn_id)):
+        # Kafka's KafkaApis.handleProduceRequest: transactional records (judged by each partition's first batch)
+        # need the request's transactional id and Write on it, else the whole request fails.
+        return _refuse_all(req, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+    failed: dict[tuple[str, int], Refusal] = {}
     if ctx.server.authorizer is not None:
-        refused = _authorize(ctx, req, failed)
-        if refused is not None:
-            return refused if req.acks != 0 else None
-    if req.transactional_id is not None and ctx.server.config["transaction.partition.verification.enable"]:
+        allowed = ctx.authorized_names(AclOperation.WRITE, ResourceType.TOPIC, (t.name for t in req.topic_data))
+        for t in req.topic_data:
+            if t.name not in allowed:
+                for p in t.partition_data:
+                    failed[(t.name, p.index)] = (ErrorCode.TOPIC_AUTHORIZATION_FAILED, None)
+    if ctx.api_version >= ONE_BATCH_VERSION:
+        _validate_records(ctx, req, failed)
+    if len(_transactional_producers(req, failed)) > 1:
+        # Kafka's ReplicaManager.handleProduceAppend: one request, one transaction.
+        return _refuse_all(req, ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+    if not ctx.server.config["transaction.partition.verification.enable"]:
+        return _append_all(ctx, req, failed, None)
+    if txn_id is not None:
         to_verify = _first_transactional_batches(ctx, req, failed)
         if to_verify is not None:
-            unverified = ctx.server.txn_verifier.verify_now(req.transactional_id, *to_verify)
+            unverified = ctx.server.txn_verifier.verify_now(txn_id, *to_verify)
             if unverified is None:
                 return _verify_then_append(ctx, req, failed, *to_verify)
-            failed.update({tp: _produce_error(code, ctx.api_version) for tp, code in unverified.items()})
-    return _append_all(ctx, req, failed)
+            return _append_all(ctx, req, {**failed, **_verification_failures(unverified, ctx.api_version)},
+                               _guards(to_verify[0], to_verify[2], unverified))
+    return _append_all(ctx, req, failed, {})
 
 
-def _authorize(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], ErrorCode]
-               ) -> ProduceResponse | None:
-    """Kafka's KafkaApis.handleProduceRequest: Write on the transactional id for transactional records (else
-    the whole request fails), Write on each topic (else its partitions fail)."""
-    txn_id = req.transactional_id
-    if txn_id is not None and any(_is_transactional(p.records) for t in req.topic_data for p in t.partition_data
-                                  if p.records is not None):
-        if not ctx.authorized(AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, txn_id):
-            code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-            return ProduceResponse(throttle_time_ms=0, responses=[
-                ProduceResponse.TopicProduceResponse(name=t.name, partition_responses=[
-                    _error(p.index, code) for p in t.partition_data]) for t in req.topic_data])
-    allowed = ctx.authorized_names(AclOperation.WRITE, ResourceType.TOPIC, (t.name for t in req.topic_data))
+def _refuse_all(req: ProduceRequest, code: ErrorCode) -> ProduceResponse | None:
+    if req.acks == 0:
+        return None
+    return ProduceResponse(throttle_time_ms=0, responses=[
+        ProduceResponse.TopicProduceResponse(name=t.name, partition_responses=[
+            _error(p.index, code) for p in t.partition_data]) for t in req.topic_data])
+
+
+def _has_transactional_records(req: ProduceRequest) -> bool:
+    return any(p.records is not None and _is_transactional(p.records) for t in req.topic_data
+               for p in t.partition_data)
+
+
+def _validate_records(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], Refusal]) -> None:
+    """Kafka's ProduceRequest.validateRecords for each partition not refused yet; a partition that does not exist
+    answers that first, as Kafka looks it up before the records."""
+    version = ctx.api_version
     for t in req.topic_data:
-        if t.name not in allowed:
-            for p in t.partition_data:
-                failed[(t.name, p.index)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
-    return None
+        for p in t.partition_data:
+            tp = (t.name, p.index)
+            if tp in failed:
+                continue
+            refusal = validate_records(version, p.records)
+            if refusal is not None:
+                failed[tp] = refusal if _exists(ctx, tp) else (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, None)
 
 
-def _first_transactional_batches(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], ErrorCode]
+def _exists(ctx: RequestContext, tp: tuple[str, int]) -> bool:
+    if tp in ctx.server.replica_manager.partitions:
+        return True
+    rec = ctx.server.metadata.topics.get(tp[0])
+    return rec is not None and 0 <= tp[1] < len(rec.partitions)
+
+
+def _transactional_producers(req: ProduceRequest, failed: dict[tuple[str, int], Refusal]) -> set[tuple[int, int]]:
+    """(producer id, epoch) of every transactional batch of the partitions still to append."""
+    producers: set[tuple[int, int]] = set()
+    for t in req.topic_data:
+        for p in t.partition_data:
+            records = p.records
+            if records is None or (t.name, p.index) in failed:
+                continue
+            pos, end = 0, len(records)
+            while end - pos >= BATCH_HEADER_SIZE:
+                if records[pos + _MAGIC] == 2 and records[pos + _ATTRIBUTES_LOW_BYTE] & ATTR_TRANSACTIONAL:
+                    producers.add(_PRODUCER.unpack_from(records, pos + _PRODUCER_ID))
+                size = _BATCH_LENGTH.unpack_from(records, pos + 8)[0]
+                if size <= 0:
+                    break
+                pos += size + LOG_OVERHEAD
+    return producers
+
+
+def _first_transactional_batches(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], Refusal]
                                  ) -> tuple[int, int, list[tuple[str, int]]] | None:
     """(producer id, epoch, partitions) whose transactional batches would open the producer's transaction
     there, so the coordinator must confirm them first (KIP-890); None when every partition already has it."""
@@ -109,18 +166,30 @@ def _first_transactional_batches(ctx: RequestContext, req: ProduceRequest, faile
                 lg = rm.get_log(t.name, p.index)
             except Exception:  # noqa: BLE001 - the append answers this partition's error
                 continue
-            if lg.ongoing_transaction_first_offset(h.producer_id) is None:
+            if not lg.has_ongoing_transaction(h.producer_id, h.producer_epoch):
                 tps.append((t.name, p.index))
                 producer = (h.producer_id, h.producer_epoch)
     return (*producer, tps) if tps else None
 
 
-async def _verify_then_append(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], ErrorCode],
+def _guards(producer_id: int, tps: list[tuple[str, int]], unverified: dict[tuple[str, int], ErrorCode]
+            ) -> dict[tuple[str, int], VerificationGuard]:
+    guard = VerificationGuard(producer_id)
+    return {tp: guard for tp in tps if tp not in unverified}
+
+
+def _verification_failures(unverified: dict[tuple[str, int], ErrorCode], version: int
+                           ) -> dict[tuple[str, int], Refusal]:
+    return {tp: (_produce_error(code, version), "the partition is not part of the producer's ongoing transaction")
+            for tp, code in unverified.items()}
+
+
+async def _verify_then_append(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], Refusal],
                               producer_id: int, producer_epoch: int, tps: list[tuple[str, int]]) -> Any:
     assert req.transactional_id is not None
     unverified = await ctx.server.txn_verifier.verify(req.transactional_id, producer_id, producer_epoch, tps)
-    failed = {**failed, **{tp: _produce_error(code, ctx.api_version) for tp, code in unverified.items()}}
-    result = _append_all(ctx, req, failed)
+    result = _append_all(ctx, req, {**failed, **_verification_failures(unverified, ctx.api_version)},
+                         _guards(producer_id, tps, unverified))
     return (await result) if inspect.isawaitable(result) else result
 
 
@@ -135,7 +204,10 @@ def _produce_error(code: ErrorCode, version: int) -> ErrorCode:
     return code
 
 
-def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], ErrorCode]) -> Any:
+def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], Refusal],
+                guards: dict[tuple[str, int], VerificationGuard] | None) -> Any:
+    """Append what passed the checks. guards: the partitions whose transaction the coordinator confirmed for this
+    request (None when verification is off: transactional batches are then not checked against it)."""
     rm = ctx.server.replica_manager
     acks = req.acks
     counters = metrics.shard()
@@ -148,6 +220,11 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
     for t in req.topic_data:
         parts: list[PartitionResponse] = []
         for p in t.partition_data:
+            if failed:
+                refusal = failed.get((t.name, p.index))
+                if refusal is not None:
+                    parts.append(_error(p.index, *refusal))
+                    continue
             if acks not in (0, 1, -1):
                 parts.append(_error(p.index, ErrorCode.INVALID_REQUIRED_ACKS))
                 continue
@@ -157,27 +234,13 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
                 parts.append(_error(p.index, ErrorCode.INVALID_TOPIC_EXCEPTION,
                                     f"Cannot append to internal topic {t.name}"))
                 continue
-            if p.records is None or len(p.records) == 0:
+            if p.records is None or len(p.records) == 0:  # Produce v0-v2 (v3+ refused it above)
                 parts.append(_error(p.index, ErrorCode.CORRUPT_MESSAGE, "empty record set"))
                 continue
-            if failed and (t.name, p.index) in failed:
-                code = failed[(t.name, p.index)]
-                parts.append(_error(p.index, code, None if code == ErrorCode.TOPIC_AUTHORIZATION_FAILED else
-                                    "the partition is not part of the producer's ongoing transaction"))
-                continue
             magic = first_magic(p.records)
-            if ctx.api_version >= 3 and 0 <= magic <= 1:
-                parts.append(_error(p.index, ErrorCode.INVALID_RECORD,
-                                    f"Produce requests with version {ctx.api_version} are only allowed to contain "
-                                    f"record batches with magic version 2"))
-                continue
-            if req.transactional_id is None and magic > 1 and _is_transactional(p.records):
-                # Kafka authorizes transactional records through the request's transactional id.
-                parts.append(_error(p.index, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                                    "transactional records need the request's transactional id"))
-                continue
+            guard = None if guards is None else guards.get((t.name, p.index), _NO_GUARD)
             try:
-                lg, info = rm.append(t.name, p.index, p.records, acks)
+                lg, info = rm.append(t.name, p.index, p.records, acks, guard)
             except Exception as e:  # noqa: BLE001 - every failure becomes this partition's error code
                 code = error_of(e)
                 not_leader = not_leader or code == ErrorCode.NOT_LEADER_OR_FOLLOWER
@@ -237,9 +300,9 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
 
 
 def _is_transactional(records: Any) -> bool:
-    # The attributes' low byte of the first batch (Produce v3+ carries one batch per partition): one byte
-    # test instead of a header parse on the hot path.
-    return len(records) >= BATCH_HEADER_SIZE and bool(records[_ATTRIBUTES_LOW_BYTE] & ATTR_TRANSACTIONAL)
+    # The attributes' low byte of the first batch: one byte test instead of a header parse on the hot path.
+    return (len(records) >= BATCH_HEADER_SIZE and records[_MAGIC] == 2
+            and bool(records[_ATTRIBUTES_LOW_BYTE] & ATTR_TRANSACTIONAL))
 
 
 async def _after_flush(rm: Any, to_flush: list[tuple[Any, int]], response: ProduceResponse) -> ProduceResponse:

@@ -18,6 +18,7 @@ from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.security.acls import AclOperation, ResourceType
 from kbroker.coordinator.controller import IsrUpdate, KafkaController, NotControllerError
 from kbroker.coordinator.metadata_store import PartitionState
+from kbroker.coordinator.single_node_controller import SingleNodeController
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     AlterPartitionReassignmentsRequest,
@@ -227,6 +228,14 @@ def _active_controller(ctx: RequestContext) -> KafkaController | None:
     return c if c is not None and c.is_active else None
 
 
+def _admin_controller(ctx: RequestContext) -> KafkaController | SingleNodeController | None:
+    """Who answers the controller's admin APIs here: the embedded single node is its own controller (Metadata names
+    it), in a cluster the active controller, else nobody (NOT_CONTROLLER, and the client asks Metadata again)."""
+    if not ctx.server.config["zookeeper.connect"]:
+        return SingleNodeController(ctx.server)
+    return _active_controller(ctx)
+
+
 async def handle_controlled_shutdown(ctx: RequestContext, req: ControlledShutdownRequest) -> ControlledShutdownResponse:
     R = ControlledShutdownResponse
     if _cluster_denied(ctx, AclOperation.CLUSTER_ACTION):
@@ -294,7 +303,7 @@ async def handle_elect_leaders(ctx: RequestContext, req: ElectLeadersRequest) ->
         return R(error_code=ErrorCode.INVALID_REQUEST)
     requested = None if req.topic_partitions is None else [
         (t.topic, p) for t in req.topic_partitions for p in t.partitions]
-    controller = _active_controller(ctx)
+    controller = _admin_controller(ctx)
     denied = _cluster_denied(ctx, AclOperation.ALTER)
     if denied:
         results = {tp: (DENIED, None) for tp in requested or []}
@@ -320,7 +329,7 @@ async def handle_alter_partition_reassignments(ctx: RequestContext, req: AlterPa
     R = AlterPartitionReassignmentsResponse
     if _cluster_denied(ctx, AclOperation.ALTER):
         return R(error_code=DENIED, error_message=None)
-    controller = _active_controller(ctx)
+    controller = _admin_controller(ctx)
     if controller is None:
         return R(error_code=ErrorCode.NOT_CONTROLLER, error_message="This broker is not the controller.")
     targets = {(t.name, p.partition_index): (None if p.replicas is None else list(p.replicas))
@@ -343,7 +352,7 @@ async def handle_list_partition_reassignments(ctx: RequestContext, req: ListPart
     R = ListPartitionReassignmentsResponse
     if _cluster_denied(ctx, AclOperation.DESCRIBE):
         return R(error_code=DENIED, error_message=None)
-    controller = _active_controller(ctx)
+    controller = _admin_controller(ctx)
     if controller is None:
         return R(error_code=ErrorCode.NOT_CONTROLLER, error_message="This broker is not the controller.")
     requested = None if req.topics is None else [(t.name, p) for t in req.topics for p in t.partition_indexes]

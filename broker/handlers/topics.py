@@ -9,6 +9,7 @@ from typing import Any
 
 from kbroker.broker.admin_manager import (
     EXCESSIVE_PARTITIONS,
+    INTERNAL_TOPICS,
     MAX_PARTITIONS_PER_REQUEST,
     check_assignment,
     total_requested_partitions,
@@ -194,6 +195,11 @@ def handle_delete_topics(ctx: RequestContext, req: DeleteTopicsRequest) -> Delet
                 res.name = name
             if authz is not None and not ctx.authorized(AclOperation.DELETE, ResourceType.TOPIC, name):
                 raise _topic_denied()
+            if name in INTERNAL_TOPICS:
+                # Every group's offsets or every transactional id would go with it (Kafka's own topic tool refuses
+                # this in the same words).
+                raise KafkaError(ErrorCode.INVALID_TOPIC_EXCEPTION,
+                                 f"Topic {name} is a kafka internal topic and is not allowed to be marked for deletion.")
             if topic_id == bytes(16):
                 rec = ctx.server.metadata.topics.get(name)
                 if rec is not None:
@@ -219,6 +225,11 @@ def handle_create_partitions(ctx: RequestContext, req: CreatePartitionsRequest) 
                 raise _topic_denied()
             if _not_controller(ctx):
                 raise KafkaError(ErrorCode.NOT_CONTROLLER)
+            if t.name in INTERNAL_TOPICS:
+                # Groups and transactional ids are hashed onto the partitions: more partitions would move them
+                # away from their offsets and transaction states.
+                raise KafkaError(ErrorCode.INVALID_TOPIC_EXCEPTION,
+                                 f"The number of partitions of internal topic {t.name} cannot be changed.")
             assignments = None if t.assignments is None else [a.broker_ids for a in t.assignments]
             ctx.server.admin.create_partitions(t.name, t.count, assignments, req.validate_only)
             waiting.append((res, range(0, t.count)))
@@ -246,6 +257,12 @@ def handle_delete_records(ctx: RequestContext, req: DeleteRecordsRequest) -> Del
                 parts.append(res)
                 continue
             try:
+                if t.name in INTERNAL_TOPICS:
+                    if not _exists(ctx, t.name, p.partition_index):
+                        raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                    # Kafka's ReplicaManager.deleteRecordsOnLocalLog: the coordinators' state lives there.
+                    raise KafkaError(ErrorCode.INVALID_TOPIC_EXCEPTION,
+                                     f"Cannot delete records of internal topic {t.name}")
                 lg = rm.get_log(t.name, p.partition_index)
                 offset = p.offset
                 if offset == -1:
@@ -256,9 +273,16 @@ def handle_delete_records(ctx: RequestContext, req: DeleteRecordsRequest) -> Del
                 log.info("DeleteRecords moved the log start of %s-%d to %d", t.name, p.partition_index, res.low_watermark)
             except Exception as e:  # noqa: BLE001
                 res.error_code = error_of(e)
+                if res.error_code == ErrorCode.INVALID_TOPIC_EXCEPTION:
+                    ctx.refused(res.error_code, str(e), f"partition {t.name}-{p.partition_index}")
             parts.append(res)
         topics.append(R.DeleteRecordsTopicResult(name=t.name, partitions=parts))
     return R(throttle_time_ms=0, topics=topics)
+
+
+def _exists(ctx: RequestContext, topic: str, partition: int) -> bool:
+    rec = ctx.server.metadata.topics.get(topic)
+    return rec is not None and 0 <= partition < len(rec.partitions)
 
 
 HANDLERS = [
