@@ -6,8 +6,9 @@ owners, listed in known_bugs.py) are xfail(strict=True), so the fix makes them f
 from __future__ import annotations
 
 import pytest
+from kbroker.protocol import codec
 from kbroker.protocol import records as R
-from kbroker.protocol.messages import MetadataRequest
+from kbroker.protocol.messages import MetadataRequest, RequestHeader
 
 from tests.broker_process import BrokerProcess
 from tests.fuzz.common import PLAIN_TOPIC, Raw, round_trip
@@ -44,4 +45,16 @@ def test_record_varint_of_ten_bytes(fuzz_broker: BrokerProcess, field: str) -> N
         resp = raw.produce(PLAIN_TOPIC, 2, batch)
         assert resp.error_code == 87, (resp.error_code, resp.error_message)  # INVALID_RECORD, as Kafka
         assert raw.fetch(PLAIN_TOPIC, 2, 0).high_watermark == before
+    round_trip(fuzz_broker.bootstrap)
+
+
+def test_compact_string_of_32768_bytes(fuzz_broker: BrokerProcess) -> None:
+    # Found by the differential fuzz: a Metadata v9 topic name of 32,768 bytes decoded; Kafka's readers refuse
+    # strings over 0x7fff bytes and the connection is closed without an answer.
+    req = MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name="n" * 32768)],
+                          allow_auto_topic_creation=True)
+    with Raw(fuzz_broker.bootstrap) as raw:
+        raw.sock.sendall(codec.encode_request(RequestHeader(3, 9, 1, "fuzz"), req))
+        raw.sock.settimeout(5)
+        assert raw.sock.recv(1) == b""
     round_trip(fuzz_broker.bootstrap)
