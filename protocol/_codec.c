@@ -201,6 +201,8 @@ static int read_length(Reader *r, Py_ssize_t *pos, int compact, int classic16, i
     return 0;
 }
 
+#define MAX_STRING_LENGTH 0x7fff
+
 static PyObject *plan_decode_at(Plan *plan, Reader *r, Py_ssize_t *pos);
 
 static PyObject *decode_value(const Op *op, Reader *r, Py_ssize_t *pos)
@@ -250,6 +252,11 @@ static PyObject *decode_value(const Op *op, Reader *r, Py_ssize_t *pos)
         if (n < 0) {
             *pos = p;
             Py_RETURN_NONE;
+        }
+        if (n > MAX_STRING_LENGTH) {
+            /* Kafka's generated readers refuse a string longer than an int16 could announce, compact or not */
+            PyErr_Format(DecodeError, "string had invalid length %lld", (long long)n);
+            return NULL;
         }
         if (n > r->len - p) {
             PyErr_Format(DecodeError, "string length %lld exceeds the %zd bytes left", (long long)n, r->len - p);

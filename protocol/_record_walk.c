@@ -14,8 +14,10 @@
 
 enum { RD_OK = 0, RD_EOF = -1, RD_LONG = -2 };
 
-/* Unsigned varint of at most 10 bytes; *wide is set when it does not fit 64 bits. */
-static inline int rd(const uint8_t *b, Py_ssize_t end, Py_ssize_t *p, uint64_t *out, int *wide)
+/* Unsigned varint of at most 10 bytes (max_shift 63: Kafka's readVarlong, the timestamp delta) or 5 (max_shift
+ * 28: readVarint, every other record field); *wide is set when it does not fit 64 bits, or 32 for a 5-byte one
+ * (Java keeps the low 32 bits of such a fifth byte; refused here, as in protocol/record_walk.py). */
+static inline int rd(const uint8_t *b, Py_ssize_t end, Py_ssize_t *p, uint64_t *out, int *wide, int max_shift)
 {
     uint64_t r = 0;
     int shift = 0;
@@ -28,12 +30,14 @@ static inline int rd(const uint8_t *b, Py_ssize_t end, Py_ssize_t *p, uint64_t *
             *wide = 1;
         r |= (uint64_t)(c & 0x7f) << shift;
         if (!(c & 0x80)) {
+            if (max_shift < 63 && r > UINT32_MAX)
+                *wide = 1;
             *p = q;
             *out = r;
             return RD_OK;
         }
         shift += 7;
-        if (shift > 63)
+        if (shift > max_shift)
             return RD_LONG;
     }
 }
@@ -49,12 +53,14 @@ static inline void skip(Py_ssize_t *p, uint64_t n, Py_ssize_t end)
         *p += (Py_ssize_t)n;
 }
 
-#define READ(dst)                                                  \
+#define READ_UP_TO(dst, max_shift)                                  \
     do {                                                           \
-        int _r = rd(b, end, &p, &(dst), &wide);                    \
+        int _r = rd(b, end, &p, &(dst), &wide, max_shift);         \
         if (_r == RD_EOF) goto eof;                                \
         if (_r == RD_LONG || wide) goto structure;                 \
     } while (0)
+#define READ(dst) READ_UP_TO(dst, 28)
+#define READ_LONG(dst) READ_UP_TO(dst, 63)
 
 static PyObject *walk(PyObject *self, PyObject *args)
 {
@@ -83,7 +89,7 @@ static PyObject *walk(PyObject *self, PyObject *args)
         const Py_ssize_t start = p, rec_end = p + (Py_ssize_t)(raw >> 1);
         p += 1; /* attributes, ignored as in Kafka */
         const Py_ssize_t ts_start = p;
-        READ(raw);
+        READ_LONG(raw);
         if (check_ts || p - ts_start >= 3) {
             int64_t ts;
             if (__builtin_add_overflow((int64_t)base_ts, unzigzag(raw), &ts)) {

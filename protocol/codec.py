@@ -165,6 +165,9 @@ def _decode_value_src(
             f"{ind}if _n < 0:",
             f"{ind}    {target} = None",
             f"{ind}else:",
+            # Kafka's generated readers refuse a string longer than an int16 could announce, compact or not.
+            f"{ind}    if _n > {p.MAX_STRING_LENGTH}:",
+            f"{ind}        raise DecodeError(f'string had invalid length {{_n}}')",
             f"{ind}    _e = pos + _n",
             f"{ind}    if _e > len(buf):",
             f"{ind}        raise DecodeError(f'string length {{_n}} exceeds the {{len(buf) - pos}} bytes left')",

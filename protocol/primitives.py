@@ -20,6 +20,10 @@ F64 = struct.Struct(">d")
 
 Buffer = bytes | bytearray | memoryview
 
+# The longest string Kafka's generated readers take (0x7fff), compact strings included although their varint
+# length could announce more.
+MAX_STRING_LENGTH = 0x7FFF
+
 
 class DecodeError(ValueError):
     """The bytes on the wire do not form a valid message for the declared API version."""
@@ -86,6 +90,8 @@ def read_string(buf: Buffer, pos: int, compact: bool, nullable: bool) -> tuple[s
     n, pos = _read_length(buf, pos, compact, I16, nullable, "string")
     if n < 0:
         return None, pos
+    if n > MAX_STRING_LENGTH:
+        raise DecodeError(f"string had invalid length {n}")
     end = _take(buf, pos, n, "string")
     try:
         return str(buf[pos:end], "utf-8"), end

@@ -2,7 +2,8 @@
 
 Kafka's LogValidator reads every record of every produced batch; a batch whose records are garbage under a
 valid CRC must never reach a consumer (librdkafka stops at such an offset for good). This walk checks what a
-reader relies on: record-length varints that stay inside the body, every field inside its record, key and
+reader relies on: record-length varints that stay inside the body, varints no longer than Kafka reads them
+(ByteUtils.readVarint: 5 bytes; only the timestamp delta is a 10-byte varlong), every field inside its record, key and
 value lengths >= -1, header counts >= 0, non-null header keys, offset deltas, and exactly recordsCount records
 filling the body. It allocates nothing per record: on the produce path it is the only per-record work.
 
@@ -42,6 +43,17 @@ _I64_MIN = -(2**63)
 _I64_MAX = 2**63 - 1
 
 _OK = WalkResult()  # shared, never mutated: returned when no record needs reporting
+_U32_MAX = 2**32 - 1
+
+
+def _read_varint32(buf: Buffer, pos: int) -> tuple[int, int]:
+    """A record field Kafka reads with ByteUtils.readVarint: at most 5 bytes. Java keeps the low 32 bits of a
+    fifth byte's 35; such a value is refused here instead, as no writer produces it and the cleaner and this
+    broker's readers would see a different number than a Java consumer."""
+    raw, pos = read_uvarint(buf, pos, 28)
+    if raw > _U32_MAX:
+        raise DecodeError("varint does not fit 32 bits")
+    return raw, pos
 
 
 def walk_records(body: Buffer, count: int, *, consecutive: bool, last_offset_delta: int, need_keys: bool,
@@ -83,6 +95,7 @@ def walk_records_py(body: Buffer, count: int, *, consecutive: bool, last_offset_
     prev_delta = -1
     i = 0
     _read = read_uvarint
+    _read32 = _read_varint32
     try:
         while i < count:
             # Varints are zigzag: the raw value's low bit is the sign, raw >> 1 the magnitude. One- and two-byte
@@ -97,7 +110,7 @@ def walk_records_py(body: Buffer, count: int, *, consecutive: bool, last_offset_
                     raw = (b & 0x7F) | (c << 7)
                     p += 2
                 else:
-                    raw, p = _read(body, p, 63)
+                    raw, p = _read32(body, p)
             start = p
             rec_end = p + (raw >> 1)
             if raw & 1 or rec_end > end:
@@ -131,7 +144,7 @@ def walk_records_py(body: Buffer, count: int, *, consecutive: bool, last_offset_
                     raw = (b & 0x7F) | (c << 7)
                     p += 2
                 else:
-                    raw, p = _read(body, p, 63)
+                    raw, p = _read32(body, p)
             if consecutive:
                 if raw != i << 1:
                     delta = (raw >> 1) ^ -(raw & 1)
@@ -152,7 +165,7 @@ def walk_records_py(body: Buffer, count: int, *, consecutive: bool, last_offset_
                     raw = (b & 0x7F) | (c << 7)
                     p += 2
                 else:
-                    raw, p = _read(body, p, 63)
+                    raw, p = _read32(body, p)
             if raw & 1:
                 if raw != 1:
                     return f"Record {i} has key size {(raw >> 1) ^ -1}"
@@ -173,7 +186,7 @@ def walk_records_py(body: Buffer, count: int, *, consecutive: bool, last_offset_
                     raw = (b & 0x7F) | (c << 7)
                     p += 2
                 else:
-                    raw, p = _read(body, p, 63)
+                    raw, p = _read32(body, p)
             if raw & 1:
                 if raw != 1:
                     return f"Record {i} has value size {(raw >> 1) ^ -1}"
@@ -184,7 +197,7 @@ def walk_records_py(body: Buffer, count: int, *, consecutive: bool, last_offset_
             p += 1
             if b:
                 if b & 1 or b >= 0x80:
-                    raw, p = _read(body, p - 1, 63)
+                    raw, p = _read32(body, p - 1)
                     if raw & 1:
                         return f"Found invalid number of record headers {(raw >> 1) ^ -1}"
                     n_headers = raw >> 1
@@ -194,11 +207,11 @@ def walk_records_py(body: Buffer, count: int, *, consecutive: bool, last_offset_
                 if n_headers > (rec_end - p) // 2:
                     return f"Record {i} claims {n_headers} headers in {rec_end - p} bytes"
                 for _ in range(n_headers):
-                    raw, p = _read(body, p, 63)
+                    raw, p = _read32(body, p)
                     if raw & 1:
                         return "Invalid negative header key size"
                     p += raw >> 1
-                    raw, p = _read(body, p, 63)
+                    raw, p = _read32(body, p)
                     if raw & 1:
                         if raw != 1:
                             return f"Invalid header value size {(raw >> 1) ^ -1}"

@@ -10,9 +10,11 @@ import struct
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from kbroker.protocol import codec
+from kbroker.protocol.accelerators import PURE_PYTHON_ENV
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import ApiVersionsRequest, MetadataRequest, RequestHeader
 
+from tests.broker_process import BrokerProcess
 from tests.clients import Msg, RawClient, ck_consume, ck_produce
 
 T = 15
@@ -192,3 +194,35 @@ def test_many_bad_connections_at_once(broker, health_topic):
     for s in socks:
         s.close()
     assert_healthy(broker, health_topic)
+
+
+def _metadata_frame(name: str, auto_create: bool) -> bytes:
+    M = MetadataRequest
+    body = M(topics=[M.MetadataRequestTopic(name=name)], allow_auto_topic_creation=auto_create)
+    return sized(header_bytes(3, 9) + bytes(codec.encode(body, 9)))
+
+
+@pytest.mark.parametrize("path", ["compiled", "pure-python"])
+def test_compact_string_longer_than_32767_bytes_closes_connection(broker, health_topic, tmp_path, path):
+    # Kafka's generated readers refuse any string longer than 0x7fff bytes, a compact one too although its varint
+    # could announce more ("string field name had invalid length 32768"); the request fails to parse and Kafka
+    # closes the connection. 32767 bytes still parse: Metadata answers INVALID_TOPIC_EXCEPTION (Topic.validate,
+    # too long a name) as Kafka does without auto-creation.
+    target = broker
+    if path == "pure-python":
+        target = BrokerProcess(tmp_path, env={PURE_PYTHON_ENV: "1"}).start()
+    try:
+        assert_closed(target, _metadata_frame("x" * 32768, auto_create=True))
+        with RawClient(target.bootstrap) as raw:
+            raw.send_bytes(_metadata_frame("y" * 32767, auto_create=False))
+            _, resp = codec.decode_response(3, 9, raw.recv_frame())
+            assert resp.topics[0].error_code == ErrorCode.INVALID_TOPIC_EXCEPTION
+            # nothing was created by the refused request
+            everything = raw.request(3, 9, MetadataRequest(topics=None, allow_auto_topic_creation=False))
+            assert not [t.name for t in everything.topics if t.name.startswith("x")]
+        if path == "compiled":
+            assert_healthy(broker, health_topic)
+        assert target.alive() and "Traceback" not in target.read_log()
+    finally:
+        if target is not broker:
+            target.stop()

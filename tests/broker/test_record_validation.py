@@ -19,6 +19,7 @@ from kbroker.protocol.record_walk import COMPILED
 
 from tests.broker_process import BrokerProcess
 from tests.clients import Msg, ProduceFailed, RawClient, ck_consume, ck_produce
+from tests.protocol.test_record_walk import VARINT_FIELDS, record_with_widths
 
 T = 15
 HOUR = 3_600_000
@@ -131,6 +132,30 @@ def test_poison_pill_batches_are_refused_and_consumers_read_on(broker, topic_nam
     got = ck_consume(broker.bootstrap, topic_name, [0], 10, timeout=T)
     assert [r.value for r in got] == [m.value for m in good + later]
     assert [r.offset for r in got] == list(range(10))
+
+
+@pytest.mark.parametrize("codec", [R.COMPRESSION_NONE, R.COMPRESSION_ZSTD], ids=["none", "zstd"])
+def test_over_long_record_varints_are_refused(broker, topic_name: str, codec: int) -> None:
+    # Kafka reads record varints with ByteUtils.readVarint (5 bytes at most; only the timestamp delta is a
+    # 10-byte varlong): a key length of 1 written in 10 bytes is INVALID_RECORD, and nothing is stored.
+    _create(broker.bootstrap, topic_name)
+    for field in VARINT_FIELDS:
+        width = 10 if field != "timestamp" else 11
+        body = record_with_widths(0, {}) + record_with_widths(1, {field: width})
+        resp = _produce_raw(broker.bootstrap, topic_name, _with_body(codec, body, 2))
+        assert resp.error_code == ErrorCode.INVALID_RECORD, (field, resp.error_code, resp.error_message)
+        assert resp.error_message.startswith("Found invalid record structure"), (field, resp.error_message)
+        assert resp.base_offset == -1
+    # five bytes everywhere and a ten-byte timestamp delta are what Kafka still reads: stored, and librdkafka
+    # reads the records back
+    widths = {f: 5 for f in VARINT_FIELDS} | {"timestamp": 10}
+    body = record_with_widths(0, widths, key=b"a", value=b"first") + record_with_widths(1, widths, key=b"b",
+                                                                                         value=b"second")
+    resp = _produce_raw(broker.bootstrap, topic_name, _with_body(codec, body, 2))
+    assert (resp.error_code, resp.base_offset) == (0, 0), resp.error_message
+    got = ck_consume(broker.bootstrap, topic_name, [0], 2, timeout=T)
+    assert [(r.key, r.value, r.offset) for r in got] == [(b"a", b"first", 0), (b"b", b"second", 1)]
+    assert list(got[0].headers) == [("h", b"x")]
 
 
 def test_compacted_topic_reports_each_keyless_record(broker, topic_name: str) -> None:

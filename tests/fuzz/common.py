@@ -22,6 +22,7 @@ from kbroker.protocol import records as R
 from kbroker.protocol.messages import FetchRequest, ProduceRequest, RequestHeader
 
 from tests.protocol.test_codec import instance_strategy
+from tests.protocol.test_record_walk import VARINT_FIELDS, record_with_widths
 
 # ---------------------------------------------------------------- time budget
 
@@ -97,7 +98,8 @@ def record_batch(draw: st.DrawFn, corrupt: bool = True) -> bytes:
     if not corrupt:
         return bytes(batch)
     how = draw(st.sampled_from(["none", "bad_crc", "payload_garbage", "payload_flip", "length_lies",
-                                "count_lies", "header_field", "truncate", "tail", "codec_swap", "two"]))
+                                "count_lies", "header_field", "truncate", "tail", "codec_swap", "two",
+                                "overlong_varint"]))
     body_start = R.BATCH_HEADER_SIZE
 
     def fix_crc() -> None:
@@ -149,6 +151,14 @@ def record_batch(draw: st.DrawFn, corrupt: bool = True) -> bytes:
         fix_crc()
     elif how == "two":
         batch += draw(record_batch(corrupt=True))
+    elif how == "overlong_varint":
+        # Record varints written wider than Kafka reads them (5 bytes, 10 for the timestamp delta), CRC fixed.
+        widths = draw(st.dictionaries(st.sampled_from(VARINT_FIELDS), st.integers(1, 11), max_size=3))
+        body = b"".join(record_with_widths(i, widths if draw(st.booleans()) else {}) for i in range(n))
+        del batch[body_start:]
+        batch += R.compress(compression, body) if compression else body
+        struct.pack_into(">i", batch, 8, len(batch) - R.LOG_OVERHEAD)
+        fix_crc()
     return bytes(batch)
 
 

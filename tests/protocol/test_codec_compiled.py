@@ -107,3 +107,28 @@ def test_encoding_a_wrong_class_or_an_out_of_range_value_raises() -> None:
         codec.plan(ProduceRequest, 9).encode(ProduceRequest(acks=1 << 20), bytearray(), None)
     with pytest.raises(ValueError):
         codec.plan(ProduceRequest, 9).encode(ProduceRequest(topic_data=None), bytearray(), None)
+
+
+@pytest.mark.parametrize("length", [32767, 32768, 40000])
+def test_both_codecs_refuse_compact_strings_longer_than_kafka_reads(length: int) -> None:
+    # Kafka's generated readers refuse strings longer than 0x7fff bytes, compact (varint-prefixed) ones too:
+    # a Metadata v9 topic name, a nullable compact string (a CreateTopics v5 config value) and the client id.
+    from kbroker.protocol.messages import CreateTopicsRequest, MetadataRequest
+    from kbroker.protocol.primitives import read_string, write_uvarint
+
+    C = CreateTopicsRequest
+    cases = [
+        (MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name="x" * length)]), 9),
+        (C(topics=[C.CreatableTopic(name="t", configs=[C.CreatableTopicConfig(name="k", value="v" * length)])]), 5),
+    ]
+    for obj, version in cases:
+        got = both_decode(type(obj), version, both_encode(obj, version))
+        assert isinstance(got, Exception) == (length > 32767), (type(obj).__name__, length)
+    compact = bytearray()
+    write_uvarint(compact, length + 1)
+    compact += b"z" * length
+    if length > 32767:
+        with pytest.raises(codec.DecodeError, match="invalid length"):
+            read_string(bytes(compact), 0, True, True)
+    else:
+        assert read_string(bytes(compact), 0, True, True) == ("z" * length, len(compact))

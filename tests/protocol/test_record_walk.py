@@ -136,7 +136,8 @@ def test_compiled_walk_agrees_with_the_python_walk(recs: list, data: st.DataObje
             # long and over-long varints (10 bytes with high bits, 11 bytes) where a field starts
             at = data.draw(st.integers(0, len(body) - 1))
             body[at:at + 1] = data.draw(st.sampled_from([b"\xff" * 9 + b"\x01", b"\xff" * 9 + b"\x7f",
-                                                         b"\xff" * 11, b"\x80\x80\x01"]))
+                                                         b"\xff" * 11, b"\x80\x80\x01",
+                                                         b"\x82\x80\x80\x80\x80\x00", b"\x82\x80\x80\x80\x10"]))
     count = len(recs) + data.draw(st.sampled_from([0, 0, -1, 1]))
     bounds = data.draw(st.sampled_from([None, (NOW - 1000, NOW + 1000), (-(2**63), 2**63 - 1)]))
     for consecutive in (True, False):
@@ -152,3 +153,73 @@ def test_compiled_walk_reads_every_buffer_type() -> None:
                              ts_bounds=(NOW - 1000, NOW + 1000))
         assert not isinstance(found, str)
         assert found.keyless == [0] and found.bad_timestamps == [(1, NOW - 10**9)]
+
+
+# ---------------------------------------------------------------- over-long varints (issue 39 item 11)
+
+VARINT_FIELDS = ("length", "timestamp", "offset", "key", "value", "headers", "header_key", "header_value")
+
+
+def padded_varint(value: int, width: int) -> bytes:
+    """The zigzag varint of value written in exactly `width` bytes (continuation bits on zero groups)."""
+    raw = (value << 1) ^ (value >> 63)
+    assert raw < 1 << (7 * width), (value, width)
+    return bytes(((raw >> (7 * i)) & 0x7F) | (0x80 if i < width - 1 else 0) for i in range(width))
+
+
+def record_with_widths(offset_delta: int, widths: dict[str, int], key: bytes = b"k", value: bytes = b"v",
+                       header: tuple[bytes, bytes] = (b"h", b"x")) -> bytes:
+    """One v2 record whose varint fields take the given widths (1 where not named): a valid record for a
+    reader that allows any width, the way a careless or hostile producer may write it."""
+    def v(field: str, n: int) -> bytes:
+        return padded_varint(n, widths.get(field, 1))
+    body = (b"\x00" + v("timestamp", 0) + v("offset", offset_delta) + v("key", len(key)) + key
+            + v("value", len(value)) + value + v("headers", 1) + v("header_key", len(header[0])) + header[0]
+            + v("header_value", len(header[1])) + header[1])
+    return v("length", len(body)) + body
+
+
+def _both_plain(body: bytes, count: int) -> tuple[object, object]:
+    args = {"consecutive": True, "last_offset_delta": count - 1, "need_keys": False, "base_timestamp": NOW,
+            "ts_bounds": None}
+    return walk_records(body, count, **args), walk_records_py(body, count, **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field", VARINT_FIELDS)
+def test_record_varints_longer_than_kafka_reads_are_refused(field: str) -> None:
+    # Kafka's DefaultRecord reads every record varint with ByteUtils.readVarint (at most 5 bytes) except the
+    # timestamp delta (readVarlong, at most 10); a Java consumer stops at anything longer.
+    limit = 10 if field == "timestamp" else 5
+    for width in range(1, 11):
+        body = record_with_widths(0, {}) + record_with_widths(1, {field: width})
+        for found in _both_plain(body, 2):
+            if width <= limit:
+                assert not isinstance(found, str), (field, width, found)
+            else:
+                assert found == "Found invalid record structure", (field, width, found)
+
+
+def test_five_byte_record_varints_must_fit_32_bits() -> None:
+    # Java keeps the low 32 bits of a fifth byte's 35; the walks refuse such a value instead of reading another
+    # number than a Java consumer would. A 10-byte timestamp delta may use all 64 bits.
+    ok = record_with_widths(0, {"key": 5})
+    assert ok[4:9] == b"\x82\x80\x80\x80\x00"  # after the length, attributes, timestamp and offset delta
+    wide = bytearray(ok)
+    wide[8] = 0x10  # bit 32 of the raw key length
+    for found in _both_plain(bytes(wide), 1):
+        assert found == "Found invalid record structure"
+    for found in _both_plain(ok, 1):
+        assert not isinstance(found, str)
+
+
+@pytest.mark.skipif(not COMPILED, reason="protocol/_record_walk.c not built (python setup.py build_ext --inplace)")
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(VARINT_FIELDS), st.integers(1, 10)), max_size=4),
+       st.integers(1, 4), st.data())
+def test_compiled_and_python_walks_agree_on_varint_widths(widths: list, count: int, data: st.DataObject) -> None:
+    # differential: records with any mix of field widths, some bytes then set at random
+    body = bytearray(b"".join(record_with_widths(i, dict(widths) if i == count - 1 else {}) for i in range(count)))
+    for _ in range(data.draw(st.integers(0, 2))):
+        body[data.draw(st.integers(0, len(body) - 1))] = data.draw(st.sampled_from([0x00, 0x01, 0x7F, 0x80, 0xFF]))
+    compiled, python = _both_plain(bytes(body), count)
+    _same(compiled, python)
