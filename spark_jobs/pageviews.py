@@ -5,11 +5,12 @@ Input records: JSON ``{"ts": <epoch ms>, "user": "<id>", "page": "<path>"}``. Ou
 ``{"page", "window_start", "window_end" (ISO-8601 UTC), "views"}``.
 
     python -m kbroker.spark_jobs.pageviews --bootstrap-servers HOST:PORT --input-topic T --output-topic O \\
-        --checkpoint DIR [--trigger available-now|<seconds>] [--source kafka|python|auto]
+        --checkpoint DIR [--trigger available-now|<seconds>] [--source kafka|python|auto] [--shuffle-partitions N]
 
-``--source kafka`` uses Spark's own connector (its jars must be on the classpath: ``--packages`` or ``--jars``),
-``--source python`` the project's Python data source (``format("kbroker")``), and ``auto`` (the default) the
-connector when Spark finds it and the Python source otherwise.
+``--source kafka`` uses Spark's own connector: given with ``--packages`` or ``--jars``, or else resolved by Spark's
+Ivy into the project's cache (``kbroker.spark_jobs.connector``); ``--source python`` the project's Python data
+source (``format("kbroker")``), and ``auto`` (the default) the connector when it can be had and the Python source
+otherwise. The job ends with one summary line on stdout.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kbroker.spark_jobs import connector
+
 log = logging.getLogger("spark_jobs.pageviews")
 
 EVENT_SCHEMA = "ts long, user string, page string"
@@ -35,7 +38,7 @@ class KafkaConnectorMissing(RuntimeError):
 
 
 CONNECTOR_MISSING = (
-    "--source kafka: Spark's Kafka connector (spark-sql-kafka-0-10) is not on the classpath; either use "
+    "--source kafka: Spark's Kafka connector (spark-sql-kafka-0-10) is not on the classpath{why}; either use "
     "--source python (this project's data source, no jars), or give the connector and its dependencies "
     "(kafka-clients, commons-pool2, spark-token-provider-kafka-0-10) with --jars a.jar,b.jar or "
     "--packages org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
@@ -94,7 +97,7 @@ def choose_format(spark: Any, source: str) -> str:
         if not kafka_connector_available(spark):
             import pyspark
 
-            raise KafkaConnectorMissing(CONNECTOR_MISSING.format(version=pyspark.__version__))
+            raise KafkaConnectorMissing(CONNECTOR_MISSING.format(version=pyspark.__version__, why=""))
         fmt = "kafka"
         log.info("source/sink: Spark's Kafka connector (format 'kafka'), as requested")
     elif source == "python":
@@ -189,8 +192,41 @@ def run(spark: Any, cfg: JobConfig, timeout: float | None = None) -> Any:
     return query
 
 
+def connector_conf() -> dict[str, str]:
+    """Session settings that load Spark's Kafka connector, resolving it into the cache on first use."""
+    t0 = time.monotonic()
+    coord = connector.fetch()
+    log.info("connector: %s from %s (%.1f s)", coord, connector.ivy_dir(), time.monotonic() - t0)
+    return connector.spark_conf(coord)
+
+
+def collect_progress(query: Any, into: dict[int, dict[str, Any]]) -> None:
+    """Keep each micro-batch's progress by batch id (Spark keeps only the most recent ones)."""
+    for p in query.recentProgress:
+        into[p.batchId] = {
+            "rows": p.numInputRows,
+            "out": p.sink.numOutputRows if p.sink is not None else -1,
+            "source": p.sources[0].description if p.sources else "",
+        }
+
+
+def summary(progress: dict[int, dict[str, Any]], seconds: float, outcome: str) -> str:
+    """The job's last line: what it read and wrote and how long it took."""
+    rows = sum(p["rows"] for p in progress.values())
+    outs = [p["out"] for p in progress.values()]
+    written = str(sum(outs)) if outs and min(outs) >= 0 else "?"
+    source = next((p["source"] for p in progress.values() if p["source"]), "")
+    kind = "connector" if source.startswith("Kafka") else "python source"
+    return (
+        f"pageviews: {outcome}: {rows} events in {len(progress)} micro-batches, {written} windows written "
+        f"({kind}), {seconds:.1f} s"
+    )
+
+
 def parse_args(argv: Sequence[str] | None = None) -> tuple[JobConfig, argparse.Namespace]:
-    p = argparse.ArgumentParser(prog="python -m kbroker.spark_jobs.pageviews", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m kbroker.spark_jobs.pageviews", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--bootstrap-servers", required=True, help="HOST:PORT[,HOST:PORT...]")
     p.add_argument("--input-topic", required=True)
     p.add_argument("--output-topic", required=True)
@@ -211,7 +247,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[JobConfig, argparse.N
         "--packages", default=None, help="spark.jars.packages, e.g. the Kafka connector's coordinates"
     )
     p.add_argument(
-        "--jars", default=None,
+        "--jars",
+        default=None,
         help="spark.jars: comma-separated jar files on disk, e.g. the Kafka connector and its dependencies",
     )
     p.add_argument(
@@ -259,6 +296,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         b = b.config("spark.jars.packages", a.packages)
     if a.jars:
         b = b.config("spark.jars", a.jars)
+    if not (a.packages or a.jars) and cfg.source in ("kafka", "auto"):
+        try:
+            for key, value in connector_conf().items():
+                b = b.config(key, value)
+        except connector.ConnectorUnavailable as e:
+            if cfg.source == "kafka":
+                import pyspark
+
+                why = f" and could not be resolved ({e})"
+                print(
+                    f"pageviews: {CONNECTOR_MISSING.format(version=pyspark.__version__, why=why)}",
+                    file=sys.stderr,
+                )
+                return 2
+            log.info("source/sink: the connector cannot be had (%s)", e)
     if a.shuffle_partitions:
         b = b.config("spark.sql.shuffle.partitions", str(a.shuffle_partitions))
     spark = b.getOrCreate()
@@ -271,6 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    t0 = time.monotonic()
+    progress: dict[int, dict[str, Any]] = {}
     try:
         try:
             query = start_query(spark, cfg)
@@ -278,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"pageviews: {e}", file=sys.stderr)
             return 2
         while not query.awaitTermination(0.5):
+            collect_progress(query, progress)
             if stop_requested:
                 # Let a running micro-batch finish (up to 60 s) so it is committed, not redone after a restart.
                 deadline = time.monotonic() + 60
@@ -285,8 +340,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     time.sleep(0.2)
                 query.stop()
                 break
-        if query.exception() is not None:
-            log.error("streaming query failed: %s", query.exception())
+        collect_progress(query, progress)
+        failed = query.exception()
+        print(
+            summary(progress, time.monotonic() - t0, "failed" if failed is not None else "done"), flush=True
+        )
+        if failed is not None:
+            log.error("streaming query failed: %s", failed)
             return 1
     finally:
         spark.stop()

@@ -1,4 +1,5 @@
-"""Spark test fixtures: one local SparkSession for the whole test session, and small confluent-kafka helpers."""
+"""Spark test fixtures: one local SparkSession for the whole test session (with Spark's Kafka connector when it can be
+resolved), and small confluent-kafka helpers."""
 
 from __future__ import annotations
 
@@ -16,13 +17,34 @@ from confluent_kafka.admin import AdminClient, NewTopic
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 
 
+_connector: dict[str, str] = {}
+
+
+def connector_coordinates() -> str | None:
+    """The connector's coordinates (resolved once into the cache), or None with the reason kept for the skip."""
+    from kbroker.spark_jobs import connector
+
+    if not _connector:
+        try:
+            _connector["coord"] = connector.fetch(timeout=300)
+        except connector.ConnectorUnavailable as e:
+            _connector["why"] = str(e)
+    return _connector.get("coord")
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
+    """One JVM per test process: Spark's Kafka connector is loaded when it can be had, so every module shares it."""
+    from kbroker.spark_jobs import connector
     from kbroker.spark_jobs.kbroker_source import register
     from pyspark.sql import SparkSession
 
+    b = SparkSession.builder
+    if coord := connector_coordinates():
+        for key, value in connector.spark_conf(coord).items():
+            b = b.config(key, value)
     s = (
-        SparkSession.builder.master("local[2]")
+        b.master("local[2]")
         .appName("kbroker-spark-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -36,6 +58,14 @@ def spark() -> Iterator[Any]:
     register(s)
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_spark(spark: Any) -> Any:
+    """The session, with format('kafka') loadable; skips (saying why) where the connector cannot be resolved."""
+    if connector_coordinates() is None:
+        pytest.skip(f"Spark's Kafka connector is unavailable: {_connector.get('why')}")
+    return spark
 
 
 @pytest.fixture(scope="module")

@@ -178,7 +178,11 @@ def foreign_python_env(tmp_path: Path) -> dict[str, str]:
     """An environment whose `python3`/`python` on PATH is not this interpreter, and no PYSPARK_PYTHON."""
     shims = tmp_path / "foreign-bin"
     shims.mkdir()
-    other = "/usr/bin/python3" if Path("/usr/bin/python3").resolve() != Path(sys.executable).resolve() else "/bin/false"
+    other = (
+        "/usr/bin/python3"
+        if Path("/usr/bin/python3").resolve() != Path(sys.executable).resolve()
+        else "/bin/false"
+    )
     for name in ("python3", "python"):
         (shims / name).symlink_to(other)
     env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
@@ -186,24 +190,34 @@ def foreign_python_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def no_repository(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """A machine that cannot fetch the connector: an empty cache, and the JVM's HTTP(S) goes to a closed port."""
+    proxy = "-Dhttps.proxyHost=127.0.0.1 -Dhttps.proxyPort=9 -Dhttp.proxyHost=127.0.0.1 -Dhttp.proxyPort=9"
+    return dict(env, KBROKER_CACHE=str(tmp_path / "empty-cache"), JAVA_TOOL_OPTIONS=proxy)
+
+
 def test_cli_source_kafka_without_connector_says_what_is_missing_in_one_line(tmp_path) -> None:
     args = [sys.executable, "-m", "kbroker.spark_jobs.pageviews", "--bootstrap-servers", "127.0.0.1:1"]
     args += ["--input-topic", "in", "--output-topic", "out", "--checkpoint", str(tmp_path / "ckpt")]
     args += ["--source", "kafka", "--master", "local[1]"]
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=str(ROOT))
+    env = no_repository(dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=str(ROOT)), tmp_path)
     proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 2, proc.stderr[-4000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("pageviews: ")]
     assert len(lines) == 1, proc.stderr[-4000:]
     assert "--source python" in lines[0] and "--jars" in lines[0] and "--packages" in lines[0]
+    assert "could not be resolved" in lines[0] and "Connection refused" in lines[0]
 
 
 def test_python_worker_env() -> None:
     assert pageviews.python_worker_env({}, "/venv/bin/python") == {
-        "PYSPARK_PYTHON": "/venv/bin/python", "PYSPARK_DRIVER_PYTHON": "/venv/bin/python"}
+        "PYSPARK_PYTHON": "/venv/bin/python",
+        "PYSPARK_DRIVER_PYTHON": "/venv/bin/python",
+    }
     assert pageviews.python_worker_env({"PYSPARK_PYTHON": "/opt/py"}, "/venv/bin/python") == {
-        "PYSPARK_DRIVER_PYTHON": "/venv/bin/python"}
+        "PYSPARK_DRIVER_PYTHON": "/venv/bin/python"
+    }
 
 
 def test_cli_auto_falls_back_to_python_source(broker, admin, topic_name, tmp_path) -> None:
@@ -215,7 +229,7 @@ def test_cli_auto_falls_back_to_python_source(broker, admin, topic_name, tmp_pat
     tout = create_topic(admin, topic_name + "-out")
     events = [ev(1, "/a"), ev(2, "/b"), ev(3, "/a"), ev(125, "/a")]
     produce(broker.bootstrap, tin, events)
-    env = foreign_python_env(tmp_path)
+    env = no_repository(foreign_python_env(tmp_path), tmp_path)
     args = [sys.executable, "-m", "kbroker.spark_jobs.pageviews", "--bootstrap-servers", broker.bootstrap]
     args += ["--input-topic", tin, "--output-topic", tout, "--checkpoint", str(tmp_path / "ckpt")]
     args += ["--trigger", "available-now", "--source", "auto", "--master", "local[2]"]
@@ -223,7 +237,12 @@ def test_cli_auto_falls_back_to_python_source(broker, admin, topic_name, tmp_pat
     proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "auto chose the Python data source (format 'kbroker')" in proc.stderr
+    assert "the connector cannot be had" in proc.stderr
     assert "KAFKA_DATA_SOURCE_NOT_ENABLED" in proc.stderr
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert (
+        summary.startswith("pageviews: done: 4 events in ") and "2 windows written (python source)" in summary
+    )
     assert (
         output_windows(broker.bootstrap, tout)
         == model([[events]])
@@ -232,15 +251,20 @@ def test_cli_auto_falls_back_to_python_source(broker, admin, topic_name, tmp_pat
 
 
 def test_choose_format(spark, caplog) -> None:
+    """The test session loads the connector when it can be had (conftest); auto follows what is on the classpath."""
     with caplog.at_level(logging.INFO, logger="spark_jobs"):
-        assert pageviews.choose_format(spark, "auto") == "kbroker"
         assert pageviews.choose_format(spark, "python") == "kbroker"
-    assert "auto chose the Python data source" in caplog.text
-    assert not pageviews.kafka_connector_available(spark)
+        if pageviews.kafka_connector_available(spark):
+            assert pageviews.choose_format(spark, "auto") == "kafka"
+            assert pageviews.choose_format(spark, "kafka") == "kafka"
+            assert "auto chose Spark's Kafka connector" in caplog.text
+        else:
+            assert pageviews.choose_format(spark, "auto") == "kbroker"
+            assert "auto chose the Python data source" in caplog.text
+            with pytest.raises(pageviews.KafkaConnectorMissing, match="--source python"):
+                pageviews.choose_format(spark, "kafka")
     with pytest.raises(ValueError):
         pageviews.choose_format(spark, "jdbc")
-    with pytest.raises(pageviews.KafkaConnectorMissing, match="--source python"):
-        pageviews.choose_format(spark, "kafka")
 
 
 def test_parse_args() -> None:

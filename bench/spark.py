@@ -1,0 +1,143 @@
+"""Workload spark: the page-view job reading 1M events from kbroker and writing its windows back, through Spark's
+own Kafka connector and through the project's Python data source, in the same run on the same input.
+
+One local Spark session (local[2], 4 shuffle partitions) loads the connector (kbroker.spark_jobs.connector) and
+runs the job once per path and repetition with Trigger.AvailableNow, a fresh checkpoint and output topic each time.
+records/s = input records / the micro-batches' own time (triggerExecution), so the JVM start is not in it; the
+session's start (with the connector from the cache) is given in the note. --quick reads 100k records. kbroker only:
+librdkafka's mock cluster cannot be read by Spark's connector in a comparable way, so the peer column is empty.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from typing import Any
+
+from bench.harness import Ctx, KBroker, Row, workdir
+
+PARTITIONS = 4
+PAGES = [f"/page/{i}" for i in range(50)]
+
+
+def produce_events(bootstrap: str, topic: str, count: int) -> None:
+    from confluent_kafka import Producer
+
+    rnd = random.Random(31)
+    p = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000, "acks": "all"}
+    )
+    t0 = 1_704_067_200_000
+    for i in range(count):
+        # Event time advances 1 ms per event: 1M events span ~17 minutes, 15 closed one-minute windows x 50 pages.
+        ev = {
+            "ts": t0 + i + rnd.randrange(500),
+            "user": f"u{rnd.randrange(10_000)}",
+            "page": rnd.choice(PAGES),
+        }
+        while True:
+            try:
+                p.produce(topic, json.dumps(ev).encode())
+                break
+            except BufferError:
+                p.poll(0.05)
+        if i % 10_000 == 0:
+            p.poll(0)
+    assert p.flush(120) == 0
+
+
+def written(bootstrap: str, topic: str) -> int:
+    """Records in the output topic (its high watermark): the windows the run wrote."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-spark"})
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+    finally:
+        c.close()
+
+
+def session(ctx: Ctx) -> tuple[Any, float]:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from kbroker.spark_jobs import connector
+    from kbroker.spark_jobs.kbroker_source import register
+    from pyspark.sql import SparkSession
+
+    t0 = time.monotonic()
+    b = SparkSession.builder.master("local[2]").appName("kbroker-bench-spark")
+    for k, v in connector.spark_conf(connector.fetch()).items():
+        b = b.config(k, v)
+    b = (
+        b.config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+    )
+    s = b.getOrCreate()
+    s.sparkContext.setLogLevel("ERROR")
+    register(s)
+    return s, time.monotonic() - t0
+
+
+def run(ctx: Ctx) -> list[Row]:
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from kbroker.spark_jobs import pageviews
+
+    count = int((100_000 if ctx.quick else 1_000_000) * ctx.scale)
+    label = f"{count / 1e6:g}M" if count >= 1_000_000 else f"{count // 1000}k"
+    rows = {
+        src: Row(f"spark pageviews job, {label} events in, 1-min windows out: {name}", "records/s")
+        for src, name in (
+            ("kafka", "Spark's Kafka connector"),
+            ("python", "Python data source (format kbroker)"),
+        )
+    }
+    kb = KBroker(ctx.base)
+    spark = None
+    try:
+        kb.start()
+        admin = AdminClient({"bootstrap.servers": kb.bootstrap})
+        for f in admin.create_topics([NewTopic("pv-in", PARTITIONS, 1)]).values():
+            f.result(30)
+        t0 = time.monotonic()
+        produce_events(kb.bootstrap, "pv-in", count)
+        ctx.log(f"  produced {count} events in {time.monotonic() - t0:.1f} s")
+        spark, start_s = session(ctx)
+        ckpts = workdir(ctx.base, "spark-ckpt")
+        windows: dict[str, int] = {}
+        for rep in range(ctx.reps):
+            for src in rows:
+                if ctx.out_of_time(f"spark {src} rep {rep + 1}"):
+                    continue
+                out = f"pv-out-{src}-{rep}"
+                for f in admin.create_topics([NewTopic(out, 1, 1)]).values():
+                    f.result(30)
+                cfg = pageviews.JobConfig(kb.bootstrap, "pv-in", out, str(ckpts / f"{src}-{rep}"), source=src)
+                w0 = time.monotonic()
+                q = pageviews.run(spark, cfg)
+                wall = time.monotonic() - w0
+                progress = q.recentProgress
+                n = sum(p["numInputRows"] for p in progress)
+                busy = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / 1000
+                assert n == count, f"{src}: read {n} of {count}"
+                windows[src] = written(kb.bootstrap, out)
+                rows[src].kb.append(n / busy)
+                ctx.log(
+                    f"  spark {src} rep {rep + 1}: {n} records in {busy:.1f} s of micro-batches "
+                    f"({n / busy:,.0f} records/s, {wall:.1f} s wall, {windows[src]} windows written)"
+                )
+        note = (
+            f"local[2]; Spark session start with the connector from the cache {start_s:.1f} s (not counted); "
+            f"windows written per run: {windows.get('kafka', '?')} (connector), {windows.get('python', '?')} "
+            "(Python source); no peer: Apache Kafka is not part of this bench"
+        )
+        for r in rows.values():
+            r.note = note
+    finally:
+        if spark is not None:
+            spark.stop()
+        kb.stop()
+    return list(rows.values())

@@ -1,0 +1,173 @@
+"""The page-view job through Spark's own Kafka connector against real kbroker processes: the same windows as the
+Python data source and as an independent model, restarts from the checkpoint, a broker kill -9 mid-stream, and a
+three-broker ZooKeeper cluster (replication factor 3) losing a broker while the job runs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark", minversion="4.2")
+pytest.importorskip("pyarrow")
+
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from kbroker.spark_jobs import pageviews  # noqa: E402
+
+from tests.broker_process import BrokerProcess, wait_all_registered  # noqa: E402
+from tests.spark_jobs.conftest import create_topic, produce  # noqa: E402
+from tests.spark_jobs.test_pageviews import ev, model, output_windows  # noqa: E402
+from tests.zookeeper import ZooKeeperServer, zookeeper_missing  # noqa: E402
+
+PAGES = ["/home", "/cart", "/item/1", "/item/2"]
+
+
+def traffic(start_s: int, seconds: int, step: float = 1.7) -> list[str]:
+    """Events in event-time order (none late, so the closed windows do not depend on how batches split them)."""
+    return [ev(start_s + i * step, PAGES[i % 4], f"u{i % 7}") for i in range(int(seconds / step))]
+
+
+def run(spark: Any, bootstrap: str, tin: str, tout: str, ckpt: Path, source: str) -> Any:
+    c = pageviews.JobConfig(bootstrap, tin, tout, str(ckpt), source=source)
+    return pageviews.run(spark, c, timeout=180)
+
+
+def wait_for(pred: Callable[[], bool], timeout: float, what: str, query: Any) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert query.exception() is None, str(query.exception())[:3000]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1)
+
+
+def test_connector_and_python_source_give_the_same_windows_and_restart(
+    kafka_spark, broker, admin, topic_name, tmp_path
+) -> None:
+    tin = create_topic(admin, topic_name + "-in", partitions=2)
+    outs = {s: create_topic(admin, f"{topic_name}-out-{s}") for s in ("kafka", "python")}
+    run1 = [ev(s * 7.3 % 240, PAGES[s % 3], f"u{s % 5}") for s in range(80)] + [ev(245, "/home"), "not json"]
+    produce(broker.bootstrap, tin, run1[0::2], partition=0)
+    produce(broker.bootstrap, tin, run1[1::2], partition=1)
+    for source, tout in outs.items():
+        q = run(kafka_spark, broker.bootstrap, tin, tout, tmp_path / source, source)
+        assert sum(p["numInputRows"] for p in q.recentProgress) == len(run1)
+    want1 = model([[run1]])
+    assert want1
+    assert (
+        output_windows(broker.bootstrap, outs["kafka"])
+        == output_windows(broker.bootstrap, outs["python"])
+        == want1
+    )
+
+    # Late events (dropped), events for the open window, and newer ones that close more windows.
+    run2 = [ev(10, "/home"), ev(150, "/cart"), ev(200, "/item/1"), ev(235, "/cart")]
+    run2 += [ev(250 + i * 20, PAGES[i % 4]) for i in range(10)] + [ev(500, "/home")]
+    produce(broker.bootstrap, tin, run2[0::2], partition=0)
+    produce(broker.bootstrap, tin, run2[1::2], partition=1)
+    for source, tout in outs.items():
+        q = run(kafka_spark, broker.bootstrap, tin, tout, tmp_path / source, source)
+        # From the checkpoint: only the new records are read.
+        assert sum(p["numInputRows"] for p in q.recentProgress) == len(run2), source
+    want2 = model([[run1], [run2]])
+    assert len(want2) > len(want1)
+    assert (
+        output_windows(broker.bootstrap, outs["kafka"])
+        == output_windows(broker.bootstrap, outs["python"])
+        == want2
+    )
+
+
+def test_broker_kill9_mid_stream_loses_and_duplicates_nothing(kafka_spark, tmp_path) -> None:
+    """The broker is killed (SIGKILL) while the query runs and restarted on the same port and data: the connector's
+    consumer and producer retry, and the output (read read_committed, confluent-kafka's default) holds every
+    window once with the right count."""
+    b = BrokerProcess(tmp_path / "broker").start()
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        tin, tout = create_topic(admin, "kill-in", partitions=2), create_topic(admin, "kill-out")
+        part1, part2 = traffic(0, 300), traffic(300, 300)
+        produce(b.bootstrap, tin, part1)
+        c = pageviews.JobConfig(b.bootstrap, tin, tout, str(tmp_path / "ckpt"), trigger="1", source="kafka")
+        c.max_offsets_per_trigger = 40
+        q = pageviews.start_query(kafka_spark, c)
+        try:
+            wait_for(lambda: bool(q.lastProgress and q.lastProgress["numInputRows"]), 60, "a first batch", q)
+            b.kill()
+            time.sleep(2)
+            b.start()
+            produce(b.bootstrap, tin, part2)
+            want = model([[part1 + part2]])
+            wait_for(lambda: len(output_windows(b.bootstrap, tout)) >= len(want), 150, "every window", q)
+            time.sleep(3)  # anything duplicated would arrive now
+            assert output_windows(b.bootstrap, tout) == want
+            assert q.isActive and q.exception() is None
+        finally:
+            q.stop()
+    finally:
+        b.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
+    if (why := zookeeper_missing()) is not None:
+        pytest.skip(why)
+    zk = ZooKeeperServer(tmp_path / "zk").start()
+    conf = {"zookeeper.connect": zk.connect, "default.replication.factor": "3", "min.insync.replicas": "2"}
+    brokers = [BrokerProcess(tmp_path / f"b{i}", {**conf, "broker.id": str(i)}) for i in (1, 2, 3)]
+    try:
+        for b in brokers:
+            b.start()
+        wait_all_registered(brokers)
+        yield brokers
+    finally:
+        for b in brokers:
+            b.kill()
+        zk.stop()
+
+
+def test_three_brokers_rf3_job_keeps_running_through_a_broker_kill9(kafka_spark, cluster, tmp_path) -> None:
+    bootstrap = ",".join(b.bootstrap for b in cluster)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topics = [NewTopic("rf3-in", 2, 3), NewTopic("rf3-out", 1, 3)]
+    for f in admin.create_topics(topics, operation_timeout=15).values():
+        f.result(30)
+    for t in ("rf3-in", "rf3-out"):
+        wait_for_partitions(admin, t)
+    part1, part2 = traffic(0, 240), traffic(240, 240)
+    produce(bootstrap, "rf3-in", part1)
+    c = pageviews.JobConfig(
+        bootstrap, "rf3-in", "rf3-out", str(tmp_path / "ckpt"), trigger="1", source="kafka"
+    )
+    q = pageviews.start_query(kafka_spark, c)
+    try:
+        want1 = model([[part1]])
+        wait_for(lambda: output_windows(bootstrap, "rf3-out") == want1, 90, "the first windows", q)
+        leader = admin.list_topics("rf3-out", timeout=10).topics["rf3-out"].partitions[0].leader
+        victim = next(b for b in cluster if b.overrides["broker.id"] == str(leader))
+        victim.kill()
+        produce(bootstrap, "rf3-in", part2)
+        want = model([[part1 + part2]])
+        wait_for(lambda: len(output_windows(bootstrap, "rf3-out")) >= len(want), 150, "every window", q)
+        time.sleep(3)
+        assert output_windows(bootstrap, "rf3-out") == want
+        assert q.isActive and q.exception() is None
+    finally:
+        q.stop()
+
+
+def wait_for_partitions(admin: AdminClient, topic: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        tm = admin.list_topics(topic, timeout=10).topics.get(topic)
+        if (
+            tm
+            and tm.error is None
+            and tm.partitions
+            and all(len(p.isrs) == 3 for p in tm.partitions.values())
+        ):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{topic}: not fully replicated")
