@@ -187,6 +187,24 @@ def task_worker(w: Worker, connector: str) -> str | None:
     return None
 
 
+def kill_the_task_owner(workers: list[Worker], source_file: Path, expected: list[str], bootstrap: str) -> None:
+    """SIGKILL the worker running the source task while the file grows, wait for the other worker to run the task,
+    check every line is in the topic exactly once, and start the killed worker again (it rejoins the group)."""
+    owner = wait_for(lambda: task_worker(workers[0] if workers[0].alive() else workers[1], "lines-in"),
+                     "the source task running", workers=workers)
+    victim = next(w for w in workers if w.worker_id == owner)
+    survivor = next(w for w in workers if w is not victim)
+    victim.kill()
+    more = [f"line-{i}" for i in range(len(expected), len(expected) + 150)]
+    append(source_file, more)
+    expected += more
+    wait_for(lambda: task_worker(survivor, "lines-in") == survivor.worker_id, "the task on the survivor",
+             timeout=120, workers=workers)
+    wait_for(lambda: topic_lines(bootstrap, "lines") == expected, "every line exactly once", timeout=120,
+             workers=workers)
+    victim.start()
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_distributed_workers_exactly_once_source_and_a_killed_worker(broker: BrokerProcess, tmp_path: Path,
                                                                       version: str) -> None:
@@ -234,29 +252,59 @@ def test_distributed_workers_exactly_once_source_and_a_killed_worker(broker: Bro
                  workers=workers)
 
         # SIGKILL the worker running the source task; the other one takes it over, fencing the dead one's producer.
-        owner = wait_for(lambda: task_worker(w1, "lines-in"), "the source task running")
-        victim = next(w for w in workers if w.worker_id == owner)
-        survivor = next(w for w in workers if w is not victim)
-        victim.kill()
-        more = [f"line-{i}" for i in range(250, 400)]
-        append(source_file, more)
-        expected += more
-        wait_for(lambda: task_worker(survivor, "lines-in") == survivor.worker_id, "the task on the survivor",
-                 timeout=120, workers=workers)
-        wait_for(lambda: topic_lines(broker.bootstrap, "lines") == expected, "every line exactly once",
-                 timeout=120, workers=workers)
+        kill_the_task_owner(workers, source_file, expected, broker.bootstrap)
 
         # The sink wrote every line (at least once, which is what Connect promises for this sink).
         wait_for(lambda: set(sink_file.read_text().splitlines()) >= set(expected), "the sink file complete",
                  workers=workers)
 
-        rest(survivor, "POST", "/connectors/lines-in/restart?includeTasks=true&onlyFailed=false")
-        wait_for(lambda: task_worker(survivor, "lines-in") is not None, "the source task back after a restart")
+        rest(w1, "POST", "/connectors/lines-in/restart?includeTasks=true&onlyFailed=false")
+        wait_for(lambda: task_worker(w1, "lines-in") is not None, "the source task back after a restart")
         for name in ("lines-in", "lines-out"):
-            rest(survivor, "DELETE", f"/connectors/{name}")
-        wait_for(lambda: rest(survivor, "GET", "/connectors") == [], "the connectors deleted")
+            rest(w1, "DELETE", f"/connectors/{name}")
+        wait_for(lambda: rest(w1, "GET", "/connectors") == [], "the connectors deleted")
         assert topic_lines(broker.bootstrap, "lines") == expected
     finally:
         for w in workers:
             w.stop()
     assert broker.alive()
+
+
+def main(argv: list[str]) -> int:
+    """The long kill loop: `python -m tests.java.test_kafka_connect --rounds 10 [--version 4.3.1]`."""
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser(description="Kafka Connect on kbroker: kill the task's worker, N times")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--version", choices=VERSIONS, default=VERSIONS[0])
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as d:
+        work = Path(d)
+        b = BrokerProcess(work / "broker", {"offsets.topic.num.partitions": "3",
+                                            "transaction.state.log.num.partitions": "3"}).start()
+        workers = [Worker(connect_classpath(args.version, work), b.bootstrap, work, f"worker{i}").start()
+                   for i in (1, 2)]
+        try:
+            source_file = work / "in.txt"
+            expected = [f"line-{i}" for i in range(100)]
+            append(source_file, expected)
+            wait_for(lambda: rest(workers[0], "GET", "/connectors") == [], "REST up", timeout=180, workers=workers)
+            rest(workers[0], "POST", "/connectors", {"name": "lines-in", "config": {
+                "connector.class": "org.apache.kafka.connect.file.FileStreamSourceConnector", "tasks.max": "1",
+                "file": str(source_file), "topic": "lines", "exactly.once.support": "required",
+                "topic.creation.default.replication.factor": "1", "topic.creation.default.partitions": "1"}})
+            for i in range(args.rounds):
+                kill_the_task_owner(workers, source_file, expected, b.bootstrap)
+                print(f"round {i + 1}: {len(expected)} lines, each exactly once", flush=True)
+        finally:
+            for w in workers:
+                w.stop()
+            b.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
