@@ -156,6 +156,29 @@ def ck_consume(bootstrap: str, topic: str, partitions: Iterable[int], count: int
         c.close()
 
 
+def ck_read_committed(bootstrap: str, topic: str, timeout: float = 30.0) -> list[tuple[bytes | None, bytes | None]]:
+    """Every committed (key, value) of a topic as a read_committed consumer sees it now, in offset order per
+    partition; [] for a topic that does not exist yet."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "kbroker-tests-checker", "enable.auto.commit": False,
+                  "isolation.level": "read_committed", "enable.partition.eof": True, "fetch.wait.max.ms": 50})
+    try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        c.assign([TopicPartition(topic, p, 0) for p in md.partitions])
+        left, out = len(md.partitions), []
+        deadline = time.monotonic() + timeout
+        while left and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                left -= 1
+                continue
+            out.append((m.key(), m.value()))
+        return out
+    finally:
+        c.close()
+
+
 # ---------------------------------------------------------------- kafka-python
 
 

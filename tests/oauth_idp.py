@@ -1,4 +1,4 @@
-"""A small OAuth 2 identity provider for the OAUTHBEARER tests: a client-credentials token endpoint issuing RS256
+"""A small OAuth 2 identity provider for the OAUTHBEARER tests, and a broker with OAUTHBEARER listeners: a client-credentials token endpoint issuing RS256
 JWTs (the subject is the client id) and the JWKS that verifies them, on 127.0.0.1; also unsecured JWS tokens."""
 
 from __future__ import annotations
@@ -8,12 +8,19 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
+from tests.broker_process import BrokerProcess, free_port
+
+CLIENTS = {"svc-orders": "orders-secret", "svc-other": "other-secret"}
+AUTHORIZER = "kafka.security.authorizer.AclAuthorizer"
+JWKS_VALIDATOR = "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler"
+LOGIN_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
 ISSUER = "https://idp.kbroker.test"
 AUDIENCE = "kafka"
 
@@ -122,3 +129,39 @@ class IdentityProvider:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class OAuthBroker(BrokerProcess):
+    """PLAINTEXT for set-up (its User:ANONYMOUS is a super user), DEV with unsecured tokens, SCOPED with unsecured
+    tokens that must carry the scope "kafka", OIDC with signed JWTs checked against the IdP's JWKS."""
+
+    NAMES = ("PLAINTEXT", "DEV", "SCOPED", "OIDC")
+
+    def __init__(self, data_dir: Path, idp: IdentityProvider, overrides: dict[str, str] | None = None) -> None:
+        self.ports = {name: free_port() for name in self.NAMES}
+        conf = {
+            "listeners": ",".join(f"{n}://127.0.0.1:{p}" for n, p in self.ports.items()),
+            "listener.security.protocol.map":
+                "PLAINTEXT:PLAINTEXT,DEV:SASL_PLAINTEXT,SCOPED:SASL_PLAINTEXT,OIDC:SASL_PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "sasl.enabled.mechanisms": "OAUTHBEARER",
+            "listener.name.scoped.oauthbearer.sasl.jaas.config":
+                f'{LOGIN_MODULE} required unsecuredValidatorRequiredScope="kafka";',
+            "listener.name.oidc.oauthbearer.sasl.server.callback.handler.class": JWKS_VALIDATOR,
+            "listener.name.oidc.sasl.oauthbearer.jwks.endpoint.url": idp.jwks_url,
+            "listener.name.oidc.sasl.oauthbearer.expected.audience": "kafka",
+            "listener.name.oidc.sasl.oauthbearer.expected.issuer": "https://idp.kbroker.test",
+            "sasl.oauthbearer.clock.skew.seconds": "0",
+            "authorizer.class.name": AUTHORIZER,
+            "allow.everyone.if.no.acl.found": "true",
+            "super.users": "User:ANONYMOUS",
+            "connection.failed.authentication.delay.ms": "20",
+            **(overrides or {}),
+        }
+        super().__init__(data_dir, conf, port=self.ports["PLAINTEXT"])
+
+    def listen_ports(self) -> list[int]:
+        return list(self.ports.values())
+
+    def addr(self, listener: str) -> str:
+        return f"127.0.0.1:{self.ports[listener]}"

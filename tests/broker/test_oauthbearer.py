@@ -9,7 +9,6 @@ import asyncio
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,65 +26,25 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import MetadataRequest, SaslAuthenticateRequest, SaslHandshakeRequest
 
-from tests.broker_process import BrokerProcess, free_port
 from tests.clients import Msg, RawClient, ck_consume, ck_produce, kp_consume, kp_produce
-from tests.oauth_idp import IdentityProvider, client_first_message, unsecured_token
-
-CLIENTS = {"svc-orders": "orders-secret", "svc-other": "other-secret"}
-AUTHORIZER = "kafka.security.authorizer.AclAuthorizer"
-JWKS_VALIDATOR = "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler"
-LOGIN_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
-
-
-class OAuthBroker(BrokerProcess):
-    """PLAINTEXT for set-up (its User:ANONYMOUS is a super user), DEV with unsecured tokens, SCOPED with unsecured
-    tokens that must carry the scope "kafka", OIDC with signed JWTs checked against the IdP's JWKS."""
-
-    NAMES = ("PLAINTEXT", "DEV", "SCOPED", "OIDC")
-
-    def __init__(self, data_dir: Path, idp: IdentityProvider, overrides: dict[str, str] | None = None) -> None:
-        self.ports = {name: free_port() for name in self.NAMES}
-        conf = {
-            "listeners": ",".join(f"{n}://127.0.0.1:{p}" for n, p in self.ports.items()),
-            "listener.security.protocol.map":
-                "PLAINTEXT:PLAINTEXT,DEV:SASL_PLAINTEXT,SCOPED:SASL_PLAINTEXT,OIDC:SASL_PLAINTEXT",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "sasl.enabled.mechanisms": "OAUTHBEARER",
-            "listener.name.scoped.oauthbearer.sasl.jaas.config":
-                f'{LOGIN_MODULE} required unsecuredValidatorRequiredScope="kafka";',
-            "listener.name.oidc.oauthbearer.sasl.server.callback.handler.class": JWKS_VALIDATOR,
-            "listener.name.oidc.sasl.oauthbearer.jwks.endpoint.url": idp.jwks_url,
-            "listener.name.oidc.sasl.oauthbearer.expected.audience": "kafka",
-            "listener.name.oidc.sasl.oauthbearer.expected.issuer": "https://idp.kbroker.test",
-            "sasl.oauthbearer.clock.skew.seconds": "0",
-            "authorizer.class.name": AUTHORIZER,
-            "allow.everyone.if.no.acl.found": "true",
-            "super.users": "User:ANONYMOUS",
-            "connection.failed.authentication.delay.ms": "20",
-            **(overrides or {}),
-        }
-        super().__init__(data_dir, conf, port=self.ports["PLAINTEXT"])
-
-    def listen_ports(self) -> list[int]:
-        return list(self.ports.values())
-
-    def addr(self, listener: str) -> str:
-        return f"127.0.0.1:{self.ports[listener]}"
+from tests.oauth_idp import (
+    CLIENTS,
+    LOGIN_MODULE,
+    IdentityProvider,
+    OAuthBroker,
+    client_first_message,
+    unsecured_token,
+)
 
 
 @pytest.fixture(scope="module")
-def idp() -> Iterator[IdentityProvider]:
-    p = IdentityProvider(CLIENTS).start()
-    yield p
-    p.stop()
+def idp(oauth_idp: IdentityProvider) -> IdentityProvider:
+    return oauth_idp
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory, idp: IdentityProvider) -> Iterator[OAuthBroker]:
-    b = OAuthBroker(tmp_path_factory.mktemp("oauth"), idp)
-    b.start()
-    yield b
-    b.stop()
+def broker(oauth_broker: OAuthBroker) -> OAuthBroker:
+    return oauth_broker
 
 
 def sasl(listener_addr: str, **conf: Any) -> dict[str, Any]:

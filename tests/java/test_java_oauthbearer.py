@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 
-from tests.broker.test_oauthbearer import CLIENTS, LOGIN_MODULE, OAuthBroker
 from tests.java.test_java_client import HERE, JAVA_LOG, _missing, compile_java, find_jar_dir
-from tests.oauth_idp import IdentityProvider
+from tests.oauth_idp import CLIENTS, LOGIN_MODULE, IdentityProvider, OAuthBroker
 
 _why = _missing()
 pytestmark = pytest.mark.skipif(_why is not None, reason=_why or "")
@@ -35,18 +33,13 @@ def java_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def idp() -> Iterator[IdentityProvider]:
-    p = IdentityProvider(CLIENTS).start()
-    yield p
-    p.stop()
+def idp(oauth_idp: IdentityProvider) -> IdentityProvider:
+    return oauth_idp
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory, idp: IdentityProvider) -> Iterator[OAuthBroker]:
-    b = OAuthBroker(tmp_path_factory.mktemp("java-oauth"), idp)
-    b.start()
-    yield b
-    b.stop()
+def broker(oauth_broker: OAuthBroker) -> OAuthBroker:
+    return oauth_broker
 
 
 def java(classpath: str, b: OAuthBroker, idp: IdentityProvider, listener: str, scenario: str,

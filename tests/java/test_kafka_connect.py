@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from bench.peers.maven import ArtifactUnavailable, classpath
 from tests.broker_process import BrokerProcess, free_port
+from tests.clients import ck_read_committed
 
 HERE = Path(__file__).parent
 
@@ -142,26 +142,7 @@ def wait_for(cond: Any, what: str, timeout: float = 90.0, workers: list[Worker] 
 
 
 def topic_lines(bootstrap: str, topic: str) -> list[str]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "connect-checker", "isolation.level": "read_committed",
-                  "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 50})
-    try:
-        md = c.list_topics(topic, timeout=10).topics[topic]
-        if not md.partitions:
-            return []
-        c.assign([TopicPartition(topic, p, 0) for p in md.partitions])
-        left, out = len(md.partitions), []
-        deadline = time.monotonic() + 20
-        while left and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            if m.error():
-                left -= 1
-                continue
-            out.append(m.value().decode())
-        return out
-    finally:
-        c.close()
+    return [(v or b"").decode() for _, v in ck_read_committed(bootstrap, topic, timeout=20)]
 
 
 @pytest.fixture

@@ -19,11 +19,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.peers.maven import ArtifactUnavailable, classpath
 from tests.broker_process import BrokerProcess, wait_all_registered
+from tests.clients import ck_read_committed
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
 
 HERE = Path(__file__).parent
@@ -131,25 +132,7 @@ class Input:
 
 
 def read_committed(bootstrap: str, topic: str) -> list[tuple[str, str]]:
-    """Every committed record of a topic, in offset order per partition."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "streams-checker", "isolation.level": "read_committed",
-                  "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 50})
-    try:
-        md = c.list_topics(topic, timeout=10).topics[topic]
-        c.assign([TopicPartition(topic, p, 0) for p in md.partitions])
-        left, out = len(md.partitions), []
-        deadline = time.monotonic() + 30
-        while left and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            if m.error():
-                left -= 1
-                continue
-            out.append(((m.key() or b"").decode(), (m.value() or b"").decode()))
-        return out
-    finally:
-        c.close()
+    return [((k or b"").decode(), (v or b"").decode()) for k, v in ck_read_committed(bootstrap, topic)]
 
 
 def last_values(records: list[tuple[str, str]]) -> dict[str, int]:
