@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+from kbroker.console.schemas import WireFormatDecoder
 from kbroker.coordinator.consumer_group_migration import decode_assignment
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
@@ -83,8 +84,9 @@ def _text(data: bytes | None) -> dict[str, Any] | None:
 class ClusterView:
     """One user's view: a WireClient to the broker, serialised (a connection answers one request at a time)."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, decoder: WireFormatDecoder | None = None) -> None:
         self.client = client
+        self.decoder = decoder or WireFormatDecoder(None)
         self.broken = False  # a request failed midway: the connection may hold a late answer, so it is replaced
         self._lock = threading.Lock()
 
@@ -238,8 +240,9 @@ class ClusterView:
                     for r in decoded:
                         if r.offset >= position and len(records) < limit:
                             records.append({
-                                "offset": r.offset, "timestamp": r.timestamp, "key": _text(r.key),
-                                "value": _text(r.value),
+                                "offset": r.offset, "timestamp": r.timestamp,
+                                "key": self.decoder.decode(r.key) or _text(r.key),
+                                "value": self.decoder.decode(r.value) or _text(r.value),
                                 "headers": [{"key": k, "value": _text(v)} for k, v in r.headers],
                             })
                 position = next_offset

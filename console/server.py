@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from kbroker.broker.config import CONSOLE_LISTENER
 from kbroker.console.cluster import ClusterView, ConsoleError
 from kbroker.console.history import History
+from kbroker.console.schemas import WireFormatDecoder
 
 if TYPE_CHECKING:
     from kbroker.broker.server import KafkaServer
@@ -141,7 +142,8 @@ class ConsoleServer:
         except BaseException:
             client.close()
             raise
-        return ClusterView(client)
+        registry = self.server.schema_registry.registry if self.server.schema_registry is not None else None
+        return ClusterView(client, WireFormatDecoder(registry))
 
     def view(self, user: str, password: str) -> ClusterView:
         key = (user, hashlib.sha256(password.encode()).hexdigest())

@@ -93,6 +93,10 @@ class Registry:
             raise errors.schema_not_found("Schema not found")
         return sv
 
+    def parsed_schema(self, schema_id: int) -> ParsedSchema:
+        """The schema with this id, parsed with its references (for readers of the wire format)."""
+        return self._parsed(self.schema_by_id(schema_id))
+
     def id_versions(self, schema_id: int, deleted: bool = False) -> list[dict[str, Any]]:
         self._ready()
         with self.state.lock:

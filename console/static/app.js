@@ -58,8 +58,11 @@ function chart(series, unit) {
 
 function showValue(v) {
   if (v == null) return `<span class="muted">null</span>`;
+  // Decoded through the schema registry: say which schema, then show the datum.
+  const schema = v.schema_id == null ? "" :
+    `<span class="badge" title="schema id ${v.schema_id}">${esc(v.schema_type)} schema ${v.schema_id}</span>`;
   if (v.encoding === "json") {
-    try { return `<pre>${esc(JSON.stringify(JSON.parse(v.data), null, 2))}</pre>`; } catch (e) { /* shown as text below */ }
+    try { return `${schema}<pre>${esc(JSON.stringify(JSON.parse(v.data), null, 2))}</pre>`; } catch (e) { /* shown as text below */ }
   }
   if (v.encoding === "base64") return `<pre class="muted">base64 ${esc(v.data)}</pre>`;
   return `<pre>${esc(v.data)}</pre>`;

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,10 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProcess, str]]:
-    port = free_port()
+    port, registry_port = free_port(), free_port()
     b = BrokerProcess(tmp_path_factory.mktemp("console-ui"), {
         "console.listeners": f"http://127.0.0.1:{port}", "offsets.topic.num.partitions": "2",
+        "schema.registry.listeners": f"http://127.0.0.1:{registry_port}",
         "transaction.state.log.num.partitions": "2", "transaction.state.log.replication.factor": "1",
         "transaction.state.log.min.isr": "1"}).start()
     wait_for_console(port)
@@ -67,6 +69,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerPr
                 got += 1
         c.commit(asynchronous=False)  # 15 of partition 0's 20: lag 5
         c.close()
+        produce_avro(b.bootstrap, f"http://127.0.0.1:{registry_port}")
         tx = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": "ui-tx"})
         tx.init_transactions(30)
         tx.begin_transaction()
@@ -76,6 +79,24 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerPr
         tx.abort_transaction(30)
     finally:
         assert b.stop() == 0
+
+
+PROFILE = {"type": "record", "name": "Profile", "fields": [{"name": "name", "type": "string"},
+                                                          {"name": "visits", "type": "int"}]}
+
+
+def produce_avro(bootstrap: str, registry_url: str) -> None:
+    """Two records with confluent-kafka's AvroSerializer, the schema registered in the broker's own registry."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    serialize = AvroSerializer(SchemaRegistryClient({"url": registry_url}), json.dumps(PROFILE))
+    p = Producer({"bootstrap.servers": bootstrap})
+    for record in ({"name": "ada", "visits": 3}, {"name": "grace", "visits": 7}):
+        p.produce("profiles", partition=0, value=serialize(record, SerializationContext("profiles",
+                                                                                         MessageField.VALUE)))
+    assert p.flush(30) == 0
 
 
 def _open(browser: Any, url: str, hash_: str, page_name: str) -> Any:
@@ -148,3 +169,15 @@ def test_seek_form_and_topic_creation_from_the_page(browser: Any, cluster: tuple
     page.wait_for_selector("tr:has-text('from-the-browser')", timeout=30000)
     md = AdminClient({"bootstrap.servers": b.bootstrap}).list_topics(timeout=30)
     assert len(md.topics["from-the-browser"].partitions) == 3
+
+
+def test_avro_values_decoded_through_the_schema_registry(browser: Any, cluster: tuple[BrokerProcess, str]) -> None:
+    _, url = cluster
+    with urllib.request.urlopen(f"{url}/api/topics/profiles/messages?partition=0&offset=0", timeout=30) as resp:
+        records = json.load(resp)["records"]
+    assert [(r["value"]["schema_type"], r["value"]["schema_id"], json.loads(r["value"]["data"])) for r in records] \
+        == [("AVRO", 1, {"name": "ada", "visits": 3}), ("AVRO", 1, {"name": "grace", "visits": 7})]
+    page = _open(browser, url, "#/messages/profiles/0?offset=0", "messages")
+    text = page.inner_text("main")
+    assert "AVRO schema 1" in text and '"name": "grace"' in text and '"visits": 7' in text
+    _shot(page, "messages-avro")
