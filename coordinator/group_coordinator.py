@@ -25,7 +25,7 @@ from kbroker.coordinator.consumer_group_migration import ConsumerGroupMigration
 from kbroker.coordinator.coordinator_loop import CoordinatorLoop
 from kbroker.coordinator.group_loader import LoadedEntry, LoadedMarker, LoadedRecord, read_entries
 from kbroker.coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata
-from kbroker.coordinator.group_offsets import GroupOffsets
+from kbroker.coordinator.group_offsets import GroupOffsets, validate_current_member
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, build_batch
 from kbroker.storage.errors import NotLeaderOrFollowerError
@@ -442,14 +442,9 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
             return self._current_generation(g, member_id)
         return JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
 
-    def _fenced(self, g: GroupMetadata, member_id: str, instance_id: str | None) -> ErrorCode | None:
-        if instance_id is not None:
-            current = g.static_members.get(instance_id)
-            if current is not None and current != member_id:
-                return ErrorCode.FENCED_INSTANCE_ID
-        if member_id not in g.members:
-            return ErrorCode.UNKNOWN_MEMBER_ID
-        return None
+    @staticmethod
+    def _fenced(g: GroupMetadata, member_id: str, instance_id: str | None) -> ErrorCode | None:
+        return validate_current_member(g, member_id, instance_id)
 
     def _member_list(self, g: GroupMetadata) -> list[tuple[str, str | None, bytes]]:
         assert g.protocol_name is not None
@@ -587,13 +582,18 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
                          assignments: dict[str, bytes]) -> tuple[ErrorCode, bytes, str | None, str | None]:
         err = self.coordinator_error(group_id)
         if err is not None:
-            return err, b"", None, None
+            # Loading lost the rebalance in flight: the member rejoins without looking for its coordinator again
+            # (older clients do not expect COORDINATOR_LOAD_IN_PROGRESS here; Kafka's handleSyncGroup).
+            return (ErrorCode.REBALANCE_IN_PROGRESS if err == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS else err,
+                    b"", None, None)
         g = self.groups.get(group_id)
         if g is None:
             return ErrorCode.UNKNOWN_MEMBER_ID, b"", None, None
         if g.consumer is not None:
             return self.classic_sync_to_consumer_group(g, generation_id, member_id, instance_id, protocol_type,
                                                        protocol_name)
+        if g.state is GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, b"", None, None
         fenced = self._fenced(g, member_id, instance_id)
         if fenced is not None:
             return fenced, b"", None, None
@@ -647,17 +647,20 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
     async def heartbeat(self, group_id: str, generation_id: int, member_id: str, instance_id: str | None) -> ErrorCode:
         err = self.coordinator_error(group_id)
         if err is not None:
-            return err
+            # Kafka's handleHeartbeat answers a loading coordinator's heartbeats blindly with NONE.
+            return ErrorCode.NONE if err == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS else err
         g = self.groups.get(group_id)
         if g is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
         if g.consumer is not None:
             return self.classic_heartbeat_to_consumer_group(g, generation_id, member_id, instance_id)
+        if g.state is GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if g.state is GroupState.EMPTY:
+            return ErrorCode.UNKNOWN_MEMBER_ID
         fenced = self._fenced(g, member_id, instance_id)
         if fenced is not None:
             return fenced
-        if g.state in (GroupState.EMPTY, GroupState.DEAD):
-            return ErrorCode.UNKNOWN_MEMBER_ID
         if generation_id != g.generation_id:
             return ErrorCode.ILLEGAL_GENERATION
         self._touch_member(g, member_id)

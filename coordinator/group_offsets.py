@@ -50,6 +50,18 @@ def append_error(e: BaseException) -> ErrorCode:
     return code
 
 
+def validate_current_member(g: GroupMetadata, member_id: str, instance_id: str | None) -> ErrorCode | None:
+    """Kafka's GroupCoordinator.validateCurrentMember: a static instance must be known and mapped to this member id,
+    and the member must belong to the group."""
+    if instance_id is not None:
+        current = g.static_members.get(instance_id)
+        if current is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if current != member_id:
+            return ErrorCode.FENCED_INSTANCE_ID
+    return None if member_id in g.members else ErrorCode.UNKNOWN_MEMBER_ID
+
+
 class GroupOffsets:
     if TYPE_CHECKING:
         host: CoordinatorHost
@@ -99,16 +111,15 @@ class GroupOffsets:
                 return all_(ErrorCode.ILLEGAL_GENERATION)
             g = self._group(group_id, create=True)
             assert g is not None
-        elif generation_id >= 0 or g.state is not GroupState.EMPTY:
-            if instance_id is not None and g.static_members.get(instance_id, member_id) != member_id:
-                return all_(ErrorCode.FENCED_INSTANCE_ID)
+        else:
+            err = self._validate_offset_commit(g, generation_id, member_id, instance_id)
+            if err is not None:
+                return all_(err)
             if g.state is GroupState.COMPLETING_REBALANCE:
+                # A valid member of the new generation that has not synced yet (Kafka's doCommitOffsets).
                 return all_(ErrorCode.REBALANCE_IN_PROGRESS)
-            if member_id not in g.members:
-                return all_(ErrorCode.UNKNOWN_MEMBER_ID)
-            if generation_id != g.generation_id:
-                return all_(ErrorCode.ILLEGAL_GENERATION)
-            self._touch_member(g, member_id)
+            if g.state is not GroupState.EMPTY:
+                self._touch_member(g, member_id)
         results, accepted = self._check_offsets(offsets)
         if accepted:
             entries = [(records.offset_key(group_id, t, p), records.offset_value(o)) for (t, p), o in accepted.items()]
@@ -192,6 +203,23 @@ class GroupOffsets:
         return results
 
     @staticmethod
+    def _validate_offset_commit(g: GroupMetadata, generation_id: int, member_id: str,
+                                instance_id: str | None) -> ErrorCode | None:
+        """Kafka's validateOffsetCommit, before the group's state is looked at: member, then generation, so an
+        old generation gets ILLEGAL_GENERATION (harmless to clients) even while the group completes a rebalance."""
+        if g.state is GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if generation_id < 0 and g.state is GroupState.EMPTY:
+            return None  # an admin client or a consumer assigning itself, and nobody in the group
+        if generation_id >= 0 or member_id or instance_id is not None:
+            fenced = validate_current_member(g, member_id, instance_id)
+            if fenced is not None:
+                return fenced
+            return ErrorCode.ILLEGAL_GENERATION if generation_id != g.generation_id else None
+        # Without a member only a group nobody belongs to takes commits (consumers that assign themselves).
+        return None if g.state is GroupState.EMPTY else ErrorCode.UNKNOWN_MEMBER_ID
+
+    @staticmethod
     def _validate_txn_member(g: GroupMetadata, generation_id: int, member_id: str,
                              instance_id: str | None) -> ErrorCode | None:
         """Kafka's validateOffsetCommit for transactional commits (KIP-447): without a generation, member id
@@ -200,15 +228,12 @@ class GroupOffsets:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if g.consumer is not None:
             return ConsumerGroupManager.validate_consumer_offset_commit(g.consumer, member_id, generation_id, True, 9)
-        if generation_id < 0 and not member_id and instance_id is None:
+        if generation_id < 0 and (g.state is GroupState.EMPTY or (not member_id and instance_id is None)):
             return None
-        if instance_id is not None and g.static_members.get(instance_id, member_id) != member_id:
-            return ErrorCode.FENCED_INSTANCE_ID
-        if member_id and member_id not in g.members:
-            return ErrorCode.UNKNOWN_MEMBER_ID
-        if generation_id >= 0 and generation_id != g.generation_id:
-            return ErrorCode.ILLEGAL_GENERATION
-        return None
+        fenced = validate_current_member(g, member_id, instance_id)
+        if fenced is not None:
+            return fenced
+        return ErrorCode.ILLEGAL_GENERATION if generation_id != g.generation_id else None
 
     def complete_txn(self, producer_id: int, offsets_partition: int, commit: bool) -> None:
         """The marker of the producer's transaction is in __consumer_offsets-<offsets_partition>: its pending

@@ -40,7 +40,7 @@ from kbroker.coordinator.transaction_metadata import (
     is_epoch_exhausted,
     unknown_state_filters,
 )
-from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.messages import DescribeTransactionsResponse, ListTransactionsResponse
 from kbroker.protocol.records import build_batch, decode_records, iter_batch_headers
 from kbroker.storage.errors import KafkaStorageError, NotLeaderOrFollowerError, RecordTooLargeError
@@ -53,6 +53,14 @@ S = TransactionState
 # The marker's producer or coordinator epoch is stale: a newer coordinator owns the transaction (Kafka stops).
 STALE_MARKER_ERRORS = frozenset({ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.TRANSACTION_COORDINATOR_FENCED})
 
+
+# Kafka's TransactionStateManager.appendTransactionToLog: how a failed write of the state is answered.
+_APPEND_ERRORS = {
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
+    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
+}
 
 class TxnCoordinatorHost(Protocol):
     """What the coordinator needs from the broker it runs in (implemented by broker/server.py)."""
@@ -334,6 +342,13 @@ class TransactionCoordinator(CoordinatorLoop):
         except NotLeaderOrFollowerError as e:  # the partition moved while this write was on its way
             log.info("Writing transactional id %s to %s-%d: %s", transactional_id, TRANSACTION_STATE_TOPIC, p, e)
             return ErrorCode.NOT_COORDINATOR
+        except KafkaError as e:
+            # The topic is being created (here or by another broker) or its leaders are not elected yet: retriable,
+            # as Kafka's appendTransactionToLog maps its append errors.
+            code = _APPEND_ERRORS.get(e.code, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            log.info("Writing transactional id %s to %s-%d: %s (answered %s)", transactional_id,
+                     TRANSACTION_STATE_TOPIC, p, e, code.name)
+            return code
         except KafkaStorageError as e:
             log.error("Writing transactional id %s to %s-%d failed: %s", transactional_id, TRANSACTION_STATE_TOPIC,
                       p, e)

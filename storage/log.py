@@ -775,7 +775,11 @@ class Log(ReplicaLogMixin):
                 return 0
             self._pending_deletes = [p for p in self._pending_deletes if not (force or p.due_ms <= now_ms)]
         for p in due:
-            p.segment.delete_files()
+            try:
+                p.segment.delete_files()
+            except OSError as e:
+                # Whatever is left goes with the log's directory when the log itself is deleted.
+                logger.warning("Could not delete segment %d of %s: %s", p.segment.base_offset, self.name, e)
         return len(due)
 
     # -- flush ---------------------------------------------------------------------------------
@@ -909,7 +913,14 @@ class Log(ReplicaLogMixin):
             if persist:
                 self._persist_for_restart()
             for seg in self._segments:
-                seg.close()
+                try:
+                    seg.close()
+                except OSError as e:
+                    if persist:
+                        raise
+                    # Being deleted: its directory was renamed, so index entries still pending find their file
+                    # gone. Nothing of it is read again.
+                    logger.debug("Closing segment %d of deleted log %s: %s", seg.base_offset, self.name, e)
         self.delete_pending_files(force=True)
 
     def _persist_for_restart(self) -> None:

@@ -340,10 +340,20 @@ class LogManager:
                     self._pending_dir_deletes.extend(due[i:])
                 due = due[:i]
                 break
-            p.log.close(persist=False)
+            try:
+                p.log.close(persist=False)
+            except Exception:  # noqa: BLE001 - the directory goes all the same
+                logger.warning("Closing deleted log %s failed; removing its directory anyway", p.path, exc_info=True)
             if time_budget_s is not None and time.monotonic() - started > time_budget_s:
                 continue
             shutil.rmtree(p.path, ignore_errors=True)
+            if p.path.exists():
+                # Something in it could not be removed yet: the next pass tries again, so nothing stays behind.
+                logger.warning("Could not remove all of %s; trying again later", p.path)
+                with self._lock:
+                    self._pending_dir_deletes.append(_PendingDirDelete(now_ms + p.log.config.file_delete_delay_ms,
+                                                                       p.path, p.log))
+                continue
             removed.append(p)
         if len(removed) < len(due):
             logger.info("Left %d deleted log directories for the next start to remove", len(due) - len(removed))

@@ -338,13 +338,12 @@ class ProducerStateManager:
             del self.producers[pid]
         return expired
 
-    def on_log_start_offset_incremented(self, log_start_offset: int) -> list[int]:
-        """Forget producers none of whose batches remain in the log (Kafka 2.x's truncateHead)."""
-        gone = [pid for pid, e in self.producers.items()
-                if e.current_txn_first_offset is None and e.last_data_offset < log_start_offset]
-        for pid in gone:
-            del self.producers[pid]
-        return gone
+    def on_log_start_offset_incremented(self, log_start_offset: int) -> None:
+        """Kafka 3.x keeps a producer when the log start moves past all its batches (DeleteRecords, retention,
+        KIP-360): it goes only after producer.id.expiration.ms, so idempotent and transactional producers carry on
+        with their sequences instead of meeting UNKNOWN_PRODUCER_ID (Kafka 2.x's truncateHead forgot them)."""
+        if self.map_end_offset < log_start_offset:
+            self.map_end_offset = log_start_offset
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         self.producers.clear()

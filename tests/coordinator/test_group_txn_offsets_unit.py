@@ -152,7 +152,9 @@ def test_member_checks(h: Harness) -> None:
     assert txn_commit(h, "live", {TP0: 1}, generation=gen, member_id="stranger") == {TP0: ErrorCode.UNKNOWN_MEMBER_ID}
     assert txn_commit(h, "live", {TP0: 1}, generation=gen + 1, member_id=a.member_id) == {
         TP0: ErrorCode.ILLEGAL_GENERATION}
-    assert txn_commit(h, "live", {TP0: 1}, generation=-1, member_id=a.member_id) == {TP0: ErrorCode.NONE}
+    # a member id without its generation: Kafka's validateOffsetCommit checks the generation too
+    assert txn_commit(h, "live", {TP0: 1}, generation=-1, member_id=a.member_id) == {
+        TP0: ErrorCode.ILLEGAL_GENERATION}
     assert txn_commit(h, "live", {TP0: 1}, generation=gen, member_id="old-id", instance_id="i-a") == {
         TP0: ErrorCode.FENCED_INSTANCE_ID}
     # a missing group is created as a simple group only for a commit that passes the checks

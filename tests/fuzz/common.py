@@ -12,6 +12,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, seed, settings
@@ -204,26 +205,37 @@ class Expect:
     lenient: bool = False  # a framing lie may make the broker parse a frame we did not build
 
 
+# The seed corpus: whole request frames that once got a wrong answer (tests/fuzz/test_seed_corpus.py replays them
+# as they are; the request fuzzer starts from them too).
+SEED_FRAMES = [p.read_bytes() for p in sorted(Path(__file__).with_name("corpus").glob("*.bin"))]
+
 _INTERESTING_I32 = [0, -1, 1, 2**31 - 1, -(2**31), 2**24, 0x7FFFFFF0, 65536]
 _INTERESTING_I16 = [0, -1, 1, 2**15 - 1, -(2**15)]
 
 
 @st.composite
 def request_frame(draw: st.DrawFn, cid: int, allow_framing_lie: bool) -> Frame:
-    api_key, version = draw(st.sampled_from(REQUEST_CASES))
-    cls = codec.REQUESTS[api_key]
-    body = draw(instance_strategy(cls, version))
-    if draw(st.integers(0, 2)) > 0:
-        records = draw(record_batch(corrupt=draw(st.booleans()))) if api_key == 0 else None
-        _steer(body, draw(st.sampled_from(KNOWN_TOPICS)), draw(st.integers(-1, 2)), records)
-    if api_key == 0 and draw(st.booleans()):
-        body.acks = draw(st.sampled_from([-1, 1, 0, 2, -2]))
-        body.timeout_ms = draw(st.sampled_from([0, 100, 1000]))
-    if api_key == 1:
-        body.max_wait_ms = min(body.max_wait_ms, 200) if draw(st.booleans()) else body.max_wait_ms
-    header = RequestHeader(api_key, version, cid, draw(st.none() | st.text(max_size=10)))
-    buf = bytearray(codec.encode_request(header, body))
-    note = f"{cls.__name__} v{version}"
+    if SEED_FRAMES and draw(st.integers(0, 7)) == 0:
+        # A frame of the seed corpus (tests/fuzz/corpus, seed_corpus.py) under this correlation id, then mutated.
+        buf = bytearray(draw(st.sampled_from(SEED_FRAMES)))
+        struct.pack_into(">i", buf, 8, cid)
+        api_key, version = struct.unpack_from(">hh", buf, 4)
+        note = f"seed frame api {api_key} v{version}"
+    else:
+        api_key, version = draw(st.sampled_from(REQUEST_CASES))
+        cls = codec.REQUESTS[api_key]
+        body = draw(instance_strategy(cls, version))
+        if draw(st.integers(0, 2)) > 0:
+            records = draw(record_batch(corrupt=draw(st.booleans()))) if api_key == 0 else None
+            _steer(body, draw(st.sampled_from(KNOWN_TOPICS)), draw(st.integers(-1, 2)), records)
+        if api_key == 0 and draw(st.booleans()):
+            body.acks = draw(st.sampled_from([-1, 1, 0, 2, -2]))
+            body.timeout_ms = draw(st.sampled_from([0, 100, 1000]))
+        if api_key == 1:
+            body.max_wait_ms = min(body.max_wait_ms, 200) if draw(st.booleans()) else body.max_wait_ms
+        header = RequestHeader(api_key, version, cid, draw(st.none() | st.text(max_size=10)))
+        buf = bytearray(codec.encode_request(header, body))
+        note = f"{cls.__name__} v{version}"
 
     def fix_size() -> None:
         struct.pack_into(">i", buf, 0, len(buf) - 4)
@@ -255,7 +267,7 @@ def request_frame(draw: st.DrawFn, cid: int, allow_framing_lie: bool) -> Frame:
         buf += draw(st.binary(min_size=1, max_size=64))
         fix_size()
     elif how == "version":
-        lo, hi = SUPPORTED[api_key]
+        lo, hi = SUPPORTED.get(api_key, (0, 0))
         struct.pack_into(">h", buf, 6, draw(st.sampled_from([lo - 1, hi + 1, -1, 2**15 - 1, lo, hi])))
     elif how == "api_key":
         struct.pack_into(">h", buf, 4, draw(st.sampled_from([-1, 4, 5, 6, 7, 17, 24, 57, 67, 999, 2**15 - 1])))

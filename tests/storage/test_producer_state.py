@@ -332,15 +332,17 @@ def test_truncation_removes_newer_snapshots_and_reloads(make_log, log_dir: Path)
         log.append_as_leader(pbatch(5), NOW)
 
 
-def test_log_start_offset_forgets_producers_with_no_batch_left(make_log) -> None:
+def test_log_start_offset_keeps_producers_with_no_batch_left(make_log) -> None:
+    """Kafka 3.x (KIP-360): only producer.id.expiration.ms forgets a producer, not the log start passing it."""
     log = make_log()
     log.append_as_leader(pbatch(0, pid=1), NOW)
     log.append_as_leader(pbatch(0, pid=2), NOW)
     log.append_as_leader(pbatch(1, pid=1), NOW)
-    log.delete_records_before(2)
-    assert log.producer_state.last_entry(2) is None
+    log.delete_records_before(3)
+    assert log.producer_state.last_entry(2) is not None
     assert log.producer_state.last_entry(1) is not None
-    log.append_as_leader(pbatch(2, pid=1), NOW)
+    assert log.append_as_leader(pbatch(2, pid=1), NOW).first_offset == 3
+    assert log.append_as_leader(pbatch(1, pid=2), NOW).first_offset == 4
 
 
 # -- expiration -------------------------------------------------------------------------------------
