@@ -314,3 +314,20 @@ def test_a_schemas_topic_written_by_another_registry_is_read_as_is(tmp_path) -> 
         assert http.ok("POST", "/subjects/new/versions", {"schema": '"long"'}) == {"id": 25}
     finally:
         assert b.stop() == 0
+
+
+def test_normalize_finds_another_spelling(http: Http) -> None:
+    # JSON Schema keeps the key order it was given; normalize=true compares normalized forms on both sides.
+    first = {
+        "schemaType": "JSON",
+        "schema": json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}),
+    }
+    reordered = {
+        "schemaType": "JSON",
+        "schema": json.dumps({"properties": {"a": {"type": "integer"}}, "type": "object"}),
+    }
+    schema_id = http.ok("POST", "/subjects/norm/versions", first)["id"]
+    assert http.error("POST", "/subjects/norm", reordered)[:2] == (404, 40403)
+    assert http.ok("POST", "/subjects/norm?normalize=true", reordered)["id"] == schema_id
+    assert http.ok("POST", "/subjects/norm/versions?normalize=true", reordered)["id"] == schema_id
+    assert http.ok("GET", "/subjects/norm/versions") == [1]
