@@ -159,7 +159,10 @@ class Registry:
         text = body.get("schema")
         if not isinstance(text, str) or not text.strip():
             raise errors.invalid_schema("Empty schema")
-        references, texts = self._resolve(body.get("references") or [])
+        raw_references = body.get("references") or []
+        if not isinstance(raw_references, list):
+            raise errors.invalid_schema(f"Invalid schema references {raw_references}")
+        references, texts = self._resolve(raw_references)
         parsed = parse(schema_type, text, texts)
         return (parsed.normalized() if normalize else parsed), references
 
