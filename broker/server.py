@@ -169,6 +169,11 @@ class KafkaServer:
         self.metrics_exporter: MetricsExporter | None = None
         self.console: ConsoleServer | None = None
         self.schema_registry: SchemaRegistryServer | None = None
+        if config["schema.registry.listeners"]:
+            # Built here so a registry setting the broker cannot serve stops start-up with one line (ConfigError).
+            from kbroker.schema_registry.server import SchemaRegistryServer
+
+            self.schema_registry = SchemaRegistryServer(self)
         self._ids_cache: tuple[dict[str, TopicRecord], dict[bytes, str]] | None = None
 
     def advertised_endpoints(self) -> dict[str, tuple[str, int]]:
@@ -247,10 +252,7 @@ class KafkaServer:
 
             self.console = ConsoleServer(self)
             self.console.start()
-        if self.config["schema.registry.listeners"]:
-            from kbroker.schema_registry.server import SchemaRegistryServer
-
-            self.schema_registry = SchemaRegistryServer(self)
+        if self.schema_registry is not None:
             self.schema_registry.start()
         host, port = self.advertised_endpoint()
         await loop.run_in_executor(None, self.metadata.register_broker, self.advertised_endpoints())

@@ -1,5 +1,5 @@
 """kbroker: a standalone Kafka-compatible broker. Its packages install as kbroker.broker, kbroker.coordinator,
-kbroker.storage, kbroker.protocol, kbroker.console and kbroker.spark_jobs, so a user's site-packages gains no generic top-level name.
+kbroker.storage, kbroker.protocol, kbroker.console, kbroker.schema_registry and kbroker.spark_jobs, so a user's site-packages gains no generic top-level name.
 
 In the repository those packages stay top-level folders beside this one (pyproject.toml maps them for the wheel);
 a checkout run without installing finds them there too, through the path below.

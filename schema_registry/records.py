@@ -67,10 +67,6 @@ def delete_subject_value(subject: str, version: int) -> bytes:
     return _dump({"subject": subject, "version": version})
 
 
-def noop_key() -> bytes:
-    return _dump({"keytype": NOOP, "magic": 0})
-
-
 def decode(data: bytes | None) -> dict[str, Any] | None:
     """A key or value as a dict; None for a tombstone, and for bytes that are not a JSON object (skipped, as the
     reference registry skips records it cannot deserialize)."""

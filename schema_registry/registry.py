@@ -163,7 +163,10 @@ class Registry:
         text = body.get("schema")
         if not isinstance(text, str) or not text.strip():
             raise errors.invalid_schema("Empty schema")
-        references, texts = self._resolve(body.get("references") or [])
+        raw_references = body.get("references") or []
+        if not isinstance(raw_references, list):
+            raise errors.invalid_schema(f"Invalid schema references {raw_references}")
+        references, texts = self._resolve(raw_references)
         parsed = parse(schema_type, text, texts)
         return (parsed.normalized() if normalize else parsed), references
 
@@ -188,7 +191,10 @@ class Registry:
                 mode = self.state.mode(subject)
                 all_versions = self.state.live_versions(subject, True)
                 for sv in all_versions:
-                    if not sv.deleted and sv.identity() == identity and wanted_id in (None, sv.id):
+                    same = sv.identity() == identity or (
+                        normalize and self._normalized_identity(sv) == identity
+                    )
+                    if not sv.deleted and same and wanted_id in (None, sv.id):
                         return {"id": sv.id, "version": sv.version}
                 if mode == "READONLY":
                     raise errors.operation_not_permitted(f"Subject {subject} is in read-only mode")
@@ -236,10 +242,20 @@ class Registry:
         parsed, references = self._parse(body, normalize)
         identity = schema_identity(parsed.schema_type, parsed.canonical(), references)
         with self.state.lock:
-            for sv in reversed(self.state.live_versions(subject, deleted)):
-                if sv.identity() == identity:
-                    return sv
+            candidates = list(reversed(self.state.live_versions(subject, deleted)))
+        for sv in candidates:
+            if sv.identity() == identity or (normalize and self._normalized_identity(sv) == identity):
+                return sv
         raise errors.schema_not_found("Schema not found")
+
+    def _normalized_identity(self, sv: SchemaVersion) -> tuple[str, str, str] | None:
+        """normalize=true compares with the normalized form of what is stored, as the reference registry does (a
+        schema registered without normalize is found by a normalized lookup of another spelling)."""
+        try:
+            normalized = self._parsed(sv).normalized()
+        except errors.RegistryError:
+            return None
+        return schema_identity(normalized.schema_type, normalized.canonical(), sv.references)
 
     def test_compatibility(
         self, subject: str, version_text: str | None, body: Any, normalize: bool = False

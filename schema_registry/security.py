@@ -9,7 +9,6 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -120,12 +119,13 @@ class BasicAuth:
         return False
 
 
-def https_context(server: KafkaServer) -> Callable[[], ssl.SSLContext]:
+def https_context(server: KafkaServer) -> ssl.SSLContext:
     """The key material of the broker's first SSL or SASL_SSL listener, for an https registry listener."""
+    from kbroker.broker.config import ConfigError
     from kbroker.broker.security.ssl import server_context
 
     config = server.config
     for listener in config.listeners:
         if config.security_protocol(listener.name) in ("SSL", "SASL_SSL"):
-            return lambda: server_context(config, listener.name)
-    raise ValueError("schema.registry.listeners: https needs an SSL or SASL_SSL listener's keystore")
+            return server_context(config, listener.name)
+    raise ConfigError("schema.registry.listeners: https needs an SSL or SASL_SSL listener (its keystore)")

@@ -74,7 +74,7 @@ class SchemaRegistryServer:
                 e.errno, f"cannot bind schema.registry.listeners to {self.host}:{self.port}: {e.strerror}"
             ) from None
         if self.tls is not None:
-            self._httpd.socket = self.tls().wrap_socket(self._httpd.socket, server_side=True)
+            self._httpd.socket = self.tls.wrap_socket(self._httpd.socket, server_side=True)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self.store.bootstrap = self.connector.bootstrap()

@@ -111,7 +111,11 @@ class _Diff:
         if update is False or original is True or original == {}:
             self._problem("TYPE_NARROWED", path)
             return
-        assert isinstance(original, dict) and isinstance(update, dict)
+        if not isinstance(original, dict) or not isinstance(update, dict):
+            # Tuple-form `items` (a list of schemas) and the like: compared as written.
+            if original != update:
+                self._problem("TYPE_CHANGED", path)
+            return
         before, after = _types(original), _types(update)
         if after is not None:
             if before is None:

@@ -314,3 +314,45 @@ def test_a_schemas_topic_written_by_another_registry_is_read_as_is(tmp_path) -> 
         assert http.ok("POST", "/subjects/new/versions", {"schema": '"long"'}) == {"id": 25}
     finally:
         assert b.stop() == 0
+
+
+def test_normalize_finds_another_spelling(http: Http) -> None:
+    # JSON Schema keeps the key order it was given; normalize=true compares normalized forms on both sides.
+    first = {
+        "schemaType": "JSON",
+        "schema": json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}),
+    }
+    reordered = {
+        "schemaType": "JSON",
+        "schema": json.dumps({"properties": {"a": {"type": "integer"}}, "type": "object"}),
+    }
+    schema_id = http.ok("POST", "/subjects/norm/versions", first)["id"]
+    assert http.error("POST", "/subjects/norm", reordered)[:2] == (404, 40403)
+    assert http.ok("POST", "/subjects/norm?normalize=true", reordered)["id"] == schema_id
+    assert http.ok("POST", "/subjects/norm/versions?normalize=true", reordered)["id"] == schema_id
+    assert http.ok("GET", "/subjects/norm/versions") == [1]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/subjects/m/versions", []),
+        ("POST", "/subjects/m/versions", "text"),
+        ("POST", "/subjects/m/versions", {"schema": 5}),
+        ("POST", "/subjects/m/versions", {"schema": '"int"', "references": 5}),
+        ("POST", "/subjects/m/versions", {"schema": '"int"', "references": [{"name": 1}]}),
+        ("POST", "/subjects/m/versions", {"schema": '"int"', "schemaType": 5}),
+        ("POST", "/subjects/m/versions", {"schema": '{"type": "record", "name": "x", "fields": 7}'}),
+        ("POST", "/subjects/m/versions", {"schema": "[]", "schemaType": "JSON"}),
+        ("POST", "/subjects/m/versions", {"schema": "syntax = nonsense", "schemaType": "PROTOBUF"}),
+        ("POST", "/compatibility/subjects/m/versions/x", {"schema": '"int"'}),
+        ("PUT", "/config", []),
+        ("PUT", "/config", {"compatibility": 3}),
+        ("PUT", "/mode", {"mode": None}),
+        ("GET", "/schemas/ids/abc", None),
+        ("DELETE", "/subjects/m/versions/0", None),
+    ],
+)
+def test_malformed_requests_get_a_client_error(http: Http, method: str, path: str, body: object) -> None:
+    status, code, message = http.error(method, path, body)
+    assert 400 <= status < 500 and code >= 400 and message, (status, code, message)
