@@ -1,8 +1,7 @@
 """python -m bench [WORKLOAD ...] [--quick] [--reps N] ... : kbroker vs librdkafka's mock cluster.
 
 Workloads: produce, consume, transactions, authz, tls, latency, replication, sizes, scale, restart,
-fetch_sessions, rebalance (default: all); spark (the page-view job through Spark's
-Kafka connector and the Python data source, run only when named: it needs pyspark and Java). Results go to bench/RESULTS.md (with --quick: printed, and written only if --out is given).
+fetch_sessions, rebalance (default: all). Results go to bench/RESULTS.md (with --quick: printed, and written only if --out is given).
 """
 
 from __future__ import annotations

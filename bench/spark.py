@@ -1,4 +1,4 @@
-"""Workload spark: the page-view job reading 1M events from kbroker and writing its windows back, through Spark's
+"""Workload spark (`python -m bench spark`; not in the default set: it needs pyspark and Java): the page-view job reading 1M events from kbroker and writing its windows back, through Spark's
 own Kafka connector and through the project's Python data source, in the same run on the same input.
 
 One local Spark session (local[2], 4 shuffle partitions) loads the connector (kbroker.spark_jobs.connector) and
