@@ -1,6 +1,8 @@
 """Workload spark: the page-view job reading 1M events from kbroker and writing its windows back, through Spark's
 own Kafka connector and through the project's Python data source, in the same run on the same input.
 
+Run it by name, `python -m bench spark` (not in the default set: it needs pyspark and Java).
+
 One local Spark session (local[2], 4 shuffle partitions) loads the connector (kbroker.spark_jobs.connector) and
 runs the job once per path and repetition with Trigger.AvailableNow, a fresh checkpoint and output topic each time.
 records/s = input records / the micro-batches' own time (triggerExecution), so the JVM start is not in it; the

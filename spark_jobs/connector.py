@@ -10,6 +10,7 @@ starts name an exact version that Ivy finds in its cache without going to the ne
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import subprocess
@@ -114,13 +115,19 @@ def fetch(version: str | None = None, timeout: float = FETCH_TIMEOUT, refresh: b
     if not refresh and (coord := resolved(version)):
         return coord
     ivy_dir().mkdir(parents=True, exist_ok=True)
-    tried: list[str] = []
-    for cand in candidates(version):
-        coord, why = _try(f"{ARTIFACT}:{cand}", timeout)
-        if coord:
-            _marker(version).write_text(coord + "\n")
+    # Two processes resolving into one Ivy cache at once (pytest workers, parallel jobs) can corrupt it: one at a
+    # time, and a process that waited finds the other's answer.
+    with open(ivy_dir() / ".fetch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not refresh and (coord := resolved(version)):
             return coord
-        tried.append(why)
+        tried: list[str] = []
+        for cand in candidates(version):
+            coord, why = _try(f"{ARTIFACT}:{cand}", timeout)
+            if coord:
+                _marker(version).write_text(coord + "\n")
+                return coord
+            tried.append(why)
     raise ConnectorUnavailable(
         f"Spark's Kafka connector for pyspark {version} could not be resolved: {'; '.join(tried)}"
     )

@@ -26,7 +26,7 @@ def connector_coordinates() -> str | None:
 
     if not _connector:
         try:
-            _connector["coord"] = connector.fetch(timeout=300)
+            _connector["coord"] = connector.fetch(timeout=120)
         except connector.ConnectorUnavailable as e:
             _connector["why"] = str(e)
     return _connector.get("coord")

@@ -4,6 +4,9 @@ three-broker ZooKeeper cluster (replication factor 3) losing a broker while the 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,11 +21,12 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from kbroker.spark_jobs import pageviews  # noqa: E402
 
 from tests.broker_process import BrokerProcess, wait_all_registered  # noqa: E402
-from tests.spark_jobs.conftest import create_topic, produce  # noqa: E402
+from tests.spark_jobs.conftest import connector_coordinates, create_topic, produce  # noqa: E402
 from tests.spark_jobs.test_pageviews import ev, model, output_windows  # noqa: E402
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing  # noqa: E402
 
 PAGES = ["/home", "/cart", "/item/1", "/item/2"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def traffic(start_s: int, seconds: int, step: float = 1.7) -> list[str]:
@@ -78,6 +82,27 @@ def test_connector_and_python_source_give_the_same_windows_and_restart(
         == output_windows(broker.bootstrap, outs["python"])
         == want2
     )
+
+
+def test_cli_auto_picks_the_connector_and_prints_a_summary(broker, admin, topic_name, tmp_path) -> None:
+    """The documented command in its own process: --source auto resolves the connector from the cache and uses it."""
+    if connector_coordinates() is None:
+        pytest.skip("Spark's Kafka connector is unavailable: see the spark fixture's reason")
+    tin, tout = create_topic(admin, topic_name + "-in"), create_topic(admin, topic_name + "-out")
+    events = traffic(0, 200)
+    produce(broker.bootstrap, tin, events)
+    args = [sys.executable, "-m", "kbroker.spark_jobs.pageviews", "--bootstrap-servers", broker.bootstrap]
+    args += ["--input-topic", tin, "--output-topic", tout, "--checkpoint", str(tmp_path / "ckpt")]
+    args += ["--source", "auto", "--shuffle-partitions", "2", "--master", "local[2]"]
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "auto chose Spark's Kafka connector" in proc.stderr
+    want = model([[events]])
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert summary.startswith(f"pageviews: done: {len(events)} events in "), summary
+    assert f"{len(want)} windows written (connector)" in summary, summary
+    assert output_windows(broker.bootstrap, tout) == want
 
 
 def test_broker_kill9_mid_stream_loses_and_duplicates_nothing(kafka_spark, tmp_path) -> None:
