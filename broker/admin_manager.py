@@ -329,7 +329,7 @@ class AdminManager:
                     raise KafkaError(ErrorCode.INVALID_CONFIG, f"Unknown broker config {key}")
                 if key not in KAFKA_DYNAMIC_CONFIGS:
                     raise KafkaError(ErrorCode.INVALID_CONFIG, f"Cannot update these configs dynamically: {key}")
-                if not spec.dynamic:
+                if not spec.dynamic and not spec.inert:
                     raise KafkaError(ErrorCode.INVALID_CONFIG,
                                      f"kbroker cannot update {key} at runtime: set it in server.properties and restart")
                 try:
