@@ -6,20 +6,31 @@ import logging
 import random
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from kbroker.broker.group_config import InvalidGroupConfig, validate_group_configs
 from kbroker.broker.topic_config import InvalidConfig, default_log_config, validate_topic_configs
-from kbroker.coordinator.metadata_store import PartitionState, TopicRecord, new_topic_id
+from kbroker.coordinator.metadata_store import MetadataStorageError, PartitionState, TopicRecord, new_topic_id
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.storage.config import LogConfig
+from kbroker.storage.errors import KafkaStorageError
 
 if TYPE_CHECKING:
     from kbroker.broker.server import KafkaServer
     from kbroker.storage.log import Log
 
 log = logging.getLogger("kbroker.admin")
+
+
+@contextmanager
+def _storage_errors() -> Iterator[None]:
+    """A metadata change the log dir could not make durable (it was not made) is KAFKA_STORAGE_ERROR."""
+    try:
+        yield
+    except MetadataStorageError as e:
+        raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, str(e)) from None
 
 MAX_TOPIC_NAME = 249
 _LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
@@ -180,6 +191,9 @@ class AdminManager:
                 self._remove_logs(name, mine)
                 # Another broker sharing ZooKeeper created it first.
                 raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.") from None
+            except MetadataStorageError as e:
+                self._remove_logs(name, mine)
+                raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, str(e)) from None
             except BaseException:
                 self._remove_logs(name, mine)
                 raise
@@ -198,8 +212,10 @@ class AdminManager:
             self._remove_logs(name, done)
             log.error("Creating topic %s failed after %d of %d logs, removed them again: %s", name, len(done),
                       len(partitions), e)
-            raise KafkaError(ErrorCode.UNKNOWN_SERVER_ERROR,
-                             f"Could not create the logs of topic '{name}': {e}") from None
+            # A full or failing log dir is a storage error, as for produce; anything else is unexpected.
+            code = ErrorCode.KAFKA_STORAGE_ERROR if isinstance(e, OSError | KafkaStorageError) else (
+                ErrorCode.UNKNOWN_SERVER_ERROR)
+            raise KafkaError(code, f"Could not create the logs of topic '{name}': {e}") from None
 
     def _remove_logs(self, name: str, partitions: list[int]) -> None:
         for p in partitions:
@@ -231,7 +247,8 @@ class AdminManager:
             rec = self.metadata.topics.get(name)
             if rec is None:
                 raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-            self.metadata.delete_topic(name)
+            with _storage_errors():
+                self.metadata.delete_topic(name)
             for p in range(rec.num_partitions):
                 self.server.log_manager.delete_log(name, p, announce=False)
                 self.server.replica_manager.purgatory.notify((name, p))
@@ -282,10 +299,15 @@ class AdminManager:
                 assignment = self.assign_replicas(new, rf, start_partition=current, start_index=start)
             if validate_only:
                 return
-            self.metadata.add_partitions(name, assignment)
-            for p in range(current, count):
-                if self.metadata.topics[name].leaders[p] == self.server.broker_id:
-                    self.ensure_log(name, p)
+            # All or nothing, as create_topic: this broker's new logs first, then the durable metadata.
+            mine = [current + i for i, replicas in enumerate(assignment) if replicas[0] == self.server.broker_id]
+            self._create_logs(name, mine, self.log_config_for(rec))
+            try:
+                with _storage_errors():
+                    self.metadata.add_partitions(name, assignment)
+            except BaseException:
+                self._remove_logs(name, mine)
+                raise
             log.info("Topic %s now has %d partitions (was %d)", name, count, current)
 
     # ------------------------------------------------------------ configs
@@ -301,7 +323,8 @@ class AdminManager:
                 raise KafkaError(ErrorCode.INVALID_CONFIG, str(e)) from None
             if validate_only:
                 return
-            self.metadata.set_topic_configs(name, {k: str(v) for k, v in configs.items()})
+            with _storage_errors():
+                self.metadata.set_topic_configs(name, {k: str(v) for k, v in configs.items()})
             self.server.log_manager.update_topic_config(name, config)
             log.info("Topic %s configs are now %s", name, dict(configs))
 
@@ -316,7 +339,8 @@ class AdminManager:
                 raise KafkaError(ErrorCode.INVALID_CONFIG, str(e)) from None
             if validate_only:
                 return
-            self.metadata.set_group_configs(group_id, {k: str(v) for k, v in configs.items()})
+            with _storage_errors():
+                self.metadata.set_group_configs(group_id, {k: str(v) for k, v in configs.items()})
             log.info("Group %s configs are now %s", group_id, dict(configs))
 
     def set_broker_configs(self, configs: Mapping[str, str], validate_only: bool) -> None:
@@ -329,7 +353,7 @@ class AdminManager:
                     raise KafkaError(ErrorCode.INVALID_CONFIG, f"Unknown broker config {key}")
                 if key not in KAFKA_DYNAMIC_CONFIGS:
                     raise KafkaError(ErrorCode.INVALID_CONFIG, f"Cannot update these configs dynamically: {key}")
-                if not spec.dynamic:
+                if not spec.dynamic and not spec.inert:
                     raise KafkaError(ErrorCode.INVALID_CONFIG,
                                      f"kbroker cannot update {key} at runtime: set it in server.properties and restart")
                 try:
@@ -338,7 +362,8 @@ class AdminManager:
                     raise KafkaError(ErrorCode.INVALID_CONFIG, str(e)) from None
             if validate_only:
                 return
-            self.metadata.set_broker_configs(dict(configs))
+            with _storage_errors():
+                self.metadata.set_broker_configs(dict(configs))
             for rec in list(self.metadata.topics.values()):
                 self.server.log_manager.update_topic_config(rec.name, self.log_config_for(rec))
             log.info("Dynamic broker configs are now %s", dict(configs))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kbroker.broker import metrics
 from kbroker.broker.network import CloseConnection, DelayedResponse, KafkaConnection, Response
+from kbroker.broker.quotas import REQUEST_QUOTA_EXEMPT
 from kbroker.broker.refusals import REFUSALS
 from kbroker.broker.security.acls import (
     CLUSTER_NAME,
@@ -114,6 +115,12 @@ class ApiHandler:
     fn: HandlerFn
 
 
+def _set_throttle(body: Any, throttle: int) -> None:
+    """A response tells the larger of its own throttle (a byte-rate quota's) and the request quota's."""
+    if throttle and hasattr(body, "throttle_time_ms"):
+        body.throttle_time_ms = max(body.throttle_time_ms or 0, throttle)
+
+
 class KafkaApis:
     def __init__(self, server: KafkaServer, handlers: list[ApiHandler]) -> None:
         self.server = server
@@ -148,11 +155,16 @@ class KafkaApis:
         started = time.perf_counter()
         result = handler.fn(ctx, request)
         if isinstance(result, DelayedResponse):
-            metrics.shard().busy_s += time.perf_counter() - started
-            return DelayedResponse(self._complete_later(header, result.answer, started))
+            busy = time.perf_counter() - started
+            metrics.shard().busy_s += busy
+            throttle = self._request_throttle(conn, header, busy)
+            return DelayedResponse(self._complete_later(header, result.answer, started, throttle))
         if type(result) is CoroutineType:  # an async handler (cheaper than isinstance against the Coroutine ABC)
-            metrics.shard().busy_s += time.perf_counter() - started
-            return self._complete_later(header, result, started)
+            busy = time.perf_counter() - started
+            metrics.shard().busy_s += busy
+            return self._complete_later(header, result, started, self._request_throttle(conn, header, busy))
+        if result is not None and self.server.request_quota.quotas():
+            _set_throttle(result, self._request_throttle(conn, header, time.perf_counter() - started))
         response = None if result is None else self._encode(header, result)
         shard = metrics.shard()
         elapsed = time.perf_counter() - started
@@ -160,8 +172,22 @@ class KafkaApis:
         shard.request_done(api_key, elapsed)
         return response
 
-    async def _complete_later(self, header: RequestHeader, pending: Awaitable[Any], started: float) -> Response | None:
+    def _request_throttle(self, conn: KafkaConnection, header: RequestHeader, busy_s: float) -> int:
+        """request_percentage: count the handler time of this request for its client; the throttle time owed
+        (the connection is muted that long) or 0."""
+        quota = self.server.request_quota
+        if header.request_api_key in REQUEST_QUOTA_EXEMPT or quota.quota_for(header.client_id or "") is None:
+            return 0
+        throttle = quota.record_time_and_get_throttle_ms(header.client_id or "", busy_s)
+        if throttle:
+            conn.mute_for(throttle)
+        return throttle
+
+    async def _complete_later(self, header: RequestHeader, pending: Awaitable[Any], started: float,
+                              throttle: int = 0) -> Response | None:
         body = await pending
+        if body is not None and throttle:
+            _set_throttle(body, throttle)
         response = None if body is None else self._encode(header, body)
         metrics.shard().request_done(header.request_api_key, time.perf_counter() - started)
         return response

@@ -56,6 +56,18 @@ def _list(v: str) -> list[str]:
     return [x.strip() for x in v.split(",") if x.strip()]
 
 
+def _short(v: str) -> int:
+    n = int(v.strip())
+    if not -(2**15) <= n <= 2**15 - 1:
+        raise ValueError("out of int16 range")
+    return n
+
+
+def _class(v: str) -> str:
+    """Kafka's Type.CLASS: a class name (kbroker loads none; kept as written)."""
+    return v.strip()
+
+
 def _password(v: str) -> str:
     """Kafka's Type.PASSWORD: a string never shown by DescribeConfigs."""
     return v
@@ -72,6 +84,9 @@ class ConfigKey:
     default: Any
     check: Callable[[Any], str | None] | None = None  # returns an error text, or None when valid
     dynamic: bool = False  # may be changed with AlterConfigs at runtime
+    # kbroker takes no behaviour from it (Kerberos, tiered storage, JVM plumbing, thread counts of an asyncio
+    # broker): accepted, validated, stored and described as Kafka does, dynamically too where Kafka allows that.
+    inert: bool = False
 
     @property
     def sensitive(self) -> bool:
@@ -210,8 +225,8 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("log.dir", _str, "/tmp/kafka-logs"),
         ConfigKey("num.network.threads", _int, 3, at_least(1)),
         ConfigKey("num.io.threads", _int, 8, at_least(1)),
-        ConfigKey("num.recovery.threads.per.data.dir", _int, 1, at_least(1)),
-        ConfigKey("background.threads", _int, 10, at_least(1)),
+        ConfigKey("num.recovery.threads.per.data.dir", _int, 1, at_least(1), dynamic=True, inert=True),
+        ConfigKey("background.threads", _int, 10, at_least(1), dynamic=True, inert=True),
         ConfigKey("queued.max.requests", _int, 500, at_least(1)),
         ConfigKey("queued.max.request.bytes", _long, -1),
         ConfigKey("socket.send.buffer.bytes", _int, 102400),
@@ -239,7 +254,7 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("log.retention.check.interval.ms", _long, 300000, at_least(1)),
         ConfigKey("log.cleanup.policy", _list, ["delete"], one_of("delete", "compact"), dynamic=True),
         ConfigKey("log.cleaner.enable", _bool, True),
-        ConfigKey("log.cleaner.threads", _int, 1, at_least(0)),
+        ConfigKey("log.cleaner.threads", _int, 1, at_least(0), dynamic=True, inert=True),
         ConfigKey("log.cleaner.backoff.ms", _long, 15000, at_least(0)),
         ConfigKey("log.cleaner.delete.retention.ms", _long, 86400000, at_least(0), dynamic=True),
         ConfigKey("log.cleaner.min.compaction.lag.ms", _long, 0, at_least(0), dynamic=True),
@@ -256,7 +271,45 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("log.message.timestamp.difference.max.ms", _long, LONG_MAX, at_least(0), dynamic=True),
         ConfigKey("log.message.timestamp.before.max.ms", _long, LONG_MAX, at_least(0), dynamic=True),
         ConfigKey("log.message.timestamp.after.max.ms", _long, LONG_MAX, at_least(0), dynamic=True),
-        ConfigKey("log.message.format.version", _str, "3.0-IV1"),
+        ConfigKey("log.message.format.version", _str, "3.0-IV1", inert=True),
+        ConfigKey("log.cleaner.max.compaction.lag.ms", _long, LONG_MAX, at_least(1), dynamic=True),
+        ConfigKey("log.roll.jitter.ms", _long, None, at_least(0), dynamic=True, inert=True),
+        ConfigKey("log.roll.jitter.hours", _int, 0, at_least(0), inert=True),
+        ConfigKey("log.preallocate", _bool, False, dynamic=True, inert=True),
+        ConfigKey("log.local.retention.bytes", _long, -2, at_least(-2), dynamic=True, inert=True),
+        ConfigKey("log.local.retention.ms", _long, -2, at_least(-2), dynamic=True, inert=True),
+        ConfigKey("log.cleaner.dedupe.buffer.size", _long, 134217728, dynamic=True, inert=True),
+        ConfigKey("log.cleaner.io.buffer.load.factor", _double, 0.9, dynamic=True, inert=True),
+        ConfigKey("log.cleaner.io.buffer.size", _int, 524288, at_least(0), dynamic=True, inert=True),
+        ConfigKey("log.cleaner.io.max.bytes.per.second", _double, 1.7976931348623157e308, dynamic=True,
+                  inert=True),
+        ConfigKey("max.connection.creation.rate", _int, INT_MAX, at_least(0), dynamic=True, inert=True),
+        ConfigKey("max.connections.per.ip.overrides", _str, "", dynamic=True, inert=True),
+        ConfigKey("metric.reporters", _list, [], dynamic=True, inert=True),
+        ConfigKey("principal.builder.class", _class,
+                  "org.apache.kafka.common.security.authenticator.DefaultKafkaPrincipalBuilder", inert=True),
+        ConfigKey("remote.fetch.max.wait.ms", _int, 500, at_least(1), dynamic=True, inert=True),
+        ConfigKey("remote.log.index.file.cache.total.size.bytes", _long, 1073741824, at_least(1), dynamic=True,
+                  inert=True),
+        ConfigKey("remote.log.manager.copy.max.bytes.per.second", _long, LONG_MAX, at_least(1), dynamic=True,
+                  inert=True),
+        ConfigKey("remote.log.manager.fetch.max.bytes.per.second", _long, LONG_MAX, at_least(1), dynamic=True,
+                  inert=True),
+        ConfigKey("sasl.kerberos.kinit.cmd", _str, "/usr/bin/kinit", dynamic=True, inert=True),
+        ConfigKey("sasl.kerberos.min.time.before.relogin", _long, 60000, dynamic=True, inert=True),
+        ConfigKey("sasl.kerberos.principal.to.local.rules", _list, ["DEFAULT"], dynamic=True, inert=True),
+        ConfigKey("sasl.kerberos.service.name", _str, None, dynamic=True, inert=True),
+        ConfigKey("sasl.kerberos.ticket.renew.jitter", _double, 0.05, dynamic=True, inert=True),
+        ConfigKey("sasl.kerberos.ticket.renew.window.factor", _double, 0.8, dynamic=True, inert=True),
+        ConfigKey("sasl.login.refresh.buffer.seconds", _short, 300, dynamic=True, inert=True),
+        ConfigKey("sasl.login.refresh.min.period.seconds", _short, 60, dynamic=True, inert=True),
+        ConfigKey("sasl.login.refresh.window.factor", _double, 0.8, dynamic=True, inert=True),
+        ConfigKey("sasl.login.refresh.window.jitter", _double, 0.05, dynamic=True, inert=True),
+        ConfigKey("ssl.engine.factory.class", _class, None, dynamic=True, inert=True),
+        ConfigKey("ssl.keymanager.algorithm", _str, "SunX509", dynamic=True, inert=True),
+        ConfigKey("ssl.provider", _str, None, dynamic=True, inert=True),
+        ConfigKey("ssl.secure.random.implementation", _str, None, dynamic=True, inert=True),
+        ConfigKey("ssl.trustmanager.algorithm", _str, "PKIX", dynamic=True, inert=True),
         ConfigKey("log.message.downconversion.enable", _bool, True, dynamic=True),
         ConfigKey("compression.type", _str, "producer",
                   one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"), dynamic=True),
@@ -363,12 +416,32 @@ KAFKA_DYNAMIC_CONFIGS: frozenset[str] = frozenset({
     "max.connections", "max.connections.per.ip",
     # DynamicProducerStateManagerConfig
     "producer.id.expiration.ms",
+    # DynamicSecurityConfigs (SSL and SASL)
+    "sasl.enabled.mechanisms", "sasl.jaas.config", "sasl.mechanism.inter.broker.protocol", "ssl.cipher.suites",
+    "ssl.client.auth", "ssl.enabled.protocols", "ssl.endpoint.identification.algorithm", "ssl.key.password",
+    "ssl.keystore.certificate.chain", "ssl.keystore.key", "ssl.keystore.location", "ssl.keystore.password",
+    "ssl.keystore.type", "ssl.protocol", "ssl.truststore.certificates", "ssl.truststore.location",
+    "ssl.truststore.password", "ssl.truststore.type", "sasl.kerberos.kinit.cmd",
+    "sasl.kerberos.min.time.before.relogin", "sasl.kerberos.principal.to.local.rules", "sasl.kerberos.service.name",
+    "sasl.kerberos.ticket.renew.jitter", "sasl.kerberos.ticket.renew.window.factor",
+    "sasl.login.refresh.buffer.seconds", "sasl.login.refresh.min.period.seconds", "sasl.login.refresh.window.factor",
+    "sasl.login.refresh.window.jitter", "ssl.engine.factory.class", "ssl.keymanager.algorithm", "ssl.provider",
+    "ssl.secure.random.implementation", "ssl.trustmanager.algorithm",
+    # the rest of LogCleaner.ReconfigurableConfigs and DynamicLogConfig (tiered storage and preallocation too)
+    "log.cleaner.dedupe.buffer.size", "log.cleaner.io.buffer.load.factor", "log.cleaner.io.buffer.size",
+    "log.cleaner.io.max.bytes.per.second", "log.cleaner.max.compaction.lag.ms", "log.local.retention.bytes",
+    "log.local.retention.ms", "log.preallocate", "log.roll.jitter.ms",
+    # SocketServer, metrics reporters, RemoteLogManager, the transaction verification switch
+    "max.connection.creation.rate", "max.connections.per.ip.overrides", "metric.reporters", "principal.builder.class",
+    "remote.fetch.max.wait.ms", "remote.log.index.file.cache.total.size.bytes",
+    "remote.log.manager.copy.max.bytes.per.second", "remote.log.manager.fetch.max.bytes.per.second",
+    "transaction.partition.verification.enable",
 })
 
 # DescribeConfigs v3+ config types (Kafka's ConfigDef.Type) by parser.
 CONFIG_TYPE_NAMES: dict[Callable[[str], Any], str] = {
     _bool: "boolean", _int: "int", _long: "long", _double: "double", _str: "string", _list: "list",
-    _protocol_map: "string", _password: "password", _super_users: "string",
+    _protocol_map: "string", _password: "password", _super_users: "string", _short: "short", _class: "class",
 }
 
 # Keys a listener may override as listener.name.<listener>.<key> (Kafka's ListenerName.configPrefix), and the
@@ -495,6 +568,8 @@ class KafkaConfig:
                 v["log.retention.ms"] = v["log.retention.hours"] * 3600000
         if v["log.roll.ms"] is None:
             v["log.roll.ms"] = v["log.roll.hours"] * 3600000
+        if v["log.roll.jitter.ms"] is None:
+            v["log.roll.jitter.ms"] = v["log.roll.jitter.hours"] * 3600000
         if v["log.flush.interval.ms"] is None:
             v["log.flush.interval.ms"] = v["log.flush.scheduler.interval.ms"]
         listeners = [parse_listener(x) for x in v["listeners"]]

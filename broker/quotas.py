@@ -1,4 +1,5 @@
-"""Client byte-rate quotas (producer_byte_rate, consumer_byte_rate per client id), as Kafka's ClientQuotaManager.
+"""Client quotas per client id, as Kafka's ClientQuotaManager: byte rates (producer_byte_rate, consumer_byte_rate)
+and the request-time quota (request_percentage, Kafka's ClientRequestQuotaManager).
 
 Quotas come from the metadata store (AlterClientQuotas): an entry for the client id, else the
 default entity. The rate is measured over quota.window.num samples of quota.window.size.seconds;
@@ -15,7 +16,7 @@ PRODUCER_BYTE_RATE = "producer_byte_rate"
 CONSUMER_BYTE_RATE = "consumer_byte_rate"
 REQUEST_PERCENTAGE = "request_percentage"
 CONTROLLER_MUTATION_RATE = "controller_mutation_rate"
-SUPPORTED_KEYS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE)
+SUPPORTED_KEYS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE)
 KNOWN_KEYS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE, CONTROLLER_MUTATION_RATE)
 
 QuotaSource = Callable[[], Mapping[str | None, Mapping[str, float]]]
@@ -93,3 +94,21 @@ class ClientQuotaManager:
             r = self._rates.get(client_id)
             if r is not None:
                 r.unrecord(nbytes, now, self.window_s)
+
+
+# API keys no request quota applies to, as Kafka's ClientRequestQuotaManager exempts them: the brokers' own
+# requests (ClusterAction APIs) and what a client sends before it could be throttled (ApiVersions, SASL).
+REQUEST_QUOTA_EXEMPT = frozenset({4, 5, 6, 7, 17, 18, 27, 36, 56})
+
+
+class RequestQuotaManager(ClientQuotaManager):
+    """request_percentage: the share of one request handler's time a client may use per quota window (200 = two
+    handlers' worth), measured as the time the broker spends handling its requests; over it, each response says
+    throttle_time_ms and the connection waits that long, as Kafka does."""
+
+    def __init__(self, quotas: QuotaSource, window_num: int = 11, window_s: float = 1.0) -> None:
+        super().__init__(REQUEST_PERCENTAGE, quotas, window_num, window_s)
+
+    def record_time_and_get_throttle_ms(self, client_id: str, seconds: float, now: float | None = None) -> int:
+        # Kafka's nanosToPercentage: one second of handler time per second is 100 %.
+        return self.record_and_get_throttle_ms(client_id, seconds * 100.0, now)  # type: ignore[arg-type]

@@ -20,7 +20,12 @@ from kbroker.broker.handlers import all_handlers
 from kbroker.broker.inter_broker import InterBrokerChannel
 from kbroker.broker.metrics import MetricsExporter
 from kbroker.broker.network import SocketServer
-from kbroker.broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotaManager
+from kbroker.broker.quotas import (
+    CONSUMER_BYTE_RATE,
+    PRODUCER_BYTE_RATE,
+    ClientQuotaManager,
+    RequestQuotaManager,
+)
 from kbroker.broker.replica_manager import ReplicaManager
 from kbroker.broker.security.acls_store import LocalAclStore, ZkAclStore
 from kbroker.broker.security.authorizer import AclAuthorizer
@@ -101,6 +106,9 @@ class KafkaServer:
         self.fetch_quota = ClientQuotaManager(
             CONSUMER_BYTE_RATE, lambda: self.metadata.client_quotas,
             config["quota.window.num"], config["quota.window.size.seconds"],
+        )
+        self.request_quota = RequestQuotaManager(
+            lambda: self.metadata.client_quotas, config["quota.window.num"], config["quota.window.size.seconds"],
         )
         # KIP-227 fetch sessions, shared by every network processor (a session outlives its connection).
         self.fetch_manager = FetchManager(FetchSessionCache(config["max.incremental.fetch.session.cache.slots"]))

@@ -36,6 +36,21 @@ TOPIC_TO_BROKER: dict[str, str] = {
     "compression.zstd.level": "compression.zstd.level",
     "unclean.leader.election.enable": "unclean.leader.election.enable",
     "message.downconversion.enable": "log.message.downconversion.enable",
+    "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
+    "segment.jitter.ms": "log.roll.jitter.ms",
+    "preallocate": "log.preallocate",
+    "local.retention.bytes": "log.local.retention.bytes",
+    "local.retention.ms": "log.local.retention.ms",
+    "message.format.version": "log.message.format.version",
+}
+
+# Topic configs without a broker synonym (Kafka 3.9's LogConfig), with their defaults as described.
+TOPIC_ONLY: dict[str, str] = {
+    "leader.replication.throttled.replicas": "",
+    "follower.replication.throttled.replicas": "",
+    "remote.storage.enable": "false",
+    "remote.log.copy.disable": "false",
+    "remote.log.delete.on.disable": "false",
 }
 
 # Kafka's ConfigEntry.ConfigType ids for DescribeConfigs v3+.
@@ -51,7 +66,11 @@ _TOPIC_TYPES = {
     "unclean.leader.election.enable": "boolean", "compression.gzip.level": "int", "compression.lz4.level": "int",
     "compression.zstd.level": "int", "message.timestamp.difference.max.ms": "long",
     "message.timestamp.before.max.ms": "long", "message.timestamp.after.max.ms": "long",
-    "message.downconversion.enable": "boolean",
+    "message.downconversion.enable": "boolean", "max.compaction.lag.ms": "long", "segment.jitter.ms": "long",
+    "preallocate": "boolean", "local.retention.bytes": "long", "local.retention.ms": "long",
+    "message.format.version": "string", "remote.storage.enable": "boolean", "remote.log.copy.disable": "boolean",
+    "remote.log.delete.on.disable": "boolean", "leader.replication.throttled.replicas": "list",
+    "follower.replication.throttled.replicas": "list",
 }
 
 
@@ -78,7 +97,7 @@ def _broker_value(cfg: KafkaConfig, key: str, dynamic: Mapping[str, str] | None)
 def validate_topic_configs(configs: Mapping[str, str | None], base: LogConfig) -> LogConfig:
     """Check topic overrides like Kafka's LogConfig.validate; raises InvalidConfig naming the key."""
     for key, value in configs.items():
-        if key not in TOPIC_TO_BROKER:
+        if key not in TOPIC_TO_BROKER and key not in TOPIC_ONLY:
             raise InvalidConfig(f"Unknown topic config name: {key}")
         if value is None:
             raise InvalidConfig(f"Null value not supported for topic config {key}")
@@ -95,9 +114,18 @@ def validate_topic_configs(configs: Mapping[str, str | None], base: LogConfig) -
     ):
         raise InvalidConfig("Invalid value for configuration unclean.leader.election.enable: expected true or false")
     try:
-        return LogConfig.from_topic_configs(base, {k: str(v) for k, v in configs.items()})
+        config = LogConfig.from_topic_configs(base, {k: str(v) for k, v in configs.items()})
     except ValueError as e:
         raise InvalidConfig(str(e)) from None
+    # Kafka's LogConfig.validateValues and validateRemoteStorageOnlyIfSystemEnabled (kbroker has no tiered
+    # storage, as a Kafka broker with remote.log.storage.system.enable=false).
+    if config.min_compaction_lag_ms > config.max_compaction_lag_ms:
+        raise InvalidConfig(f"conflict topic config setting min.compaction.lag.ms ({config.min_compaction_lag_ms}) > "
+                            f"max.compaction.lag.ms ({config.max_compaction_lag_ms})")
+    if config.remote_storage_enable and str(configs.get("remote.storage.enable", "")).lower() == "true":
+        raise InvalidConfig("Tiered Storage functionality is disabled in the broker. Topic cannot be configured "
+                            "with remote log storage.")
+    return config
 
 
 @dataclass
@@ -129,6 +157,7 @@ def broker_synonyms(name: str) -> list[str]:
 
 _SYNONYM_GROUPS = (
     ("log.roll.ms", "log.roll.hours"),
+    ("log.roll.jitter.ms", "log.roll.jitter.hours"),
     ("log.retention.ms", "log.retention.minutes", "log.retention.hours"),
 )
 
@@ -166,4 +195,10 @@ def describe_topic(cfg: KafkaConfig, overrides: Mapping[str, str], dynamic: Mapp
         value = overrides[key] if key in overrides else render_value(_broker_value(cfg, bkey, dynamic))
         source = synonyms[0][2] if synonyms else SOURCE_DEFAULT
         out.append(DescribedConfig(key, value, source, synonyms=synonyms))
+    for key, default in TOPIC_ONLY.items():
+        if key in overrides:
+            out.append(DescribedConfig(key, overrides[key], SOURCE_TOPIC, synonyms=[(key, overrides[key], SOURCE_TOPIC)]))
+        else:
+            out.append(DescribedConfig(key, default, SOURCE_DEFAULT, synonyms=[]))
+    out.sort(key=lambda c: c.name)
     return out

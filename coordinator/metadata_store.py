@@ -19,6 +19,13 @@ from kbroker.storage.atomic_file import write_atomically
 
 log = logging.getLogger("kbroker.metadata")
 
+class MetadataStorageError(OSError):
+    """The metadata could not be made durable (ENOSPC, EIO...): the change was not made. Answered
+    KAFKA_STORAGE_ERROR."""
+
+    code = 56  # KAFKA_STORAGE_ERROR, for handlers that answer an exception's code
+
+
 # Kafka's name for the default client-id entity in /config/clients.
 DEFAULT_ENTITY = "<default>"
 
@@ -201,56 +208,65 @@ class LocalMetadataStore:
     def controller_id(self) -> int:
         return self.broker_id
 
-    def _persist(self) -> None:
+    def _persist(self, **changes: object) -> None:
+        """Write the state with `changes` (attribute -> new value) applied, then apply them: all or nothing, so
+        a change that could not be made durable (a full or failing log dir) is never visible. An OSError comes
+        back as MetadataStorageError."""
+        state = {
+            "topics": self.topics, "broker_configs": self.broker_configs, "client_quotas": self.client_quotas,
+            "group_configs": self.group_configs, **changes,
+        }
+        topics = state["topics"]
+        quotas = state["client_quotas"]
+        assert isinstance(topics, dict) and isinstance(quotas, dict)
         data = {
             "version": 1,
             "cluster_id": self.cluster_id,
-            "topics": {n: t.to_json() for n, t in sorted(self.topics.items())},
-            "broker_configs": self.broker_configs,
-            "client_quotas": {(DEFAULT_ENTITY if k is None else k): v for k, v in self.client_quotas.items()},
-            "group_configs": self.group_configs,
+            "topics": {n: t.to_json() for n, t in sorted(topics.items())},
+            "broker_configs": state["broker_configs"],
+            "client_quotas": {(DEFAULT_ENTITY if k is None else k): v for k, v in quotas.items()},
+            "group_configs": state["group_configs"],
         }
-        write_atomically(self.path, json.dumps(data, indent=1).encode())
+        try:
+            write_atomically(self.path, json.dumps(data, indent=1).encode())
+        except OSError as e:
+            log.error("Could not write the metadata to %s, change not made: %s", self.path, e)
+            raise MetadataStorageError(f"Could not write the metadata to {self.path}: {e.strerror or e}") from e
+        for attr, value in changes.items():
+            setattr(self, attr, value)
 
     def create_topic(self, record: TopicRecord) -> None:
         with self._lock:
             if record.name in self.topics:
                 raise FileExistsError(record.name)
             # Copy-on-write: request threads iterate `topics` without a lock.
-            self.topics = {**self.topics, record.name: record}
-            self._persist()
+            self._persist(topics={**self.topics, record.name: record})
 
     def delete_topic(self, name: str) -> TopicRecord:
         with self._lock:
             topics = dict(self.topics)
             rec = topics.pop(name)
-            self.topics = topics
-            self._persist()
+            self._persist(topics=topics)
             return rec
 
     def set_topic_configs(self, name: str, configs: dict[str, str]) -> None:
         with self._lock:
-            self.topics = {**self.topics, name: self.topics[name].with_configs(configs)}
-            self._persist()
+            self._persist(topics={**self.topics, name: self.topics[name].with_configs(configs)})
 
     def add_partitions(self, name: str, assignment: list[list[int]]) -> None:
         with self._lock:
             rec = self.topics[name]
             new = [PartitionState.sole(replicas[0]) for replicas in assignment]
-            self.topics = {**self.topics, name: rec.with_partitions(rec.partitions + new)}
-            self._persist()
+            self._persist(topics={**self.topics, name: rec.with_partitions(rec.partitions + new)})
 
     def set_broker_configs(self, configs: dict[str, str]) -> None:
         with self._lock:
-            self.broker_configs = dict(configs)
-            self._persist()
+            self._persist(broker_configs=dict(configs))
 
     def set_group_configs(self, group_id: str, configs: dict[str, str]) -> None:
         with self._lock:
-            self.group_configs = with_group_configs(self.group_configs, group_id, configs)
-            self._persist()
+            self._persist(group_configs=with_group_configs(self.group_configs, group_id, configs))
 
     def set_client_quotas(self, entity: str | None, values: dict[str, float]) -> None:
         with self._lock:
-            self.client_quotas = with_client_quotas(self.client_quotas, entity, values)
-            self._persist()
+            self._persist(client_quotas=with_client_quotas(self.client_quotas, entity, values))

@@ -676,9 +676,23 @@ static int encode_value(const Op *op, PyObject *v, Writer *w)
         if (seq == NULL) return -1;
         Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
         int rc = put_length(w, op->compact, 0, n);
-        PyObject **items = PySequence_Fast_ITEMS(seq);
-        for (Py_ssize_t i = 0; rc == 0 && i < n; i++)
-            rc = encode_value(op->elem, items[i], w);
+        /* Encoding an item may run Python code (__bool__, __float__, a file region's size or read_bytes, a
+         * tagged default's __ne__) that changes this very list: take each item afresh with a reference of its
+         * own, and refuse a list whose length no longer matches the count already written. */
+        for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
+            if (PySequence_Fast_GET_SIZE(seq) != n) {
+                PyErr_SetString(PyExc_RuntimeError, "array field changed size during encoding");
+                rc = -1;
+                break;
+            }
+            PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(seq, i));
+            rc = encode_value(op->elem, item, w);
+            Py_DECREF(item);
+        }
+        if (rc == 0 && PySequence_Fast_GET_SIZE(seq) != n) {
+            PyErr_SetString(PyExc_RuntimeError, "array field changed size during encoding");
+            rc = -1;
+        }
         Py_DECREF(seq);
         return rc;
     }
@@ -713,7 +727,14 @@ static int plan_encode_into(Plan *plan, PyObject *obj, Writer *w)
     for (Py_ssize_t i = 0; rc == 0 && i < plan->nfields; i++) {
         Field *f = &plan->fields[i];
         PyObject *v = get_slot(plan, obj, f->offset);
-        rc = v == NULL ? -1 : encode_value(&f->op, v, w);
+        if (v == NULL) {
+            rc = -1;
+            break;
+        }
+        /* a reference of our own: encoding may run code that assigns the field */
+        Py_INCREF(v);
+        rc = encode_value(&f->op, v, w);
+        Py_DECREF(v);
     }
     if (rc == 0 && plan->flexible) {
         /* Tagged fields that differ from their default, each as (tag, size, value). */
@@ -736,17 +757,16 @@ static int plan_encode_into(Plan *plan, PyObject *obj, Writer *w)
                 rc = -1;
                 break;
             }
+            Py_INCREF(v);
             int differs = PyObject_RichCompareBool(v, t->dflt, Py_NE);
-            if (differs < 0) {
+            if (differs < 0 || (differs && encode_value(&t->op, v, &tw) < 0)) {
+                Py_DECREF(v);
                 rc = -1;
                 break;
             }
+            Py_DECREF(v);
             if (!differs)
                 continue;
-            if (encode_value(&t->op, v, &tw) < 0) {
-                rc = -1;
-                break;
-            }
             tags[count] = t->tag;
             ends[count] = tw.len;
             count++;

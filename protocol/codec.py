@@ -345,13 +345,20 @@ def _encode_value_src(
     if t.startswith("[]"):
         elem = t[2:]
         ef = FieldSpec("e_" + f.attr, elem, f.versions, None, None, None, None, f.flexible_versions)
+        # Encoding an item may run Python code that changes the list (__bool__ of a bool field...): a list whose
+        # length no longer matches the count written is refused, as protocol/_codec.c does.
+        arr, n = f"_a{len(ind)}", f"_c{len(ind)}"
         return [
             f"{ind}if {src} is None:",
             f"{ind}    _wa(out, None, {compact}, {nullable})",
             f"{ind}else:",
-            *_write_length_src(compact, "_I32", f"len({src})", ind + "    "),
-            f"{ind}    for _x in {src}:",
+            f"{ind}    {arr} = {src}",
+            f"{ind}    {n} = len({arr})",
+            *_write_length_src(compact, "_I32", n, ind + "    "),
+            f"{ind}    for _x in {arr}:",
             *_encode_value_src(ef, cls, version, compact, "_x", env, ind + "        "),
+            f"{ind}    if len({arr}) != {n}:",
+            f"{ind}        raise RuntimeError('array field changed size during encoding')",
         ]
     sub = _struct_class(cls, t)
     key = f"_enc_{sub.__name__}"

@@ -59,6 +59,7 @@ from kbroker.storage.segment import CLEANED_SUFFIX, SWAP_SUFFIX, LogSegment, seg
 logger = logging.getLogger("kbroker.storage")
 
 _INT32_MAX = 2**31 - 1
+_LONG_MAX = 2**63 - 1
 
 
 def _now_ms() -> int:
@@ -124,6 +125,26 @@ def cleanable_range(log: Log, now_ms: int) -> _CleanableRange | None:
     return _CleanableRange(chosen, first_dirty, end_offset, clean_bytes, dirty_bytes)
 
 
+def max_compaction_delay(log: Log, now_ms: int) -> int:
+    """Kafka's LogCleanerManager.maxCompactionDelay (KIP-354): how far past max.compaction.lag.ms the oldest
+    dirty record of a non-active segment is (by its segment's first batch timestamp); > 0 means clean now,
+    whatever the dirty ratio."""
+    lag = log.config.max_compaction_lag_ms
+    if lag >= _LONG_MAX:
+        return 0
+    segments = log.segments
+    first_dirty = max(log.cleaner_checkpoint, log.log_start_offset)
+    earliest = _LONG_MAX
+    for i, seg in enumerate(segments[:-1]):
+        if segments[i + 1].base_offset <= first_dirty:
+            continue
+        ts = seg.rolling_base_ms()
+        if ts is not None and 0 < ts < earliest:
+            earliest = ts
+    clean_until = now_ms - lag
+    return clean_until - earliest if earliest < clean_until else 0
+
+
 def clean_log(log: Log, now_ms: int | None = None, *, force: bool = False) -> CleanerStats | None:
     """One compaction pass; None if there was nothing (worth) cleaning."""
     now_ms = _now_ms() if now_ms is None else now_ms
@@ -134,7 +155,12 @@ def clean_log(log: Log, now_ms: int | None = None, *, force: bool = False) -> Cl
     if rng is None:
         return None
     horizon_due = log.tombstone_horizon_ms is not None and log.tombstone_horizon_ms <= now_ms
-    if not force and not horizon_due and (rng.dirty_bytes == 0 or rng.dirty_ratio < cfg.min_cleanable_dirty_ratio):
+    # Kafka's grabFilthiestCompactedLog: a ratio strictly above min.cleanable.dirty.ratio (so 1.0 never), or
+    # dirty records past max.compaction.lag.ms.
+    overdue = rng.dirty_bytes > 0 and max_compaction_delay(log, now_ms) > 0
+    if not force and not horizon_due and not overdue and (
+        rng.dirty_bytes == 0 or rng.dirty_ratio <= cfg.min_cleanable_dirty_ratio
+    ):
         return None
     stats = CleanerStats(end_offset=rng.end_offset)
     # Decompression bomb guard: the produce path bounds batches by the same ratio over max.message.bytes.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -38,6 +39,20 @@ class LogConfig:
     message_timestamp_after_max_ms: int = _LONG_MAX
     # Fetch v0-v3 consumers get the log's v2 batches converted to their message format only when this is true.
     message_downconversion_enable: bool = True
+    # KIP-354: a dirty record is compacted at the latest this long after it was written (Long.MAX: no bound).
+    max_compaction_lag_ms: int = _LONG_MAX
+    # Kept, validated and described as Kafka does; kbroker has no use for them (no preallocation, no tiered
+    # storage, no replication throttles, one message format; segment rolls take no random jitter).
+    segment_jitter_ms: int = 0
+    preallocate: bool = False
+    local_retention_bytes: int = -2
+    local_retention_ms: int = -2
+    message_format_version: str = "3.0-IV1"
+    remote_storage_enable: bool = False
+    remote_log_copy_disable: bool = False
+    remote_log_delete_on_disable: bool = False
+    leader_replication_throttled_replicas: str = ""
+    follower_replication_throttled_replicas: str = ""
 
     # Filled in below the class: the topic config keys this class understands.
     TOPIC_CONFIG_KEYS: ClassVar[frozenset[str]]
@@ -55,6 +70,14 @@ class LogConfig:
     @property
     def policies(self) -> frozenset[str]:
         return frozenset(p.strip() for p in self.cleanup_policy.split(",") if p.strip())
+
+    @property
+    def max_segment_ms(self) -> int:
+        """Kafka's LogConfig.maxSegmentMs: a compacted topic rolls its active segment by max.compaction.lag.ms
+        at the latest, so the cleaner can reach its records in time."""
+        if self.compact and self.max_compaction_lag_ms > 0:
+            return min(self.max_compaction_lag_ms, self.segment_ms)
+        return self.segment_ms
 
     @property
     def target_codec(self) -> int | None:
@@ -163,6 +186,37 @@ def _bool(s: str) -> bool:
     return s.lower() == "true"
 
 
+# Kafka 3.9's MetadataVersion strings that message.format.version (deprecated, ignored since 3.0) accepts.
+MESSAGE_FORMAT_VERSIONS = (
+    "0.8.0", "0.8.1", "0.8.2", "0.9.0", "0.10.0-IV0", "0.10.0-IV1", "0.10.1-IV0", "0.10.1-IV1", "0.10.1-IV2",
+    "0.10.2-IV0", "0.11.0-IV0", "0.11.0-IV1", "0.11.0-IV2", "1.0-IV0", "1.1-IV0", "2.0-IV0", "2.0-IV1", "2.1-IV0",
+    "2.1-IV1", "2.1-IV2", "2.2-IV0", "2.2-IV1", "2.3-IV0", "2.3-IV1", "2.4-IV0", "2.4-IV1", "2.5-IV0", "2.6-IV0",
+    "2.7-IV0", "2.7-IV1", "2.7-IV2", "2.8-IV0", "2.8-IV1", "3.0-IV0", "3.0-IV1", "3.1-IV0", "3.2-IV0", "3.3-IV0",
+    "3.3-IV1", "3.3-IV2", "3.3-IV3", "3.4-IV0", "3.5-IV0", "3.5-IV1", "3.5-IV2", "3.6-IV0", "3.6-IV1", "3.6-IV2",
+    "3.7-IV0", "3.7-IV1", "3.7-IV2", "3.7-IV3", "3.7-IV4", "3.8-IV0", "3.9-IV0", "4.0-IV0", "4.0-IV1",
+)
+
+
+def _message_format_version(s: str) -> str:
+    # MetadataVersion.fromVersionString: a full name, or a release ("2.8", "0.10.0", "0.10.0.1") for its last IV.
+    release = ".".join(s.split(".")[:3] if s.startswith("0.") else s.split(".")[:2])
+    if s in MESSAGE_FORMAT_VERSIONS or any(v.split("-")[0] == release for v in MESSAGE_FORMAT_VERSIONS):
+        return s
+    raise ValueError(f"Version {s} is not a valid version. Should be one of {', '.join(MESSAGE_FORMAT_VERSIONS)}")
+
+
+_THROTTLED = re.compile(r"\s*\d+\s*:\s*\d+\s*")
+
+
+def _throttled_replicas(s: str) -> str:
+    # Kafka's ThrottledReplicaListValidator: empty, the wildcard, or partitionId:brokerId pairs.
+    parts = [p for p in s.split(",")] if s.strip() else []
+    if s.strip() == "*" or all(_THROTTLED.fullmatch(p) for p in parts):
+        return s.strip()
+    raise ValueError("must be the literal '*' or a list of replicas in the following format: "
+                     "[partitionId]:[brokerId],[partitionId]:[brokerId],...")
+
+
 def _ts_type(s: str) -> str:
     if s not in ("CreateTime", "LogAppendTime"):
         raise ValueError("must be CreateTime or LogAppendTime")
@@ -195,6 +249,17 @@ _SPECS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "message.timestamp.before.max.ms": ("message_timestamp_before_max_ms", _int(0)),
     "message.timestamp.after.max.ms": ("message_timestamp_after_max_ms", _int(0)),
     "message.downconversion.enable": ("message_downconversion_enable", _bool),
+    "max.compaction.lag.ms": ("max_compaction_lag_ms", _int(1)),
+    "segment.jitter.ms": ("segment_jitter_ms", _int(0)),
+    "preallocate": ("preallocate", _bool),
+    "local.retention.bytes": ("local_retention_bytes", _int(-2)),
+    "local.retention.ms": ("local_retention_ms", _int(-2)),
+    "message.format.version": ("message_format_version", _message_format_version),
+    "remote.storage.enable": ("remote_storage_enable", _bool),
+    "remote.log.copy.disable": ("remote_log_copy_disable", _bool),
+    "remote.log.delete.on.disable": ("remote_log_delete_on_disable", _bool),
+    "leader.replication.throttled.replicas": ("leader_replication_throttled_replicas", _throttled_replicas),
+    "follower.replication.throttled.replicas": ("follower_replication_throttled_replicas", _throttled_replicas),
 }
 
 TOPIC_CONFIG_KEYS: frozenset[str] = frozenset(_SPECS)

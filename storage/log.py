@@ -569,7 +569,7 @@ class Log(ReplicaLogMixin):
         cfg = self.config
         if seg.size > 0 and (
             seg.size > cfg.segment_bytes - size
-            or seg.time_waited_for_roll(now_ms) > cfg.segment_ms
+            or seg.time_waited_for_roll(now_ms) > cfg.max_segment_ms
             or seg.index.is_full
             or seg.time_index.is_full
             or not seg.can_convert_to_relative_offset(max_offset)

@@ -257,6 +257,8 @@ class LogManager:
             if log.unflushed_messages > 0 and now_ms - log.last_flush_ms >= log.config.flush_ms:
                 try:
                     log.flush()
+                except KafkaStorageError as e:  # a full or failing log dir: expected, retried next time
+                    logger.error("Flush failed for %s: %s", log.name, e)
                 except Exception:
                     logger.exception("Flush failed for %s", log.name)
 
@@ -288,9 +290,9 @@ class LogManager:
                     {tp: log.log_start_offset for tp, log in logs.items()})
                 OffsetCheckpointFile(log_dir / CLEANER_OFFSET_CHECKPOINT).write(
                     {tp: log.cleaner_checkpoint for tp, log in logs.items() if log.config.compact})
-            except OSError:
+            except OSError as e:  # a full or failing log dir: retried at the next interval
                 ok = False
-                logger.exception("Failed to write checkpoints in %s", log_dir)
+                logger.error("Failed to write checkpoints in %s: %s", log_dir, e)
         return ok and self.checkpoint_high_watermarks()
 
     def checkpoint_high_watermarks(self) -> bool:
@@ -409,6 +411,9 @@ class LogManager:
         for log in self.logs():
             try:
                 log.flush()
+            except KafkaStorageError as e:  # a full or failing log dir: recovery replays the tail at startup
+                clean = False
+                logger.error("Final flush failed for %s: %s", log.name, e)
             except Exception:
                 clean = False
                 logger.exception("Final flush failed for %s", log.name)

@@ -11,6 +11,7 @@ from kbroker.broker.topic_config import (
     CONFIG_TYPES,
     SOURCE_DEFAULT,
     SOURCE_DYNAMIC_DEFAULT_BROKER,
+    TOPIC_ONLY,
     TOPIC_TO_BROKER,
     DescribedConfig,
     broker_config_synonyms,
@@ -29,7 +30,8 @@ from kbroker.protocol.messages import (
 
 TOPIC, BROKER, BROKER_LOGGER, GROUP = 2, 4, 8, 32
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
-LIST_CONFIGS = frozenset({"cleanup.policy", "log.cleanup.policy"})
+LIST_CONFIGS = frozenset({"cleanup.policy", "log.cleanup.policy", "leader.replication.throttled.replicas",
+                          "follower.replication.throttled.replicas"})
 
 
 def _describe_broker(ctx: RequestContext) -> list[DescribedConfig]:
@@ -274,6 +276,8 @@ def handle_incremental_alter_configs(
 
 
 def _effective(ctx: RequestContext, resource_type: int, name: str) -> str | None:
+    if resource_type == TOPIC and name in TOPIC_ONLY:
+        return TOPIC_ONLY[name]
     key = TOPIC_TO_BROKER.get(name, name) if resource_type == TOPIC else name
     return render_value(ctx.server.config[key])
 

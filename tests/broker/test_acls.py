@@ -576,3 +576,37 @@ def test_unreadable_acl_file_stops_startup(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError) as info:
         b.start(timeout=20)
     assert "cannot read the ACLs in" in str(info.value) and "Traceback" not in str(info.value)
+
+
+def test_without_an_authorizer_any_client_commits_another_producers_transaction(broker: BrokerProcess,
+                                                                                 topic_name: str) -> None:
+    # Kafka 3.9 without an authorizer answers a stranger's WriteTxnMarkers like the coordinator's: the victim's
+    # open transaction is committed. docs/security.md and configs/server.properties say so, and that the
+    # authorizer closes it (test_broker_to_broker_apis_need_cluster_action: CLUSTER_AUTHORIZATION_FAILED).
+    from kbroker.protocol.messages import DescribeProducersRequest, WriteTxnMarkersRequest
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    assert "WriteTxnMarkers: any client can commit or abort another producer's open transaction" in docs
+    props = (Path(__file__).resolve().parents[2] / "configs" / "server.properties").read_text()
+    assert "WriteTxnMarkers committing or aborting another producer's transaction" in props
+    create_topic(admin(broker.bootstrap), topic_name)
+    victim = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"victim-{topic_name}"})
+    victim.init_transactions(15)
+    victim.begin_transaction()
+    victim.produce(topic_name, b"not yet committed", partition=0)
+    victim.flush(15)
+    D, W = DescribeProducersRequest, WriteTxnMarkersRequest
+    with RawClient(broker.bootstrap) as raw:
+        described = raw.request(61, 0, D(topics=[D.TopicRequest(name=topic_name, partition_indexes=[0])]))
+        [state] = described.topics[0].partitions[0].active_producers
+        assert state.current_txn_start_offset == 0
+        markers = raw.request(27, 1, W(markers=[W.WritableTxnMarker(
+            producer_id=state.producer_id, producer_epoch=state.producer_epoch, transaction_result=True,
+            coordinator_epoch=0, topics=[W.WritableTxnMarkerTopic(name=topic_name, partition_indexes=[0])])]))
+        assert [p.error_code for p in markers.markers[0].topics[0].partitions] == [0]
+    got = ck_consume(broker.bootstrap, topic_name, [0], 1, timeout=15, **{"isolation.level": "read_committed"})
+    assert [r.value for r in got] == [b"not yet committed"]
+    try:
+        victim.abort_transaction(15)
+    except KafkaException:
+        pass

@@ -74,3 +74,72 @@ def test_disk_full_fails_produce_cleanly_and_recovers(small_disk: Path, tmp_path
         assert "KAFKA_STORAGE_ERROR" in b.read_log() or "storage error" in b.read_log().lower()
     finally:
         b.kill()
+
+
+def test_metadata_changes_on_a_full_log_dir_are_all_or_nothing(small_disk: Path, tmp_path: Path) -> None:
+    # Issue 39: CreateTopics used to answer UNKNOWN_SERVER_ERROR yet create the topic in memory (gone after a
+    # restart, with acknowledged records orphaned); AlterConfigs, DeleteTopics and CreatePartitions closed the
+    # connection and took effect until a restart. Now each answers KAFKA_STORAGE_ERROR and changes nothing.
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        NewPartitions,
+        NewTopic,
+    )
+
+    props = {"log.dirs": str(small_disk / "logs"), "auto.create.topics.enable": "false"}
+    b = BrokerProcess(tmp_path / "broker", props)
+    b.start()
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic("kept", 1, 1)])["kept"].result(15)
+        p = KafkaProducer(bootstrap_servers=b.bootstrap, acks=1, retries=0)
+        assert p.send("kept", value=b"before").get(10).offset == 0
+        filler = small_disk / "filler"
+        _fill(filler)
+
+        def storage_error(future: object) -> None:
+            with pytest.raises(KafkaException) as e:
+                future.result(15)  # type: ignore[attr-defined]
+            assert e.value.args[0].code() == KafkaError.KAFKA_STORAGE_ERROR, e.value
+
+        storage_error(admin.create_topics([NewTopic("new-on-full", 2, 1)])["new-on-full"])
+        storage_error(admin.create_partitions([NewPartitions("kept", 3)])["kept"])
+        resource = ConfigResource("topic", "kept")
+        storage_error(admin.incremental_alter_configs([ConfigResource("topic", "kept", incremental_configs=[
+            ConfigEntry("retention.ms", "1000", incremental_operation=AlterConfigOpType.SET)])])[resource])
+        storage_error(admin.delete_topics(["kept"])["kept"])
+
+        def unchanged() -> None:
+            topics = admin.list_topics(timeout=15).topics
+            assert "new-on-full" not in topics and len(topics["kept"].partitions) == 1
+            described = next(iter(admin.describe_configs([resource]).values())).result(15)
+            assert described["retention.ms"].value == "604800000"
+            c = KafkaConsumer(bootstrap_servers=b.bootstrap, group_id=None, auto_offset_reset="earliest",
+                              consumer_timeout_ms=3000)
+            c.assign([KTP("kept", 0)])
+            assert [m.value for m in c][:1] == [b"before"]
+            c.close()
+
+        # the broker keeps serving, and nothing changed, now and after a restart
+        assert b.alive()
+        unchanged()
+        p.close()
+        b.stop()
+        b.start()
+        unchanged()
+        # once there is room again, the same changes go through
+        filler.unlink()
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic("new-on-full", 2, 1)])["new-on-full"].result(15)
+        admin.create_partitions([NewPartitions("kept", 3)])["kept"].result(15)
+        assert len(admin.list_topics(timeout=15).topics["kept"].partitions) == 3
+        # no request failed unexpectedly (storage tasks on the full disk log their errors, that is expected)
+        log_text = b.read_log()
+        assert "handlers/" not in log_text and "admin_manager.py" not in log_text, log_text[-4000:]
+        assert "metadata_store.py" not in log_text and "network.py" not in log_text, log_text[-4000:]
+    finally:
+        b.kill()

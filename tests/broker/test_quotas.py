@@ -71,7 +71,7 @@ def test_alter_and_describe_client_quotas(broker: BrokerProcess) -> None:
 
     # Bad input is refused per entry; removing a quota removes it.
     assert _alter_kafka_python(broker.bootstrap, "quota-a", "no_such_quota", 5.0) == 42
-    assert _alter_kafka_python(broker.bootstrap, "quota-a", "request_percentage", 5.0) == 42
+    assert _alter_kafka_python(broker.bootstrap, "quota-a", "request_percentage", -5.0) == 42
     assert _alter_kafka_python(broker.bootstrap, "quota-a", "producer_byte_rate", -1.0) == 42
     bad_entity = _raw(broker.bootstrap, 49, 1, AlterClientQuotasRequest(entries=[AlterClientQuotasRequest.EntryData(
         entity=[AlterClientQuotasRequest.EntityData(entity_type="user", entity_name="alice")],
@@ -147,3 +147,44 @@ def test_consumer_over_its_byte_rate_is_throttled(broker: BrokerProcess) -> None
     assert free == 6_000_000
     assert limited < free / 2, f"throttled consumer read {limited} bytes, unthrottled {free}"
     _alter_kafka_python(broker.bootstrap, "slow-consumer", "consumer_byte_rate", None)
+
+
+def test_client_over_its_request_percentage_is_throttled(broker: BrokerProcess) -> None:
+    # Kafka's request-time quota: 0.01 % of one request handler's time (100 us per second) is spent within a few
+    # Metadata requests; every later response carries throttle_time_ms and the connection waits that long. Another
+    # client id (no quota) is not throttled, and ApiVersions is exempt.
+    from kbroker.protocol.messages import ApiVersionsRequest, MetadataRequest
+
+    assert _alter_kafka_python(broker.bootstrap, "busy-client", "request_percentage", 0.01) == 0
+    try:
+        assert _describe(broker.bootstrap)["busy-client"] == {"request_percentage": 0.01}
+
+        def metadata_throttles(client_id: str, n: int) -> tuple[list[int], float]:
+            host, port = broker.bootstrap.split(":")
+            out: list[int] = []
+            with socket.create_connection((host, int(port)), timeout=30) as s:
+                started = time.monotonic()
+                for cid in range(1, n + 1):
+                    s.sendall(codec.encode_request(RequestHeader(3, 12, cid, client_id),
+                                                   MetadataRequest(topics=None)))
+                    (size,) = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))
+                    got_cid, resp = codec.decode_response(3, 12, s.recv(size, socket.MSG_WAITALL))
+                    assert got_cid == cid
+                    out.append(resp.throttle_time_ms)
+                    if resp.throttle_time_ms:
+                        break
+                # the connection is muted for the throttle time: the next answer (exempt ApiVersions) waits
+                s.sendall(codec.encode_request(RequestHeader(18, 3, 999, client_id), ApiVersionsRequest(
+                    client_software_name="t", client_software_version="1")))
+                (size,) = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))
+                _, versions = codec.decode_response(18, 3, s.recv(size, socket.MSG_WAITALL))
+                assert versions.throttle_time_ms == 0
+                return out, time.monotonic() - started
+
+        throttles, took = metadata_throttles("busy-client", 200)
+        assert throttles[-1] > 0, throttles
+        assert took >= throttles[-1] / 1000 * 0.8, (took, throttles[-1])
+        free, _ = metadata_throttles("free-client", 20)
+        assert free == [0] * 20
+    finally:
+        assert _alter_kafka_python(broker.bootstrap, "busy-client", "request_percentage", None) == 0

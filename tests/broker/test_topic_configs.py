@@ -367,3 +367,108 @@ def test_alter_read_only_and_runtime_fixed_keys(broker, ck_admin, kp_admin):
         r = kp_admin.alter_configs([KConfigResource(KType.BROKER, "0", {key: (AlterConfigOp.SET, value)})],
                                    incremental=True, raise_on_unknown=False)
         assert "InvalidConfiguration" in r["broker"]["0"]
+
+
+# Kafka 3.9's LogConfig.configNames() and a valid value of each (not its default where that would prove nothing).
+KAFKA_39_TOPIC_CONFIGS = {
+    "cleanup.policy": "compact", "compression.gzip.level": "5", "compression.lz4.level": "10",
+    "compression.type": "lz4", "compression.zstd.level": "7", "delete.retention.ms": "1000",
+    "file.delete.delay.ms": "1000", "flush.messages": "1000", "flush.ms": "1000",
+    "follower.replication.throttled.replicas": "0:0,1:0", "index.interval.bytes": "1000",
+    "leader.replication.throttled.replicas": "*", "local.retention.bytes": "-2", "local.retention.ms": "5000",
+    "max.compaction.lag.ms": "3600000", "max.message.bytes": "100000", "message.downconversion.enable": "false",
+    "message.format.version": "2.8", "message.timestamp.after.max.ms": "1000",
+    "message.timestamp.before.max.ms": "1000", "message.timestamp.difference.max.ms": "1000",
+    "message.timestamp.type": "LogAppendTime", "min.cleanable.dirty.ratio": "0.3", "min.compaction.lag.ms": "10",
+    "min.insync.replicas": "1", "preallocate": "true", "remote.log.copy.disable": "true",
+    "remote.log.delete.on.disable": "true", "remote.storage.enable": "false", "retention.bytes": "100000",
+    "retention.ms": "100000", "segment.bytes": "100000", "segment.index.bytes": "100000",
+    "segment.jitter.ms": "100", "segment.ms": "100000", "unclean.leader.election.enable": "true",
+}
+
+
+def test_every_kafka_39_topic_config_is_accepted_and_described(ck_admin, kp_admin, topic_name):
+    ck_admin.create_topics([NewTopic(topic_name, 1, 1, config=KAFKA_39_TOPIC_CONFIGS)])[topic_name].result(T)
+    described = ck_describe(ck_admin, "topic", topic_name)
+    assert {k: described[k].value for k in KAFKA_39_TOPIC_CONFIGS} == KAFKA_39_TOPIC_CONFIGS
+    assert set(described) == set(KAFKA_39_TOPIC_CONFIGS)
+    kp = kp_describe(kp_admin, KType.TOPIC, topic_name)
+    assert kp["max.compaction.lag.ms"]["value"] == "3600000" and kp["message.format.version"]["value"] == "2.8"
+    # a fresh topic describes Kafka's defaults, topic-only keys as DEFAULT_CONFIG without synonyms
+    other = topic_name + "-defaults"
+    ck_admin.create_topics([NewTopic(other, 1, 1)])[other].result(T)
+    d = ck_describe(ck_admin, "topic", other)
+    assert (d["max.compaction.lag.ms"].value, d["message.format.version"].value, d["segment.jitter.ms"].value,
+            d["local.retention.ms"].value, d["preallocate"].value, d["remote.storage.enable"].value,
+            d["leader.replication.throttled.replicas"].value) == (
+        "9223372036854775807", "3.0-IV1", "0", "-2", "false", "false", "")
+    assert d["remote.storage.enable"].source == 5 and d["max.compaction.lag.ms"].source == 5
+
+
+@pytest.mark.parametrize(("configs", "message"), [
+    ({"max.compaction.lag.ms": "0"}, "max.compaction.lag.ms"),
+    ({"min.compaction.lag.ms": "5000", "max.compaction.lag.ms": "4000"},
+     "conflict topic config setting min.compaction.lag.ms (5000) > max.compaction.lag.ms (4000)"),
+    ({"remote.storage.enable": "true"},
+     "Tiered Storage functionality is disabled in the broker. Topic cannot be configured with remote log storage."),
+    ({"message.format.version": "banana"}, "message.format.version"),
+    ({"leader.replication.throttled.replicas": "0-0"}, "[partitionId]:[brokerId]"),
+    ({"local.retention.ms": "-3"}, "local.retention.ms"),
+    ({"preallocate": "maybe"}, "preallocate"),
+])
+def test_invalid_new_topic_configs_are_refused_and_create_nothing(broker, ck_admin, topic_name, configs, message):
+    with pytest.raises(KafkaException) as e:
+        ck_admin.create_topics([NewTopic(topic_name, 1, 1, config=configs)])[topic_name].result(T)
+    assert e.value.args[0].code() == CKError.INVALID_CONFIG and message in e.value.args[0].str(), e.value
+    assert topic_name not in ck_admin.list_topics(timeout=T).topics
+    # and on an existing topic, nothing changes
+    ck_admin.create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(T)
+    with pytest.raises(KafkaException) as e:
+        ck_incremental(ck_admin, "topic", topic_name,
+                       *[ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()])
+    assert e.value.args[0].code() == CKError.INVALID_CONFIG
+    d = ck_describe(ck_admin, "topic", topic_name)
+    assert all(d[k].source == 5 for k in configs), {k: d[k].source for k in configs}
+
+
+def test_max_compaction_lag_compacts_below_the_dirty_ratio(broker, ck_admin, topic_name):
+    # min.cleanable.dirty.ratio 1.0 is never exceeded: only max.compaction.lag.ms (KIP-354) gets the log
+    # compacted, and the active segment rolls by it (Kafka's maxSegmentMs) so the last records are reached too.
+    ck_admin.create_topics([NewTopic(topic_name, 1, 1, config={
+        "cleanup.policy": "compact", "min.cleanable.dirty.ratio": "1.0", "max.compaction.lag.ms": "1500",
+        "segment.bytes": "2000"})])[topic_name].result(T)
+    msgs = [Msg(b"k%d" % (i % 3), b"v%d" % i, partition=0) for i in range(60)]
+    ck_produce(broker.bootstrap, topic_name, msgs, timeout=T)
+    import time
+
+    time.sleep(1.6)
+    ck_produce(broker.bootstrap, topic_name, [Msg(b"k0", b"last", partition=0)], timeout=T)  # rolls the segment
+
+    def compacted() -> bool:
+        return len(stored_batches(broker.bootstrap, topic_name)) < 20
+
+    wait_until(compacted, timeout=T)
+    got = ck_consume(broker.bootstrap, topic_name, [0], 3, timeout=T)
+    latest = {r.key: r.value for r in got}
+    assert latest[b"k1"] == b"v58" and latest[b"k2"] == b"v59"
+
+
+def test_every_kafka_39_dynamic_broker_config_is_accepted_and_described(broker, ck_admin):
+    # Keys kbroker takes no behaviour from (Kerberos, tiered storage, cleaner I/O buffers...) are stored and
+    # described as Kafka does; a bad value is refused as Kafka's ConfigDef would.
+    changes = {"sasl.kerberos.min.time.before.relogin": "120000", "log.cleaner.io.buffer.size": "1048576",
+               "remote.fetch.max.wait.ms": "700", "log.cleaner.max.compaction.lag.ms": "86400000",
+               "metric.reporters": "", "sasl.login.refresh.buffer.seconds": "200"}
+    ck_incremental(ck_admin, "broker", "0",
+                   *[ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in changes.items()])
+    d = ck_describe(ck_admin, "broker", "0")
+    for k, v in changes.items():
+        assert (d[k].value or "", d[k].is_read_only) == (v, False), (k, d[k])
+        assert d[k].source == DYNAMIC_DEFAULT, (k, d[k].source)
+    with pytest.raises(KafkaException) as e:
+        ck_incremental(ck_admin, "broker", "0", ConfigEntry("sasl.kerberos.min.time.before.relogin", "soon",
+                                                           incremental_operation=AlterConfigOpType.SET))
+    assert e.value.args[0].code() == CKError.INVALID_CONFIG
+    assert ck_describe(ck_admin, "broker", "0")["sasl.kerberos.min.time.before.relogin"].value == "120000"
+    ck_incremental(ck_admin, "broker", "0", *[ConfigEntry(k, None, incremental_operation=AlterConfigOpType.DELETE)
+                                              for k in changes])

@@ -132,3 +132,39 @@ def test_both_codecs_refuse_compact_strings_longer_than_kafka_reads(length: int)
             read_string(bytes(compact), 0, True, True)
     else:
         assert read_string(bytes(compact), 0, True, True) == ("z" * length, len(compact))
+
+
+class _ClearsOnBool:
+    """A bool field's value whose truth test empties the list that holds its struct (Python code run mid-encode)."""
+
+    def __init__(self, victim: list[Any]) -> None:
+        self.victim = victim
+
+    def __bool__(self) -> bool:
+        self.victim.clear()
+        import gc
+
+        gc.collect()
+        return True
+
+
+class _GrowsOnBool(_ClearsOnBool):
+    def __bool__(self) -> bool:
+        if len(self.victim) < 64:
+            self.victim.extend(self.victim[1:2] * 64)  # the list's item storage moves
+        return False
+
+
+@pytest.mark.parametrize("evil", [_ClearsOnBool, _GrowsOnBool])
+def test_a_list_changed_while_its_items_encode_is_refused_by_both(evil: type) -> None:
+    # protocol/_codec.c used to keep a borrowed pointer into the list's items while encoding them: a heap
+    # use-after-free under ASan (tools/sanitize_build.py). Both encoders now refuse the changed list.
+    from kbroker.protocol.messages import MetadataResponse
+
+    M = MetadataResponse
+    for version in (1, 12):
+        for encode in (codec.plan(M, version).encode, codec.py_encoder(M, version)):
+            topics = [M.MetadataResponseTopic(name=f"t{i}", partitions=[]) for i in range(3)]
+            topics[0].is_internal = evil(topics)
+            with pytest.raises(RuntimeError, match="changed size during encoding"):
+                encode(M(topics=topics), bytearray(), None)

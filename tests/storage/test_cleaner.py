@@ -136,6 +136,33 @@ def test_min_compaction_lag_and_dirty_ratio(make_log) -> None:
     assert clean_log(log, NOW + DAY + 2) is None
 
 
+def test_max_compaction_lag_cleans_below_the_dirty_ratio(make_log) -> None:
+    # KIP-354: a dirty record older than max.compaction.lag.ms is compacted whatever min.cleanable.dirty.ratio
+    # says (here 1.0, never reached otherwise); younger ones wait for the ratio as before.
+    log = make_log(cleanup_policy="compact", segment_bytes=400, file_delete_delay_ms=0,
+                   min_cleanable_dirty_ratio=1.0, max_compaction_lag_ms=60_000)
+    for i in range(30):
+        log.append_as_leader(kv_batch([(b"k", b"%d" % i)], ts=NOW), NOW)
+    assert clean_log(log, NOW + 59_000) is None
+    assert len(read_all(log)) == 30
+    stats = clean_log(log, NOW + 61_000)
+    assert stats is not None and len(read_all(log)) < 30
+    assert [r.value for r in read_all(log)][-1] == b"29"
+    # nothing dirty left before the active segment: no pass until new records get old
+    assert clean_log(log, NOW + 62_000) is None
+
+
+def test_max_compaction_lag_rolls_the_active_segment(make_log) -> None:
+    # Kafka's LogConfig.maxSegmentMs: a compacted log rolls by min(segment.ms, max.compaction.lag.ms)
+    log = make_log(cleanup_policy="compact", max_compaction_lag_ms=60_000)
+    log.append_as_leader(kv_batch([(b"k", b"a")], ts=NOW), NOW)
+    log.append_as_leader(kv_batch([(b"k", b"b")], ts=NOW + 30_000), NOW + 30_000)
+    assert len(log.segments) == 1
+    log.append_as_leader(kv_batch([(b"k", b"c")], ts=NOW + 61_000), NOW + 61_000)
+    assert len(log.segments) == 2
+    assert LogConfig(cleanup_policy="delete", max_compaction_lag_ms=60_000).max_segment_ms == LogConfig().segment_ms
+
+
 def test_readers_of_replaced_segments_keep_their_bytes(make_log) -> None:
     log = make_log(cleanup_policy="compact", segment_bytes=400, file_delete_delay_ms=60_000,
                    min_cleanable_dirty_ratio=0.0)

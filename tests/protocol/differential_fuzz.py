@@ -1,0 +1,184 @@
+"""A seeded, time-boxed differential fuzz of the compiled accelerators against their Python twins.
+
+protocol/_codec.c against codec.py's generated functions (encode every request and response at every version the
+broker advertises, then decode mutated encodings with both) and protocol/_record_walk.c against
+record_walk.walk_records_py (record bodies with any varint widths, then mutated): the two must agree on every
+accept/refuse and on what they return. Run by tools/sanitize_build.py on ASan/UBSan builds of the accelerators
+(the point: a memory error in C shows up there, not as a wrong answer), and importable for a plain run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kbroker.protocol import codec, record_walk
+from kbroker.protocol import records as R
+
+from tests.protocol.test_codec import CASES, _cls, filled, normalize
+from tests.protocol.test_record_walk import NOW, VARINT_FIELDS, record_with_widths
+
+_PY_DECODE_ERRORS = (codec.DecodeError, struct.error, IndexError, OverflowError, MemoryError, ValueError)
+_SPECIAL = (0x00, 0x01, 0x7F, 0x80, 0xFE, 0xFF)
+
+
+def _mutate(rng: random.Random, data: bytes) -> bytes:
+    buf = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        how = rng.randrange(5)
+        if how == 0 and buf:
+            buf[rng.randrange(len(buf))] = rng.choice(_SPECIAL)
+        elif how == 1 and buf:
+            buf[rng.randrange(len(buf))] ^= 1 << rng.randrange(8)
+        elif how == 2 and buf:
+            del buf[rng.randrange(len(buf)) :]
+        elif how == 3:
+            at = rng.randrange(len(buf) + 1)
+            buf[at:at] = rng.choice([b"\xff" * 5, b"\x80\x80\x80\x80\x80\x01", b"\x7f\xff", rng.randbytes(3)])
+        elif len(buf) >= 4:
+            at = rng.randrange(len(buf) - 3)
+            buf[at : at + 4] = struct.pack(">i", rng.choice([-1, -2, 0x7FFF, 0x8000, 2**31 - 1, -(2**31)]))
+    return bytes(buf)
+
+
+def _decode_both(cls: type, version: int, buf: bytes) -> None:
+    try:
+        py = codec.py_decoder(cls, version)(buf, 0)
+    except _PY_DECODE_ERRORS:
+        try:
+            codec.plan(cls, version).decode(buf, 0)
+        except codec.DecodeError:
+            return
+        raise AssertionError(
+            f"{cls.__name__} v{version}: C accepts what Python refuses: {buf.hex()}"
+        ) from None
+    try:
+        c = codec.plan(cls, version).decode(buf, 0)
+    except codec.DecodeError as e:
+        raise AssertionError(
+            f"{cls.__name__} v{version}: C refuses ({e}) what Python accepts: {buf.hex()}"
+        ) from None
+    assert c[1] == py[1], f"{cls.__name__} v{version}: ends differ: {buf.hex()}"
+    if normalize(c[0]) != normalize(py[0]):
+        # NaN floats compare unequal: the same bytes when encoded again is what counts
+        again_c, again_py = bytearray(), bytearray()
+        codec.py_encoder(cls, version)(c[0], again_c, None)
+        codec.py_encoder(cls, version)(py[0], again_py, None)
+        assert again_c == again_py, f"{cls.__name__} v{version}: decoded values differ: {buf.hex()}"
+
+
+def codec_round(rng: random.Random) -> None:
+    kind, api_key, version = rng.choice(CASES).values
+    cls = _cls(kind, api_key)
+    obj = filled(cls, version, salt=rng.randint(1, 1000))
+    out_c, out_py = bytearray(), bytearray()
+    codec.plan(cls, version).encode(obj, out_c, None)
+    codec.py_encoder(cls, version)(obj, out_py, None)
+    assert out_c == out_py, f"{cls.__name__} v{version}: encodings differ"
+    for _ in range(8):
+        _decode_both(cls, version, _mutate(rng, bytes(out_c)))
+
+
+def _walk_both(body: bytes, count: int, consecutive: bool) -> None:
+    args: dict[str, Any] = {
+        "consecutive": consecutive,
+        "last_offset_delta": count,
+        "need_keys": True,
+        "base_timestamp": NOW,
+        "ts_bounds": (NOW - 1000, NOW + 1000),
+    }
+    c = record_walk.walk_records(body, count, **args)
+    py = record_walk.walk_records_py(body, count, **args)
+    assert isinstance(c, str) == isinstance(py, str), (c, py, body.hex())
+    if not isinstance(c, str):
+        assert not isinstance(py, str)
+        assert (c.keyless, c.bad_timestamps) == (py.keyless, py.bad_timestamps), body.hex()
+
+
+def walk_round(rng: random.Random) -> None:
+    count = rng.randint(1, 5)
+    if rng.random() < 0.5:
+        recs = [
+            (rng.choice([None, b"k"]), rng.randbytes(rng.randint(0, 30)), (), NOW + rng.randint(-2000, 2000))
+            for _ in range(count)
+        ]
+        body = R.build_batch(recs)[R.BATCH_HEADER_SIZE :]
+    else:
+        body = b"".join(
+            record_with_widths(
+                i, {rng.choice(VARINT_FIELDS): rng.randint(1, 11) for _ in range(rng.randint(0, 3))}
+            )
+            for i in range(count)
+        )
+    _walk_both(body, count, rng.random() < 0.7)
+    for _ in range(8):
+        _walk_both(_mutate(rng, body), count + rng.choice([0, 0, -1, 1]), rng.random() < 0.7)
+
+
+class _Evil:
+    """A bool field's value that changes the list holding its struct while it is being encoded."""
+
+    def __init__(self, victim: list[Any], grow: bool) -> None:
+        self.victim, self.grow = victim, grow
+
+    def __bool__(self) -> bool:
+        if self.grow:
+            if len(self.victim) < 64:
+                self.victim.extend(self.victim[1:2] * 64)
+        else:
+            self.victim.clear()
+        return True
+
+
+def encode_hazard_round(rng: random.Random) -> None:
+    from kbroker.protocol.messages import MetadataResponse as M
+
+    version = rng.choice([1, 9, 12])
+    for encode in (codec.plan(M, version).encode, codec.py_encoder(M, version)):
+        topics = [M.MetadataResponseTopic(name=f"t{i}", partitions=[]) for i in range(rng.randint(2, 6))]
+        topics[rng.randrange(len(topics) - 1)].is_internal = _Evil(topics, rng.random() < 0.5)
+        try:
+            encode(M(topics=topics), bytearray(), None)
+        except RuntimeError:
+            continue
+        raise AssertionError("an array changed during encoding was encoded")
+
+
+ROUNDS: list[tuple[str, Callable[[random.Random], None], int]] = [
+    ("codec", codec_round, 6),
+    ("record walk", walk_round, 3),
+    ("encode hazard", encode_hazard_round, 1),
+]
+
+
+def run(seconds: float, seed: int = 0) -> dict[str, int]:
+    """Rounds until `seconds` have passed (at least one of each); the same seed replays the same inputs."""
+    if not (codec.COMPILED and record_walk.COMPILED):
+        raise RuntimeError("the compiled accelerators are not loaded (python setup.py build_ext --inplace)")
+    rng = random.Random(seed)
+    done = {name: 0 for name, _, _ in ROUNDS}
+    schedule = [(name, fn) for name, fn, weight in ROUNDS for _ in range(weight)]
+    deadline = time.monotonic() + seconds
+    while min(done.values()) == 0 or time.monotonic() < deadline:
+        name, fn = rng.choice(schedule)
+        fn(rng)
+        done[name] += 1
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    done = run(args.seconds, args.seed)
+    print("differential fuzz: " + ", ".join(f"{n} {name} rounds" for name, n in done.items()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
