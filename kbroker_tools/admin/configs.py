@@ -7,8 +7,10 @@ from typing import Any
 
 from kbroker_tools.admin.common import (
     CommandError,
+    ToolParser,
     add_connection_args,
     admin_client,
+    check_reachable,
     parse_key_values,
     result,
     split_config_list,
@@ -20,7 +22,7 @@ MATCH_EXACT, MATCH_DEFAULT, MATCH_ANY = 0, 1, 2
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="kbroker-admin configs",
+    ap = ToolParser(prog="kbroker-admin configs",
                                  description="Describe or change topic, broker, group and client configs (kafka-configs).")
     add_connection_args(ap)
     action = ap.add_mutually_exclusive_group(required=True)
@@ -133,6 +135,7 @@ def _client_quotas(args: argparse.Namespace) -> int:
 
     name = None if args.entity_default else args.entity_name
     shown = "the default client-id" if name is None else f"client-id '{name}'"
+    check_reachable(args.bootstrap_server)
     with WireClient(_bootstrap(args), client_id="kbroker-admin") as c:
         if args.describe:
             match = MATCH_ANY if name is None and not args.entity_default else \

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import random
 import re
 import signal
@@ -12,8 +11,10 @@ from typing import Any
 
 from kbroker_tools.admin.common import (
     CommandError,
+    ToolParser,
     add_connection_args,
     admin_client,
+    check_client,
     client_conf,
     parse_key_values,
     read_properties_file,
@@ -58,7 +59,7 @@ def _true(props: dict[str, str], key: str, default: bool = False) -> bool:
 
 
 def producer(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="kbroker-admin console-producer",
+    ap = ToolParser(prog="kbroker-admin console-producer",
                                  description="Read records from standard input, one per line, and produce them.")
     ap.add_argument("--bootstrap-server", required=True)
     ap.add_argument("--topic", required=True)
@@ -92,6 +93,9 @@ def producer(argv: list[str]) -> int:
             errors.append(str(err))
 
     p = Producer(conf)
+    # A malformed line ends the input, as in Kafka's console producer: what was read before it is still delivered.
+    bad: str | None = None
+    sent = 0
     for lineno, raw in enumerate(sys.stdin, 1):
         line = raw.rstrip("\n")
         headers: list[tuple[str, bytes | None]] = []
@@ -99,7 +103,8 @@ def producer(argv: list[str]) -> int:
             hdr, sep, line = line.partition(h_delim)
             if not sep:
                 if not ignore_error:
-                    raise CommandError(f"line {lineno}: no headers delimiter {h_delim!r}")
+                    bad = f"No headers delimiter found on line number {lineno}: '{raw.rstrip(chr(10))}'"
+                    break
                 line = hdr
             else:
                 for item in hdr.split(h_sep) if hdr else []:
@@ -110,30 +115,49 @@ def producer(argv: list[str]) -> int:
             key, sep, value = line.partition(key_sep)
             if not sep:
                 if not ignore_error:
-                    raise CommandError(f"line {lineno}: no key separator {key_sep!r} in {line!r}")
+                    bad = f"No key separator found on line number {lineno}: '{raw.rstrip(chr(10))}'"
+                    break
                 key, value = None, line
         else:
             value = line
         if null_marker is not None:
             key = None if key == null_marker else key
-        p.produce(args.topic, value=None if value == null_marker else value.encode(),
-                  key=None if key is None else key.encode(), headers=headers or None, on_delivery=delivered)
+        record = {"value": None if value == null_marker else value.encode(),
+                  "key": None if key is None else key.encode(), "headers": headers or None}
+        while True:
+            try:
+                p.produce(args.topic, on_delivery=delivered, **record)
+                break
+            except BufferError:  # librdkafka's queue is full: wait for acknowledgements, as Kafka's send blocks
+                p.poll(0.2)
+                check_client()
+        sent += 1
         if args.sync:
-            p.flush(30)
+            _flush(p, 30)
         else:
             p.poll(0)
-    if p.flush(30):
+    if _flush(p, 30):
         raise CommandError("some records were not acknowledged within 30 s")
     if errors:
         raise CommandError(f"{len(errors)} records failed, the first: {errors[0]}")
+    if bad is not None:
+        raise CommandError(f"{bad} (the {sent} records before it were sent)")
     return 0
+
+
+def _flush(p: Any, timeout: float) -> int:
+    """Producer.flush in slices, so that a broker that goes away ends the wait (check_client) within a second."""
+    deadline = time.monotonic() + timeout
+    while (left := p.flush(0.5)) and time.monotonic() < deadline:
+        check_client()
+    return int(left)
 
 
 # ---------------------------------------------------------------- console-consumer
 
 
 def consumer(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="kbroker-admin console-consumer",
+    ap = ToolParser(prog="kbroker-admin console-consumer",
                                  description="Print the records of a topic to standard output.")
     ap.add_argument("--bootstrap-server", required=True)
     src = ap.add_mutually_exclusive_group(required=True)
@@ -183,6 +207,7 @@ def consumer(argv: list[str]) -> int:
     try:
         while not stop and (args.max_messages is None or count < args.max_messages):
             msg = c.poll(0.2)
+            check_client()  # without --timeout-ms, a broker that goes away ends the tool rather than a hang
             if msg is None:
                 if args.timeout_ms is not None and (time.monotonic() - last) * 1000 >= args.timeout_ms:
                     break
@@ -246,7 +271,7 @@ def _partition_filter(spec: str | None) -> set[int] | None:
 
 
 def get_offsets(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="kbroker-admin get-offsets",
+    ap = ToolParser(prog="kbroker-admin get-offsets",
                                  description="Offsets of topic partitions: latest, earliest, max-timestamp or by time.")
     add_connection_args(ap)
     ap.add_argument("--topic", help="topic name or regular expression (default: all topics)")

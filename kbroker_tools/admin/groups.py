@@ -7,7 +7,7 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from kbroker_tools.admin.common import CommandError, add_connection_args, admin_client, result
+from kbroker_tools.admin.common import CommandError, ToolParser, add_connection_args, admin_client, result
 
 NO_ACTION = ("WARN: No action will be performed as the --execute option is missing. In a future major release, "
              "the default behavior of this command will be to prompt the user before executing the reset rather "
@@ -16,7 +16,7 @@ NO_ACTION = ("WARN: No action will be performed as the --execute option is missi
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="kbroker-admin consumer-groups",
+    ap = ToolParser(prog="kbroker-admin consumer-groups",
                                  description="List, describe, reset the offsets of, or delete consumer groups.")
     add_connection_args(ap)
     action = ap.add_mutually_exclusive_group(required=True)

@@ -9,6 +9,7 @@ from typing import Any
 
 from kbroker_tools.admin.common import (
     CommandError,
+    ToolParser,
     add_connection_args,
     admin_client,
     parse_key_values,
@@ -18,7 +19,7 @@ from kbroker_tools.wire import WireClient
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="kbroker-admin topics",
+    ap = ToolParser(prog="kbroker-admin topics",
                                  description="Create, delete, describe, or change a topic (kafka-topics).")
     add_connection_args(ap)
     action = ap.add_mutually_exclusive_group(required=True)
