@@ -28,8 +28,8 @@ def parser() -> argparse.ArgumentParser:
     action = ap.add_mutually_exclusive_group(required=True)
     action.add_argument("--describe", action="store_true")
     action.add_argument("--alter", action="store_true")
-    ap.add_argument("--entity-type", required=True, choices=("topics", "brokers", "groups", "clients"))
-    ap.add_argument("--entity-name", help="topic name, broker id, group id or client id")
+    ap.add_argument("--entity-type", required=True, choices=("topics", "brokers", "groups", "clients", "users"))
+    ap.add_argument("--entity-name", help="topic name, broker id, group id, client id or user (SCRAM credentials)")
     ap.add_argument("--entity-default", action="store_true", help="the cluster-wide default (brokers, clients)")
     ap.add_argument("--add-config", action="append", metavar="K1=V1,K2=[V3,V4]")
     ap.add_argument("--delete-config", action="append", metavar="K1,K2")
@@ -42,6 +42,15 @@ def run(_name: str, argv: list[str]) -> int:
     if args.entity_type == "clients":
         return _client_quotas(args)
     admin = admin_client(args)
+    if args.entity_type == "users":
+        from kbroker_tools.admin.scram import user_credentials
+
+        return user_credentials(admin, args)
+    if args.entity_type == "brokers" and args.entity_default:
+        # librdkafka refuses a broker resource without a name: the cluster default goes over the raw protocol.
+        from kbroker_tools.admin.broker_defaults import alter_defaults, describe_defaults
+
+        return describe_defaults(args) if args.describe else alter_defaults(args)
     if args.describe:
         describe(admin, args)
     else:

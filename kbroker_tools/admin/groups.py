@@ -190,7 +190,13 @@ def _reset_scope(admin: Any, group: str, args: argparse.Namespace) -> list[tuple
         tm = md.topics.get(topic)
         if tm is None or tm.error is not None:
             raise CommandError(f"Topic '{topic}' does not exist")
-        ids = [int(x) for x in parts.split(",")] if parts else sorted(tm.partitions)
+        try:
+            ids = [int(x) for x in parts.split(",")] if parts else sorted(tm.partitions)
+        except ValueError:
+            raise CommandError(f"--topic {spec!r}: expected TOPIC or TOPIC:P1,P2 with partition numbers") from None
+        missing = [p for p in ids if p not in tm.partitions]
+        if missing:
+            raise CommandError(f"Topic '{topic}' has no partition {missing[0]}")
         tps += [(topic, p) for p in ids]
     return tps
 
@@ -240,7 +246,13 @@ def reset_offsets(admin: Any, group: str, args: argparse.Namespace) -> None:
             target = committed.get(tp, lo) + args.shift_by
         else:
             target = by_time[tp] if by_time.get(tp, -1) >= 0 else hi
-        new[tp] = min(max(target, lo), hi)  # out of range is clamped, as Kafka's tool does
+        new[tp] = min(max(target, lo), hi)  # out of range is clamped, as Kafka's tool does, with its warning
+        if target > hi:
+            print(f"WARN: New offset ({target}) is higher than latest offset for topic partition {tp[0]}-{tp[1]}. "
+                  f"Value will be set to {hi}", file=sys.stderr)
+        elif target < lo:
+            print(f"WARN: New offset ({target}) is lower than earliest offset for topic partition {tp[0]}-{tp[1]}. "
+                  f"Value will be set to {lo}", file=sys.stderr)
     if not args.execute and not args.dry_run:
         print(NO_ACTION)
     if args.execute:

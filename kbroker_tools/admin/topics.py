@@ -67,7 +67,10 @@ def matching_topics(admin: Any, pattern: str | None, exclude_internal: bool) -> 
         return names
     if pattern in md.topics:
         return [pattern]
-    rx = re.compile(pattern)
+    try:
+        rx = re.compile(pattern)
+    except re.error as e:
+        raise CommandError(f"--topic {pattern!r} is neither a topic nor a valid regular expression: {e}") from None
     return [n for n in names if rx.fullmatch(n)]
 
 
