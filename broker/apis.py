@@ -155,6 +155,8 @@ class KafkaApis:
             return self._complete_later(header, result, started)
         response = None if result is None else self._encode(header, result)
         shard = metrics.shard()
+        if api_key <= 1 and result is not None:  # Produce, Fetch: FailedProduce/FetchRequestsPerSec
+            shard.answered(api_key, result)
         elapsed = time.perf_counter() - started
         shard.busy_s += elapsed
         shard.request_done(api_key, elapsed)
@@ -163,7 +165,10 @@ class KafkaApis:
     async def _complete_later(self, header: RequestHeader, pending: Awaitable[Any], started: float) -> Response | None:
         body = await pending
         response = None if body is None else self._encode(header, body)
-        metrics.shard().request_done(header.request_api_key, time.perf_counter() - started)
+        shard = metrics.shard()
+        if header.request_api_key <= 1 and body is not None:
+            shard.answered(header.request_api_key, body)
+        shard.request_done(header.request_api_key, time.perf_counter() - started)
         return response
 
     @staticmethod
