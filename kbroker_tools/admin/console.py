@@ -58,7 +58,7 @@ def _true(props: dict[str, str], key: str, default: bool = False) -> bool:
 # ---------------------------------------------------------------- console-producer
 
 
-def producer(argv: list[str]) -> int:
+def producer_parser() -> ToolParser:
     ap = ToolParser(prog="kbroker-admin console-producer",
                                  description="Read records from standard input, one per line, and produce them.")
     ap.add_argument("--bootstrap-server", required=True)
@@ -71,7 +71,11 @@ def producer(argv: list[str]) -> int:
     ap.add_argument("--request-required-acks", default="-1")
     ap.add_argument("--compression-codec", nargs="?", const="gzip", default=None)
     ap.add_argument("--sync", action="store_true", help="wait for each record's acknowledgement")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def producer(argv: list[str]) -> int:
+    args = producer_parser().parse_args(argv)
     require_client()
     from confluent_kafka import Producer
 
@@ -156,7 +160,7 @@ def _flush(p: Any, timeout: float) -> int:
 # ---------------------------------------------------------------- console-consumer
 
 
-def consumer(argv: list[str]) -> int:
+def consumer_parser() -> ToolParser:
     ap = ToolParser(prog="kbroker-admin console-consumer",
                                  description="Print the records of a topic to standard output.")
     ap.add_argument("--bootstrap-server", required=True)
@@ -175,7 +179,11 @@ def consumer(argv: list[str]) -> int:
     ap.add_argument("--consumer-property", action="append", metavar="KEY=VALUE")
     ap.add_argument("--consumer.config", dest="consumer_config", metavar="FILE")
     ap.add_argument("--isolation-level", choices=("read_uncommitted", "read_committed"))
-    args = ap.parse_args(argv)
+    return ap
+
+
+def consumer(argv: list[str]) -> int:
+    args = consumer_parser().parse_args(argv)
     require_client()
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
@@ -195,10 +203,14 @@ def consumer(argv: list[str]) -> int:
             raise CommandError("--partition needs --topic")
         where = args.offset or ("earliest" if args.from_beginning else "latest")
         offset = {"earliest": OFFSET_BEGINNING, "latest": OFFSET_END}.get(where)
+        if offset is None and not where.lstrip("-").isdigit():
+            raise CommandError(f"--offset {where!r}: expected earliest, latest or an offset")
         c.assign([TopicPartition(args.topic, args.partition, offset if offset is not None else int(where))])
     elif args.offset is not None:
         raise CommandError("--offset needs --partition")
     else:
+        if args.include:
+            _topic_pattern(args.include, "--include")
         c.subscribe([args.topic] if args.topic else [f"^{args.include}"])
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
@@ -260,26 +272,68 @@ def format_record(msg: Any, props: dict[str, str]) -> bytes:
 TIME_NAMES = {"latest": -1, "earliest": -2, "max-timestamp": -3}
 
 
-def _partition_filter(spec: str | None) -> set[int] | None:
-    if not spec:
-        return None
-    out: set[int] = set()
-    for item in spec.split(","):
-        lo, sep, hi = item.strip().partition("-")
-        out |= set(range(int(lo), int(hi) + 1)) if sep else {int(lo)}
+def _partition_ranges(spec: str, flag: str, exclusive: bool = False) -> list[tuple[int, int | None]]:
+    """Partition lists: `0,2-4`, with open ranges `3-` and `-2`; inclusive bounds, or for --topic-partitions
+    Kafka's `lower inclusive, upper exclusive`."""
+    out: list[tuple[int, int | None]] = []
+    for item in (x.strip() for x in spec.split(",")):
+        lo, sep, hi = item.partition("-")
+        try:
+            if not sep:
+                out.append((int(lo), int(lo)))
+            else:
+                out.append((int(lo) if lo else 0, (int(hi) - exclusive) if hi else None))
+        except ValueError:
+            raise CommandError(f"{flag} {spec!r}: expected partition ids or ranges, e.g. 0,2-4") from None
     return out
 
 
-def get_offsets(argv: list[str]) -> int:
+def _in_ranges(p: int, ranges: list[tuple[int, int | None]] | None) -> bool:
+    return ranges is None or any(lo <= p and (hi is None or p <= hi) for lo, hi in ranges)
+
+
+def _topic_pattern(text: str, flag: str) -> re.Pattern[str]:
+    try:
+        return re.compile(text)
+    except re.error as e:
+        raise CommandError(f"{flag} {text!r} is not a valid regular expression: {e}") from None
+
+
+def _topic_partition_filters(args: Any) -> list[tuple[re.Pattern[str] | None, str | None, Any]]:
+    """(topic regex, literal name, partition ranges) filters: --topic-partitions `t1:0-2,t2,:0` (GetOffsetShell's
+    `TOPIC_REGEX[:N|N-M|N-|-M]` entries, upper bounds exclusive), else --topic and --partitions."""
+    if args.topic_partitions:
+        if args.topic or args.partitions:
+            raise CommandError("--topic-partitions cannot be used with --topic or --partitions")
+        filters: list[tuple[re.Pattern[str] | None, str | None, Any]] = []
+        for entry in args.topic_partitions.split(","):
+            topic, sep, parts = entry.strip().partition(":")
+            pattern = _topic_pattern(topic, "--topic-partitions") if topic else None
+            ranges = _partition_ranges(parts, "--topic-partitions", exclusive=True) if sep and parts else None
+            filters.append((pattern, topic or None, ranges))
+        return filters
+    pattern = _topic_pattern(args.topic, "--topic") if args.topic else None
+    ranges = _partition_ranges(args.partitions, "--partitions") if args.partitions else None
+    return [(pattern, args.topic, ranges)]
+
+
+def get_offsets_parser() -> ToolParser:
     ap = ToolParser(prog="kbroker-admin get-offsets",
                                  description="Offsets of topic partitions: latest, earliest, max-timestamp or by time.")
     add_connection_args(ap)
     ap.add_argument("--topic", help="topic name or regular expression (default: all topics)")
     ap.add_argument("--partitions", help="comma-separated partition ids or ranges, e.g. 0,2-4")
+    ap.add_argument("--topic-partitions", metavar="TOPIC_REGEX:PARTITIONS,...",
+                    help="TOPIC_REGEX[:N|N-M|N-|-M] entries (M exclusive), e.g. orders:0-2,clicks,:0; "
+                         "instead of --topic/--partitions")
     ap.add_argument("--time", default="-1",
                     help="-1 or latest (default), -2 or earliest, -3 or max-timestamp, or a timestamp in ms")
     ap.add_argument("--exclude-internal-topics", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def get_offsets(argv: list[str]) -> int:
+    args = get_offsets_parser().parse_args(argv)
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
@@ -293,13 +347,13 @@ def get_offsets(argv: list[str]) -> int:
             raise CommandError(f"--time {when}: not supported")
         spec = OffsetSpec.for_timestamp(when)
     admin = admin_client(args)
+    filters = _topic_partition_filters(args)
     md = admin.list_topics(timeout=30)
-    rx = re.compile(args.topic) if args.topic else None
-    wanted = _partition_filter(args.partitions)
-    tps = [TopicPartition(t, p) for t, tm in md.topics.items()
-           if (rx is None or t == args.topic or rx.fullmatch(t))
-           and not (args.exclude_internal_topics and t.startswith("__"))
-           for p in tm.partitions if wanted is None or p in wanted]
+    tps = sorted({(t, p) for t, tm in md.topics.items() if not (args.exclude_internal_topics and t.startswith("__"))
+                  for p in tm.partitions
+                  for rx, name, ranges in filters
+                  if (rx is None or t == name or rx.fullmatch(t)) and _in_ranges(p, ranges)})
+    tps = [TopicPartition(t, p) for t, p in tps]
     if not tps:
         return 0
     futures = admin.list_offsets({tp: spec for tp in tps}, request_timeout=30)
