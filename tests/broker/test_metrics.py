@@ -137,12 +137,14 @@ def test_grafana_dashboard_reads_exposed_metrics(metrics_broker):
     dashboard = json.loads((ROOT / "configs" / "grafana-dashboard.json").read_text())
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
     assert len(exprs) >= 10
-    used = {m for e in exprs for m in re.findall(r"\b(kafka_[a-z_]+)\b", e)}
+    used = {m for e in exprs for m in re.findall(r"\b((?:kafka|process|python)_[a-z_]+)\b", e)}
     exposed = exposed_names(port)
     missing = sorted(m for m in used if m not in exposed)
     assert not missing, f"the dashboard queries metrics the broker does not expose: {missing}"
     for needed in ("kafka_server_brokertopicmetrics_messagesin_total", "kafka_consumergroup_lag",
-                   "kafka_network_requestmetrics_totaltimems_bucket", "kafka_log_log_size"):
+                   "kafka_network_requestmetrics_totaltimems_bucket", "kafka_log_log_size",
+                   "kafka_network_requestmetrics_totaltimems", "kafka_controller_kafkacontroller_activecontrollercount",
+                   "process_resident_memory_bytes"):
         assert needed in used
 
 
