@@ -110,12 +110,21 @@ def read_properties_file(path: str | None) -> dict[str, str]:
     return out
 
 
+def _librdkafka_version() -> tuple[int, int]:
+    from confluent_kafka import libversion
+
+    n = libversion()[1]
+    return (n >> 24) & 0xFF, (n >> 16) & 0xFF
+
+
 def client_conf(args: argparse.Namespace, extra: dict[str, str] | None = None) -> dict[str, Any]:
     check_reachable(args.bootstrap_server)
     # Quiet librdkafka: a broker that goes away is reported once by the tool, not as a log line per retry, and
     # metadata is not re-bootstrapped behind the tool's back.
     conf: dict[str, Any] = {"bootstrap.servers": args.bootstrap_server, "log_level": 0,
-                            "metadata.recovery.strategy": "none", "client.id": "kbroker-admin"}
+                            "client.id": "kbroker-admin"}
+    if _librdkafka_version() >= (2, 5):  # the property appeared in librdkafka 2.5 (confluent-kafka>=2.4 allowed)
+        conf["metadata.recovery.strategy"] = "none"
     conf["error_cb"] = _client_error
     conf.update(read_properties_file(getattr(args, "command_config", None)))
     conf.update(extra or {})
