@@ -251,3 +251,53 @@ def test_broker_down_is_one_line_within_seconds(argv):
     assert r.returncode == 1, r.stderr
     assert r.stderr == f"Error: cannot connect to the broker at {address} (Connection refused) within 3 s\n"
     assert elapsed < 15, f"{elapsed:.1f} s"
+
+
+def test_console_consumer_without_timeout_stops_when_the_broker_goes_away(tmp_path):
+    from tests.broker_process import BrokerProcess
+
+    b = BrokerProcess(tmp_path)
+    b.start()
+    try:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kbroker_tools.admin",
+                "topics",
+                "--bootstrap-server",
+                b.bootstrap,
+                "--create",
+                "--topic",
+                "gone",
+            ],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kbroker_tools.admin",
+                "console-consumer",
+                "--bootstrap-server",
+                b.bootstrap,
+                "--topic",
+                "gone",
+            ],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(4)  # connected and polling
+        assert proc.poll() is None
+    finally:
+        b.stop()
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1, err
+    assert err.splitlines()[-1].startswith("Error: lost the connection to the brokers"), err
+    assert "Traceback" not in err
+    assert time.monotonic() - t0 < 15
