@@ -167,6 +167,8 @@ class KafkaApis:
             _set_throttle(result, self._request_throttle(conn, header, time.perf_counter() - started))
         response = None if result is None else self._encode(header, result)
         shard = metrics.shard()
+        if api_key <= 1 and result is not None:  # Produce, Fetch: FailedProduce/FetchRequestsPerSec
+            shard.answered(api_key, result)
         elapsed = time.perf_counter() - started
         shard.busy_s += elapsed
         shard.request_done(api_key, elapsed)
@@ -189,7 +191,10 @@ class KafkaApis:
         if body is not None and throttle:
             _set_throttle(body, throttle)
         response = None if body is None else self._encode(header, body)
-        metrics.shard().request_done(header.request_api_key, time.perf_counter() - started)
+        shard = metrics.shard()
+        if header.request_api_key <= 1 and body is not None:
+            shard.answered(header.request_api_key, body)
+        shard.request_done(header.request_api_key, time.perf_counter() - started)
         return response
 
     @staticmethod

@@ -381,7 +381,8 @@ KEYS: dict[str, ConfigKey] = {
                   one_of("classic", "consumer")),
         # kbroker's own: Prometheus metrics over HTTP (unset = off), where Kafka would run the JMX exporter agent.
         ConfigKey("metrics.port", _int, None, between(0, 65535)),
-        ConfigKey("metrics.host", _str, "0.0.0.0"),
+        # Unset: the host of the first listener (a broker on loopback keeps its metrics there too).
+        ConfigKey("metrics.host", _str, None),
         # kbroker's own: the web console over HTTP (console/; empty = off).
         ConfigKey("console.listeners", _str, "", _console_listener_check),
         # kbroker's own: the Confluent-compatible schema registry over HTTP (schema_registry/; empty = off).

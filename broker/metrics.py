@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import logging
 import threading
 import time
@@ -30,12 +31,16 @@ log = logging.getLogger("kbroker.metrics")
 # Upper bounds (ms) of the request latency histogram buckets; the last bucket is +Inf.
 REQUEST_BUCKETS_MS: tuple[float, ...] = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 _NUM_API_KEYS = 100
+# The JMX exporter's quantile labels for a Kafka Histogram's 50th, 75th, 95th, 98th, 99th, 999th Percentile.
+PERCENTILES = ("0.50", "0.75", "0.95", "0.98", "0.99", "0.999")
+PERCENTILE_WINDOW_S = 300.0  # about the recent past Kafka's exponentially decaying reservoir weighs
 
 
 class Shard:
     """One thread's counters. Written only by its thread, read (racily, but each value is one int) by the exporter."""
 
-    __slots__ = ("requests", "time_ms_sum", "time_buckets", "busy_s", "topic_in", "topic_out")
+    __slots__ = ("requests", "time_ms_sum", "time_buckets", "busy_s", "topic_in", "topic_out", "queued",
+                 "queue_ms_sum", "queue_buckets", "failed")
 
     def __init__(self) -> None:
         self.requests = [0] * _NUM_API_KEYS
@@ -44,6 +49,11 @@ class Shard:
         self.busy_s = 0.0  # time spent handling requests on this thread
         self.topic_in: dict[str, list[int]] = {}  # topic -> [messages, bytes]
         self.topic_out: dict[str, list[int]] = {}  # topic -> [bytes]
+        # Requests that waited behind another on their connection; the others waited 0 ms (requests - queued).
+        self.queued = [0] * _NUM_API_KEYS
+        self.queue_ms_sum = [0.0] * _NUM_API_KEYS
+        self.queue_buckets: list[list[int] | None] = [None] * _NUM_API_KEYS
+        self.failed: dict[str, list[int]] = {}  # topic -> [failed produce partitions, failed fetch partitions]
 
     def request_done(self, api_key: int, elapsed_s: float) -> None:
         if not 0 <= api_key < _NUM_API_KEYS:
@@ -55,6 +65,34 @@ class Shard:
         if buckets is None:
             buckets = self.time_buckets[api_key] = [0] * (len(REQUEST_BUCKETS_MS) + 1)
         buckets[bisect.bisect_left(REQUEST_BUCKETS_MS, ms)] += 1
+
+    def request_queued(self, frame: bytes | bytearray, waited_s: float) -> None:
+        """A request that waited in its connection's queue (RequestQueueTimeMs); the api key leads the frame."""
+        api_key = (frame[0] << 8) | frame[1] if len(frame) >= 2 else -1
+        if not 0 <= api_key < _NUM_API_KEYS:
+            return
+        ms = waited_s * 1000
+        self.queued[api_key] += 1
+        self.queue_ms_sum[api_key] += ms
+        buckets = self.queue_buckets[api_key]
+        if buckets is None:
+            buckets = self.queue_buckets[api_key] = [0] * (len(REQUEST_BUCKETS_MS) + 1)
+        buckets[bisect.bisect_left(REQUEST_BUCKETS_MS, ms)] += 1
+
+    def answered(self, api_key: int, response: Any) -> None:
+        """Failed partitions of a Produce or Fetch response, per topic (FailedProduceRequestsPerSec,
+        FailedFetchRequestsPerSec). As Kafka, errors that only send the client elsewhere are not failures."""
+        which = api_key  # 0 = produce, 1 = fetch
+        expected = _EXPECTED_PRODUCE_ERRORS if which == 0 else _EXPECTED_FETCH_ERRORS
+        for t in response.responses:
+            name = getattr(t, "name", None) if which == 0 else t.topic
+            for p in t.partition_responses if which == 0 else t.partitions:
+                code = p.error_code
+                if code and code not in expected:
+                    c = self.failed.get(name or "")
+                    if c is None:
+                        c = self.failed[name or ""] = [0, 0]
+                    c[which] += 1
 
     def produced(self, topic: str, messages: int, nbytes: int) -> None:
         c = self.topic_in.get(topic)
@@ -77,6 +115,32 @@ class Shard:
                 if c is None:
                     c = out[t.topic] = [0]
                 c[0] += n
+
+
+# Kafka's ReplicaManager answers these without marking the failed-request meters: they route the client elsewhere
+# (or say that its data is too large or gone), they are not the broker failing.
+_EXPECTED_PRODUCE_ERRORS = frozenset({3, 6, 2, 10, 18, 56})  # UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER,
+# CORRUPT_MESSAGE, MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE, KAFKA_STORAGE_ERROR
+_EXPECTED_FETCH_ERRORS = frozenset({3, 6, 1, 9, 56, 74, 75, 100, 103})  # ..., OFFSET_OUT_OF_RANGE,
+# REPLICA_NOT_AVAILABLE, KAFKA_STORAGE_ERROR, FENCED_/UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_ID, INCONSISTENT_TOPIC_ID
+
+
+class IsrChanges:
+    """ISR shrinks and expansions committed on partitions led here (ReplicaManager IsrShrinksPerSec,
+    IsrExpandsPerSec): counted under the partition's lock, read by the exporter; each value one int."""
+
+    shrinks = 0
+    expands = 0
+
+    @classmethod
+    def record(cls, old: tuple[int, ...], new: tuple[int, ...]) -> None:
+        if set(new) < set(old):
+            cls.shrinks += 1
+        elif set(new) > set(old):
+            cls.expands += 1
+        elif set(new) != set(old):  # a replacement: one out, one in
+            cls.shrinks += 1
+            cls.expands += 1
 
 
 _local = threading.local()
@@ -127,6 +191,8 @@ class KafkaCollector:
     def __init__(self, server: KafkaServer) -> None:
         self.server = server
         self._idle_marks: dict[str, tuple[float, float]] = {}  # thread -> (wall time, busy_s) at the last scrape
+        # (scrape time, api key -> TotalTimeMs bucket counts): the window the percentiles are computed over
+        self._latency_marks: collections.deque[tuple[float, dict[int, list[int]]]] = collections.deque()
         self._started = time.monotonic()
 
     def describe(self) -> list[Any]:
@@ -139,6 +205,8 @@ class KafkaCollector:
             shards = list(_shards)
         yield from self._topic_families(shards, CounterMetricFamily)
         yield from self._request_families(shards, CounterMetricFamily)
+        yield from self._percentile_families(shards)
+        yield from self._failed_families(shards, CounterMetricFamily)
         yield from self._network_families(shards, GaugeMetricFamily)
         yield from self._log_families(GaugeMetricFamily)
         yield from self._fetch_session_families(GaugeMetricFamily, CounterMetricFamily)
@@ -166,26 +234,93 @@ class KafkaCollector:
         from prometheus_client.core import HistogramMetricFamily
 
         requests = Counter("kafka_network_requestmetrics_requests", "Requests answered, per API", labels=["request"])
-        latency = HistogramMetricFamily("kafka_network_requestmetrics_totaltimems",
-                                        "Time from request decode to response encoded, ms, per API",
-                                        labels=["request"])
+        queue = HistogramMetricFamily("kafka_network_requestmetrics_requestqueuetimems",
+                                      "Time a request waited behind another on its connection, ms, per API",
+                                      labels=["request"])
         for key in range(_NUM_API_KEYS):
             count = sum(s.requests[key] for _, s in shards)
             if not count:
                 continue
             name = _api_name(key)
             requests.add_metric([name], count)
+            # TotalTimeMs: see _percentile_families.
+            # RequestQueueTimeMs: the requests not queued behind another waited 0 ms (the first bucket).
+            queued = sum(s.queued[key] for _, s in shards)
+            qbuckets = [0] * (len(REQUEST_BUCKETS_MS) + 1)
+            qbuckets[0] = max(0, count - queued)
+            for _, s in shards:
+                b = s.queue_buckets[key]
+                if b is not None:
+                    for i, v in enumerate(b):
+                        qbuckets[i] += v
+            queue.add_metric([name], _cumulative(REQUEST_BUCKETS_MS, qbuckets), sum(s.queue_ms_sum[key]
+                                                                                     for _, s in shards))
+        yield requests
+        yield queue
+
+    def _percentile_families(self, shards: list[tuple[str, Shard]]) -> Iterator[Any]:
+        """TotalTimeMs' percentiles over the last minutes, as the JMX exporter's Kafka rules expose a Histogram
+        MBean's 50th..999thPercentile attributes: kafka_network_requestmetrics_totaltimems{quantile="0.99"}.
+        The series share their family name with the latency histogram's _bucket/_sum/_count, so the family is a
+        summary (quantiles, _sum, _count) and the buckets are their own family, kafka_..._totaltimems_bucket:
+        every series name the histogram had stays, and both kinds of dashboards find theirs."""
+        from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
+        from prometheus_client.samples import Sample
+
+        now = time.monotonic()
+        current: dict[int, list[int]] = {}
+        summary = SummaryMetricFamily("kafka_network_requestmetrics_totaltimems",
+                                      "Time from request decode to response encoded, ms, per API: percentiles of "
+                                      "the last minutes", labels=["request"])
+        buckets_fam = GaugeMetricFamily("kafka_network_requestmetrics_totaltimems_bucket",
+                                        "Cumulative count of requests at most `le` ms, per API (histogram buckets)",
+                                        labels=["request", "le"])
+        for key in range(_NUM_API_KEYS):
+            count = sum(s.requests[key] for _, s in shards)
+            if not count:
+                continue
             buckets = [0] * (len(REQUEST_BUCKETS_MS) + 1)
-            total_ms = 0.0
             for _, s in shards:
                 b = s.time_buckets[key]
                 if b is not None:
                     for i, v in enumerate(b):
                         buckets[i] += v
-                total_ms += s.time_ms_sum[key]
-            latency.add_metric([name], _cumulative(REQUEST_BUCKETS_MS, buckets), total_ms)
-        yield requests
-        yield latency
+            current[key] = buckets
+            name = _api_name(key)
+            for le, n in _cumulative(REQUEST_BUCKETS_MS, buckets):
+                buckets_fam.add_metric([name, le], n)
+            # The window: the oldest snapshot kept (up to PERCENTILE_WINDOW_S old), or since start-up.
+            base = self._latency_marks[0][1].get(key) if self._latency_marks else None
+            window = [b - (base[i] if base else 0) for i, b in enumerate(buckets)]
+            total_ms = sum(s.time_ms_sum[key] for _, s in shards)
+            summary.add_metric([name], count_value=count, sum_value=total_ms)
+            for q in PERCENTILES:
+                summary.samples.append(Sample("kafka_network_requestmetrics_totaltimems",
+                                              {"request": name, "quantile": q},
+                                              _quantile(REQUEST_BUCKETS_MS, window, float(q))))
+        self._latency_marks.append((now, current))
+        while len(self._latency_marks) > 1 and now - self._latency_marks[1][0] >= PERCENTILE_WINDOW_S:
+            self._latency_marks.popleft()
+        yield summary
+        yield buckets_fam
+
+    @staticmethod
+    def _failed_families(shards: list[tuple[str, Shard]], Counter: Any) -> Iterator[Any]:
+        produce = Counter("kafka_server_brokertopicmetrics_failedproducerequests",
+                          "Produce partitions that failed, per topic", labels=["topic"])
+        fetch = Counter("kafka_server_brokertopicmetrics_failedfetchrequests",
+                        "Fetch partitions that failed, per topic", labels=["topic"])
+        sums: dict[str, list[int]] = {}
+        for _, s in shards:
+            for topic, (p, f) in list(s.failed.items()):
+                c = sums.setdefault(topic, [0, 0])
+                c[0] += p
+                c[1] += f
+        for topic in sorted(sums):
+            produce.add_metric([topic], sums[topic][0])
+            fetch.add_metric([topic], sums[topic][1])
+        yield produce
+        yield fetch
 
     # -- SocketServer, RequestChannel --------------------------------------------------------------------------
 
@@ -228,7 +363,14 @@ class KafkaCollector:
 
     # -- Log, LogFlushStats, ReplicaManager, KafkaController ---------------------------------------------------
 
+    def _is_controller(self) -> bool:
+        try:
+            return bool(self.server.controller_id() == self.server.broker_id)
+        except Exception:  # noqa: BLE001 - no controller known (ZooKeeper unreachable): not this broker
+            return False
+
     def _log_families(self, Gauge: Any) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily as Counter
         from prometheus_client.core import HistogramMetricFamily
 
         labels = ["topic", "partition"]
@@ -258,15 +400,28 @@ class KafkaCollector:
         under = Gauge("kafka_server_replicamanager_underreplicatedpartitions", "Partitions with replicas out of sync")
         rm = getattr(self.server, "replica_manager", None)
         under.add_metric([], rm.under_replicated_count() if rm is not None else 0)
-        # Controller gauges, as Kafka: non-zero only on the active controller (never on the embedded single node).
+        leaders = Gauge("kafka_server_replicamanager_leadercount", "Partitions led by this broker")
+        under_min = Gauge("kafka_server_replicamanager_underminisrpartitioncount",
+                          "Partitions led here whose ISR is smaller than their min.insync.replicas")
+        led = [p for p in list(rm.partitions.values()) if p.is_leader] if rm is not None else []
+        # Partitions without replication state (the embedded single node) are led here when their log is.
+        leaders.add_metric([], len(led) if rm is not None and rm.partitions else len(logs))
+        under_min.add_metric([], sum(1 for p in led if len(p.isr) < rm.min_insync_replicas(p.topic))
+                             if rm is not None else 0)
+        shrinks = Counter("kafka_server_replicamanager_isrshrinks", "ISR shrinks of partitions led here")
+        shrinks.add_metric([], IsrChanges.shrinks)
+        expands = Counter("kafka_server_replicamanager_isrexpands", "ISR expansions of partitions led here")
+        expands.add_metric([], IsrChanges.expands)
+        # Controller gauges, as Kafka: non-zero only on the controller. A single node names itself controller, and
+        # the standard alert sum(activecontrollercount) != 1 expects exactly that.
         controller = getattr(self.server, "controller", None)
-        active = controller is not None and controller.is_active
+        active = self._is_controller()
         offline = Gauge("kafka_controller_kafkacontroller_offlinepartitionscount", "Partitions without a leader")
-        offline.add_metric([], controller.offline_partitions if active else 0)
+        offline.add_metric([], controller.offline_partitions if active and controller is not None else 0)
         active_count = Gauge("kafka_controller_kafkacontroller_activecontrollercount",
                              "1 on the broker that is the controller")
         active_count.add_metric([], 1 if active else 0)
-        yield from (pids, partitions, under, offline, active_count)
+        yield from (pids, partitions, under, leaders, under_min, shrinks, expands, offline, active_count)
         count, sum_ms, buckets = FLUSH_STATS.snapshot()
         flush = HistogramMetricFamily("kafka_log_logflushstats_logflushrateandtimems", "Log flush (fsync) time, ms")
         flush.add_metric([], _cumulative(FLUSH_BUCKETS_MS, buckets), sum_ms)
@@ -324,12 +479,40 @@ class KafkaCollector:
             return []
 
 
+def _quantile(bounds: tuple[float, ...], counts: list[int], q: float) -> float:
+    """The q-quantile of bucketed samples, interpolated linearly inside its bucket (as Prometheus'
+    histogram_quantile); the +Inf bucket answers its lower bound. NaN without samples, as an empty reservoir."""
+    total = sum(counts)
+    if total <= 0:
+        return float("nan")
+    rank = q * total
+    running = 0
+    for i, n in enumerate(counts):
+        if n and running + n >= rank:
+            lo = bounds[i - 1] if i > 0 else 0.0
+            if i >= len(bounds):
+                return float(bounds[-1])
+            return lo + (bounds[i] - lo) * (rank - running) / n
+        running += n
+    return float(bounds[-1])
+
+
 def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
     out, running = [], 0
     for bound, n in zip((*bounds, float("inf")), counts, strict=True):
         running += n
         out.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
     return out
+
+
+def metrics_host(config: Any) -> str:
+    """metrics.host, or when unset the host of the broker's first listener: a broker on loopback does not publish
+    its metrics on every interface."""
+    host = config["metrics.host"]
+    if host is not None:
+        return str(host)
+    listeners = config.listeners
+    return str(listeners[0].host).strip("[]") if listeners and listeners[0].host else "0.0.0.0"
 
 
 class MetricsExporter:
@@ -342,11 +525,21 @@ class MetricsExporter:
         self.port: int | None = None
 
     def start(self) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import (
+            CollectorRegistry,
+            GCCollector,
+            PlatformCollector,
+            ProcessCollector,
+            start_http_server,
+        )
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(KafkaCollector(self.server))  # type: ignore[arg-type]
-        host = self.server.config["metrics.host"]
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, python_gc_*, python_info
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+        host = metrics_host(self.server.config)
         port = self.server.config["metrics.port"]
         try:
             self._httpd, self._thread = start_http_server(port, addr=host, registry=registry)

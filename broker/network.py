@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Generator
 from typing import TYPE_CHECKING, Any
 
 import uvloop
+from kbroker.broker import metrics
 from kbroker.broker.config import KafkaConfig, Listener
 
 if TYPE_CHECKING:
@@ -197,6 +198,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         # task) are out. Only a DelayedResponse lets the next request be processed while its answer is owed.
         self._busy = False
         self._pending: collections.deque[bytes | bytearray] = collections.deque()
+        self._pending_since: collections.deque[float] = collections.deque()  # when each one was queued (metrics)
         self._answers: collections.deque[Response | Awaitable[Response | None] | None] = collections.deque()
         self._answering = False
         self._big: bytearray | None = None  # the frame being received when it is larger than the buffer
@@ -385,6 +387,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def _dispatch(self, frame: bytes | bytearray) -> None:
         if self._busy:
             self._pending.append(frame)
+            self._pending_since.append(time.perf_counter())
             self._pending_bytes += len(frame)
             if len(self._pending) >= MAX_QUEUED_PER_CONNECTION:
                 self._pause("queue")
@@ -495,6 +498,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     while self._pending and not self._busy and not self._closed:
                         frame = self._pending.popleft()
                         self._pending_bytes -= len(frame)
+                        metrics.shard().request_queued(frame, time.perf_counter() - self._pending_since.popleft())
                         self._process(frame)
                     if self._pool.enabled and not self._closed:
                         self._account()
@@ -673,6 +677,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def stop_reading(self) -> None:
         self._pause("shutdown")
         self._pending.clear()
+        self._pending_since.clear()
         self._pending_bytes = 0
 
     def is_closed(self) -> bool:

@@ -19,6 +19,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from kbroker.broker.metrics import IsrChanges
 from kbroker.coordinator.metadata_store import PartitionState
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.storage.log import Log
@@ -234,6 +235,7 @@ class Partition:
                 return False
             old = self.isr
             self.isr = tuple(isr)
+            IsrChanges.record(old, self.isr)
             self.partition_epoch = partition_epoch
             before = self.log.high_watermark
             # An ISR of one moves the high watermark to the log end inside set_hw_tracks_leo.

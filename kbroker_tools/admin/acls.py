@@ -10,6 +10,7 @@ from typing import Any
 
 from kbroker_tools.admin.common import (
     CommandError,
+    ToolParser,
     add_connection_args,
     admin_client,
     client_conf,
@@ -32,7 +33,7 @@ SUPPORTED = {
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="kbroker-admin acls", description="Add, remove or list ACLs (kafka-acls).")
+    ap = ToolParser(prog="kbroker-admin acls", description="Add, remove or list ACLs (kafka-acls).")
     add_connection_args(ap)
     action = ap.add_mutually_exclusive_group(required=True)
     for flag in ("--add", "--remove", "--list"):

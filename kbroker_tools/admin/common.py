@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
+import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 try:
     from confluent_kafka import KafkaException
@@ -15,10 +17,67 @@ except ImportError:  # pragma: no cover - the message below is the whole story
     AdminClient = None  # type: ignore[assignment,misc]
 
 TIMEOUT = 30.0
+# How long the tool tries to reach a bootstrap address before it gives up (kcat gives up as quickly).
+CONNECT_TIMEOUT = 3.0
 
 
 class CommandError(Exception):
     """A user-facing failure: printed as one line (`Error: ...`), exit status 1."""
+
+
+class ToolParser(argparse.ArgumentParser):
+    """argparse with one-line errors: `Error: <what>` and a pointer to --help, never the multi-line usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CommandError(f"{message} (see `{self.prog} --help`)")
+
+
+def bootstrap_addresses(bootstrap: str) -> list[tuple[str, int]]:
+    """`HOST:PORT[,HOST:PORT]` (IPv6 in brackets), or a CommandError naming the malformed entry."""
+    out: list[tuple[str, int]] = []
+    for item in (x.strip() for x in bootstrap.split(",")):
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if "://" in item:
+            host, sep, port = item.split("://", 1)[1].rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise CommandError(f"--bootstrap-server {item!r}: expected HOST:PORT")
+        out.append((host.strip("[]"), int(port)))
+    if not out:
+        raise CommandError("--bootstrap-server is empty: expected HOST:PORT[,HOST:PORT]")
+    return out
+
+
+_reachable: set[str] = set()
+
+
+def check_reachable(bootstrap: str, timeout: float = CONNECT_TIMEOUT) -> None:
+    """One TCP connect to some bootstrap address within `timeout`, or a CommandError naming the addresses:
+    without it librdkafka retries for the whole request timeout and logs every failed attempt."""
+    if bootstrap in _reachable:
+        return
+    addresses = bootstrap_addresses(bootstrap)
+    deadline = time.monotonic() + timeout
+    reasons: list[str] = []
+    while True:
+        for host, port in addresses:
+            try:
+                socket.create_connection((host, port), timeout=max(0.2, deadline - time.monotonic())).close()
+            except OSError as e:
+                reasons.append(f"{_address(host, port)} ({e.strerror or e})")
+                continue
+            _reachable.add(bootstrap)
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)  # a broker that is starting up gets the rest of the timeout
+    shown = ", ".join(dict.fromkeys(reasons[-len(addresses):]))
+    raise CommandError(f"cannot connect to the broker at {shown} within {timeout:.0f} s")
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def require_client() -> None:
@@ -51,12 +110,42 @@ def read_properties_file(path: str | None) -> dict[str, str]:
     return out
 
 
+def _librdkafka_version() -> tuple[int, int]:
+    from confluent_kafka import libversion
+
+    n = libversion()[1]
+    return (n >> 24) & 0xFF, (n >> 16) & 0xFF
+
+
 def client_conf(args: argparse.Namespace, extra: dict[str, str] | None = None) -> dict[str, Any]:
-    conf: dict[str, Any] = {"bootstrap.servers": args.bootstrap_server, "log_level": 3,
+    check_reachable(args.bootstrap_server)
+    # Quiet librdkafka: a broker that goes away is reported once by the tool, not as a log line per retry, and
+    # metadata is not re-bootstrapped behind the tool's back.
+    conf: dict[str, Any] = {"bootstrap.servers": args.bootstrap_server, "log_level": 0,
                             "client.id": "kbroker-admin"}
+    if _librdkafka_version() >= (2, 5):  # the property appeared in librdkafka 2.5 (confluent-kafka>=2.4 allowed)
+        conf["metadata.recovery.strategy"] = "none"
+    conf["error_cb"] = _client_error
     conf.update(read_properties_file(getattr(args, "command_config", None)))
     conf.update(extra or {})
     return conf
+
+
+# librdkafka's errors that end the command: every broker connection lost (the broker went away while the tool ran),
+# or a fatal client error. Others (one broker of several down) librdkafka survives by itself.
+_ALL_BROKERS_DOWN = -187
+_stopping: list[str] = []
+
+
+def _client_error(err: Any) -> None:
+    if err.code() == _ALL_BROKERS_DOWN or err.fatal():
+        _stopping.append(f"{err.name()}: {err.str()}")
+
+
+def check_client() -> None:
+    """A CommandError once librdkafka reported that the brokers are gone (see _client_error)."""
+    if _stopping:
+        raise CommandError(f"lost the connection to the brokers ({_stopping[0]})")
 
 
 def admin_client(args: argparse.Namespace) -> Any:
@@ -66,8 +155,15 @@ def admin_client(args: argparse.Namespace) -> Any:
 
 def result(future: Any, what: str) -> Any:
     """The future's value, or a CommandError with Kafka's error name, as the Java tools print them."""
+    deadline = time.monotonic() + TIMEOUT
     try:
-        return future.result(TIMEOUT)
+        while True:
+            try:
+                return future.result(0.2)
+            except TimeoutError:
+                check_client()
+                if time.monotonic() >= deadline:
+                    raise
     except KafkaException as e:
         err = e.args[0] if e.args else e
         name = err.name() if hasattr(err, "name") else type(err).__name__

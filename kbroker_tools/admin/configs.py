@@ -7,8 +7,10 @@ from typing import Any
 
 from kbroker_tools.admin.common import (
     CommandError,
+    ToolParser,
     add_connection_args,
     admin_client,
+    check_reachable,
     parse_key_values,
     result,
     split_config_list,
@@ -20,14 +22,14 @@ MATCH_EXACT, MATCH_DEFAULT, MATCH_ANY = 0, 1, 2
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="kbroker-admin configs",
+    ap = ToolParser(prog="kbroker-admin configs",
                                  description="Describe or change topic, broker, group and client configs (kafka-configs).")
     add_connection_args(ap)
     action = ap.add_mutually_exclusive_group(required=True)
     action.add_argument("--describe", action="store_true")
     action.add_argument("--alter", action="store_true")
-    ap.add_argument("--entity-type", required=True, choices=("topics", "brokers", "groups", "clients"))
-    ap.add_argument("--entity-name", help="topic name, broker id, group id or client id")
+    ap.add_argument("--entity-type", required=True, choices=("topics", "brokers", "groups", "clients", "users"))
+    ap.add_argument("--entity-name", help="topic name, broker id, group id, client id or user (SCRAM credentials)")
     ap.add_argument("--entity-default", action="store_true", help="the cluster-wide default (brokers, clients)")
     ap.add_argument("--add-config", action="append", metavar="K1=V1,K2=[V3,V4]")
     ap.add_argument("--delete-config", action="append", metavar="K1,K2")
@@ -40,6 +42,15 @@ def run(_name: str, argv: list[str]) -> int:
     if args.entity_type == "clients":
         return _client_quotas(args)
     admin = admin_client(args)
+    if args.entity_type == "users":
+        from kbroker_tools.admin.scram import user_credentials
+
+        return user_credentials(admin, args)
+    if args.entity_type == "brokers" and args.entity_default:
+        # librdkafka refuses a broker resource without a name: the cluster default goes over the raw protocol.
+        from kbroker_tools.admin.broker_defaults import alter_defaults, describe_defaults
+
+        return describe_defaults(args) if args.describe else alter_defaults(args)
     if args.describe:
         describe(admin, args)
     else:
@@ -133,6 +144,7 @@ def _client_quotas(args: argparse.Namespace) -> int:
 
     name = None if args.entity_default else args.entity_name
     shown = "the default client-id" if name is None else f"client-id '{name}'"
+    check_reachable(args.bootstrap_server)
     with WireClient(_bootstrap(args), client_id="kbroker-admin") as c:
         if args.describe:
             match = MATCH_ANY if name is None and not args.entity_default else \

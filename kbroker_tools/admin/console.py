@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import random
 import re
 import signal
@@ -12,8 +11,10 @@ from typing import Any
 
 from kbroker_tools.admin.common import (
     CommandError,
+    ToolParser,
     add_connection_args,
     admin_client,
+    check_client,
     client_conf,
     parse_key_values,
     read_properties_file,
@@ -57,8 +58,8 @@ def _true(props: dict[str, str], key: str, default: bool = False) -> bool:
 # ---------------------------------------------------------------- console-producer
 
 
-def producer(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="kbroker-admin console-producer",
+def producer_parser() -> ToolParser:
+    ap = ToolParser(prog="kbroker-admin console-producer",
                                  description="Read records from standard input, one per line, and produce them.")
     ap.add_argument("--bootstrap-server", required=True)
     ap.add_argument("--topic", required=True)
@@ -70,7 +71,11 @@ def producer(argv: list[str]) -> int:
     ap.add_argument("--request-required-acks", default="-1")
     ap.add_argument("--compression-codec", nargs="?", const="gzip", default=None)
     ap.add_argument("--sync", action="store_true", help="wait for each record's acknowledgement")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def producer(argv: list[str]) -> int:
+    args = producer_parser().parse_args(argv)
     require_client()
     from confluent_kafka import Producer
 
@@ -92,6 +97,9 @@ def producer(argv: list[str]) -> int:
             errors.append(str(err))
 
     p = Producer(conf)
+    # A malformed line ends the input, as in Kafka's console producer: what was read before it is still delivered.
+    bad: str | None = None
+    sent = 0
     for lineno, raw in enumerate(sys.stdin, 1):
         line = raw.rstrip("\n")
         headers: list[tuple[str, bytes | None]] = []
@@ -99,7 +107,8 @@ def producer(argv: list[str]) -> int:
             hdr, sep, line = line.partition(h_delim)
             if not sep:
                 if not ignore_error:
-                    raise CommandError(f"line {lineno}: no headers delimiter {h_delim!r}")
+                    bad = f"No headers delimiter found on line number {lineno}: '{raw.rstrip(chr(10))}'"
+                    break
                 line = hdr
             else:
                 for item in hdr.split(h_sep) if hdr else []:
@@ -110,30 +119,49 @@ def producer(argv: list[str]) -> int:
             key, sep, value = line.partition(key_sep)
             if not sep:
                 if not ignore_error:
-                    raise CommandError(f"line {lineno}: no key separator {key_sep!r} in {line!r}")
+                    bad = f"No key separator found on line number {lineno}: '{raw.rstrip(chr(10))}'"
+                    break
                 key, value = None, line
         else:
             value = line
         if null_marker is not None:
             key = None if key == null_marker else key
-        p.produce(args.topic, value=None if value == null_marker else value.encode(),
-                  key=None if key is None else key.encode(), headers=headers or None, on_delivery=delivered)
+        record = {"value": None if value == null_marker else value.encode(),
+                  "key": None if key is None else key.encode(), "headers": headers or None}
+        while True:
+            try:
+                p.produce(args.topic, on_delivery=delivered, **record)
+                break
+            except BufferError:  # librdkafka's queue is full: wait for acknowledgements, as Kafka's send blocks
+                p.poll(0.2)
+                check_client()
+        sent += 1
         if args.sync:
-            p.flush(30)
+            _flush(p, 30)
         else:
             p.poll(0)
-    if p.flush(30):
+    if _flush(p, 30):
         raise CommandError("some records were not acknowledged within 30 s")
     if errors:
         raise CommandError(f"{len(errors)} records failed, the first: {errors[0]}")
+    if bad is not None:
+        raise CommandError(f"{bad} (the {sent} records before it were sent)")
     return 0
+
+
+def _flush(p: Any, timeout: float) -> int:
+    """Producer.flush in slices, so that a broker that goes away ends the wait (check_client) within a second."""
+    deadline = time.monotonic() + timeout
+    while (left := p.flush(0.5)) and time.monotonic() < deadline:
+        check_client()
+    return int(left)
 
 
 # ---------------------------------------------------------------- console-consumer
 
 
-def consumer(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="kbroker-admin console-consumer",
+def consumer_parser() -> ToolParser:
+    ap = ToolParser(prog="kbroker-admin console-consumer",
                                  description="Print the records of a topic to standard output.")
     ap.add_argument("--bootstrap-server", required=True)
     src = ap.add_mutually_exclusive_group(required=True)
@@ -151,7 +179,11 @@ def consumer(argv: list[str]) -> int:
     ap.add_argument("--consumer-property", action="append", metavar="KEY=VALUE")
     ap.add_argument("--consumer.config", dest="consumer_config", metavar="FILE")
     ap.add_argument("--isolation-level", choices=("read_uncommitted", "read_committed"))
-    args = ap.parse_args(argv)
+    return ap
+
+
+def consumer(argv: list[str]) -> int:
+    args = consumer_parser().parse_args(argv)
     require_client()
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
@@ -171,10 +203,14 @@ def consumer(argv: list[str]) -> int:
             raise CommandError("--partition needs --topic")
         where = args.offset or ("earliest" if args.from_beginning else "latest")
         offset = {"earliest": OFFSET_BEGINNING, "latest": OFFSET_END}.get(where)
+        if offset is None and not where.lstrip("-").isdigit():
+            raise CommandError(f"--offset {where!r}: expected earliest, latest or an offset")
         c.assign([TopicPartition(args.topic, args.partition, offset if offset is not None else int(where))])
     elif args.offset is not None:
         raise CommandError("--offset needs --partition")
     else:
+        if args.include:
+            _topic_pattern(args.include, "--include")
         c.subscribe([args.topic] if args.topic else [f"^{args.include}"])
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
@@ -183,6 +219,7 @@ def consumer(argv: list[str]) -> int:
     try:
         while not stop and (args.max_messages is None or count < args.max_messages):
             msg = c.poll(0.2)
+            check_client()  # without --timeout-ms, a broker that goes away ends the tool rather than a hang
             if msg is None:
                 if args.timeout_ms is not None and (time.monotonic() - last) * 1000 >= args.timeout_ms:
                     break
@@ -235,26 +272,68 @@ def format_record(msg: Any, props: dict[str, str]) -> bytes:
 TIME_NAMES = {"latest": -1, "earliest": -2, "max-timestamp": -3}
 
 
-def _partition_filter(spec: str | None) -> set[int] | None:
-    if not spec:
-        return None
-    out: set[int] = set()
-    for item in spec.split(","):
-        lo, sep, hi = item.strip().partition("-")
-        out |= set(range(int(lo), int(hi) + 1)) if sep else {int(lo)}
+def _partition_ranges(spec: str, flag: str, exclusive: bool = False) -> list[tuple[int, int | None]]:
+    """Partition lists: `0,2-4`, with open ranges `3-` and `-2`; inclusive bounds, or for --topic-partitions
+    Kafka's `lower inclusive, upper exclusive`."""
+    out: list[tuple[int, int | None]] = []
+    for item in (x.strip() for x in spec.split(",")):
+        lo, sep, hi = item.partition("-")
+        try:
+            if not sep:
+                out.append((int(lo), int(lo)))
+            else:
+                out.append((int(lo) if lo else 0, (int(hi) - exclusive) if hi else None))
+        except ValueError:
+            raise CommandError(f"{flag} {spec!r}: expected partition ids or ranges, e.g. 0,2-4") from None
     return out
 
 
-def get_offsets(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="kbroker-admin get-offsets",
+def _in_ranges(p: int, ranges: list[tuple[int, int | None]] | None) -> bool:
+    return ranges is None or any(lo <= p and (hi is None or p <= hi) for lo, hi in ranges)
+
+
+def _topic_pattern(text: str, flag: str) -> re.Pattern[str]:
+    try:
+        return re.compile(text)
+    except re.error as e:
+        raise CommandError(f"{flag} {text!r} is not a valid regular expression: {e}") from None
+
+
+def _topic_partition_filters(args: Any) -> list[tuple[re.Pattern[str] | None, str | None, Any]]:
+    """(topic regex, literal name, partition ranges) filters: --topic-partitions `t1:0-2,t2,:0` (GetOffsetShell's
+    `TOPIC_REGEX[:N|N-M|N-|-M]` entries, upper bounds exclusive), else --topic and --partitions."""
+    if args.topic_partitions:
+        if args.topic or args.partitions:
+            raise CommandError("--topic-partitions cannot be used with --topic or --partitions")
+        filters: list[tuple[re.Pattern[str] | None, str | None, Any]] = []
+        for entry in args.topic_partitions.split(","):
+            topic, sep, parts = entry.strip().partition(":")
+            pattern = _topic_pattern(topic, "--topic-partitions") if topic else None
+            ranges = _partition_ranges(parts, "--topic-partitions", exclusive=True) if sep and parts else None
+            filters.append((pattern, topic or None, ranges))
+        return filters
+    pattern = _topic_pattern(args.topic, "--topic") if args.topic else None
+    ranges = _partition_ranges(args.partitions, "--partitions") if args.partitions else None
+    return [(pattern, args.topic, ranges)]
+
+
+def get_offsets_parser() -> ToolParser:
+    ap = ToolParser(prog="kbroker-admin get-offsets",
                                  description="Offsets of topic partitions: latest, earliest, max-timestamp or by time.")
     add_connection_args(ap)
     ap.add_argument("--topic", help="topic name or regular expression (default: all topics)")
     ap.add_argument("--partitions", help="comma-separated partition ids or ranges, e.g. 0,2-4")
+    ap.add_argument("--topic-partitions", metavar="TOPIC_REGEX:PARTITIONS,...",
+                    help="TOPIC_REGEX[:N|N-M|N-|-M] entries (M exclusive), e.g. orders:0-2,clicks,:0; "
+                         "instead of --topic/--partitions")
     ap.add_argument("--time", default="-1",
                     help="-1 or latest (default), -2 or earliest, -3 or max-timestamp, or a timestamp in ms")
     ap.add_argument("--exclude-internal-topics", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def get_offsets(argv: list[str]) -> int:
+    args = get_offsets_parser().parse_args(argv)
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
@@ -268,13 +347,13 @@ def get_offsets(argv: list[str]) -> int:
             raise CommandError(f"--time {when}: not supported")
         spec = OffsetSpec.for_timestamp(when)
     admin = admin_client(args)
+    filters = _topic_partition_filters(args)
     md = admin.list_topics(timeout=30)
-    rx = re.compile(args.topic) if args.topic else None
-    wanted = _partition_filter(args.partitions)
-    tps = [TopicPartition(t, p) for t, tm in md.topics.items()
-           if (rx is None or t == args.topic or rx.fullmatch(t))
-           and not (args.exclude_internal_topics and t.startswith("__"))
-           for p in tm.partitions if wanted is None or p in wanted]
+    tps = sorted({(t, p) for t, tm in md.topics.items() if not (args.exclude_internal_topics and t.startswith("__"))
+                  for p in tm.partitions
+                  for rx, name, ranges in filters
+                  if (rx is None or t == name or rx.fullmatch(t)) and _in_ranges(p, ranges)})
+    tps = [TopicPartition(t, p) for t, p in tps]
     if not tps:
         return 0
     futures = admin.list_offsets({tp: spec for tp in tps}, request_timeout=30)

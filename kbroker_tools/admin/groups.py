@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import time
 from datetime import datetime
 from typing import Any
 
-from kbroker_tools.admin.common import CommandError, add_connection_args, admin_client, result
+from kbroker_tools.admin.common import CommandError, ToolParser, add_connection_args, admin_client, result
 
 NO_ACTION = ("WARN: No action will be performed as the --execute option is missing. In a future major release, "
              "the default behavior of this command will be to prompt the user before executing the reset rather "
@@ -16,18 +18,20 @@ NO_ACTION = ("WARN: No action will be performed as the --execute option is missi
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="kbroker-admin consumer-groups",
+    ap = ToolParser(prog="kbroker-admin consumer-groups",
                                  description="List, describe, reset the offsets of, or delete consumer groups.")
     add_connection_args(ap)
     action = ap.add_mutually_exclusive_group(required=True)
-    for flag in ("--list", "--describe", "--reset-offsets", "--delete"):
+    for flag in ("--list", "--describe", "--reset-offsets", "--delete", "--delete-offsets"):
         action.add_argument(flag, action="store_true")
     ap.add_argument("--group", action="append", default=[], help="consumer group (repeatable)")
     ap.add_argument("--all-groups", action="store_true")
     view = ap.add_mutually_exclusive_group()
     view.add_argument("--offsets", action="store_true", help="--describe: offsets and lag (the default)")
     view.add_argument("--members", action="store_true", help="--describe: the group's members")
-    view.add_argument("--state", action="store_true", help="--describe: the group's state and coordinator")
+    view.add_argument("--state", nargs="?", const="", default=None, metavar="STATE[,STATE]",
+                      help="--describe: the group's state and coordinator; --list: each group's state, or only the "
+                           "groups in these states (Stable, Empty, PreparingRebalance, CompletingRebalance, Dead)")
     ap.add_argument("--topic", action="append", default=[], metavar="TOPIC[:P1,P2]",
                     help="--reset-offsets: a topic, optionally with partitions")
     ap.add_argument("--all-topics", action="store_true", help="--reset-offsets: every topic the group committed")
@@ -38,6 +42,9 @@ def parser() -> argparse.ArgumentParser:
     spec.add_argument("--to-offset", type=int)
     spec.add_argument("--shift-by", type=int)
     spec.add_argument("--to-datetime", metavar="YYYY-MM-DDTHH:mm:SS.sss[Z|+hh:mm]")
+    spec.add_argument("--by-duration", metavar="PnDTnHnMn.nS", help="reset to the offsets of this long ago")
+    ap.add_argument("--export", action="store_true",
+                    help="--reset-offsets: print the new offsets as CSV (topic,partition,offset)")
     run_mode = ap.add_mutually_exclusive_group()
     run_mode.add_argument("--execute", action="store_true")
     run_mode.add_argument("--dry-run", action="store_true")
@@ -48,10 +55,7 @@ def run(_name: str, argv: list[str]) -> int:
     args = parser().parse_args(argv)
     admin = admin_client(args)
     if args.list:
-        listing = result(admin.list_consumer_groups(request_timeout=30), "listing groups")
-        for g in sorted(x.group_id for x in listing.valid):
-            print(g)
-        return 0
+        return list_groups(admin, args.state)
     groups = list(args.group)
     if args.all_groups:
         groups = sorted(x.group_id for x in result(admin.list_consumer_groups(request_timeout=30),
@@ -61,10 +65,44 @@ def run(_name: str, argv: list[str]) -> int:
     if args.describe:
         return max((describe(admin, g, args) for g in groups), default=0)
     if args.reset_offsets:
-        for g in groups:
-            reset_offsets(admin, g, args)
+        plans = {g: reset_offsets(admin, g, args) for g in groups}
+        if args.export:
+            for g, new in plans.items():
+                for (t, p), o in sorted(new.items()):
+                    print(f"{g},{t},{p},{o}" if len(plans) > 1 else f"{t},{p},{o}")
         return 0
+    if args.delete_offsets:
+        from kbroker_tools.admin.offset_delete import delete_offsets
+
+        if len(groups) != 1:
+            raise CommandError("--delete-offsets takes exactly one --group")
+        return delete_offsets(admin, args, groups[0])
     return delete(admin, groups)
+
+
+STATES = {"stable": "Stable", "empty": "Empty", "preparingrebalance": "PreparingRebalance",
+          "completingrebalance": "CompletingRebalance", "dead": "Dead", "unknown": "Unknown"}
+
+
+def list_groups(admin: Any, state: str | None) -> int:
+    """--list, and with --state each group's state (kafka-consumer-groups' GROUP / STATE table), or only the
+    groups in the given states."""
+    wanted: set[str] = set()
+    for item in (state or "").split(","):
+        if item.strip():
+            name = STATES.get(item.strip().lower())
+            if name is None:
+                raise CommandError(f"--state {item.strip()!r}: expected one of {', '.join(STATES.values())}")
+            wanted.add(name)
+    listing = result(admin.list_consumer_groups(request_timeout=30), "listing groups")
+    if state is None:
+        for g in sorted(x.group_id for x in listing.valid):
+            print(g)
+        return 0
+    rows = [[x.group_id, _state_name(x.state.name)] for x in sorted(listing.valid, key=lambda x: x.group_id)]
+    rows = [r for r in rows if not wanted or r[1] in wanted]
+    _kafka_table(["GROUP", "STATE"], rows, fixed={})
+    return 0
 
 
 # ---------------------------------------------------------------- describe
@@ -117,7 +155,7 @@ def describe(admin: Any, group: str, args: argparse.Namespace) -> int:
         print(f"Error: Consumer group '{group}' does not exist.", file=sys.stderr)
         return 1
     members = list(desc.members) if desc is not None else []
-    if args.state:
+    if args.state is not None:
         coordinator = f"{desc.coordinator.host}:{desc.coordinator.port} ({desc.coordinator.id})" if desc else "-"
         strategy = (desc.partition_assignor or "") if desc else ""
         print()
@@ -157,7 +195,8 @@ def describe(admin: Any, group: str, args: argparse.Namespace) -> int:
 
 
 def _state_name(state: str) -> str:
-    return {"PREPARING_REBALANCE": "PreparingRebalance", "COMPLETING_REBALANCE": "CompletingRebalance"}.get(
+    return {"PREPARING_REBALANCE": "PreparingRebalance", "COMPLETING_REBALANCE": "CompletingRebalance",
+            "PREPARING_REBALANCING": "PreparingRebalance", "COMPLETING_REBALANCING": "CompletingRebalance"}.get(
         state, state.capitalize())
 
 
@@ -190,7 +229,13 @@ def _reset_scope(admin: Any, group: str, args: argparse.Namespace) -> list[tuple
         tm = md.topics.get(topic)
         if tm is None or tm.error is not None:
             raise CommandError(f"Topic '{topic}' does not exist")
-        ids = [int(x) for x in parts.split(",")] if parts else sorted(tm.partitions)
+        try:
+            ids = [int(x) for x in parts.split(",")] if parts else sorted(tm.partitions)
+        except ValueError:
+            raise CommandError(f"--topic {spec!r}: expected TOPIC or TOPIC:P1,P2 with partition numbers") from None
+        missing = [p for p in ids if p not in tm.partitions]
+        if missing:
+            raise CommandError(f"Topic '{topic}' has no partition {missing[0]}")
         tps += [(topic, p) for p in ids]
     return tps
 
@@ -206,14 +251,28 @@ def _parse_datetime(text: str) -> int:
     return int(dt.timestamp() * 1000)
 
 
-def reset_offsets(admin: Any, group: str, args: argparse.Namespace) -> None:
+def _parse_duration(text: str) -> int:
+    """java.time.Duration's ISO 8601 text (PnDTnHnMn.nS, as --by-duration takes it) in milliseconds."""
+    m = re.fullmatch(r"([-+]?)P(?:([-+]?\d+)D)?(?:T(?:([-+]?\d+)H)?(?:([-+]?\d+)M)?(?:([-+]?\d+(?:\.\d+)?)S)?)?",
+                     text.strip().upper())
+    if not m or text.strip().upper() in ("P", "PT") or text.strip().upper().endswith("T"):
+        raise CommandError(f"--by-duration {text!r}: expected an ISO 8601 duration such as PT1H30M or P1DT12H")
+    sign, d, h, mi, sec = m.groups()
+    ms = ((int(d or 0) * 24 + int(h or 0)) * 60 + int(mi or 0)) * 60_000 + round(float(sec or 0) * 1000)
+    return -ms if sign == "-" else ms
+
+
+def reset_offsets(admin: Any, group: str, args: argparse.Namespace) -> dict[tuple[str, int], int]:
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
     if not (args.to_earliest or args.to_latest or args.to_current or args.to_offset is not None
-            or args.shift_by is not None or args.to_datetime):
+            or args.shift_by is not None or args.to_datetime or args.by_duration):
         raise CommandError("--reset-offsets needs one of --to-earliest, --to-latest, --to-current, --to-offset, "
-                           "--shift-by, --to-datetime")
+                           "--shift-by, --to-datetime, --by-duration")
+    when_ms = _parse_datetime(args.to_datetime) if args.to_datetime else None
+    if args.by_duration:
+        when_ms = int(time.time() * 1000) - _parse_duration(args.by_duration)
     desc = _describe_group(admin, group)
     if desc is not None and desc.state.name not in ("EMPTY", "DEAD", "UNKNOWN"):
         raise CommandError(f"Assignments can only be reset if the group '{group}' is inactive, but the current "
@@ -223,8 +282,8 @@ def reset_offsets(admin: Any, group: str, args: argparse.Namespace) -> None:
     latest = _offsets(admin, tps, OffsetSpec.latest())
     committed = _committed(admin, group, every_partition=True) if args.to_current or args.shift_by is not None else {}
     by_time: dict[tuple[str, int], int] = {}
-    if args.to_datetime:
-        by_time = _offsets(admin, tps, OffsetSpec.for_timestamp(_parse_datetime(args.to_datetime)))
+    if when_ms is not None:
+        by_time = _offsets(admin, tps, OffsetSpec.for_timestamp(when_ms))
     new: dict[tuple[str, int], int] = {}
     for tp in tps:
         lo, hi = earliest[tp], latest[tp]
@@ -240,8 +299,14 @@ def reset_offsets(admin: Any, group: str, args: argparse.Namespace) -> None:
             target = committed.get(tp, lo) + args.shift_by
         else:
             target = by_time[tp] if by_time.get(tp, -1) >= 0 else hi
-        new[tp] = min(max(target, lo), hi)  # out of range is clamped, as Kafka's tool does
-    if not args.execute and not args.dry_run:
+        new[tp] = min(max(target, lo), hi)  # out of range is clamped, as Kafka's tool does, with its warning
+        if target > hi:
+            print(f"WARN: New offset ({target}) is higher than latest offset for topic partition {tp[0]}-{tp[1]}. "
+                  f"Value will be set to {hi}", file=sys.stderr)
+        elif target < lo:
+            print(f"WARN: New offset ({target}) is lower than earliest offset for topic partition {tp[0]}-{tp[1]}. "
+                  f"Value will be set to {lo}", file=sys.stderr)
+    if not args.execute and not args.dry_run and not args.export:
         print(NO_ACTION)
     if args.execute:
         req = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p, o) for (t, p), o in new.items()])
@@ -250,9 +315,11 @@ def reset_offsets(admin: Any, group: str, args: argparse.Namespace) -> None:
         failed = [tp for tp in res.topic_partitions if tp.error is not None]
         if failed:
             raise CommandError(f"resetting {failed[0].topic}-{failed[0].partition}: {failed[0].error}")
-    print()
-    _kafka_table(["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"],
-                 [[group, t, p, o] for (t, p), o in sorted(new.items())], fixed={"PARTITION": 10})
+    if not args.export:
+        print()
+        _kafka_table(["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"],
+                     [[group, t, p, o] for (t, p), o in sorted(new.items())], fixed={"PARTITION": 10})
+    return new
 
 
 # ---------------------------------------------------------------- delete

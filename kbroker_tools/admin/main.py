@@ -45,3 +45,18 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `... | head`
         return 0
+    except OSError as e:  # a broker that went away mid-command, an unreadable file
+        print(f"Error: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - the last resort: a user sees one line, never a traceback
+        print(f"Error: {one_line(e)}", file=sys.stderr)
+        return 1
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line: librdkafka's KafkaError by its name and text, anything else by its message."""
+    err = e.args[0] if e.args else None
+    if hasattr(err, "name") and hasattr(err, "str"):
+        return f"{err.name()}: {err.str()}"
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

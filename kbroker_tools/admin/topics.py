@@ -9,6 +9,7 @@ from typing import Any
 
 from kbroker_tools.admin.common import (
     CommandError,
+    ToolParser,
     add_connection_args,
     admin_client,
     parse_key_values,
@@ -18,7 +19,7 @@ from kbroker_tools.wire import WireClient
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="kbroker-admin topics",
+    ap = ToolParser(prog="kbroker-admin topics",
                                  description="Create, delete, describe, or change a topic (kafka-topics).")
     add_connection_args(ap)
     action = ap.add_mutually_exclusive_group(required=True)
@@ -31,6 +32,15 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--if-exists", action="store_true", help="--alter/--delete/--describe: only if it exists")
     ap.add_argument("--if-not-exists", action="store_true", help="--create: only if it does not exist")
     ap.add_argument("--exclude-internal", action="store_true", help="leave out internal topics")
+    health = ap.add_mutually_exclusive_group()
+    health.add_argument("--under-replicated-partitions", action="store_true",
+                        help="--describe: only partitions whose ISR is smaller than their replicas")
+    health.add_argument("--unavailable-partitions", action="store_true",
+                        help="--describe: only partitions without a leader")
+    health.add_argument("--under-min-isr-partitions", action="store_true",
+                        help="--describe: only partitions whose ISR is smaller than min.insync.replicas")
+    health.add_argument("--at-min-isr-partitions", action="store_true",
+                        help="--describe: only partitions whose ISR is exactly min.insync.replicas")
     return ap
 
 
@@ -49,7 +59,7 @@ def run(_name: str, argv: list[str]) -> int:
             return 0
         raise CommandError(f"Topic '{args.topic}' does not exist as expected")
     if args.describe:
-        describe(admin, topics, args.bootstrap_server)
+        describe(admin, topics, args.bootstrap_server, _partition_filter(args))
     elif args.alter:
         alter(admin, args, topics)
     else:
@@ -66,7 +76,10 @@ def matching_topics(admin: Any, pattern: str | None, exclude_internal: bool) -> 
         return names
     if pattern in md.topics:
         return [pattern]
-    rx = re.compile(pattern)
+    try:
+        rx = re.compile(pattern)
+    except re.error as e:
+        raise CommandError(f"--topic {pattern!r} is neither a topic nor a valid regular expression: {e}") from None
     return [n for n in names if rx.fullmatch(n)]
 
 
@@ -90,7 +103,20 @@ def create(admin: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def describe(admin: Any, topics: list[str], bootstrap: str) -> None:
+def _partition_filter(args: argparse.Namespace) -> Any:
+    """kafka-topics' health filters: (partition metadata, min.insync.replicas) -> shown; None shows all."""
+    if args.under_replicated_partitions:
+        return lambda p, _min_isr: len(p.isr_nodes) < len(p.replica_nodes)
+    if args.unavailable_partitions:
+        return lambda p, _min_isr: p.leader_id < 0
+    if args.under_min_isr_partitions:
+        return lambda p, min_isr: len(p.isr_nodes) < min_isr
+    if args.at_min_isr_partitions:
+        return lambda p, min_isr: len(p.isr_nodes) == min_isr
+    return None
+
+
+def describe(admin: Any, topics: list[str], bootstrap: str, only: Any = None) -> None:
     import base64
 
     from confluent_kafka.admin import ConfigResource, ConfigSource
@@ -111,10 +137,13 @@ def describe(admin: Any, topics: list[str], bootstrap: str) -> None:
         if d is None or d.error_code:
             raise CommandError(f"describing topic {t}: error {d.error_code if d else 'unknown topic'}")
         configs = ""
+        min_isr = 1
         fut = config_futures.get(res)
         if fut is not None:
             try:
                 entries = fut.result(15)
+                if "min.insync.replicas" in entries:
+                    min_isr = int(entries["min.insync.replicas"].value)
                 configs = ",".join(f"{k}={e.value}" for k, e in sorted(entries.items())
                                    if e.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
             except Exception as e:  # noqa: BLE001 - as above, per topic
@@ -123,9 +152,12 @@ def describe(admin: Any, topics: list[str], bootstrap: str) -> None:
         rf = len(parts[0].replica_nodes) if parts else 0
         tid = d.topic_id if isinstance(d.topic_id, bytes | bytearray) else None
         topic_id = base64.urlsafe_b64encode(tid).decode().rstrip("=") if tid and any(tid) else "N/A"
-        print(f"Topic: {t}\tTopicId: {topic_id}\tPartitionCount: {len(parts)}\t"
-              f"ReplicationFactor: {rf}\tConfigs: {configs}")
+        if only is None:  # with a health filter, kafka-topics prints the matching partitions alone
+            print(f"Topic: {t}\tTopicId: {topic_id}\tPartitionCount: {len(parts)}\t"
+                  f"ReplicationFactor: {rf}\tConfigs: {configs}")
         for p in parts:
+            if only is not None and not only(p, min_isr):
+                continue
             leader = p.leader_id if p.leader_id >= 0 else "none"
             print(f"\tTopic: {t}\tPartition: {p.partition_index}\tLeader: {leader}\t"
                   f"Replicas: {','.join(map(str, p.replica_nodes))}\tIsr: {','.join(map(str, p.isr_nodes))}"

@@ -24,7 +24,8 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 def metrics_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProcess, int]]:
     port = free_port()
     b = BrokerProcess(tmp_path_factory.mktemp("metrics"), {
-        "metrics.port": str(port), "metrics.host": "127.0.0.1", "log.flush.interval.messages": "1",
+        # metrics.host unset: the endpoint takes the listener's host (127.0.0.1), not every interface.
+        "metrics.port": str(port), "log.flush.interval.messages": "1",
         "offsets.topic.num.partitions": "1"})
     b.start()
     yield b, port
@@ -43,7 +44,8 @@ def scrape(port: int) -> Samples:
 def exposed_names(port: int) -> set[str]:
     """Every sample name the endpoint can produce, from its # TYPE lines (families may have no samples yet)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    suffixes = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}
+    suffixes = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"],
+                "summary": ["", "_sum", "_count"]}
     out = set()
     for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
         base = name.removesuffix("_total") if kind == "counter" else name
@@ -135,13 +137,62 @@ def test_grafana_dashboard_reads_exposed_metrics(metrics_broker):
     dashboard = json.loads((ROOT / "configs" / "grafana-dashboard.json").read_text())
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
     assert len(exprs) >= 10
-    used = {m for e in exprs for m in re.findall(r"\b(kafka_[a-z_]+)\b", e)}
+    used = {m for e in exprs for m in re.findall(r"\b((?:kafka|process|python)_[a-z_]+)\b", e)}
     exposed = exposed_names(port)
     missing = sorted(m for m in used if m not in exposed)
     assert not missing, f"the dashboard queries metrics the broker does not expose: {missing}"
     for needed in ("kafka_server_brokertopicmetrics_messagesin_total", "kafka_consumergroup_lag",
-                   "kafka_network_requestmetrics_totaltimems_bucket", "kafka_log_log_size"):
+                   "kafka_network_requestmetrics_totaltimems_bucket", "kafka_log_log_size",
+                   "kafka_network_requestmetrics_totaltimems", "kafka_controller_kafkacontroller_activecontrollercount",
+                   "process_resident_memory_bytes"):
         assert needed in used
+
+
+def test_health_metrics_of_a_single_node(metrics_broker):
+    """What standard Kafka alerts and JMX-exporter dashboards read: the controller count, leaders, ISR health,
+    failed requests, queue time, latency percentiles, and the process itself."""
+    b, port = metrics_broker
+    assert f"Serving Prometheus metrics on http://127.0.0.1:{port}/metrics" in b.read_log()
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    admin.create_topics([NewTopic("health", 2, 1)])["health"].result(15)
+    p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 0})
+    for i in range(50):
+        p.produce("health", value=b"v", partition=i % 2)
+        p.poll(0)
+    assert p.flush(30) == 0
+    # A produce the broker refuses (acks=2, INVALID_REQUIRED_ACKS) counts as a failed produce of its topic.
+    from kbroker.protocol.messages import ProduceRequest as P
+
+    from kbroker_tools.wire import WireClient
+
+    refused = P(transactional_id=None, acks=2, timeout_ms=1000, topic_data=[P.TopicProduceData(
+        name="health", partition_data=[P.PartitionProduceData(index=0, records=b"")])])
+    with WireClient(b.bootstrap) as c:
+        assert c.request(0, 9, refused).responses[0].partition_responses[0].error_code == 21
+    s = scrape(port)
+    # sum(activecontrollercount) == 1: the single node is its own controller
+    assert value(s, "kafka_controller_kafkacontroller_activecontrollercount") == 1
+    assert value(s, "kafka_server_replicamanager_leadercount") == \
+        value(s, "kafka_server_replicamanager_partitioncount") >= 2
+    assert value(s, "kafka_server_replicamanager_underminisrpartitioncount") == 0
+    assert ("kafka_server_replicamanager_isrshrinks_total", ()) in s
+    assert ("kafka_server_replicamanager_isrexpands_total", ()) in s
+    assert value(s, "kafka_server_brokertopicmetrics_failedproducerequests_total", topic="health") == 1
+    assert ("kafka_server_brokertopicmetrics_failedfetchrequests_total", (("topic", "health"),)) in s
+    # RequestQueueTimeMs counts every request once (those not queued behind another in its first bucket)
+    assert value(s, "kafka_network_requestmetrics_requestqueuetimems_count", request="Produce") == \
+        value(s, "kafka_network_requestmetrics_requests_total", request="Produce")
+    # The JMX exporter's percentile series beside the histogram's buckets, _sum and _count
+    q = {x: value(s, "kafka_network_requestmetrics_totaltimems", request="Produce", quantile=x)
+         for x in ("0.50", "0.75", "0.95", "0.98", "0.99", "0.999")}
+    assert 0 < q["0.50"] <= q["0.75"] <= q["0.95"] <= q["0.98"] <= q["0.99"] <= q["0.999"] <= 30000, q
+    assert value(s, "kafka_network_requestmetrics_totaltimems_bucket", request="Produce", le="+Inf") == \
+        value(s, "kafka_network_requestmetrics_totaltimems_count", request="Produce") >= 2
+    # The process collectors
+    assert value(s, "process_resident_memory_bytes") > 10_000_000
+    assert value(s, "process_open_fds") > 0
+    assert value(s, "process_cpu_seconds_total") > 0
+    assert total(s, "python_gc_collections_total") > 0
 
 
 def test_metrics_port_is_off_by_default(broker):

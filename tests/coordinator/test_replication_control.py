@@ -137,6 +137,16 @@ def controller_gauges(cluster: Cluster, b: int) -> tuple[float, float]:
             gauge("kafka_controller_kafkacontroller_offlinepartitionscount"))
 
 
+def isr_changes(cluster: Cluster, b: int) -> tuple[float, float]:
+    """(IsrShrinks, IsrExpands) counted by a broker, from its Prometheus endpoint."""
+    import re  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{cluster.metrics_ports[b]}/metrics", timeout=10).read().decode()
+    return tuple(float(re.search(rf"^kafka_server_replicamanager_isr{kind}_total (\S+)$", text,  # type: ignore[union-attr]
+                                 re.M).group(1)) for kind in ("shrinks", "expands"))  # type: ignore[return-value]
+
+
 def zk_state(zk: KazooClient, topic: str, p: int) -> dict[str, Any]:
     return zp.loads(zk.get(zp.partition_state_path(topic, p))[0])
 
@@ -512,6 +522,8 @@ def test_killed_controller_fails_over_and_its_partitions_get_new_leaders(cluster
     single = "single-on-1"
     create(cluster[1], single, assignment={0: [1]})
     assert controller_of(zk_client) == 1
+    # The standard alert sum(ActiveControllerCount) != 1: exactly one broker of the cluster counts itself.
+    wait_for(lambda: [controller_gauges(cluster, b)[0] for b in BROKERS] == [1, 0, 0], "one active controller")
     before = {p: zk_state(zk_client, "rf3", p) for p in range(6)}
     led_by_1 = [p for p, s in before.items() if s["leader"] == 1]
     assert led_by_1
@@ -566,7 +578,11 @@ def test_killed_controller_fails_over_and_its_partitions_get_new_leaders(cluster
 
 def test_returning_broker_leads_its_single_replica_partition_again(cluster: Cluster, zk_client: KazooClient) -> None:
     single = "single-on-1"
+    expands_before = sum(isr_changes(cluster, b)[1] for b in (2, 3))
     cluster[1].start(timeout=SESSION_MS / 1000 + 20)
+    # The leaders of rf3 take broker 1 back into their ISR once it caught up (ReplicaManager IsrExpandsPerSec)
+    wait_for(lambda: sum(isr_changes(cluster, b)[1] for b in (2, 3)) > expands_before, "ISR expansions counted",
+             timeout=SESSION_MS / 1000 + 15)
     wait_for(lambda: ck_metadata(cluster[2], single).topics[single].partitions[0].leader == 1,
              "broker 1 leads its partition again", timeout=SESSION_MS / 1000 + 10)
     assert zk_state(zk_client, single, 0)["isr"] == [1]

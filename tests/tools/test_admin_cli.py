@@ -149,9 +149,15 @@ def test_console_formats_and_headers(broker):
     assert ts.startswith("CreateTime:") and int(ts.split(":")[1]) > 0
     assert (part, headers, key, value) == ("Partition:0", "h1:a,h2:b", "k1", "v1")
     assert second.split("\t")[1:] == ["Partition:0", "NO_HEADERS", "k2", "null"]
-    bad = admin("console-producer", "--bootstrap-server", b, "--topic", "fmt", "--property", "parse.key=true",
-                stdin="no-separator-here\n", rc=1)
-    assert "no key separator" in bad.stderr
+    # 100 good lines, then a malformed one: the 100 are delivered and the bad line is named (Kafka's console
+    # producer stops reading there too).
+    admin("topics", "--bootstrap-server", b, "--create", "--topic", "partly", "--partitions", "1")
+    lines = "".join(f"k{i}\tv{i}\n" for i in range(100)) + "no-separator-here\nk\tafter\n"
+    bad = admin("console-producer", "--bootstrap-server", b, "--topic", "partly", "--property", "parse.key=true",
+                stdin=lines, rc=1)
+    assert bad.stderr == ("Error: No key separator found on line number 101: 'no-separator-here' "
+                          "(the 100 records before it were sent)\n")
+    assert admin("get-offsets", "--bootstrap-server", b, "--topic", "partly").stdout == "partly:0:100\n"
 
 
 def test_configs_against_kbroker(broker):
@@ -245,3 +251,68 @@ def test_against_librdkafka_mock_cluster(mock_cluster):
     for p, r in by_partition.items():
         assert r[0] == "mockgroup" and int(r[3]) == int(r[4]) == ends[p] and r[5] == "0"
     assert sum(int(r[3]) for r in by_partition.values()) == 8
+
+
+def test_kafka_tool_parity_flags_against_kbroker(broker):
+    """The flags scripts use from Kafka 3.9's tools: group states, offset deletion, reset by duration with CSV
+    export and Kafka's clamping warning, topic health filters, SCRAM users, broker defaults, --topic-partitions."""
+    b = broker.bootstrap
+    admin("topics", "--bootstrap-server", b, "--create", "--topic", "parity", "--partitions", "3",
+          "--config", "min.insync.replicas=2")
+    # acks=1: with min.insync.replicas=2 on one broker, acks=all would be refused (NOT_ENOUGH_REPLICAS)
+    admin("console-producer", "--bootstrap-server", b, "--topic", "parity", "--property", "parse.key=true",
+          "--request-required-acks", "1", stdin="".join(f"{i % 3}\tv{i}\n" for i in range(30)))
+    admin("console-consumer", "--bootstrap-server", b, "--topic", "parity", "--group", "par-g", "--from-beginning",
+          "--max-messages", "30", "--timeout-ms", "20000")
+
+    listed = table(admin("consumer-groups", "--bootstrap-server", b, "--list", "--state").stdout)
+    assert listed[0] == ["GROUP", "STATE"] and ["par-g", "Empty"] in listed[1:]
+    assert table(admin("consumer-groups", "--bootstrap-server", b, "--list", "--state", "Stable").stdout) == \
+        [["GROUP", "STATE"]]
+    ends = dict(line.rsplit(":", 1)[0].split(":")[1:] + [line.rsplit(":", 1)[1]] for line in
+                admin("get-offsets", "--bootstrap-server", b, "--topic", "parity").stdout.split())
+    # Past the log end: Kafka's warning, and the offset clamped to the end
+    r = admin("consumer-groups", "--bootstrap-server", b, "--reset-offsets", "--group", "par-g", "--topic",
+              "parity:0", "--to-offset", "1000", "--export")
+    assert r.stdout == f"parity,0,{ends['0']}\n"
+    assert r.stderr == (f"WARN: New offset (1000) is higher than latest offset for topic partition parity-0. "
+                        f"Value will be set to {ends['0']}\n")
+    # An hour ago, every record was still to come: the earliest offsets
+    r = admin("consumer-groups", "--bootstrap-server", b, "--reset-offsets", "--group", "par-g", "--topic", "parity",
+              "--by-duration", "PT1H", "--export", "--execute")
+    assert r.stdout.splitlines() == [f"parity,{p},0" for p in range(3)]
+    deleted = table(admin("consumer-groups", "--bootstrap-server", b, "--delete-offsets", "--group", "par-g",
+                          "--topic", "parity:1").stdout)
+    assert deleted == [["TOPIC", "PARTITION", "STATUS"], ["parity", "1", "Successful"]]
+    left = table(admin("consumer-groups", "--bootstrap-server", b, "--describe", "--group", "par-g").stdout)
+    assert sorted(int(row[2]) for row in left[1:]) == [0, 2]
+
+    # One broker: ISR 1 < min.insync.replicas 2 on every partition; all have a leader and all replicas in sync.
+    under_min = admin("topics", "--bootstrap-server", b, "--describe", "--topic", "parity",
+                      "--under-min-isr-partitions").stdout.splitlines()
+    assert [line.split("\t")[2] for line in under_min] == [f"Partition: {p}" for p in range(3)]
+    for flag in ("--under-replicated-partitions", "--unavailable-partitions"):
+        assert admin("topics", "--bootstrap-server", b, "--describe", "--topic", "parity", flag).stdout == ""
+
+    offsets = admin("get-offsets", "--bootstrap-server", b, "--topic-partitions", "parity:1-3,nothing-.*").stdout
+    assert offsets.split() == [f"parity:{p}:{ends[str(p)]}" for p in (1, 2)]
+
+    admin("configs", "--bootstrap-server", b, "--alter", "--entity-type", "users", "--entity-name", "alice",
+          "--add-config", "SCRAM-SHA-256=[iterations=8192,password=alice-secret],SCRAM-SHA-512=[password=x]")
+    assert admin("configs", "--bootstrap-server", b, "--describe", "--entity-type", "users", "--entity-name",
+                 "alice").stdout == ("SCRAM credential configs for user-principal 'alice' are "
+                                     "SCRAM-SHA-256=iterations=8192, SCRAM-SHA-512=iterations=4096\n")
+    admin("configs", "--bootstrap-server", b, "--alter", "--entity-type", "users", "--entity-name", "alice",
+          "--delete-config", "SCRAM-SHA-512")
+    assert "SCRAM-SHA-512" not in admin("configs", "--bootstrap-server", b, "--describe", "--entity-type",
+                                        "users").stdout
+
+    assert admin("configs", "--bootstrap-server", b, "--alter", "--entity-type", "brokers", "--entity-default",
+                 "--add-config", "message.max.bytes=2000000").stdout == \
+        "Completed updating default config for brokers in the cluster.\n"
+    assert admin("configs", "--bootstrap-server", b, "--describe", "--entity-type", "brokers",
+                 "--entity-default").stdout.splitlines() == [
+        "Default configs for brokers in the cluster are:",
+        "  message.max.bytes=2000000 sensitive=false synonyms={DYNAMIC_DEFAULT_BROKER_CONFIG:message.max.bytes=2000000}"]
+    admin("configs", "--bootstrap-server", b, "--alter", "--entity-type", "brokers", "--entity-default",
+          "--delete-config", "message.max.bytes")
