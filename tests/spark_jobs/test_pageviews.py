@@ -201,7 +201,7 @@ def test_cli_source_kafka_without_connector_says_what_is_missing_in_one_line(tmp
     args += ["--input-topic", "in", "--output-topic", "out", "--checkpoint", str(tmp_path / "ckpt")]
     args += ["--source", "kafka", "--master", "local[1]"]
     env = no_repository(dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=str(ROOT)), tmp_path)
-    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 2, proc.stderr[-4000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("pageviews: ")]
@@ -234,7 +234,8 @@ def test_cli_auto_falls_back_to_python_source(broker, admin, topic_name, tmp_pat
     args += ["--input-topic", tin, "--output-topic", tout, "--checkpoint", str(tmp_path / "ckpt")]
     args += ["--trigger", "available-now", "--source", "auto", "--master", "local[2]"]
     args += ["--shuffle-partitions", "2"]
-    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    # Three JVM starts (two connector look-ups that fail, then the job): minutes on a loaded 2-core machine.
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "auto chose the Python data source (format 'kbroker')" in proc.stderr
     assert "the connector cannot be had" in proc.stderr

@@ -95,7 +95,7 @@ def test_cli_auto_picks_the_connector_and_prints_a_summary(broker, admin, topic_
     args += ["--input-topic", tin, "--output-topic", tout, "--checkpoint", str(tmp_path / "ckpt")]
     args += ["--source", "auto", "--shuffle-partitions", "2", "--master", "local[2]"]
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "auto chose Spark's Kafka connector" in proc.stderr
     want = model([[events]])
