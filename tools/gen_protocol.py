@@ -23,8 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The repository's sibling `shared/` folder; a git worktree one level deeper finds it one more level up.
 DEFAULT_SPECS = next(
-    (p / "shared" / "kafka-message-specs" for p in (ROOT.parent, ROOT.parent.parent)
-     if (p / "shared" / "kafka-message-specs").is_dir()),
+    (
+        p / "shared" / "kafka-message-specs"
+        for p in (ROOT.parent, ROOT.parent.parent)
+        if (p / "shared" / "kafka-message-specs").is_dir()
+    ),
     ROOT.parent / "shared" / "kafka-message-specs",
 )
 OUT = ROOT / "protocol" / "messages.py"
@@ -194,7 +197,9 @@ def emit_struct(out: list[str], name: str, fields: list[dict], owner: str, inden
         out.append(f"{indent}    pass")
     out.append("")
     body = ",\n".join(f"{indent}        {_spec_repr(s)}" for s in specs)
-    out.append(f"{indent}    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (\n{body}{',' if specs else ''}\n{indent}    )")
+    out.append(
+        f"{indent}    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (\n{body}{',' if specs else ''}\n{indent}    )"
+    )
     out.append("")
 
 
@@ -277,7 +282,9 @@ def _with_overrides(files: list[Path], override_dir: Path) -> list[Path]:
     """The spec files with overrides swapped in by file name; overrides naming a new message come last, sorted."""
     overrides = {p.name: p for p in override_dir.glob("*.json")}
     names = {f.name for f in files}
-    return [overrides.get(f.name, f) for f in files] + [overrides[n] for n in sorted(overrides) if n not in names]
+    return [overrides.get(f.name, f) for f in files] + [
+        overrides[n] for n in sorted(overrides) if n not in names
+    ]
 
 
 def main() -> None:
