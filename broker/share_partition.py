@@ -66,8 +66,9 @@ class SharePartition:
             best = new
         return best
 
-    def acquire(self, lg: Any, member: str, max_records: int, max_bytes: int, lock_ms: int, max_locks: int,
-                limit: int) -> tuple[list[bytes], list[tuple[int, int, int]]]:
+    def acquire(
+        self, lg: Any, member: str, max_records: int, max_bytes: int, lock_ms: int, max_locks: int, limit: int
+    ) -> tuple[list[bytes], list[tuple[int, int, int]]]:
         """Acquire up to max_records records for member below limit (the high watermark, or the LSO for
         read_committed): the whole batches holding them and the acquired (first, last, delivery count) ranges."""
         if self.start < lg.log_start_offset:
@@ -123,8 +124,9 @@ class SharePartition:
             self._advance()
         return chunks, ranges
 
-    def acknowledge(self, member: str, first: int, last: int, types: list[int], delivery_limit: int,
-                    lock_ms: int) -> int:
+    def acknowledge(
+        self, member: str, first: int, last: int, types: list[int], delivery_limit: int, lock_ms: int
+    ) -> int:
         if last < first or not types or (len(types) != 1 and len(types) != last - first + 1):
             return ErrorCode.INVALID_REQUEST
         if any(t not in (GAP, ACCEPT, RELEASE, REJECT, RENEW) for t in types):

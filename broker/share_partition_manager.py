@@ -57,7 +57,8 @@ class SharePartitionManager:
             self._topics_view,
             lambda g: self._group_int(g, SHARE_SESSION_TIMEOUT_MS, "group.share.session.timeout.ms"),
             lambda g: self._group_int(g, SHARE_HEARTBEAT_INTERVAL_MS, "group.share.heartbeat.interval.ms"),
-            cfg["group.share.max.size"])
+            cfg["group.share.max.size"],
+        )
         self.coordinator.on_member_removed = self._member_removed
         self.partitions: dict[tuple[str, str, int], SharePartition] = {}
         self.sessions: dict[tuple[str, str], ShareSession] = {}
@@ -100,8 +101,14 @@ class SharePartitionManager:
         topics = self.server.metadata.topics
         cache = self._topics_cache
         if cache is None or cache[0] is not topics:
-            cache = self._topics_cache = (topics, {
-                n: (rec.topic_id, rec.num_partitions) for n, rec in topics.items() if not n.startswith("__")})
+            cache = self._topics_cache = (
+                topics,
+                {
+                    n: (rec.topic_id, rec.num_partitions)
+                    for n, rec in topics.items()
+                    if not n.startswith("__")
+                },
+            )
         return cache[1]
 
     # ------------------------------------------------------------ timers
@@ -135,12 +142,16 @@ class SharePartitionManager:
         key = (group_id, topic, partition)
         sp = self.partitions.get(key)
         if sp is None:
-            sp = self.partitions[key] = SharePartition(group_id, topic, partition, self._initial_offset(group_id, lg))
+            sp = self.partitions[key] = SharePartition(
+                group_id, topic, partition, self._initial_offset(group_id, lg)
+            )
         return sp
 
     def _initial_offset(self, group_id: str, lg: Any) -> int:
         """Kafka's share.auto.offset.reset, applied when a share-partition is first read."""
-        reset = self.server.consumer_group_config(group_id).get(SHARE_AUTO_OFFSET_RESET, "latest").strip().lower()
+        reset = (
+            self.server.consumer_group_config(group_id).get(SHARE_AUTO_OFFSET_RESET, "latest").strip().lower()
+        )
         if reset == "earliest":
             return int(lg.log_start_offset)
         if reset.startswith("by_duration:"):

@@ -78,8 +78,13 @@ def assign(members: list[ShareMember], topics: Mapping[str, tuple[bytes, int]]) 
 
 
 class ShareCoordinator:
-    def __init__(self, topics: TopicsView, session_timeout_ms: Callable[[str], int],
-                 heartbeat_interval_ms: Callable[[str], int], max_size: int) -> None:
+    def __init__(
+        self,
+        topics: TopicsView,
+        session_timeout_ms: Callable[[str], int],
+        heartbeat_interval_ms: Callable[[str], int],
+        max_size: int,
+    ) -> None:
         self.groups: dict[str, ShareGroup] = {}
         self._topics = topics
         self._session_timeout_ms = session_timeout_ms
@@ -88,8 +93,16 @@ class ShareCoordinator:
         self._topics_seen: Mapping[str, tuple[bytes, int]] = {}
         self.on_member_removed: Callable[[str, str], None] = lambda group_id, member_id: None
 
-    def heartbeat(self, group_id: str, member_id: str, member_epoch: int, rack_id: str | None,
-                  subscribed: list[str] | None, client_id: str, client_host: str) -> HeartbeatResult:
+    def heartbeat(
+        self,
+        group_id: str,
+        member_id: str,
+        member_epoch: int,
+        rack_id: str | None,
+        subscribed: list[str] | None,
+        client_id: str,
+        client_host: str,
+    ) -> HeartbeatResult:
         if not group_id:
             return HeartbeatResult(ErrorCode.INVALID_REQUEST, "GroupId can't be empty.")
         if not member_id:
@@ -103,26 +116,33 @@ class ShareCoordinator:
             return HeartbeatResult(member_id=member_id, member_epoch=-1, heartbeat_interval_ms=interval)
         if member_epoch == 0:
             if subscribed is None:
-                return HeartbeatResult(ErrorCode.INVALID_REQUEST, "SubscribedTopicNames must be set in first request.")
+                return HeartbeatResult(
+                    ErrorCode.INVALID_REQUEST, "SubscribedTopicNames must be set in first request."
+                )
             if group is None:
                 group = self.groups[group_id] = ShareGroup(group_id)
             member = group.members.get(member_id)
             if member is None:
                 if len(group.members) >= self._max_size:
-                    return HeartbeatResult(ErrorCode.GROUP_MAX_SIZE_REACHED,
-                                           f"The share group has reached its maximum capacity of {self._max_size} members.")
+                    return HeartbeatResult(
+                        ErrorCode.GROUP_MAX_SIZE_REACHED,
+                        f"The share group has reached its maximum capacity of {self._max_size} members.",
+                    )
                 member = ShareMember(member_id, 0, client_id, client_host, rack_id, list(subscribed), 0.0)
                 group.members[member_id] = member
                 self._bump(group)
         else:
             member = group.members.get(member_id) if group is not None else None
             if group is None or member is None:
-                return HeartbeatResult(ErrorCode.UNKNOWN_MEMBER_ID,
-                                       f"Member {member_id} is not a member of group {group_id}.")
+                return HeartbeatResult(
+                    ErrorCode.UNKNOWN_MEMBER_ID, f"Member {member_id} is not a member of group {group_id}."
+                )
             if member_epoch not in (member.member_epoch, member.previous_epoch):
-                return HeartbeatResult(ErrorCode.FENCED_MEMBER_EPOCH,
-                                       f"The share group member has a smaller member epoch ({member_epoch}) than the "
-                                       f"one known by the group coordinator ({member.member_epoch}).")
+                return HeartbeatResult(
+                    ErrorCode.FENCED_MEMBER_EPOCH,
+                    f"The share group member has a smaller member epoch ({member_epoch}) than the "
+                    f"one known by the group coordinator ({member.member_epoch}).",
+                )
         if subscribed is not None and sorted(subscribed) != sorted(member.subscribed):
             member.subscribed = list(subscribed)
             self._bump(group)
@@ -137,8 +157,12 @@ class ShareCoordinator:
         if member.member_epoch != member.target_epoch or member_epoch == 0:
             member.previous_epoch, member.member_epoch = member.member_epoch, member.target_epoch
             assignment = member.assignment
-        return HeartbeatResult(member_id=member_id, member_epoch=member.member_epoch,
-                               heartbeat_interval_ms=interval, assignment=assignment)
+        return HeartbeatResult(
+            member_id=member_id,
+            member_epoch=member.member_epoch,
+            heartbeat_interval_ms=interval,
+            assignment=assignment,
+        )
 
     def _bump(self, group: ShareGroup) -> None:
         group.group_epoch += 1

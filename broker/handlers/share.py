@@ -37,8 +37,9 @@ from kbroker.protocol.messages import (
 _Result = dict[tuple[bytes, int], list[Any]]
 
 
-async def handle_share_group_heartbeat(ctx: RequestContext,
-                                       req: ShareGroupHeartbeatRequest) -> ShareGroupHeartbeatResponse:
+async def handle_share_group_heartbeat(
+    ctx: RequestContext, req: ShareGroupHeartbeatRequest
+) -> ShareGroupHeartbeatResponse:
     R = ShareGroupHeartbeatResponse
     if _group_denied(ctx, READ, req.group_id):
         return R(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
@@ -47,8 +48,15 @@ async def handle_share_group_heartbeat(ctx: RequestContext,
 
     async def run() -> Any:
         spm.ensure_sweeper()
-        return spm.coordinator.heartbeat(req.group_id, req.member_id, req.member_epoch, req.rack_id,
-                                         req.subscribed_topic_names, client_id, host)
+        return spm.coordinator.heartbeat(
+            req.group_id,
+            req.member_id,
+            req.member_epoch,
+            req.rack_id,
+            req.subscribed_topic_names,
+            client_id,
+            host,
+        )
 
     r = await spm.call(run)
     if r.error:
@@ -56,14 +64,22 @@ async def handle_share_group_heartbeat(ctx: RequestContext,
         return R(error_code=r.error, error_message=r.message)
     assignment = None
     if r.assignment is not None:
-        assignment = R.Assignment(topic_partitions=[R.TopicPartitions(topic_id=t, partitions=ps)
-                                                    for t, ps in sorted(r.assignment.items())])
-    return R(member_id=r.member_id, member_epoch=r.member_epoch, heartbeat_interval_ms=r.heartbeat_interval_ms,
-             assignment=assignment)
+        assignment = R.Assignment(
+            topic_partitions=[
+                R.TopicPartitions(topic_id=t, partitions=ps) for t, ps in sorted(r.assignment.items())
+            ]
+        )
+    return R(
+        member_id=r.member_id,
+        member_epoch=r.member_epoch,
+        heartbeat_interval_ms=r.heartbeat_interval_ms,
+        assignment=assignment,
+    )
 
 
-async def handle_share_group_describe(ctx: RequestContext,
-                                      req: ShareGroupDescribeRequest) -> ShareGroupDescribeResponse:
+async def handle_share_group_describe(
+    ctx: RequestContext, req: ShareGroupDescribeRequest
+) -> ShareGroupDescribeResponse:
     R = ShareGroupDescribeResponse
     spm = SharePartitionManager.of(ctx.server)
     names = ctx.server.topic_names_by_id()
@@ -76,29 +92,63 @@ async def handle_share_group_describe(ctx: RequestContext,
                 continue
             g = spm.coordinator.groups.get(gid)
             if g is None:
-                out.append(R.DescribedGroup(error_code=ErrorCode.GROUP_ID_NOT_FOUND, group_id=gid, group_state="Dead",
-                                            error_message=f"Group {gid} not found."))
+                out.append(
+                    R.DescribedGroup(
+                        error_code=ErrorCode.GROUP_ID_NOT_FOUND,
+                        group_id=gid,
+                        group_state="Dead",
+                        error_message=f"Group {gid} not found.",
+                    )
+                )
                 continue
             ops = -(2**31)
             if req.include_authorized_operations:
-                ops = GROUP_OPERATIONS if ctx.server.authorizer is None else ctx.authorized_operations(GROUP, gid)
-            members = [R.Member(
-                member_id=m.member_id, rack_id=m.rack_id, member_epoch=m.member_epoch, client_id=m.client_id,
-                client_host=m.client_host, subscribed_topic_names=sorted(m.subscribed),
-                assignment=R.Assignment(topic_partitions=[
-                    R.TopicPartitions(topic_id=t, topic_name=names.get(t, ""), partitions=ps)
-                    for t, ps in sorted(m.assignment.items())]))
-                for m in g.members.values()]
-            out.append(R.DescribedGroup(group_id=gid, group_state=g.state, group_epoch=g.group_epoch,
-                                        assignment_epoch=g.assignment_epoch, assignor_name="simple",
-                                        members=members, authorized_operations=ops))
+                ops = (
+                    GROUP_OPERATIONS
+                    if ctx.server.authorizer is None
+                    else ctx.authorized_operations(GROUP, gid)
+                )
+            members = [
+                R.Member(
+                    member_id=m.member_id,
+                    rack_id=m.rack_id,
+                    member_epoch=m.member_epoch,
+                    client_id=m.client_id,
+                    client_host=m.client_host,
+                    subscribed_topic_names=sorted(m.subscribed),
+                    assignment=R.Assignment(
+                        topic_partitions=[
+                            R.TopicPartitions(topic_id=t, topic_name=names.get(t, ""), partitions=ps)
+                            for t, ps in sorted(m.assignment.items())
+                        ]
+                    ),
+                )
+                for m in g.members.values()
+            ]
+            out.append(
+                R.DescribedGroup(
+                    group_id=gid,
+                    group_state=g.state,
+                    group_epoch=g.group_epoch,
+                    assignment_epoch=g.assignment_epoch,
+                    assignor_name="simple",
+                    members=members,
+                    authorized_operations=ops,
+                )
+            )
         return out
 
     return R(groups=await spm.call(run))
 
 
-def _acknowledge(ctx: RequestContext, spm: SharePartitionManager, group_id: str, member_id: str,
-                 topics: list[Any], out: _Result) -> None:
+def _acknowledge(
+    ctx: RequestContext,
+    spm: SharePartitionManager,
+    group_id: str,
+    member_id: str,
+    topics: list[Any],
+    out: _Result,
+) -> None:
     """Apply the acknowledgement batches of a ShareFetch or ShareAcknowledge; their codes go into out."""
     names = ctx.server.topic_names_by_id()
     limit = spm.delivery_limit
@@ -118,14 +168,23 @@ def _acknowledge(ctx: RequestContext, spm: SharePartitionManager, group_id: str,
                 entry[1] = ErrorCode.INVALID_RECORD_STATE
                 continue
             for b in p.acknowledgement_batches:
-                code = sp.acknowledge(member_id, b.first_offset, b.last_offset, list(b.acknowledge_types), limit,
-                                      lock_ms)
+                code = sp.acknowledge(
+                    member_id, b.first_offset, b.last_offset, list(b.acknowledge_types), limit, lock_ms
+                )
                 if code:
                     entry[1] = code
 
 
-def _acquire(ctx: RequestContext, spm: SharePartitionManager, group_id: str, member_id: str, session: ShareSession,
-             max_records: int, max_bytes: int, out: _Result) -> int:
+def _acquire(
+    ctx: RequestContext,
+    spm: SharePartitionManager,
+    group_id: str,
+    member_id: str,
+    session: ShareSession,
+    max_records: int,
+    max_bytes: int,
+    out: _Result,
+) -> int:
     names = ctx.server.topic_names_by_id()
     rm = ctx.server.replica_manager
     lock_ms = spm.lock_ms(group_id)
@@ -146,8 +205,9 @@ def _acquire(ctx: RequestContext, spm: SharePartitionManager, group_id: str, mem
             lg = rm.get_log(name, partition)
             sp = spm.share_partition(group_id, name, partition, lg)
             limit = lg.last_stable_offset if committed else lg.high_watermark
-            chunks, ranges = sp.acquire(lg, member_id, max_records - acquired, max_bytes, lock_ms, spm.max_locks,
-                                        limit)
+            chunks, ranges = sp.acquire(
+                lg, member_id, max_records - acquired, max_bytes, lock_ms, spm.max_locks, limit
+            )
         except Exception as e:  # a storage error answers for this partition only
             code = getattr(e, "code", None)
             entry[0] = code if isinstance(code, int) else ErrorCode.UNKNOWN_SERVER_ERROR
@@ -173,7 +233,9 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
         out: _Result = {}
         if not spm.coordinator.is_member(group_id, member_id):
             return ErrorCode.UNKNOWN_MEMBER_ID, out
-        if req.share_session_epoch == 0 and any(p.acknowledgement_batches for t in req.topics for p in t.partitions):
+        if req.share_session_epoch == 0 and any(
+            p.acknowledgement_batches for t in req.topics for p in t.partitions
+        ):
             return ErrorCode.INVALID_REQUEST, out
         session, code = spm.session_for(group_id, member_id, req.share_session_epoch)
         if session is None:
@@ -209,21 +271,38 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
             continue
         name = names.get(topic_id)
         epoch = rm.leader_epoch(name, partition) if name is not None and not err else -1
-        by_topic.setdefault(topic_id, []).append(R.PartitionData(
-            partition_index=partition, error_code=err, acknowledge_error_code=ack_err,
-            current_leader=R.LeaderIdAndEpoch(leader_id=ctx.server.broker_id if not err else -1, leader_epoch=epoch),
-            records=b"".join(chunks),
-            acquired_records=[R.AcquiredRecords(first_offset=f, last_offset=la, delivery_count=c)
-                              for f, la, c in ranges]))
-    return R(acquisition_lock_timeout_ms=lock_ms,
-             responses=[R.ShareFetchableTopicResponse(topic_id=t, partitions=ps) for t, ps in by_topic.items()])
+        by_topic.setdefault(topic_id, []).append(
+            R.PartitionData(
+                partition_index=partition,
+                error_code=err,
+                acknowledge_error_code=ack_err,
+                current_leader=R.LeaderIdAndEpoch(
+                    leader_id=ctx.server.broker_id if not err else -1, leader_epoch=epoch
+                ),
+                records=b"".join(chunks),
+                acquired_records=[
+                    R.AcquiredRecords(first_offset=f, last_offset=la, delivery_count=c) for f, la, c in ranges
+                ],
+            )
+        )
+    return R(
+        acquisition_lock_timeout_ms=lock_ms,
+        responses=[R.ShareFetchableTopicResponse(topic_id=t, partitions=ps) for t, ps in by_topic.items()],
+    )
 
 
 def _acked(topics: list[Any]) -> set[tuple[bytes, int]]:
-    return {(bytes(t.topic_id), p.partition_index) for t in topics for p in t.partitions if p.acknowledgement_batches}
+    return {
+        (bytes(t.topic_id), p.partition_index)
+        for t in topics
+        for p in t.partitions
+        if p.acknowledgement_batches
+    }
 
 
-async def handle_share_acknowledge(ctx: RequestContext, req: ShareAcknowledgeRequest) -> ShareAcknowledgeResponse:
+async def handle_share_acknowledge(
+    ctx: RequestContext, req: ShareAcknowledgeRequest
+) -> ShareAcknowledgeResponse:
     R = ShareAcknowledgeResponse
     group_id, member_id = req.group_id or "", req.member_id or ""
     if _group_denied(ctx, READ, group_id):
@@ -254,11 +333,17 @@ async def handle_share_acknowledge(ctx: RequestContext, req: ShareAcknowledgeReq
     for (topic_id, partition), (_, ack_err, _, _) in sorted(out.items()):
         name = names.get(topic_id)
         epoch = rm.leader_epoch(name, partition) if name is not None else -1
-        by_topic.setdefault(topic_id, []).append(R.PartitionData(
-            partition_index=partition, error_code=ack_err,
-            current_leader=R.LeaderIdAndEpoch(leader_id=ctx.server.broker_id, leader_epoch=epoch)))
-    return R(acquisition_lock_timeout_ms=spm.lock_ms(group_id),
-             responses=[R.ShareAcknowledgeTopicResponse(topic_id=t, partitions=ps) for t, ps in by_topic.items()])
+        by_topic.setdefault(topic_id, []).append(
+            R.PartitionData(
+                partition_index=partition,
+                error_code=ack_err,
+                current_leader=R.LeaderIdAndEpoch(leader_id=ctx.server.broker_id, leader_epoch=epoch),
+            )
+        )
+    return R(
+        acquisition_lock_timeout_ms=spm.lock_ms(group_id),
+        responses=[R.ShareAcknowledgeTopicResponse(topic_id=t, partitions=ps) for t, ps in by_topic.items()],
+    )
 
 
 HANDLERS = [
