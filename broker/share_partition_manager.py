@@ -65,6 +65,26 @@ class SharePartitionManager:
         self._topics_cache: tuple[Any, dict[str, tuple[bytes, int]]] | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
+    @staticmethod
+    def existing(server: KafkaServer) -> SharePartitionManager | None:
+        """The server's manager if a share-group request ever made one (then share groups may exist)."""
+        return getattr(server, "_share_partition_manager", None)
+
+    async def list_groups(self) -> list[tuple[str, str]]:
+        return [(g.group_id, g.state) for g in self.coordinator.groups.values()]
+
+    async def delete_groups(self, group_ids: list[str]) -> dict[str, int]:
+        """DeleteGroups of share groups: an empty group goes with the state of its share-partitions."""
+        out = {}
+        for gid in group_ids:
+            if gid not in self.coordinator.groups:
+                continue
+            out[gid] = code = self.coordinator.delete(gid)
+            if code == ErrorCode.NONE:
+                for key in [k for k in self.partitions if k[0] == gid]:
+                    del self.partitions[key]
+        return out
+
     @classmethod
     def of(cls, server: KafkaServer) -> SharePartitionManager:
         """The server's manager, made on first use: a broker without share consumers carries none of it."""

@@ -18,7 +18,8 @@ from confluent_kafka.admin import (
     NewTopic,
     ResourceType,
 )
-from kbroker.protocol.messages import ShareGroupDescribeRequest
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import DeleteGroupsRequest, ListGroupsRequest, ShareGroupDescribeRequest
 
 from kbroker_tools.wire import WireClient
 from tests.broker_process import BrokerProcess
@@ -85,9 +86,17 @@ def test_implicit_acknowledgement_reads_each_record_once(broker: BrokerProcess, 
             d = w.request(77, 1, ShareGroupDescribeRequest(group_ids=[group])).groups[0]
             assert (d.error_code, d.group_state, len(d.members)) == (0, "Stable", 1)
             assert sorted(p for t in d.members[0].assignment.topic_partitions for p in t.partitions) == [0, 1]
+        with WireClient(broker.bootstrap) as w:
+            listed = w.request(16, 5, ListGroupsRequest(types_filter=["share"])).groups
+            assert [(g.group_id, g.group_type, g.group_state) for g in listed] == [(group, "share", "Stable")]
+            busy = w.request(42, 2, DeleteGroupsRequest(groups_names=[group])).results[0]
+            assert busy.error_code == ErrorCode.NON_EMPTY_GROUP
     finally:
         c.close()
     assert sorted(got) == sorted(f"v{i}" for i in range(200))
+    with WireClient(broker.bootstrap) as w:
+        assert w.request(42, 2, DeleteGroupsRequest(groups_names=[group])).results[0].error_code == 0
+        assert w.request(16, 5, ListGroupsRequest(types_filter=["share"])).groups == []
 
 
 def test_unacknowledged_record_comes_back_after_the_lock(broker: BrokerProcess, topic_name: str) -> None:
