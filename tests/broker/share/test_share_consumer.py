@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
+from confluent_kafka import AcknowledgeType, KafkaException, Producer, ShareConsumer
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -158,3 +158,45 @@ def test_delivery_count_limit_archives_a_poison_record(broker: BrokerProcess, to
         c.close()
     # group.share.delivery.count.limit=3: released three times, then archived, never a fourth delivery
     assert deliveries == {"v0": 3, "v1": 1, "v2": 1, "v3": 1}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("share.auto.offset.reset", "newest", "the value must be either 'earliest', 'latest'"),
+        ("share.isolation.level", "dirty", "String must be one of: read_committed, read_uncommitted"),
+        (
+            "share.record.lock.duration.ms",
+            "999999",
+            "must be less than or equal to group.share.max.record.lock",
+        ),
+    ],
+)
+def test_share_group_configs_are_validated(
+    broker: BrokerProcess, name: str, value: str, message: str
+) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    res = ConfigResource(
+        ResourceType.GROUP,
+        "g-validated",
+        incremental_configs=[ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)],
+    )
+    with pytest.raises(KafkaException) as info:
+        admin.incremental_alter_configs([res])[res].result(30)
+    assert info.value.args[0].name() == "INVALID_CONFIG" and message in info.value.args[0].str()
+    ok = ConfigResource(
+        ResourceType.GROUP,
+        "g-validated",
+        incremental_configs=[
+            ConfigEntry(
+                name,
+                "by_duration:PT1H"
+                if name == "share.auto.offset.reset"
+                else "read_committed"
+                if name == "share.isolation.level"
+                else "20000",
+                incremental_operation=AlterConfigOpType.SET,
+            )
+        ],
+    )
+    admin.incremental_alter_configs([ok])[ok].result(30)
