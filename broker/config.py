@@ -280,6 +280,8 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("group.share.delivery.count.limit", _int, 5, at_least(2)),
         ConfigKey("group.share.partition.max.record.locks", _int, 2000, at_least(100)),
         ConfigKey("group.share.max.size", _int, 200, at_least(1)),
+        ConfigKey("share.coordinator.state.topic.num.partitions", _int, 50, at_least(1)),
+        ConfigKey("share.coordinator.state.topic.replication.factor", _int, 3, at_least(1)),
         ConfigKey("transaction.state.log.num.partitions", _int, 50, at_least(1)),
         ConfigKey("transaction.state.log.replication.factor", _int, 3, at_least(1)),
         ConfigKey("transaction.state.log.min.isr", _int, 2, at_least(1)),

@@ -54,6 +54,8 @@ class SharePartition:
         self.start = start_offset
         self.end = start_offset
         self.records: dict[int, InFlight] = {}
+        self.dirty = False  # changed since the last snapshot written to __share_group_state
+        self.snapshot_epoch = 0
 
     def locks_held(self) -> int:
         return sum(1 for r in self.records.values() if r.state == ACQUIRED)
@@ -107,6 +109,7 @@ class SharePartition:
                         continue
                     rec.state, rec.member, rec.deadline = ACQUIRED, member, deadline
                     rec.delivery_count += 1
+                    self.dirty = True
                     budget -= 1
                     got.append((off, rec.delivery_count))
                 if got:
@@ -146,11 +149,12 @@ class SharePartition:
                 self._release(rec, delivery_limit)
             else:
                 rec.deadline = time.monotonic() + lock_ms / 1000
+        self.dirty = True
         self._advance()
         return ErrorCode.NONE
 
-    @staticmethod
-    def _release(rec: InFlight, delivery_limit: int) -> None:
+    def _release(self, rec: InFlight, delivery_limit: int) -> None:
+        self.dirty = True
         rec.state = ARCHIVED if rec.delivery_count >= delivery_limit else AVAILABLE
         rec.member = None
 
@@ -191,6 +195,7 @@ class SharePartition:
 
     def reset(self, offset: int) -> None:
         """AlterShareGroupOffsets, or records deleted under an idle share-partition: start over at offset."""
+        self.dirty = True
         self.records.clear()
         self.start = self.end = offset
 

@@ -9,6 +9,7 @@ happen on that loop too; they are reads of the page cache of whole batches, boun
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -23,13 +24,24 @@ from kbroker.broker.group_config import (
     SHARE_SESSION_TIMEOUT_MS,
 )
 from kbroker.broker.share_partition import SharePartition
+from kbroker.coordinator.group_coordinator import partition_for
 from kbroker.coordinator.share_coordinator import ShareCoordinator
+from kbroker.coordinator.share_records import (
+    SHARE_STATE_TOPIC,
+    StateBatch,
+    coordinator_key,
+    load_snapshots,
+    snapshot_key,
+    snapshot_value,
+)
 from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.records import build_batch
 
 if TYPE_CHECKING:
     from kbroker.broker.server import KafkaServer
 
 T = TypeVar("T")
+log = logging.getLogger("kbroker.share")
 _SWEEP_S = 0.1
 _DURATION = re.compile(r"p(?:(\d+)d)?(?:t(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?)?")
 
@@ -64,6 +76,8 @@ class SharePartitionManager:
         self.sessions: dict[tuple[str, str], ShareSession] = {}
         self._topics_cache: tuple[Any, dict[str, tuple[bytes, int]]] | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        # __share_group_state partition -> the latest snapshot of each share-partition in it, read once
+        self._snapshots: dict[int, dict[bytes, tuple[int, int, list[StateBatch]]]] = {}
 
     @staticmethod
     def existing(server: KafkaServer) -> SharePartitionManager | None:
@@ -145,6 +159,7 @@ class SharePartitionManager:
             limit = self.delivery_limit
             for sp in self.partitions.values():
                 sp.expire_locks(now, limit)
+            self.persist_dirty()
             if now - last_members >= 1.0:
                 last_members = now
                 self.coordinator.expire_members()
@@ -162,10 +177,88 @@ class SharePartitionManager:
         key = (group_id, topic, partition)
         sp = self.partitions.get(key)
         if sp is None:
-            sp = self.partitions[key] = SharePartition(
-                group_id, topic, partition, self._initial_offset(group_id, lg)
-            )
+            sp = SharePartition(group_id, topic, partition, 0)
+            saved = self._saved_state(sp)
+            if saved is None:
+                sp.reset(self._initial_offset(group_id, lg))
+            else:
+                sp.snapshot_epoch, start, batches = saved
+                sp.load(max(start, int(lg.log_start_offset)), batches)
+                log.info(
+                    "Share-partition %s %s-%d loaded from %s: start offset %d, %d in-flight batches",
+                    group_id,
+                    topic,
+                    partition,
+                    SHARE_STATE_TOPIC,
+                    sp.start,
+                    len(batches),
+                )
+            self.partitions[key] = sp
         return sp
+
+    # ------------------------------------------------------------ __share_group_state
+
+    def _state_place(self, sp: SharePartition) -> tuple[int, bytes] | None:
+        rec = self.server.metadata.topics.get(sp.topic)
+        if rec is None:
+            return None
+        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
+        if state is None:
+            cfg = self.server.config
+            rf = (
+                int(cfg["share.coordinator.state.topic.replication.factor"])
+                if self.server.controller is not None
+                else 1
+            )
+            state = self.server.admin.create_topic(
+                SHARE_STATE_TOPIC,
+                cfg["share.coordinator.state.topic.num.partitions"],
+                rf,
+                {"cleanup.policy": "compact", "compression.type": "producer"},
+            )
+        ck = coordinator_key(sp.group_id, rec.topic_id, sp.partition)
+        return partition_for(ck, state.num_partitions), snapshot_key(sp.group_id, rec.topic_id, sp.partition)
+
+    def _saved_state(self, sp: SharePartition) -> tuple[int, int, list[StateBatch]] | None:
+        place = self._state_place(sp)
+        if place is None:
+            return None
+        part, key = place
+        snaps = self._snapshots.get(part)
+        if snaps is None:
+            snaps = self._snapshots[part] = load_snapshots(
+                self.server.replica_manager.get_log(SHARE_STATE_TOPIC, part)
+            )
+        return snaps.get(key)
+
+    def persist_dirty(self) -> None:
+        """Write a ShareSnapshot of every share-partition changed since its last one."""
+        for sp in self.partitions.values():
+            if not sp.dirty:
+                continue
+            try:
+                place = self._state_place(sp)
+                if place is None:
+                    continue
+                part, key = place
+                sp.snapshot_epoch += 1
+                batches = sp.state_batches()
+                value = snapshot_value(sp.snapshot_epoch, 0, sp.start, batches)
+                now = int(time.time() * 1000)
+                self.server.replica_manager.append(
+                    SHARE_STATE_TOPIC, part, build_batch([(key, value, [], now)]), 1
+                )
+                self._snapshots.setdefault(part, {})[key] = (sp.snapshot_epoch, sp.start, batches)
+                sp.dirty = False
+            except Exception as e:  # noqa: BLE001 - kept dirty: the next sweep tries again
+                log.warning(
+                    "Could not write the state of share-partition %s %s-%d to %s: %s",
+                    sp.group_id,
+                    sp.topic,
+                    sp.partition,
+                    SHARE_STATE_TOPIC,
+                    e,
+                )
 
     def _initial_offset(self, group_id: str, lg: Any) -> int:
         """Kafka's share.auto.offset.reset, applied when a share-partition is first read."""

@@ -243,6 +243,7 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
         _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
         if req.share_session_epoch == -1:
             spm.release_session(group_id, member_id)
+            spm.persist_dirty()
             return ErrorCode.NONE, out
         for t in req.topics:
             for p in t.partitions:
@@ -255,7 +256,9 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
                 break
             if any(e[0] for e in out.values()) or time.monotonic() >= deadline:
                 break
+            spm.persist_dirty()
             await asyncio.sleep(min(0.02, max(deadline - time.monotonic(), 0)))
+        spm.persist_dirty()
         return ErrorCode.NONE, out
 
     code, out = await spm.call(run)
@@ -321,6 +324,7 @@ async def handle_share_acknowledge(
         _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
         if req.share_session_epoch == -1:
             spm.release_session(group_id, member_id)
+        spm.persist_dirty()
         return ErrorCode.NONE, out
 
     code, out = await spm.call(run)
