@@ -5,6 +5,8 @@ deliveries; ListGroups and ShareGroupDescribe see the group."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -61,6 +63,26 @@ def setup_topic(
     p.flush(30)
 
 
+def admin_cli(broker: BrokerProcess, *args: str) -> str:
+    """kbroker-admin share-groups, as a user runs it."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kbroker_tools.admin",
+            "share-groups",
+            "--bootstrap-server",
+            broker.bootstrap,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
 def consumer(bootstrap: str, group: str, explicit: bool) -> ShareConsumer:
     return ShareConsumer(
         {
@@ -91,6 +113,19 @@ def test_implicit_acknowledgement_reads_each_record_once(broker: BrokerProcess, 
             assert [(g.group_id, g.group_type, g.group_state) for g in listed] == [(group, "share", "Stable")]
             busy = w.request(42, 2, DeleteGroupsRequest(groups_names=[group])).results[0]
             assert busy.error_code == ErrorCode.NON_EMPTY_GROUP
+        assert admin_cli(broker, "--list").splitlines() == [group]
+        members = admin_cli(broker, "--describe", "--group", group, "--members").splitlines()
+        assert members[0].split() == [
+            "GROUP",
+            "CONSUMER-ID",
+            "HOST",
+            "CLIENT-ID",
+            "#PARTITIONS",
+            "ASSIGNMENT",
+        ]
+        assert members[1].split()[0] == group and members[1].split()[4] == "2"
+        state = admin_cli(broker, "--describe", "--group", group, "--state").splitlines()
+        assert state[1].split() == [group, "Stable", "1"]
     finally:
         c.close()
     assert sorted(got) == sorted(f"v{i}" for i in range(200))
