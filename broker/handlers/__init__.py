@@ -20,12 +20,13 @@ def all_handlers() -> list[ApiHandler]:
         replication,
         sasl,
         share,
+        share_admin,
         topics,
         txn,
     )
 
     out: list[ApiHandler] = []
     for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, consumer_groups, quotas, txn, replication,
-                   sasl, acls, share):
+                   sasl, acls, share, share_admin):
         out.extend(module.HANDLERS)
     return out

@@ -16,7 +16,9 @@ from confluent_kafka.admin import (
     NewTopic,
     ResourceType,
 )
+from kbroker.protocol.messages import DescribeShareGroupOffsetsRequest
 
+from kbroker_tools.wire import WireClient
 from tests.broker_process import BrokerProcess
 
 
@@ -89,3 +91,21 @@ def test_acknowledgements_survive_a_kill(broker: BrokerProcess, topic_name: str)
     assert sorted(v for v, _, _ in again) == sorted({f"v{i}" for i in range(10)} - accepted)
     assert all(count == 2 for _, count, _ in again), [(v, n) for v, n, _ in again]
     assert more == []
+    with WireClient(broker.bootstrap) as w:
+        D = DescribeShareGroupOffsetsRequest
+        got = w.request(
+            90,
+            1,
+            D(
+                groups=[
+                    D.DescribeShareGroupOffsetsRequestGroup(
+                        group_id=group,
+                        topics=[
+                            D.DescribeShareGroupOffsetsRequestTopic(topic_name=topic_name, partitions=[0])
+                        ],
+                    )
+                ]
+            ),
+        )
+        p0 = got.groups[0].topics[0].partitions[0]
+        assert (p0.error_code, p0.start_offset, p0.lag) == (0, 10, 0)
