@@ -16,7 +16,8 @@ from confluent_kafka.admin import (
     NewTopic,
     ResourceType,
 )
-from kbroker.protocol.messages import DescribeShareGroupOffsetsRequest
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import AlterShareGroupOffsetsRequest, DescribeShareGroupOffsetsRequest
 
 from kbroker_tools.wire import WireClient
 from tests.broker_process import BrokerProcess
@@ -109,3 +110,42 @@ def test_acknowledgements_survive_a_kill(broker: BrokerProcess, topic_name: str)
         )
         p0 = got.groups[0].topics[0].partitions[0]
         assert (p0.error_code, p0.start_offset, p0.lag) == (0, 10, 0)
+
+
+def test_offsets_reset_by_the_admin_api(broker: BrokerProcess, topic_name: str) -> None:
+    """AlterShareGroupOffsets on a group without members: a share consumer then starts at the new offset."""
+    group = "g-" + topic_name
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(30)
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(10):
+        p.produce(topic_name, f"v{i}".encode())
+    p.flush(30)
+    A = AlterShareGroupOffsetsRequest
+    with WireClient(broker.bootstrap) as w:
+        r = w.request(
+            91,
+            0,
+            A(
+                group_id=group,
+                topics=[
+                    A.AlterShareGroupOffsetsRequestTopic(
+                        topic_name=topic_name,
+                        partitions=[
+                            A.AlterShareGroupOffsetsRequestPartition(partition_index=0, start_offset=7)
+                        ],
+                    )
+                ],
+            ),
+        )
+        assert (r.error_code, r.responses[0].partitions[0].error_code) == (0, 0)
+    c = ShareConsumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+    c.subscribe([topic_name])
+    try:
+        got = poll_some(c, 3, 60)
+        with WireClient(broker.bootstrap) as w:
+            busy = w.request(91, 0, A(group_id=group, topics=[]))
+            assert busy.error_code == ErrorCode.NON_EMPTY_GROUP
+    finally:
+        c.close()
+    assert sorted(v for v, _, _ in got) == ["v7", "v8", "v9"]
