@@ -19,12 +19,14 @@ def all_handlers() -> list[ApiHandler]:
         quotas,
         replication,
         sasl,
+        share,
+        share_admin,
         topics,
         txn,
     )
 
     out: list[ApiHandler] = []
     for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, consumer_groups, quotas, txn, replication,
-                   sasl, acls):
+                   sasl, acls, share, share_admin):
         out.extend(module.HANDLERS)
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kbroker.broker.admin_manager import INTERNAL_TOPICS
 from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.config import CONFIG_TYPE_NAMES, KAFKA_DYNAMIC_CONFIGS, KEYS, render_value
-from kbroker.broker.group_config import DOCUMENTATION, GROUP_TO_BROKER, INT_TYPE, describe_group
+from kbroker.broker.group_config import DOCUMENTATION, GROUP_TO_BROKER, config_type, describe_group
 from kbroker.broker.security.acls import AclOperation, ResourceType
 from kbroker.broker.topic_config import (
     CONFIG_TYPES,
@@ -74,7 +74,7 @@ def _broker_type(name: str) -> int:
 def _config_type(resource_type: int, name: str) -> int:
     if resource_type == TOPIC:
         return config_type_of(name)
-    return INT_TYPE if resource_type == GROUP else _broker_type(name)
+    return config_type(name) if resource_type == GROUP else _broker_type(name)
 
 
 def _resource(resource_type: int, name: str) -> str:

@@ -7,9 +7,11 @@ The handlers translate wire structures; the group state machine is coordinator.G
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.security.acls import SUPPORTED_OPERATIONS, AclOperation, ResourceType, bit_field
+from kbroker.broker.share_partition_manager import SharePartitionManager
 from kbroker.coordinator.group_coordinator import partition_for
 from kbroker.coordinator.group_metadata import GroupState, OffsetAndMetadata
 from kbroker.protocol.errors import ErrorCode, KafkaError
@@ -348,7 +350,22 @@ async def handle_list_groups(ctx: RequestContext, req: ListGroupsRequest) -> Lis
             continue
         listed.append(R.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type or "", group_state=state,
                                     group_type=group_type))
+    listed += await _share_groups_listed(ctx, states, types)
     return R(error_code=err, groups=listed)
+
+
+async def _share_groups_listed(ctx: RequestContext, states: set[str], types: set[str]) -> list[Any]:
+    """KIP-932 share groups in ListGroups: type `share`, protocol type `share`."""
+    spm = SharePartitionManager.existing(ctx.server)
+    if spm is None or (types and "share" not in types):
+        return []
+    shares = await spm.call(spm.list_groups)
+    if ctx.server.authorizer is not None and not ctx.authorized(DESCRIBE, ResourceType.CLUSTER, log_denied=False):
+        allowed = ctx.authorized_names(DESCRIBE, GROUP, (g for g, _ in shares), log_denied=False)
+        shares = [(g, s) for g, s in shares if g in allowed]
+    R = ListGroupsResponse
+    return [R.ListedGroup(group_id=g, protocol_type="share", group_state=s, group_type="share")
+            for g, s in shares if not states or s.lower() in states]
 
 
 async def handle_delete_groups(ctx: RequestContext, req: DeleteGroupsRequest) -> DeleteGroupsResponse:
@@ -356,7 +373,11 @@ async def handle_delete_groups(ctx: RequestContext, req: DeleteGroupsRequest) ->
     denied = set()
     if ctx.server.authorizer is not None:
         denied = set(req.groups_names) - ctx.authorized_names(DELETE, GROUP, req.groups_names)
-    results = await gc.call(gc.delete_groups, [g for g in req.groups_names if g not in denied])
+    wanted = [g for g in req.groups_names if g not in denied]
+    spm = SharePartitionManager.existing(ctx.server)
+    shares = await spm.call(spm.delete_groups, wanted) if spm is not None else {}
+    results = await gc.call(gc.delete_groups, [g for g in wanted if g not in shares])
+    results.update(shares)
     results.update({g: ErrorCode.GROUP_AUTHORIZATION_FAILED for g in denied})
     R = DeleteGroupsResponse
     return R(results=[R.DeletableGroupResult(group_id=g, error_code=results[g]) for g in req.groups_names])

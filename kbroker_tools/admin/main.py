@@ -15,6 +15,7 @@ COMMANDS = {
     "console-consumer": ("kbroker_tools.admin.console", "kafka-console-consumer: records of a topic to stdout"),
     "get-offsets": ("kbroker_tools.admin.console", "kafka-get-offsets: offsets of partitions by time"),
     "acls": ("kbroker_tools.admin.acls", "kafka-acls: add, remove and list ACLs"),
+    "share-groups": ("kbroker_tools.admin.share_groups", "kafka-share-groups: list, describe, delete share groups"),
 }
 
 

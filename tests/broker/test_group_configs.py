@@ -81,7 +81,8 @@ def ck_alter_error(a: AdminClient, group: str, name: str, value: str) -> tuple[i
 def test_confluent_describe_set_delete(admin: AdminClient, topic_name: str) -> None:
     group = "g-" + topic_name
     d = ck_describe(admin, group)
-    assert {k: (e.value, e.source) for k, e in d.items()} == {
+    # The share.* keys (KIP-932) have tests of their own in tests/broker/share/.
+    assert {k: (e.value, e.source) for k, e in d.items() if k.startswith("consumer.")} == {
         SESSION: ("6000", ConfigSource.STATIC_BROKER_CONFIG.value),
         HEARTBEAT: ("300", ConfigSource.STATIC_BROKER_CONFIG.value)}
     ck_alter(admin, group, (SESSION, "2000", AlterConfigOpType.SET))
@@ -129,7 +130,7 @@ def test_kafka_python_incremental_and_legacy_alter(broker: BrokerProcess, topic_
                         raise_on_unknown=False)
         d = a.describe_configs([KpConfigResource(ConfigResourceType.GROUP, group)],
                                config_filter="all")["group"][group]
-        assert {k: (v["value"], v["config_source"]) for k, v in d.items()} == {
+        assert {k: (v["value"], v["config_source"]) for k, v in d.items() if k.startswith("consumer.")} == {
             SESSION: ("3000", "DYNAMIC_GROUP_CONFIG"), HEARTBEAT: ("450", "DYNAMIC_GROUP_CONFIG")}
         r = a.alter_configs([KpConfigResource(ConfigResourceType.GROUP, group, {SESSION: "100"})], incremental=True)
         assert "InvalidConfigurationError" in str(r) and "group.consumer.min.session.timeout.ms" in str(r), r
@@ -174,7 +175,8 @@ def test_raw_frames_documentation_and_request_errors(broker: BrokerProcess, topi
             A.AlterableConfig(name=HEARTBEAT, value="350")])], validate_only=False)).responses[0].error_code == 0
         r = raw.request(32, 4, D(resources=[D.DescribeConfigsResource(resource_type=32, resource_name=group,
                                                                      configuration_keys=None)])).results[0]
-        assert sorted((c.name, c.value, c.config_source) for c in r.configs) == [(HEARTBEAT, "350", 8),
+        assert sorted((c.name, c.value, c.config_source) for c in r.configs if c.name.startswith("consumer.")) == [
+                                                                                 (HEARTBEAT, "350", 8),
                                                                                  (SESSION, "6000", 4)]
 
 

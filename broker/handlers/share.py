@@ -1,0 +1,358 @@
+"""KIP-932 share-group APIs: ShareGroupHeartbeat (76) v1, ShareGroupDescribe (77) v1, ShareFetch (78) v1-2 and
+ShareAcknowledge (79) v1-2, the versions Kafka 4.2's KafkaShareConsumer sends.
+
+The handlers translate wire structures (topic ids, acknowledgement batches); the state is
+broker.share_partition_manager's, on the share loop, reached through `call()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.handlers.groups import (
+    DESCRIBE,
+    GROUP,
+    GROUP_OPERATIONS,
+    READ,
+    _client_host,
+    _group_denied,
+)
+from kbroker.broker.share_partition_manager import SharePartitionManager, ShareSession
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.messages import (
+    ShareAcknowledgeRequest,
+    ShareAcknowledgeResponse,
+    ShareFetchRequest,
+    ShareFetchResponse,
+    ShareGroupDescribeRequest,
+    ShareGroupDescribeResponse,
+    ShareGroupHeartbeatRequest,
+    ShareGroupHeartbeatResponse,
+)
+
+# (topic id, partition) -> (error code, acknowledge error code, records, acquired ranges)
+_Result = dict[tuple[bytes, int], list[Any]]
+
+
+async def handle_share_group_heartbeat(
+    ctx: RequestContext, req: ShareGroupHeartbeatRequest
+) -> ShareGroupHeartbeatResponse:
+    R = ShareGroupHeartbeatResponse
+    if _group_denied(ctx, READ, req.group_id):
+        return R(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
+    spm = SharePartitionManager.of(ctx.server)
+    client_id, host = ctx.client_id, _client_host(ctx)
+
+    async def run() -> Any:
+        spm.ensure_sweeper()
+        return spm.coordinator.heartbeat(
+            req.group_id,
+            req.member_id,
+            req.member_epoch,
+            req.rack_id,
+            req.subscribed_topic_names,
+            client_id,
+            host,
+        )
+
+    r = await spm.call(run)
+    if r.error:
+        ctx.refused(r.error, r.message, f"group {req.group_id!r}")
+        return R(error_code=r.error, error_message=r.message)
+    assignment = None
+    if r.assignment is not None:
+        assignment = R.Assignment(
+            topic_partitions=[
+                R.TopicPartitions(topic_id=t, partitions=ps) for t, ps in sorted(r.assignment.items())
+            ]
+        )
+    return R(
+        member_id=r.member_id,
+        member_epoch=r.member_epoch,
+        heartbeat_interval_ms=r.heartbeat_interval_ms,
+        assignment=assignment,
+    )
+
+
+async def handle_share_group_describe(
+    ctx: RequestContext, req: ShareGroupDescribeRequest
+) -> ShareGroupDescribeResponse:
+    R = ShareGroupDescribeResponse
+    spm = SharePartitionManager.of(ctx.server)
+    names = ctx.server.topic_names_by_id()
+
+    async def run() -> list[Any]:
+        out = []
+        for gid in req.group_ids:
+            if _group_denied(ctx, DESCRIBE, gid):
+                out.append(R.DescribedGroup(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, group_id=gid))
+                continue
+            g = spm.coordinator.groups.get(gid)
+            if g is None:
+                out.append(
+                    R.DescribedGroup(
+                        error_code=ErrorCode.GROUP_ID_NOT_FOUND,
+                        group_id=gid,
+                        group_state="Dead",
+                        error_message=f"Group {gid} not found.",
+                    )
+                )
+                continue
+            ops = -(2**31)
+            if req.include_authorized_operations:
+                ops = (
+                    GROUP_OPERATIONS
+                    if ctx.server.authorizer is None
+                    else ctx.authorized_operations(GROUP, gid)
+                )
+            members = [
+                R.Member(
+                    member_id=m.member_id,
+                    rack_id=m.rack_id,
+                    member_epoch=m.member_epoch,
+                    client_id=m.client_id,
+                    client_host=m.client_host,
+                    subscribed_topic_names=sorted(m.subscribed),
+                    assignment=R.Assignment(
+                        topic_partitions=[
+                            R.TopicPartitions(topic_id=t, topic_name=names.get(t, ""), partitions=ps)
+                            for t, ps in sorted(m.assignment.items())
+                        ]
+                    ),
+                )
+                for m in g.members.values()
+            ]
+            out.append(
+                R.DescribedGroup(
+                    group_id=gid,
+                    group_state=g.state,
+                    group_epoch=g.group_epoch,
+                    assignment_epoch=g.assignment_epoch,
+                    assignor_name="simple",
+                    members=members,
+                    authorized_operations=ops,
+                )
+            )
+        return out
+
+    return R(groups=await spm.call(run))
+
+
+def _acknowledge(
+    ctx: RequestContext,
+    spm: SharePartitionManager,
+    group_id: str,
+    member_id: str,
+    topics: list[Any],
+    out: _Result,
+) -> None:
+    """Apply the acknowledgement batches of a ShareFetch or ShareAcknowledge; their codes go into out."""
+    names = ctx.server.topic_names_by_id()
+    limit = spm.delivery_limit
+    lock_ms = spm.lock_ms(group_id)
+    for t in topics:
+        name = names.get(bytes(t.topic_id))
+        for p in t.partitions:
+            key = (bytes(t.topic_id), p.partition_index)
+            entry = out.setdefault(key, [ErrorCode.NONE, ErrorCode.NONE, [], []])
+            if not p.acknowledgement_batches:
+                continue
+            if name is None:
+                entry[1] = ErrorCode.UNKNOWN_TOPIC_ID
+                continue
+            sp = spm.partitions.get((group_id, name, p.partition_index))
+            if sp is None:
+                entry[1] = ErrorCode.INVALID_RECORD_STATE
+                continue
+            for b in p.acknowledgement_batches:
+                code = sp.acknowledge(
+                    member_id, b.first_offset, b.last_offset, list(b.acknowledge_types), limit, lock_ms
+                )
+                if code:
+                    entry[1] = code
+
+
+def _acquire(
+    ctx: RequestContext,
+    spm: SharePartitionManager,
+    group_id: str,
+    member_id: str,
+    session: ShareSession,
+    max_records: int,
+    max_bytes: int,
+    out: _Result,
+) -> int:
+    names = ctx.server.topic_names_by_id()
+    rm = ctx.server.replica_manager
+    lock_ms = spm.lock_ms(group_id)
+    committed = spm.read_committed(group_id)
+    acquired = 0
+    for topic_id, partition in sorted(session.partitions):
+        entry = out.setdefault((topic_id, partition), [ErrorCode.NONE, ErrorCode.NONE, [], []])
+        name = names.get(topic_id)
+        if name is None:
+            entry[0] = ErrorCode.UNKNOWN_TOPIC_ID
+            continue
+        if rm.leads(name, partition) is False:
+            entry[0] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+            continue
+        if acquired >= max_records or max_bytes <= 0:
+            continue
+        try:
+            lg = rm.get_log(name, partition)
+            sp = spm.share_partition(group_id, name, partition, lg)
+            limit = lg.last_stable_offset if committed else lg.high_watermark
+            chunks, ranges = sp.acquire(
+                lg, member_id, max_records - acquired, max_bytes, lock_ms, spm.max_locks, limit
+            )
+        except Exception as e:  # a storage error answers for this partition only
+            code = getattr(e, "code", None)
+            entry[0] = code if isinstance(code, int) else ErrorCode.UNKNOWN_SERVER_ERROR
+            continue
+        entry[2].extend(chunks)
+        entry[3].extend(ranges)
+        acquired += sum(last - first + 1 for first, last, _ in ranges)
+        max_bytes -= sum(len(c) for c in chunks)
+    return acquired
+
+
+async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> ShareFetchResponse:
+    R = ShareFetchResponse
+    group_id, member_id = req.group_id or "", req.member_id or ""
+    if _group_denied(ctx, READ, group_id):
+        return R(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
+    spm = SharePartitionManager.of(ctx.server)
+    max_records = req.max_records if req.max_records > 0 else 500
+    max_bytes = req.max_bytes if req.max_bytes > 0 else 2**31 - 1
+    deadline = time.monotonic() + max(req.max_wait_ms, 0) / 1000
+
+    async def run() -> tuple[int, _Result]:
+        out: _Result = {}
+        if not spm.coordinator.is_member(group_id, member_id):
+            return ErrorCode.UNKNOWN_MEMBER_ID, out
+        if req.share_session_epoch == 0 and any(
+            p.acknowledgement_batches for t in req.topics for p in t.partitions
+        ):
+            return ErrorCode.INVALID_REQUEST, out
+        session, code = spm.session_for(group_id, member_id, req.share_session_epoch)
+        if session is None:
+            return code, out
+        _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
+        if req.share_session_epoch == -1:
+            spm.release_session(group_id, member_id)
+            spm.persist_dirty()
+            return ErrorCode.NONE, out
+        for t in req.topics:
+            for p in t.partitions:
+                session.partitions.add((bytes(t.topic_id), p.partition_index))
+        for f in req.forgotten_topics_data:
+            for idx in f.partitions:
+                session.partitions.discard((bytes(f.topic_id), idx))
+        while True:
+            if _acquire(ctx, spm, group_id, member_id, session, max_records, max_bytes, out) > 0:
+                break
+            if any(e[0] for e in out.values()) or time.monotonic() >= deadline:
+                break
+            spm.persist_dirty()
+            await asyncio.sleep(min(0.02, max(deadline - time.monotonic(), 0)))
+        spm.persist_dirty()
+        return ErrorCode.NONE, out
+
+    code, out = await spm.call(run)
+    if code:
+        ctx.refused(code, None, f"group {group_id!r}")
+        return R(error_code=code)
+    lock_ms = spm.lock_ms(group_id)
+    by_topic: dict[bytes, list[Any]] = {}
+    rm = ctx.server.replica_manager
+    names = ctx.server.topic_names_by_id()
+    for (topic_id, partition), (err, ack_err, chunks, ranges) in sorted(out.items()):
+        if not err and not ack_err and not chunks and (topic_id, partition) not in _acked(req.topics):
+            continue
+        name = names.get(topic_id)
+        epoch = rm.leader_epoch(name, partition) if name is not None and not err else -1
+        by_topic.setdefault(topic_id, []).append(
+            R.PartitionData(
+                partition_index=partition,
+                error_code=err,
+                acknowledge_error_code=ack_err,
+                current_leader=R.LeaderIdAndEpoch(
+                    leader_id=ctx.server.broker_id if not err else -1, leader_epoch=epoch
+                ),
+                records=b"".join(chunks),
+                acquired_records=[
+                    R.AcquiredRecords(first_offset=f, last_offset=la, delivery_count=c) for f, la, c in ranges
+                ],
+            )
+        )
+    return R(
+        acquisition_lock_timeout_ms=lock_ms,
+        responses=[R.ShareFetchableTopicResponse(topic_id=t, partitions=ps) for t, ps in by_topic.items()],
+    )
+
+
+def _acked(topics: list[Any]) -> set[tuple[bytes, int]]:
+    return {
+        (bytes(t.topic_id), p.partition_index)
+        for t in topics
+        for p in t.partitions
+        if p.acknowledgement_batches
+    }
+
+
+async def handle_share_acknowledge(
+    ctx: RequestContext, req: ShareAcknowledgeRequest
+) -> ShareAcknowledgeResponse:
+    R = ShareAcknowledgeResponse
+    group_id, member_id = req.group_id or "", req.member_id or ""
+    if _group_denied(ctx, READ, group_id):
+        return R(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
+    spm = SharePartitionManager.of(ctx.server)
+
+    async def run() -> tuple[int, _Result]:
+        out: _Result = {}
+        if req.share_session_epoch == 0:
+            return ErrorCode.INVALID_SHARE_SESSION_EPOCH, out
+        if not spm.coordinator.is_member(group_id, member_id) and req.share_session_epoch != -1:
+            return ErrorCode.UNKNOWN_MEMBER_ID, out
+        session, code = spm.session_for(group_id, member_id, req.share_session_epoch)
+        if session is None:
+            return code, out
+        _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
+        if req.share_session_epoch == -1:
+            spm.release_session(group_id, member_id)
+        spm.persist_dirty()
+        return ErrorCode.NONE, out
+
+    code, out = await spm.call(run)
+    if code:
+        ctx.refused(code, None, f"group {group_id!r}")
+        return R(error_code=code)
+    rm = ctx.server.replica_manager
+    names = ctx.server.topic_names_by_id()
+    by_topic: dict[bytes, list[Any]] = {}
+    for (topic_id, partition), (_, ack_err, _, _) in sorted(out.items()):
+        name = names.get(topic_id)
+        epoch = rm.leader_epoch(name, partition) if name is not None else -1
+        by_topic.setdefault(topic_id, []).append(
+            R.PartitionData(
+                partition_index=partition,
+                error_code=ack_err,
+                current_leader=R.LeaderIdAndEpoch(leader_id=ctx.server.broker_id, leader_epoch=epoch),
+            )
+        )
+    return R(
+        acquisition_lock_timeout_ms=spm.lock_ms(group_id),
+        responses=[R.ShareAcknowledgeTopicResponse(topic_id=t, partitions=ps) for t, ps in by_topic.items()],
+    )
+
+
+HANDLERS = [
+    ApiHandler(76, 1, 1, handle_share_group_heartbeat),
+    ApiHandler(77, 1, 1, handle_share_group_describe),
+    ApiHandler(78, 1, 2, handle_share_fetch),
+    ApiHandler(79, 1, 2, handle_share_acknowledge),
+]

@@ -1,0 +1,299 @@
+"""SharePartitionManager: share sessions, share-partitions and their lock timers on one loop (Kafka's
+SharePartitionManager with the share-group coordinator beside it).
+
+Every share structure lives on the group coordinator's loop: a ShareFetch from any network processor hops there
+with `call()`, so acquisitions, acknowledgements and lock expiry never race and need no lock. Reads of the log
+happen on that loop too; they are reads of the page cache of whole batches, bounded by the request's byte limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from kbroker.broker.group_config import (
+    SHARE_AUTO_OFFSET_RESET,
+    SHARE_HEARTBEAT_INTERVAL_MS,
+    SHARE_ISOLATION_LEVEL,
+    SHARE_RECORD_LOCK_DURATION_MS,
+    SHARE_SESSION_TIMEOUT_MS,
+)
+from kbroker.broker.share_partition import SharePartition
+from kbroker.coordinator.group_coordinator import partition_for
+from kbroker.coordinator.share_coordinator import ShareCoordinator
+from kbroker.coordinator.share_records import (
+    SHARE_STATE_TOPIC,
+    StateBatch,
+    coordinator_key,
+    load_snapshots,
+    snapshot_key,
+    snapshot_value,
+)
+from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.records import build_batch
+
+if TYPE_CHECKING:
+    from kbroker.broker.server import KafkaServer
+
+T = TypeVar("T")
+log = logging.getLogger("kbroker.share")
+_SWEEP_S = 0.1
+_DURATION = re.compile(r"p(?:(\d+)d)?(?:t(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?)?")
+
+
+@dataclass
+class ShareSession:
+    epoch: int
+    partitions: set[tuple[bytes, int]] = field(default_factory=set)
+
+
+def duration_ms(text: str) -> int:
+    m = _DURATION.fullmatch(text.lower())
+    if m is None:
+        return 0
+    d, h, mi, s = (float(x) if x else 0.0 for x in m.groups())
+    return int((((d * 24 + h) * 60 + mi) * 60 + s) * 1000)
+
+
+class SharePartitionManager:
+    def __init__(self, server: KafkaServer) -> None:
+        self.server = server
+        self.loop = server.group_coordinator.loop
+        cfg = server.config
+        self.coordinator = ShareCoordinator(
+            self._topics_view,
+            lambda g: self._group_int(g, SHARE_SESSION_TIMEOUT_MS, "group.share.session.timeout.ms"),
+            lambda g: self._group_int(g, SHARE_HEARTBEAT_INTERVAL_MS, "group.share.heartbeat.interval.ms"),
+            cfg["group.share.max.size"],
+        )
+        self.coordinator.on_member_removed = self._member_removed
+        self.partitions: dict[tuple[str, str, int], SharePartition] = {}
+        self.sessions: dict[tuple[str, str], ShareSession] = {}
+        self._topics_cache: tuple[Any, dict[str, tuple[bytes, int]]] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        # __share_group_state partition -> the latest snapshot of each share-partition in it, read once
+        self._snapshots: dict[int, dict[bytes, tuple[int, int, list[StateBatch]]]] = {}
+
+    @staticmethod
+    def existing(server: KafkaServer) -> SharePartitionManager | None:
+        """The server's manager if a share-group request ever made one (then share groups may exist)."""
+        return getattr(server, "_share_partition_manager", None)
+
+    async def list_groups(self) -> list[tuple[str, str]]:
+        return [(g.group_id, g.state) for g in self.coordinator.groups.values()]
+
+    async def delete_groups(self, group_ids: list[str]) -> dict[str, int]:
+        """DeleteGroups of share groups: an empty group goes with the state of its share-partitions."""
+        out = {}
+        for gid in group_ids:
+            if gid not in self.coordinator.groups:
+                continue
+            out[gid] = code = self.coordinator.delete(gid)
+            if code == ErrorCode.NONE:
+                for key in [k for k in self.partitions if k[0] == gid]:
+                    del self.partitions[key]
+        return out
+
+    @classmethod
+    def of(cls, server: KafkaServer) -> SharePartitionManager:
+        """The server's manager, made on first use: a broker without share consumers carries none of it."""
+        spm = getattr(server, "_share_partition_manager", None)
+        if spm is None:
+            spm = cls(server)
+            server._share_partition_manager = spm  # type: ignore[attr-defined]
+        return spm
+
+    def call(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> Awaitable[T]:
+        return self.server.group_coordinator.call(fn, *args)
+
+    # ------------------------------------------------------------ configs
+
+    @property
+    def delivery_limit(self) -> int:
+        return int(self.server.config["group.share.delivery.count.limit"])
+
+    @property
+    def max_locks(self) -> int:
+        return int(self.server.config["group.share.partition.max.record.locks"])
+
+    def _group_int(self, group_id: str, name: str, broker_key: str) -> int:
+        raw = self.server.consumer_group_config(group_id).get(name)
+        return int(raw) if raw is not None else int(self.server.config[broker_key])
+
+    def lock_ms(self, group_id: str) -> int:
+        return self._group_int(group_id, SHARE_RECORD_LOCK_DURATION_MS, "group.share.record.lock.duration.ms")
+
+    def read_committed(self, group_id: str) -> bool:
+        return self.server.consumer_group_config(group_id).get(SHARE_ISOLATION_LEVEL) == "read_committed"
+
+    def _topics_view(self) -> Mapping[str, tuple[bytes, int]]:
+        topics = self.server.metadata.topics
+        cache = self._topics_cache
+        if cache is None or cache[0] is not topics:
+            cache = self._topics_cache = (
+                topics,
+                {
+                    n: (rec.topic_id, rec.num_partitions)
+                    for n, rec in topics.items()
+                    if not n.startswith("__")
+                },
+            )
+        return cache[1]
+
+    # ------------------------------------------------------------ timers
+
+    def ensure_sweeper(self) -> None:
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = self.loop.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        last_members = 0.0
+        while True:
+            await asyncio.sleep(_SWEEP_S)
+            now = time.monotonic()
+            limit = self.delivery_limit
+            for sp in self.partitions.values():
+                sp.expire_locks(now, limit)
+            self.persist_dirty()
+            if now - last_members >= 1.0:
+                last_members = now
+                self.coordinator.expire_members()
+
+    def _member_removed(self, group_id: str, member_id: str) -> None:
+        self.sessions.pop((group_id, member_id), None)
+        limit = self.delivery_limit
+        for (g, _, _), sp in self.partitions.items():
+            if g == group_id:
+                sp.release_member(member_id, limit)
+
+    # ------------------------------------------------------------ share-partitions
+
+    def share_partition(self, group_id: str, topic: str, partition: int, lg: Any) -> SharePartition:
+        key = (group_id, topic, partition)
+        sp = self.partitions.get(key)
+        if sp is None:
+            sp = SharePartition(group_id, topic, partition, 0)
+            saved = self._saved_state(sp)
+            if saved is None:
+                sp.reset(self._initial_offset(group_id, lg))
+            else:
+                sp.snapshot_epoch, start, batches = saved
+                sp.load(max(start, int(lg.log_start_offset)), batches)
+                log.info(
+                    "Share-partition %s %s-%d loaded from %s: start offset %d, %d in-flight batches",
+                    group_id,
+                    topic,
+                    partition,
+                    SHARE_STATE_TOPIC,
+                    sp.start,
+                    len(batches),
+                )
+            self.partitions[key] = sp
+        return sp
+
+    # ------------------------------------------------------------ __share_group_state
+
+    def _state_place(self, sp: SharePartition) -> tuple[int, bytes] | None:
+        rec = self.server.metadata.topics.get(sp.topic)
+        if rec is None:
+            return None
+        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
+        if state is None:
+            cfg = self.server.config
+            rf = (
+                int(cfg["share.coordinator.state.topic.replication.factor"])
+                if self.server.controller is not None
+                else 1
+            )
+            state = self.server.admin.create_topic(
+                SHARE_STATE_TOPIC,
+                cfg["share.coordinator.state.topic.num.partitions"],
+                rf,
+                {"cleanup.policy": "compact", "compression.type": "producer"},
+            )
+        ck = coordinator_key(sp.group_id, rec.topic_id, sp.partition)
+        return partition_for(ck, state.num_partitions), snapshot_key(sp.group_id, rec.topic_id, sp.partition)
+
+    def _saved_state(self, sp: SharePartition) -> tuple[int, int, list[StateBatch]] | None:
+        place = self._state_place(sp)
+        if place is None:
+            return None
+        part, key = place
+        snaps = self._snapshots.get(part)
+        if snaps is None:
+            snaps = self._snapshots[part] = load_snapshots(
+                self.server.replica_manager.get_log(SHARE_STATE_TOPIC, part)
+            )
+        return snaps.get(key)
+
+    def persist_dirty(self) -> None:
+        """Write a ShareSnapshot of every share-partition changed since its last one."""
+        for sp in self.partitions.values():
+            if not sp.dirty:
+                continue
+            try:
+                place = self._state_place(sp)
+                if place is None:
+                    continue
+                part, key = place
+                sp.snapshot_epoch += 1
+                batches = sp.state_batches()
+                value = snapshot_value(sp.snapshot_epoch, 0, sp.start, batches)
+                now = int(time.time() * 1000)
+                self.server.replica_manager.append(
+                    SHARE_STATE_TOPIC, part, build_batch([(key, value, [], now)]), 1
+                )
+                self._snapshots.setdefault(part, {})[key] = (sp.snapshot_epoch, sp.start, batches)
+                sp.dirty = False
+            except Exception as e:  # noqa: BLE001 - kept dirty: the next sweep tries again
+                log.warning(
+                    "Could not write the state of share-partition %s %s-%d to %s: %s",
+                    sp.group_id,
+                    sp.topic,
+                    sp.partition,
+                    SHARE_STATE_TOPIC,
+                    e,
+                )
+
+    def _initial_offset(self, group_id: str, lg: Any) -> int:
+        """Kafka's share.auto.offset.reset, applied when a share-partition is first read."""
+        reset = (
+            self.server.consumer_group_config(group_id).get(SHARE_AUTO_OFFSET_RESET, "latest").strip().lower()
+        )
+        if reset == "earliest":
+            return int(lg.log_start_offset)
+        if reset.startswith("by_duration:"):
+            ts = int(time.time() * 1000) - duration_ms(reset.removeprefix("by_duration:"))
+            found = lg.offset_for_timestamp(ts)
+            return int(found[0]) if found is not None else int(lg.high_watermark)
+        return int(lg.high_watermark)
+
+    def release_session(self, group_id: str, member_id: str) -> None:
+        self.sessions.pop((group_id, member_id), None)
+        limit = self.delivery_limit
+        for (g, _, _), sp in self.partitions.items():
+            if g == group_id:
+                sp.release_member(member_id, limit)
+
+    def session_for(self, group_id: str, member_id: str, epoch: int) -> tuple[ShareSession | None, int]:
+        """Kafka's ShareSessionCache rules: epoch 0 opens (replacing any), -1 closes, otherwise the next epoch."""
+        key = (group_id, member_id)
+        if epoch == 0:
+            if key in self.sessions:
+                self.release_session(group_id, member_id)
+            s = self.sessions[key] = ShareSession(1)
+            return s, ErrorCode.NONE
+        s = self.sessions.get(key)
+        if s is None:
+            return None, ErrorCode.SHARE_SESSION_NOT_FOUND
+        if epoch == -1:
+            return s, ErrorCode.NONE
+        if epoch != s.epoch:
+            return None, ErrorCode.INVALID_SHARE_SESSION_EPOCH
+        s.epoch = epoch + 1 if epoch < 2**31 - 1 else 1
+        return s, ErrorCode.NONE

@@ -1,0 +1,56 @@
+import java.time.Duration;
+import java.util.*;
+import org.apache.kafka.clients.consumer.*;
+import org.apache.kafka.common.serialization.StringDeserializer;
+
+/**
+ * A KafkaShareConsumer 4.2 (explicit acknowledgement) reading a share group until `count` distinct records
+ * are accepted. Records whose value ends in "release" are released on their first delivery and "reject" are
+ * rejected; prints "ACCEPT p offset value delivery" per accepted record, "REJECT ..." per rejection, then DONE.
+ * Args: bootstrap topic group count idleMs maxPollRecords pauseMs (a pause per poll, a slow worker)
+ */
+public class ShareConsumerCompat {
+    public static void main(String[] args) {
+        Properties props = new Properties();
+        props.put("bootstrap.servers", args[0]);
+        props.put("group.id", args[2]);
+        props.put("share.acknowledgement.mode", "explicit");
+        props.put("max.poll.records", args[5]);
+        props.put("key.deserializer", StringDeserializer.class.getName());
+        props.put("value.deserializer", StringDeserializer.class.getName());
+        int count = Integer.parseInt(args[3]);
+        long idleMs = Long.parseLong(args[4]);
+        Set<String> accepted = new HashSet<>();
+        try (KafkaShareConsumer<String, String> c = new KafkaShareConsumer<>(props)) {
+            c.subscribe(List.of(args[1]));
+            // The idle clock starts with the first record: joining takes a while on a busy machine.
+            long started = System.currentTimeMillis();
+            long lastData = -1;
+            while (lastData < 0 ? System.currentTimeMillis() - started < 90_000
+                                : System.currentTimeMillis() - lastData < idleMs) {
+                ConsumerRecords<String, String> recs = c.poll(Duration.ofMillis(200));
+                for (ConsumerRecord<String, String> r : recs) {
+                    lastData = System.currentTimeMillis();
+                    int delivery = r.deliveryCount().orElse((short) -1);
+                    String v = r.value();
+                    if (v.endsWith("release") && delivery == 1) {
+                        c.acknowledge(r, AcknowledgeType.RELEASE);
+                    } else if (v.endsWith("reject")) {
+                        c.acknowledge(r, AcknowledgeType.REJECT);
+                        System.out.println("REJECT " + r.partition() + " " + r.offset() + " " + v + " " + delivery);
+                    } else {
+                        c.acknowledge(r, AcknowledgeType.ACCEPT);
+                        accepted.add(v);
+                        System.out.println("ACCEPT " + r.partition() + " " + r.offset() + " " + v + " " + delivery);
+                    }
+                }
+                c.commitSync();
+                if (!recs.isEmpty()) {
+                    try { Thread.sleep(Long.parseLong(args[6])); } catch (InterruptedException e) { return; }
+                }
+                if (accepted.size() >= count) break;
+            }
+        }
+        System.out.println("DONE " + accepted.size());
+    }
+}
