@@ -266,8 +266,9 @@ def _replica_id(ctx: RequestContext, req: FetchRequest) -> int:
 
 
 def _error(partition: int, code: ErrorCode) -> PartitionData:
+    # Kafka answers a partition in error with null aborted transactions, whatever the isolation level.
     return PartitionData(partition_index=partition, error_code=code, high_watermark=-1, last_stable_offset=-1,
-                         log_start_offset=-1, records=b"")
+                         log_start_offset=-1, aborted_transactions=None, records=b"")
 
 
 def _fetch_data(req: FetchRequest, by_id: bool, topic_names: dict[bytes, str]) -> dict[PartitionKey, CachedPartition]:

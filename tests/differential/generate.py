@@ -117,5 +117,7 @@ def cases(ours: dict[int, tuple[int, int]], theirs: dict[int, tuple[int, int]]) 
         if key in EXCLUDED or key not in theirs or key not in codec.REQUESTS:
             continue
         for v in range(max(lo, theirs[key][0]), min(hi, theirs[key][1]) + 1):
+            if key == 24 and v >= 4:
+                continue  # broker-to-broker verification; Kafka 3.9 never answers one naming no transaction
             out.append((key, v))
     return out

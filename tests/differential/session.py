@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from kbroker.protocol import codec
-from kbroker.protocol.messages import ApiVersionsRequest, CreateTopicsRequest
+from kbroker.protocol.messages import (
+    ApiVersionsRequest,
+    CreateTopicsRequest,
+    FindCoordinatorRequest,
+    InitProducerIdRequest,
+)
 
 from tests.broker_process import BrokerProcess
 from tests.differential import generate
@@ -79,8 +85,36 @@ def create_topics(pair: Pair) -> None:
     pair.both(19, 5, req)
 
 
+def warm_up(pair: Pair, timeout: float = 60.0) -> None:
+    """Kafka creates __consumer_offsets and __transaction_state on the first FindCoordinator and answers
+    NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS until they are loaded; a client asks FindCoordinator first and
+    retries, so both brokers are brought to that point (untallied) before anything is compared."""
+    keys = [n for n in generate.NAMES if n] + ["diff-group", "diff-txn"]
+    deadline = time.monotonic() + timeout
+    for target in (pair.ours, pair.theirs):
+        for key_type in (0, 1):
+            while True:
+                resp = target.send(10, 4, FindCoordinatorRequest(key_type=key_type, coordinator_keys=keys))
+                if (
+                    all(c.error_code == 0 for c in getattr(resp, "coordinators", [None]) if c is not None)
+                    and not isinstance(resp, str)
+                    or time.monotonic() > deadline
+                ):
+                    break
+                time.sleep(0.5)
+        while True:
+            resp = target.send(
+                22, 4, InitProducerIdRequest(transactional_id=None, transaction_timeout_ms=60000)
+            )
+            if getattr(resp, "error_code", -1) == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+
+
 def generated(pair: Pair, cases: list[tuple[int, int]], examples: int, first_seed: int = 0) -> None:
     """`examples` generated requests per (API, version), seeded, each sent to both brokers."""
+    if examples <= 0:
+        return
     for api_key, version in cases:
         cls = codec.REQUESTS[api_key]
 
@@ -106,6 +140,7 @@ def _sender(pair: Pair, api_key: int, version: int) -> Callable[[object], None]:
 def run_all(pair: Pair, examples: int, scenarios: bool = True) -> tuple[Tally, list[str]]:
     ours, theirs = advertised(pair)
     create_topics(pair)
+    warm_up(pair)
     if scenarios:
         from tests.differential import scenarios as sc
 
