@@ -37,15 +37,27 @@ def _fresh(ctx: Ctx, key: str) -> Target:
 
 def run(ctx: Ctx) -> list[Row]:
     n = ctx.n(500_000, 100_000)
-    start = Row("start-up to first answered Metadata, empty log", "s", target="<= 1/10 of Kafka's",
-                check=lambda r: None if r.ratio_to(_first_kafka(r)) is None else r.ratio_to(_first_kafka(r)) <= 0.1,
-                higher_is_better=False)
-    idle = Row(f"RSS idle ({IDLE_SECONDS:.0f} s after start-up)", "MB", target="<= 1/4 of Kafka's",
-               check=lambda r: None if r.ratio_to(_first_kafka(r)) is None else r.ratio_to(_first_kafka(r)) <= 0.25,
-               higher_is_better=False)
-    load = Row(f"peak RSS producing {n:,} x 100 B (8 topics x 4 partitions)", "MB", target="<= 1/4 of Kafka's",
-               check=lambda r: None if r.ratio_to(_first_kafka(r)) is None else r.ratio_to(_first_kafka(r)) <= 0.25,
-               higher_is_better=False)
+    start = Row(
+        "start-up to first answered Metadata, empty log",
+        "s",
+        target="<= 1/10 of Kafka's",
+        check=lambda r: None if r.ratio_to(_first_kafka(r)) is None else r.ratio_to(_first_kafka(r)) <= 0.1,
+        higher_is_better=False,
+    )
+    idle = Row(
+        f"RSS idle ({IDLE_SECONDS:.0f} s after start-up)",
+        "MB",
+        target="<= 1/4 of Kafka's",
+        check=lambda r: None if r.ratio_to(_first_kafka(r)) is None else r.ratio_to(_first_kafka(r)) <= 0.25,
+        higher_is_better=False,
+    )
+    load = Row(
+        f"peak RSS producing {n:,} x 100 B (8 topics x 4 partitions)",
+        "MB",
+        target="<= 1/4 of Kafka's",
+        check=lambda r: None if r.ratio_to(_first_kafka(r)) is None else r.ratio_to(_first_kafka(r)) <= 0.25,
+        higher_is_better=False,
+    )
     keys = ["kbroker", "mock", *ctx.extra.get("peers", [])]
     values = payloads(100)
     down: set[str] = set()
@@ -80,9 +92,11 @@ def run(ctx: Ctx) -> list[Row]:
                     load.note += f" {t.name} rep{rep + 1}: {acked} of {n} acked;"
                 peak = t.hwm_mb()
                 load.add(t, peak)
-                ctx.log(f"  footprint rep {rep + 1} {t.name}: "
-                        f"{'start-up ' + format(secs, '.2f') + ' s, ' if key != 'mock' else ''}"
-                        f"RSS idle {rss_idle:.0f} MB, peak under load {peak:.0f} MB")
+                ctx.log(
+                    f"  footprint rep {rep + 1} {t.name}: "
+                    f"{'start-up ' + format(secs, '.2f') + ' s, ' if key != 'mock' else ''}"
+                    f"RSS idle {rss_idle:.0f} MB, peak under load {peak:.0f} MB"
+                )
             finally:
                 t.stop()
     return [start, idle, load]

@@ -1,7 +1,8 @@
 """Tansu (a Kafka-compatible broker in Rust) as a peer: its memory storage engine, one process on loopback.
 
 The binary lives in KBROKER_CACHE/tansu/bin; `python -m bench.peers.tansu build` runs `cargo install` into it when
-it is missing (about 20 minutes on 2 cores, so never in CI). `TansuPeer` raises ArtifactUnavailable without it.
+it is missing (about 20 minutes on 2 cores, so never in CI), with the `dynostore` feature: tansu's default build has
+no storage engine at all, and memory:// is dynostore's. `TansuPeer` raises ArtifactUnavailable without it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from bench.peers.maven import ArtifactUnavailable, cache_root
 from bench.peers.ports import free_port
 
 VERSION = "0.6.0"
+FEATURES = "dynostore"
 
 
 def binary() -> Path:
@@ -36,8 +38,25 @@ def build(timeout: float = 3600.0) -> Path:
     root = cache_root() / "tansu"
     root.mkdir(parents=True, exist_ok=True)
     with open(root / "build.log", "ab") as log:
-        r = subprocess.run([cargo, "install", "--locked", "--root", str(root), "tansu", "--version", VERSION],
-                           stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+        r = subprocess.run(
+            [
+                cargo,
+                "install",
+                "--locked",
+                "--force",
+                "--root",
+                str(root),
+                "tansu",
+                "--version",
+                VERSION,
+                "--features",
+                FEATURES,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            env={**os.environ, "CARGO_TARGET_DIR": str(root / "target")},
+        )
     if r.returncode != 0 or not binary().is_file():
         raise ArtifactUnavailable(f"cargo install tansu {VERSION} failed (see {root / 'build.log'})")
     return binary()
@@ -75,13 +94,31 @@ class TansuPeer:
         began = time.monotonic()
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                [str(exe), "broker", "--listener-url", url, "--advertised-listener-url", url,
-                 "--storage-engine", self.storage],
-                stdout=out, stderr=subprocess.STDOUT, cwd=self.base, env={**os.environ, "RUST_LOG": "warn"},
+                [
+                    str(exe),
+                    "broker",
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    url,
+                    "--storage-engine",
+                    self.storage,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.base,
+                env={**os.environ, "RUST_LOG": "warn"},
             )
         while time.monotonic() < began + timeout:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"tansu exited with {self.proc.returncode}:\n{self.read_log()}")
+                log = self.read_log()
+                if "FeatureNotEnabled" in log:
+                    raise ArtifactUnavailable(
+                        f"this tansu build ({exe}) has no {self.storage} storage engine "
+                        f"(cargo feature {FEATURES}): rebuild with `python -m bench.peers.tansu "
+                        "build` after removing it"
+                    )
+                raise RuntimeError(f"tansu exited with {self.proc.returncode}:\n{log}")
             if self._answers():
                 self.started_in = time.monotonic() - began
                 return self
@@ -130,8 +167,9 @@ class TansuPeer:
             self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
