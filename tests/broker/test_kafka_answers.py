@@ -47,7 +47,7 @@ def _produce(topic: str, batch: bytes) -> ProduceRequest:
     )
 
 
-def test_fetch_partition_in_error_has_null_aborted_transactions(
+def test_fetch_partition_in_error_aborted_transactions_null_or_empty_as_kafka(
     broker: BrokerProcess, topic_name: str
 ) -> None:
     with WireClient(broker.bootstrap) as c:
@@ -59,6 +59,12 @@ def test_fetch_partition_in_error_has_null_aborted_transactions(
             # Kafka 3.9: null (not an empty array) for a partition in error, whatever the isolation level.
             assert part.aborted_transactions is None
             assert (part.high_watermark, part.last_stable_offset, part.log_start_offset) == (-1, -1, -1)
+            # Refused before any read (no such partition): an empty array, as Kafka's KafkaApis answers it.
+            missing = _fetch(topic_name, 0, isolation)
+            missing.topics[0].partitions[0].partition = 7
+            part = c.request(FETCH, 12, missing).responses[0].partitions[0]
+            assert part.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            assert part.aborted_transactions == []
 
 
 def test_refused_sequence_carries_the_log_start_offset(broker: BrokerProcess, topic_name: str) -> None:

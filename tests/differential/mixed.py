@@ -1,0 +1,68 @@
+"""`python -m tests.differential.mixed`: a probe of a mixed cluster, one Apache Kafka 3.9 broker (id 1) and one
+kbroker (id 0) on one ZooKeeper; prints what each sees and whether a replicated topic takes and serves records."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kbroker_tools.wire import WireClient
+
+from tests.broker_process import BrokerProcess
+
+
+def _describe(name: str, bootstrap: str, topic: str) -> str:
+    try:
+        with WireClient(bootstrap, timeout=10) as c:
+            md = c.metadata([topic])
+    except Exception as e:  # noqa: BLE001 - a probe reports whatever went wrong
+        return f"{name}: metadata failed: {type(e).__name__}: {e}"
+    brokers = sorted(b.node_id for b in md.brokers)
+    parts = [(p.partition_index, p.error_code, p.leader_id, list(p.replica_nodes), list(p.isr_nodes))
+             for t in md.topics for p in t.partitions]
+    return f"{name}: controller {md.controller_id}, brokers {brokers}, {topic} partitions {parts}"
+
+
+def main() -> int:
+    from bench.peers.kafka import KafkaPeer
+    from bench.peers.maven import ArtifactUnavailable
+    from bench.peers.zookeeper import ZooKeeperServer
+
+    with tempfile.TemporaryDirectory(prefix="mixed-") as tmp:
+        root = Path(tmp)
+        zk = ZooKeeperServer(root / "zk").start()
+        kafka = KafkaPeer("3.9", mode="zk", zookeeper=zk.connect, broker_id=1, base=root / "kafka",
+                          overrides={"inter.broker.protocol.version": "3.9", "offsets.topic.replication.factor": "2",
+                                     "default.replication.factor": "2"})
+        ours = BrokerProcess(root / "kbroker", overrides={"zookeeper.connect": zk.connect, "broker.id": "0",
+                                                          "default.replication.factor": "2"})
+        try:
+            try:
+                kafka.start()
+            except ArtifactUnavailable as e:
+                print(f"Kafka 3.9 is unavailable here: {e}", file=sys.stderr)
+                return 2
+            ours.start()
+            time.sleep(5)
+            with WireClient(kafka.bootstrap) as c:
+                try:
+                    c.create_topic("mixed", partitions=2, replication_factor=2)
+                    print("CreateTopics via Kafka: ok")
+                except Exception as e:  # noqa: BLE001
+                    print(f"CreateTopics via Kafka: {e}")
+            time.sleep(5)
+            print(_describe("kafka", kafka.bootstrap, "mixed"))
+            print(_describe("kbroker", ours.bootstrap, "mixed"))
+            print("kbroker log tail:\n" + ours.read_log()[-1500:])
+            print("kafka log tail:\n" + kafka.read_log(1500))
+        finally:
+            ours.stop()
+            kafka.stop()
+            zk.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
