@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 from kbroker_tools.wire import WireClient
-
 from tests.broker_process import BrokerProcess
 
 
@@ -20,8 +19,11 @@ def _describe(name: str, bootstrap: str, topic: str) -> str:
     except Exception as e:  # noqa: BLE001 - a probe reports whatever went wrong
         return f"{name}: metadata failed: {type(e).__name__}: {e}"
     brokers = sorted(b.node_id for b in md.brokers)
-    parts = [(p.partition_index, p.error_code, p.leader_id, list(p.replica_nodes), list(p.isr_nodes))
-             for t in md.topics for p in t.partitions]
+    parts = [
+        (p.partition_index, p.error_code, p.leader_id, list(p.replica_nodes), list(p.isr_nodes))
+        for t in md.topics
+        for p in t.partitions
+    ]
     return f"{name}: controller {md.controller_id}, brokers {brokers}, {topic} partitions {parts}"
 
 
@@ -33,11 +35,22 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="mixed-") as tmp:
         root = Path(tmp)
         zk = ZooKeeperServer(root / "zk").start()
-        kafka = KafkaPeer("3.9", mode="zk", zookeeper=zk.connect, broker_id=1, base=root / "kafka",
-                          overrides={"inter.broker.protocol.version": "3.9", "offsets.topic.replication.factor": "2",
-                                     "default.replication.factor": "2"})
-        ours = BrokerProcess(root / "kbroker", overrides={"zookeeper.connect": zk.connect, "broker.id": "0",
-                                                          "default.replication.factor": "2"})
+        kafka = KafkaPeer(
+            "3.9",
+            mode="zk",
+            zookeeper=zk.connect,
+            broker_id=1,
+            base=root / "kafka",
+            overrides={
+                "inter.broker.protocol.version": "3.9",
+                "offsets.topic.replication.factor": "2",
+                "default.replication.factor": "2",
+            },
+        )
+        ours = BrokerProcess(
+            root / "kbroker",
+            overrides={"zookeeper.connect": zk.connect, "broker.id": "0", "default.replication.factor": "2"},
+        )
         try:
             try:
                 kafka.start()
