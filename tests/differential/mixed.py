@@ -8,6 +8,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from kbroker.protocol import records as R
+from kbroker.protocol.messages import ProduceRequest
+
 from kbroker_tools.wire import WireClient
 from tests.broker_process import BrokerProcess
 
@@ -25,6 +28,32 @@ def _describe(name: str, bootstrap: str, topic: str) -> str:
         for p in t.partitions
     ]
     return f"{name}: controller {md.controller_id}, brokers {brokers}, {topic} partitions {parts}"
+
+
+def _produce(bootstrap: str, partition: int) -> str:
+    """acks=all to the partition's leader: success means the follower of the other kind caught up (high watermark)."""
+    now = int(time.time() * 1000)
+    req = ProduceRequest(
+        acks=-1,
+        timeout_ms=10000,
+        topic_data=[
+            ProduceRequest.TopicProduceData(
+                name="mixed",
+                partition_data=[
+                    ProduceRequest.PartitionProduceData(
+                        index=partition,
+                        records=R.build_batch([(b"k", b"v%d" % i, [], now) for i in range(3)]),
+                    )
+                ],
+            )
+        ],
+    )
+    try:
+        with WireClient(bootstrap, timeout=15) as c:
+            part = c.request(0, 9, req).responses[0].partition_responses[0]
+    except Exception as e:  # noqa: BLE001 - a probe reports whatever went wrong
+        return f"failed: {type(e).__name__}: {e}"
+    return f"error {part.error_code}, base offset {part.base_offset}"
 
 
 def main() -> int:
@@ -66,6 +95,8 @@ def main() -> int:
                 except Exception as e:  # noqa: BLE001
                     print(f"CreateTopics via Kafka: {e}")
             time.sleep(5)
+            for partition, leader in ((0, kafka.bootstrap), (1, ours.bootstrap)):
+                print(f"produce acks=all to mixed-{partition} on {leader}: {_produce(leader, partition)}")
             print(_describe("kafka", kafka.bootstrap, "mixed"))
             print(_describe("kbroker", ours.bootstrap, "mixed"))
             print("kbroker log tail:\n" + ours.read_log()[-1500:])

@@ -35,6 +35,9 @@ RULES: tuple[Rule, ...] = (
         "JoinGroup: the generated member id of the group's leader (same reason as member_id)",
     ),
     Rule("producer_id", "allocated from each cluster's own producer id block"),
+    Rule("log_dir", "each broker's own data directory"),
+    Rule("total_bytes", "the disk's size as each broker measures it"),
+    Rule("usable_bytes", "the disk's free space at the moment of the call"),
     Rule("session_id", "fetch session ids are random per broker"),
 )
 
