@@ -1,4 +1,4 @@
-"""`python -m tests.differential.mixed`: a probe of a mixed cluster, one Apache Kafka 3.9 broker (id 1) and one
+"""`python -m tests.differential.mixed [--kbroker-first]`: a probe of a mixed cluster, one Apache Kafka 3.9 broker (id 1) and one
 kbroker (id 0) on one ZooKeeper; prints what each sees and whether a replicated topic takes and serves records."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _produce(bootstrap: str, partition: int) -> str:
     return f"error {part.error_code}, base offset {part.base_offset}"
 
 
-def main() -> int:
+def main(kbroker_first: bool = False) -> int:
     from bench.peers.kafka import KafkaPeer
     from bench.peers.maven import ArtifactUnavailable
     from bench.peers.zookeeper import ZooKeeperServer
@@ -81,12 +81,16 @@ def main() -> int:
             overrides={"zookeeper.connect": zk.connect, "broker.id": "0", "default.replication.factor": "2"},
         )
         try:
+            if kbroker_first:  # the first broker up takes /controller: kbroker drives Kafka's replicas
+                ours.start()
+                time.sleep(3)
             try:
                 kafka.start()
             except ArtifactUnavailable as e:
                 print(f"Kafka 3.9 is unavailable here: {e}", file=sys.stderr)
                 return 2
-            ours.start()
+            if not kbroker_first:
+                ours.start()
             time.sleep(5)
             with WireClient(kafka.bootstrap) as c:
                 try:
@@ -95,8 +99,16 @@ def main() -> int:
                 except Exception as e:  # noqa: BLE001
                     print(f"CreateTopics via Kafka: {e}")
             time.sleep(5)
-            for partition, leader in ((0, kafka.bootstrap), (1, ours.bootstrap)):
-                print(f"produce acks=all to mixed-{partition} on {leader}: {_produce(leader, partition)}")
+            by_id = {0: ("kbroker", ours.bootstrap), 1: ("kafka", kafka.bootstrap)}
+            with WireClient(kafka.bootstrap) as c:
+                leaders = {
+                    p.partition_index: p.leader_id for t in c.metadata(["mixed"]).topics for p in t.partitions
+                }
+            for partition, leader in sorted(leaders.items()):
+                kind, address = by_id[leader]
+                print(
+                    f"produce acks=all to mixed-{partition} (leader {kind}): {_produce(address, partition)}"
+                )
             print(_describe("kafka", kafka.bootstrap, "mixed"))
             print(_describe("kbroker", ours.bootstrap, "mixed"))
             print("kbroker log tail:\n" + ours.read_log()[-1500:])
@@ -109,4 +121,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(kbroker_first="--kbroker-first" in sys.argv[1:]))
