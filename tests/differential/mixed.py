@@ -92,12 +92,15 @@ def main(kbroker_first: bool = False) -> int:
             if not kbroker_first:
                 ours.start()
             time.sleep(5)
-            with WireClient(kafka.bootstrap) as c:
+            controller = (
+                ours.bootstrap if kbroker_first else kafka.bootstrap
+            )  # ZooKeeper mode: to the controller
+            with WireClient(controller) as c:
                 try:
                     c.create_topic("mixed", partitions=2, replication_factor=2)
-                    print("CreateTopics via Kafka: ok")
+                    print(f"CreateTopics via the controller ({'kbroker' if kbroker_first else 'kafka'}): ok")
                 except Exception as e:  # noqa: BLE001
-                    print(f"CreateTopics via Kafka: {e}")
+                    print(f"CreateTopics via the controller: {e}")
             time.sleep(5)
             by_id = {0: ("kbroker", ours.bootstrap), 1: ("kafka", kafka.bootstrap)}
             with WireClient(kafka.bootstrap) as c:
