@@ -30,7 +30,7 @@ def _describe(name: str, bootstrap: str, topic: str) -> str:
     return f"{name}: controller {md.controller_id}, brokers {brokers}, {topic} partitions {parts}"
 
 
-def _produce(bootstrap: str, partition: int) -> str:
+def _produce(bootstrap: str, partition: int) -> tuple[bool, str]:
     """acks=all to the partition's leader: success means the follower of the other kind caught up (high watermark)."""
     now = int(time.time() * 1000)
     req = ProduceRequest(
@@ -52,8 +52,8 @@ def _produce(bootstrap: str, partition: int) -> str:
         with WireClient(bootstrap, timeout=15) as c:
             part = c.request(0, 9, req).responses[0].partition_responses[0]
     except Exception as e:  # noqa: BLE001 - a probe reports whatever went wrong
-        return f"failed: {type(e).__name__}: {e}"
-    return f"error {part.error_code}, base offset {part.base_offset}"
+        return False, f"failed: {type(e).__name__}: {e}"
+    return part.error_code == 0, f"error {part.error_code}, base offset {part.base_offset}"
 
 
 def main(kbroker_first: bool = False) -> int:
@@ -99,8 +99,10 @@ def main(kbroker_first: bool = False) -> int:
                 try:
                     c.create_topic("mixed", partitions=2, replication_factor=2)
                     print(f"CreateTopics via the controller ({'kbroker' if kbroker_first else 'kafka'}): ok")
+                    ok = True
                 except Exception as e:  # noqa: BLE001
                     print(f"CreateTopics via the controller: {e}")
+                    ok = False
             time.sleep(5)
             by_id = {0: ("kbroker", ours.bootstrap), 1: ("kafka", kafka.bootstrap)}
             with WireClient(kafka.bootstrap) as c:
@@ -109,9 +111,9 @@ def main(kbroker_first: bool = False) -> int:
                 }
             for partition, leader in sorted(leaders.items()):
                 kind, address = by_id[leader]
-                print(
-                    f"produce acks=all to mixed-{partition} (leader {kind}): {_produce(address, partition)}"
-                )
+                produced, text = _produce(address, partition)
+                ok = ok and produced
+                print(f"produce acks=all to mixed-{partition} (leader {kind}): {text}")
             print(_describe("kafka", kafka.bootstrap, "mixed"))
             print(_describe("kbroker", ours.bootstrap, "mixed"))
             print("kbroker log tail:\n" + ours.read_log()[-1500:])
@@ -120,7 +122,7 @@ def main(kbroker_first: bool = False) -> int:
             ours.stop()
             kafka.stop()
             zk.stop()
-    return 0
+    return 0 if ok and len(leaders) == 2 else 1
 
 
 if __name__ == "__main__":
