@@ -1,7 +1,8 @@
 """python -m bench [WORKLOAD ...] [--quick] [--reps N] ... : kbroker vs librdkafka's mock cluster.
 
 Workloads: produce, consume, transactions, authz, tls, latency, replication, sizes, scale, restart,
-fetch_sessions, rebalance, schema_registry (default: all). Results go to bench/RESULTS.md (with --quick: printed, and written only if --out is given).
+fetch_sessions, rebalance, schema_registry, footprint (default: all). Results go to bench/RESULTS.md (with --quick:
+printed, and written only if --out is given).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from bench import harness, page_cache, report, round_trip
 
 WORKLOADS = ["produce", "consume", "transactions", "authz", "tls", "latency", "replication", "sizes", "scale",
-             "restart", "fetch_sessions", "rebalance", "schema_registry"]
+             "restart", "fetch_sessions", "rebalance", "schema_registry", "footprint"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the py-spy runs against kbroker during produce and consume")
     ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("KBROKER_BENCH_DIR", tempfile.gettempdir())),
                     help="where broker data directories are created (removed at exit)")
+    ap.add_argument("--peers", default="kafka3.9,kafka4,tansu",
+                    help="peers run beside kbroker and the mock where a workload supports them: any of "
+                         "kafka3.9, kafka4, tansu, comma-separated, or 'none' (default: all three)")
+    ap.add_argument("--kafka-heap", default="1g", help="Apache Kafka's -Xmx/-Xms (default 1g, as its start script)")
     ap.add_argument("--out", type=Path, default=None, help="markdown output (default bench/RESULTS.md unless --quick)")
     args = ap.parse_args(argv)
 
@@ -54,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
                       deadline=t0 + args.budget,
                       log=lambda s: print(s, flush=True))
     ctx.extra["restart_gb"] = args.restart_gb if args.restart_gb is not None else (0.2 if args.quick else 10.0)
+    ctx.extra["peers"] = [] if args.peers == "none" else [p for p in args.peers.split(",") if p]
+    unknown = [p for p in ctx.extra["peers"] if p not in harness.PEERS]
+    if unknown:
+        ap.error(f"--peers: unknown {', '.join(unknown)} (known: {', '.join(harness.PEERS)})")
+    ctx.extra["kafka_heap"] = args.kafka_heap
     ctx.extra["latency_seconds"] = args.latency_seconds or (2.0 if args.quick else 5.0)
     info = harness.machine_info()
     # Before any broker writes: what each new MiB of log costs on this machine, against rewriting cached pages.
@@ -93,7 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         harness.cleanup_children()
         text = report.render(rows, command, started, time.monotonic() - t0, info,
                              " ".join(f"{x:.2f}" for x in os.getloadavg()), ctx.profiles, ctx.skipped,
-                             args.quick, reps)
+                             args.quick, reps, ctx.extra.get("unavailable"),
+                             f"Apache Kafka: official jars (bench.peers.kafka), -Xmx{args.kafka_heap} "
+                             f"-Xms{args.kafka_heap} and the G1 flags of its start script, log on disk in the "
+                             "benchmark's temporary directory; 3.x on its own ZooKeeper, 4.x a KRaft "
+                             "broker+controller node. Tansu: memory:// storage engine. "
+                             "A '-' cell: that broker did not run the row.")
         print()
         print(text)
         if out is not None:

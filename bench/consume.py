@@ -1,5 +1,5 @@
 """Workload 2: consume N x 100-byte messages (8 topics x 4 partitions, from offset 0, assign without a group) with
-confluent-kafka (fetch.queue.backoff.ms=10), aiokafka and kafka-python."""
+confluent-kafka (fetch.queue.backoff.ms=10), aiokafka and kafka-python; kbroker, the mock and the --peers in turn."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ from bench.harness import (
     KBroker,
     Peer,
     Row,
+    Target,
     all_of,
     cpu_le,
     kb_ge,
     payloads,
     profile,
     ratio_ge,
+    start_peers,
     watermark_total,
 )
 
@@ -38,10 +40,12 @@ def run(ctx: Ctx) -> list[Row]:
     # kafka-python reads ~100k msg/s whatever the broker: a smaller count keeps the run short.
     counts = {"confluent-kafka": n, "aiokafka": n, "kafka-python": max(1, n // 4)}
     kb, peer = KBroker(ctx.base), Peer()
+    others: list[Target] = []
     try:
         kb.start()
         peer.start()
-        for t in (kb, peer):
+        others = start_peers(ctx)
+        for t in (kb, peer, *others):
             t.create_topics(topics)
             clients.produce(t.bootstrap, tps, n, values, {}, timeout=120)
             acked = watermark_total(t.bootstrap, topics)
@@ -52,24 +56,25 @@ def run(ctx: Ctx) -> list[Row]:
                 if ctx.out_of_time(f"consume {cname} rep {rep + 1}"):
                     continue
                 row, want = rows[cname], counts[cname]
-                for t in (kb, peer):
+                for t in (kb, peer, *others):
                     c0 = t.cpu()
                     secs, got, _ = fn(t.bootstrap, tps, want, 120)
                     cpu = t.cpu() - c0
                     if got < want:
                         row.note += f" {t.name} rep{rep + 1}: read {got} of {want};"
                     rate = got / secs if got >= want else float("nan")
-                    (row.kb if t is kb else row.peer).append(rate)
-                    (row.kb_cpu_us if t is kb else row.peer_cpu_us).append(cpu * 1e6 / max(got, 1))
+                    row.add(t, rate, cpu * 1e6 / max(got, 1))
                     ctx.log(f"  consume {cname} rep {rep + 1} {t.name}: {rate:,.0f} msg/s, "
                             f"broker CPU {cpu * 1e6 / max(got, 1):.3f} us/msg")
-        hwm = kb.hwm_mb()
         for r in rows.values():
-            r.kb_rss_mb.append(hwm)
+            for t in (kb, *others):
+                r.add_rss(t)
         if ctx.profile and not ctx.out_of_time("consume profile"):
             profile(ctx, kb.pid, "consume (confluent-kafka, 100 B)", "consume",
                     lambda: clients.consume_confluent(kb.bootstrap, tps, n, 120))
     finally:
         kb.stop()
         peer.stop()
+        for t in others:
+            t.stop()
     return list(rows.values())

@@ -1,4 +1,5 @@
-"""Broker processes (kbroker and the librdkafka mock peer), /proc measurements, cleanup, result rows."""
+"""Broker processes (kbroker, the librdkafka mock, Apache Kafka and Tansu peers), /proc measurements, cleanup,
+result rows."""
 
 from __future__ import annotations
 
@@ -325,6 +326,104 @@ class Peer(Target):
         wait_metadata(self.bootstrap, names, partitions)
 
 
+class KafkaTarget(Target):
+    """Apache Kafka (bench.peers.kafka): 3.x on its own ZooKeeper, 4.x as a KRaft combined node; data on disk."""
+
+    def __init__(self, base: Path, version: str, heap: str = "1g") -> None:
+        from bench.peers.kafka import KafkaPeer
+
+        self.peer = KafkaPeer(version, base=workdir(base, f"kafka-{version}"), heap=heap)
+        self.name = f"Kafka {self.peer.version}"
+
+    def start(self, timeout: float = 180.0) -> float:
+        """Start and wait for an answered Metadata request naming a controller; returns the seconds that took."""
+        self.peer.start(timeout)
+        self.proc, self.bootstrap = self.peer.proc, self.peer.bootstrap
+        with _lock:  # killed with the others when the benchmark is interrupted
+            _children.append(self.peer.proc)  # type: ignore[arg-type]
+            if self.peer._zk is not None and self.peer._zk.proc is not None:
+                _children.append(self.peer._zk.proc)
+        return float(self.peer.started_in or 0.0)
+
+    def stop(self) -> None:
+        self.peer.stop()
+        self.proc = None
+
+    def create_topics(self, names: list[str], partitions: int = 4, configs: dict[str, str] | None = None) -> None:
+        admin_create_topics(self.name, self.bootstrap, names, partitions, configs)
+
+
+class TansuTarget(Target):
+    """Tansu (bench.peers.tansu) with its in-memory storage engine."""
+
+    def __init__(self, base: Path) -> None:
+        from bench.peers.tansu import VERSION, TansuPeer
+
+        self.peer = TansuPeer(base=workdir(base, "tansu"))
+        self.name = f"Tansu {VERSION}"
+
+    def start(self, timeout: float = 60.0) -> float:
+        self.peer.start(timeout)
+        self.proc, self.bootstrap = self.peer.proc, self.peer.bootstrap
+        with _lock:
+            _children.append(self.peer.proc)  # type: ignore[arg-type]
+        return float(self.peer.started_in or 0.0)
+
+    def stop(self) -> None:
+        self.peer.stop()
+        self.proc = None
+
+    def create_topics(self, names: list[str], partitions: int = 4, configs: dict[str, str] | None = None) -> None:
+        admin_create_topics(self.name, self.bootstrap, names, partitions, configs)
+
+
+# --peers names -> what they start; the mock ("peer") is always there, as before.
+PEERS = {"kafka3.9": lambda ctx: KafkaTarget(ctx.base, "3.9", ctx.extra.get("kafka_heap", "1g")),
+         "kafka4": lambda ctx: KafkaTarget(ctx.base, "4", ctx.extra.get("kafka_heap", "1g")),
+         "tansu": lambda ctx: TansuTarget(ctx.base)}
+
+
+def start_peers(ctx: Ctx) -> list[Target]:
+    """The Apache Kafka and Tansu peers chosen with --peers, started; one that cannot run is logged and noted
+    (ctx.extra["unavailable"]) and left out, so the workload runs with the others."""
+    started: list[Target] = []
+    for key in ctx.extra.get("peers", []):
+        try:
+            t = PEERS[key](ctx)
+        except Exception as e:  # noqa: BLE001
+            ctx.extra.setdefault("unavailable", {})[key] = f"{type(e).__name__}: {e}"
+            continue
+        try:
+            secs = t.start()
+            ctx.log(f"  [{t.name} up in {secs:.1f} s on {t.bootstrap}]")
+            started.append(t)
+        except Exception as e:  # noqa: BLE001 - ArtifactUnavailable, or the broker would not start
+            t.stop()
+            reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            ctx.extra.setdefault("unavailable", {})[t.name] = reason
+            ctx.log(f"  [{t.name} unavailable: {reason}]")
+    return started
+
+
+def admin_create_topics(label: str, bootstrap: str, names: list[str], partitions: int,
+                        configs: dict[str, str] | None) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    for i in range(0, len(names), 500):
+        chunk = names[i : i + 500]
+        fs = admin.create_topics(
+            [NewTopic(n, partitions, 1, config=dict(configs or {})) for n in chunk], request_timeout=60
+        )
+        for f in fs.values():
+            try:
+                f.result(60)
+            except Exception as e:  # noqa: BLE001 - a lost answer: the metadata check below decides
+                if "TOPIC_ALREADY_EXISTS" not in str(e):
+                    print(f"  [{label} create_topics: {type(e).__name__}: {e}; checking metadata]", flush=True)
+    wait_metadata(bootstrap, names, partitions)
+
+
 def wait_metadata(bootstrap: str, names: list[str], partitions: int, timeout: float = 60.0) -> None:
     from confluent_kafka.admin import AdminClient
 
@@ -418,10 +517,46 @@ class Row:
     kb_cpu_us: list[float] = field(default_factory=list)  # kbroker CPU microseconds per message
     peer_cpu_us: list[float] = field(default_factory=list)
     kb_rss_mb: list[float] = field(default_factory=list)  # kbroker peak RSS (VmHWM) during the workload
+    # Apache Kafka and Tansu, by target name ("Kafka 3.9.2", "Kafka 4.4.0", "Tansu 0.6.0"), in the same run.
+    others: dict[str, list[float]] = field(default_factory=dict)
+    others_cpu_us: dict[str, list[float]] = field(default_factory=dict)
+    others_rss_mb: dict[str, list[float]] = field(default_factory=dict)
     target: str = ""
     check: Callable[[Row], bool | None] | None = None
     note: str = ""
     higher_is_better: bool = True
+
+    def add(self, t: Target, value: float, cpu_us: float | None = None) -> None:
+        """One repetition's figure (and broker CPU per message) for target t, whichever broker it is."""
+        if t.name == "kbroker":
+            self.kb.append(value)
+            if cpu_us is not None:
+                self.kb_cpu_us.append(cpu_us)
+        elif t.name == "peer":
+            self.peer.append(value)
+            if cpu_us is not None:
+                self.peer_cpu_us.append(cpu_us)
+        else:
+            self.others.setdefault(t.name, []).append(value)
+            if cpu_us is not None:
+                self.others_cpu_us.setdefault(t.name, []).append(cpu_us)
+
+    def add_rss(self, t: Target) -> None:
+        try:
+            hwm = t.hwm_mb()
+        except OSError:
+            return
+        if t.name == "kbroker":
+            self.kb_rss_mb.append(hwm)
+        elif t.name != "peer":
+            self.others_rss_mb.setdefault(t.name, []).append(hwm)
+
+    def ratio_to(self, name: str) -> float | None:
+        """kbroker's median over peer `name`'s."""
+        a, b = med(self.kb), med(self.others.get(name, []))
+        if a is None or b is None or b == 0:
+            return None
+        return a / b
 
     def ratio(self) -> float | None:
         a, b = med(self.kb), med(self.peer)

@@ -1,6 +1,7 @@
 """Workload 3: end-to-end latency. A producer (linger.ms 0, acks=all) sends 100-byte messages at a fixed rate
 (10,000 msg/s) carrying time.monotonic_ns() (system-wide on Linux); a consumer in another process stamps each
-message on arrival. Reports p50/p99/p99.9 over the run minus the first second (connection warm-up)."""
+message on arrival. Reports p50/p99/p99.9 over the run minus the first second (connection warm-up), for kbroker,
+the mock and the --peers in turn."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from bench.harness import ROOT, Ctx, KBroker, Peer, Row, kb_le, reap, spawn
+from bench.harness import ROOT, Ctx, KBroker, Peer, Row, Target, kb_le, reap, spawn, start_peers
 
 RATE = 10_000
 TOPIC = "lat"
@@ -101,32 +102,35 @@ def run(ctx: Ctx) -> list[Row]:
         for q in ("50", "99", "99.9")
     }
     kb, peer = KBroker(ctx.base), Peer(TOPIC, 1)
+    others: list[Target] = []
     try:
         kb.start()
         peer.start()
-        kb.create_topics([TOPIC], PARTITIONS)
+        others = start_peers(ctx)
+        for t in (kb, *others):
+            t.create_topics([TOPIC], PARTITIONS)
         for rep in range(ctx.reps):
             if ctx.out_of_time(f"latency rep {rep + 1}"):
                 break
-            for t in (kb, peer):
+            for t in (kb, peer, *others):
                 c0 = t.cpu()
                 lat, sent, got = one_run(t.bootstrap, seconds)
                 cpu = t.cpu() - c0
                 for q, row in rows.items():
                     v = pct(lat, float(q) / 100)
-                    (row.kb if t is kb else row.peer).append(v)
-                    if q == "50":
-                        (row.kb_cpu_us if t is kb else row.peer_cpu_us).append(cpu * 1e6 / max(sent, 1))
+                    row.add(t, v, cpu * 1e6 / max(sent, 1) if q == "50" else None)
                     if got < sent and q == "50":
                         row.note += f" {t.name} rep{rep + 1}: received {got} of {sent};"
                 ctx.log(f"  latency rep {rep + 1} {t.name}: p50 {pct(lat, .5):.2f} p99 {pct(lat, .99):.2f} "
                         f"p99.9 {pct(lat, .999):.2f} ms ({got}/{sent} received)")
-        hwm = kb.hwm_mb()
         for r in rows.values():
-            r.kb_rss_mb.append(hwm)
+            for t in (kb, *others):
+                r.add_rss(t)
     finally:
         kb.stop()
         peer.stop()
+        for t in others:
+            t.stop()
     return list(rows.values())
 
 

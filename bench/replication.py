@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from bench import clients, latency
 from bench.harness import Ctx, KBroker, Row, kb_le, med, payloads, workdir
-from tests.zookeeper import ZooKeeperServer, zookeeper_missing
+from bench.peers.zookeeper import ZooKeeperServer, zookeeper_missing
 
 NTOPICS = 4
 LATENCY_RATES = (latency.RATE, latency.RATE // 2)

@@ -33,6 +33,33 @@ def table(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
+def peers_table(rows: list[Row]) -> str:
+    """The rows Apache Kafka or Tansu ran in: every broker's median side by side, kbroker's ratio to each Kafka,
+    broker CPU per message and peak RSS of each."""
+    rows = [r for r in rows if r.others]
+    names = sorted({n for r in rows for n in r.others}, key=lambda n: (not n.startswith("Kafka"), n))
+    if not rows:
+        return ""
+    kafkas = [n for n in names if n.startswith("Kafka")]
+    head = (["workload", "unit", "kbroker", *names, "mock"] + [f"kbroker/{n}" for n in kafkas]
+            + ["CPU us/msg: kbroker / " + " / ".join(names) + " / mock",
+               "peak RSS MB: kbroker / " + " / ".join(names)])
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        cpu = [spread(r.kb_cpu_us) if r.kb_cpu_us else "-"]
+        cpu += [fmt(med(r.others_cpu_us.get(n, []))) for n in names]
+        cpu.append(fmt(med(r.peer_cpu_us)))
+        rss = [fmt(med(r.kb_rss_mb))] + [fmt(med(r.others_rss_mb.get(n, []))) for n in names]
+        ratios = []
+        for n in kafkas:
+            q = r.ratio_to(n)
+            ratios.append("-" if q is None else f"{q:.2f}")
+        cells = ([r.workload, r.metric, spread(r.kb)] + [spread(r.others.get(n, [])) for n in names]
+                 + [spread(r.peer) if r.peer else "n/a"] + ratios + [" / ".join(cpu), " / ".join(rss)])
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def _short(frame: str) -> str:
     """'handle (/work/main/broker/network.py:123)' -> 'broker/network.py:handle'."""
     m = re.match(r"(.*) \((.*?)(?::\d+)?\)$", frame)
@@ -123,7 +150,8 @@ def git_rev() -> str:
 
 
 def render(rows: list[Row], command: str, started: float, elapsed: float, info: dict[str, str],
-           load_end: str, profiles: dict[str, tuple[str, str]], skipped: list[str], quick: bool, reps: int) -> str:
+           load_end: str, profiles: dict[str, tuple[str, str]], skipped: list[str], quick: bool, reps: int,
+           unavailable: dict[str, str] | None = None, peers_note: str = "") -> str:
     date = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started))
     parts = [
         "# kbroker benchmark results" + (" (--quick smoke run)" if quick else ""),
@@ -147,6 +175,16 @@ def render(rows: list[Row], command: str, started: float, elapsed: float, info: 
         table(rows),
         "",
     ]
+    beside = peers_table(rows)
+    if beside or unavailable:
+        parts += ["## Beside Apache Kafka and Tansu (same run, same clients and settings, alternating)", ""]
+        if peers_note:
+            parts += [peers_note, ""]
+        if beside:
+            parts += [beside, ""]
+        for name, why in (unavailable or {}).items():
+            parts += [f"- {name}: no figures: {why}"]
+        parts += [""]
     if skipped:
         parts += ["Skipped (time budget): " + "; ".join(skipped), ""]
     if profiles:

@@ -265,9 +265,16 @@ def _replica_id(ctx: RequestContext, req: FetchRequest) -> int:
     return req.replica_id
 
 
+# Refused before any log is read (Kafka's KafkaApis: FetchResponse.partitionResponse) the aborted transactions are an
+# empty array; refused by the read itself (ReplicaManager: out of range, not leader, fenced epoch...) they are null.
+_REFUSED_BEFORE_READ = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.UNKNOWN_TOPIC_ID,
+                                  ErrorCode.TOPIC_AUTHORIZATION_FAILED})
+
+
 def _error(partition: int, code: ErrorCode) -> PartitionData:
     return PartitionData(partition_index=partition, error_code=code, high_watermark=-1, last_stable_offset=-1,
-                         log_start_offset=-1, records=b"")
+                         log_start_offset=-1, records=b"",
+                         aborted_transactions=[] if code in _REFUSED_BEFORE_READ else None)
 
 
 def _fetch_data(req: FetchRequest, by_id: bool, topic_names: dict[bytes, str]) -> dict[PartitionKey, CachedPartition]:

@@ -63,6 +63,21 @@ def _error(index: int, code: ErrorCode, message: str | None = None,
                        for e in record_errors] if record_errors else [])
 
 
+# Kafka's ReplicaManager answers these append failures without the partition's log start offset (-1); every other
+# failure (sequence, epoch, record validation...) carries it.
+_NO_LOG_START_ERRORS = frozenset({
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.MESSAGE_TOO_LARGE,
+    ErrorCode.RECORD_LIST_TOO_LARGE, ErrorCode.CORRUPT_MESSAGE, ErrorCode.KAFKA_STORAGE_ERROR,
+})
+
+
+def _log_start_offset(rm: Any, topic: str, partition: int) -> int:
+    try:
+        return int(rm.get_log(topic, partition).log_start_offset)
+    except Exception:  # noqa: BLE001 - no local log to ask: Kafka's -1 as well
+        return -1
+
+
 def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
     txn_id = req.transactional_id
     if _has_transactional_records(req) and (txn_id is None or not ctx.authorized(
@@ -251,7 +266,10 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
                     log.info("Produce to %s-%d refused with %s: %s", t.name, p.index, code.name, e)
                 # Records refused one by one (v8+): the client fails just those and retries nothing else.
                 record_errors = e.record_errors if isinstance(e, RecordValidationError) else None
-                parts.append(_error(p.index, code, str(e) or None, record_errors))
+                failure = _error(p.index, code, str(e) or None, record_errors)
+                if code not in _NO_LOG_START_ERRORS:
+                    failure.log_start_offset = _log_start_offset(rm, t.name, p.index)
+                parts.append(failure)
                 continue
             counters.produced(t.name, info.num_records, len(p.records))
             if magic == 2 and len(p.records) >= BATCH_HEADER_SIZE and p.records[_PRODUCER_ID] != 0xFF:
