@@ -45,11 +45,16 @@ def run(ctx: Ctx) -> list[Row]:
         kb.start()
         peer.start()
         others = start_peers(ctx)
-        for t in (kb, peer, *others):
+        for t in (kb, peer, *list(others)):
             t.create_topics(topics)
             clients.produce(t.bootstrap, tps, n, values, {}, timeout=120)
             acked = watermark_total(t.bootstrap, topics)
-            if acked != n:
+            if acked != n and t in others:  # a peer that cannot hold the data set: its cells say why, not the run
+                for r in rows.values():
+                    r.note += f" {t.name}: no figures, its high watermarks sum to {acked} after {n} acked messages;"
+                t.stop()
+                others.remove(t)
+            elif acked != n:
                 raise RuntimeError(f"{t.name}: loaded {acked} of {n} messages")
         for rep in range(ctx.reps):
             for cname, fn in clients.CONSUMERS.items():
