@@ -168,9 +168,10 @@ def task_worker(w: Worker, connector: str) -> str | None:
     return None
 
 
-def kill_the_task_owner(workers: list[Worker], source_file: Path, expected: list[str], bootstrap: str) -> None:
+def kill_the_task_owner(workers: list[Worker], source_file: Path, expected: list[str], bootstrap: str) -> Worker:
     """SIGKILL the worker running the source task while the file grows, wait for the other worker to run the task,
-    check every line is in the topic exactly once, and start the killed worker again (it rejoins the group)."""
+    check every line is in the topic exactly once, and start the killed worker again (it rejoins the group);
+    returns the worker that took the task over."""
     owner = wait_for(lambda: task_worker(workers[0] if workers[0].alive() else workers[1], "lines-in"),
                      "the source task running", workers=workers)
     victim = next(w for w in workers if w.worker_id == owner)
@@ -184,6 +185,7 @@ def kill_the_task_owner(workers: list[Worker], source_file: Path, expected: list
     wait_for(lambda: topic_lines(bootstrap, "lines") == expected, "every line exactly once", timeout=120,
              workers=workers)
     victim.start()
+    return survivor
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -233,17 +235,17 @@ def test_distributed_workers_exactly_once_source_and_a_killed_worker(broker: Bro
                  workers=workers)
 
         # SIGKILL the worker running the source task; the other one takes it over, fencing the dead one's producer.
-        kill_the_task_owner(workers, source_file, expected, broker.bootstrap)
+        survivor = kill_the_task_owner(workers, source_file, expected, broker.bootstrap)
 
         # The sink wrote every line (at least once, which is what Connect promises for this sink).
         wait_for(lambda: set(sink_file.read_text().splitlines()) >= set(expected), "the sink file complete",
                  workers=workers)
 
-        rest(w1, "POST", "/connectors/lines-in/restart?includeTasks=true&onlyFailed=false")
-        wait_for(lambda: task_worker(w1, "lines-in") is not None, "the source task back after a restart")
+        rest(survivor, "POST", "/connectors/lines-in/restart?includeTasks=true&onlyFailed=false")
+        wait_for(lambda: task_worker(survivor, "lines-in") is not None, "the source task back after a restart")
         for name in ("lines-in", "lines-out"):
-            rest(w1, "DELETE", f"/connectors/{name}")
-        wait_for(lambda: rest(w1, "GET", "/connectors") == [], "the connectors deleted")
+            rest(survivor, "DELETE", f"/connectors/{name}")
+        wait_for(lambda: rest(survivor, "GET", "/connectors") == [], "the connectors deleted")
         assert topic_lines(broker.bootstrap, "lines") == expected
     finally:
         for w in workers:

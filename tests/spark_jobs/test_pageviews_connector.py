@@ -115,8 +115,9 @@ def test_broker_kill9_mid_stream_loses_and_duplicates_nothing(kafka_spark, tmp_p
         tin, tout = create_topic(admin, "kill-in", partitions=2), create_topic(admin, "kill-out")
         part1, part2 = traffic(0, 300), traffic(300, 300)
         produce(b.bootstrap, tin, part1)
+        # Whole batches: split by maxOffsetsPerTrigger, a partition that falls behind the other by more than the
+        # watermark (a loaded machine, a broker restart) has its events dropped as late, as Spark must.
         c = pageviews.JobConfig(b.bootstrap, tin, tout, str(tmp_path / "ckpt"), trigger="1", source="kafka")
-        c.max_offsets_per_trigger = 40
         q = pageviews.start_query(kafka_spark, c)
         try:
             wait_for(lambda: bool(q.lastProgress and q.lastProgress["numInputRows"]), 60, "a first batch", q)
@@ -125,7 +126,7 @@ def test_broker_kill9_mid_stream_loses_and_duplicates_nothing(kafka_spark, tmp_p
             b.start()
             produce(b.bootstrap, tin, part2)
             want = model([[part1 + part2]])
-            wait_for(lambda: len(output_windows(b.bootstrap, tout)) >= len(want), 150, "every window", q)
+            wait_for(lambda: output_windows(b.bootstrap, tout) == want, 150, "every window with its count", q)
             time.sleep(3)  # anything duplicated would arrive now
             assert output_windows(b.bootstrap, tout) == want
             assert q.isActive and q.exception() is None
