@@ -6,8 +6,9 @@ Run it by name, `python -m bench spark` (not in the default set: it needs pyspar
 One local Spark session (local[2], 4 shuffle partitions) loads the connector (kbroker.spark_jobs.connector) and
 runs the job once per path and repetition with Trigger.AvailableNow, a fresh checkpoint and output topic each time.
 records/s = input records / the micro-batches' own time (triggerExecution), so the JVM start is not in it; the
-session's start (with the connector from the cache) is given in the note. --quick reads 100k records. kbroker only:
-librdkafka's mock cluster cannot be read by Spark's connector in a comparable way, so the peer column is empty.
+session's start (with the connector from the cache) is given in the note. --quick reads 100k records. The connector
+path also reads the same events from Apache Kafka 3.9 (bench.peers.kafka) in the same run, the yardstick issue 31
+sets; librdkafka's mock cluster cannot be read by Spark's connector in a comparable way, so its column is empty.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from bench.harness import Ctx, KBroker, Row, workdir
+from bench.harness import Ctx, KafkaTarget, KBroker, Row, Target, workdir
 
 PARTITIONS = 4
 PAGES = [f"/page/{i}" for i in range(50)]
@@ -85,7 +86,6 @@ def session(ctx: Ctx) -> tuple[Any, float]:
 
 
 def run(ctx: Ctx) -> list[Row]:
-    from confluent_kafka.admin import AdminClient, NewTopic
     from kbroker.spark_jobs import pageviews
 
     count = int((100_000 if ctx.quick else 1_000_000) * ctx.scale)
@@ -99,47 +99,76 @@ def run(ctx: Ctx) -> list[Row]:
     }
     kb = KBroker(ctx.base)
     spark = None
+    kafka: KafkaTarget | None = None
+    kafka_note = ""
     try:
         kb.start()
-        admin = AdminClient({"bootstrap.servers": kb.bootstrap})
-        for f in admin.create_topics([NewTopic("pv-in", PARTITIONS, 1)]).values():
-            f.result(30)
-        t0 = time.monotonic()
-        produce_events(kb.bootstrap, "pv-in", count)
-        ctx.log(f"  produced {count} events in {time.monotonic() - t0:.1f} s")
+        prepare(kb.bootstrap, count, ctx)
         spark, start_s = session(ctx)
         ckpts = workdir(ctx.base, "spark-ckpt")
+        try:
+            kafka = KafkaTarget(ctx.base, "3.9")
+            kafka.start()
+            prepare(kafka.bootstrap, count, ctx)
+        except Exception as e:  # noqa: BLE001  (no Java, no jars: the kbroker rows stand alone, saying why)
+            kafka_note = f"; Apache Kafka column empty: {e}"
+            if kafka is not None and kafka.proc is not None:
+                kafka.stop()
+            kafka = None
         windows: dict[str, int] = {}
         for rep in range(ctx.reps):
-            for src in rows:
-                if ctx.out_of_time(f"spark {src} rep {rep + 1}"):
+            runs: list[tuple[str, Target | KBroker]] = [(src, kb) for src in rows]
+            if kafka is not None:
+                runs.append(("kafka", kafka))
+            for src, target in runs:
+                if ctx.out_of_time(f"spark {src} on {target.name} rep {rep + 1}"):
                     continue
-                out = f"pv-out-{src}-{rep}"
-                for f in admin.create_topics([NewTopic(out, 1, 1)]).values():
-                    f.result(30)
-                cfg = pageviews.JobConfig(kb.bootstrap, "pv-in", out, str(ckpts / f"{src}-{rep}"), source=src)
-                w0 = time.monotonic()
-                q = pageviews.run(spark, cfg)
-                wall = time.monotonic() - w0
-                progress = q.recentProgress
-                n = sum(p["numInputRows"] for p in progress)
-                busy = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / 1000
-                assert n == count, f"{src}: read {n} of {count}"
-                windows[src] = written(kb.bootstrap, out)
-                rows[src].kb.append(n / busy)
-                ctx.log(
-                    f"  spark {src} rep {rep + 1}: {n} records in {busy:.1f} s of micro-batches "
-                    f"({n / busy:,.0f} records/s, {wall:.1f} s wall, {windows[src]} windows written)"
-                )
+                name = f"{target.name.replace(' ', '').lower()}-{src}-{rep}"  # a topic name: no spaces
+                n, busy = run_job(spark, pageviews, target.bootstrap, src, name, ckpts, count)
+                rows[src].add(target, n / busy)
+                if target is kb:
+                    windows[src] = written(kb.bootstrap, f"pv-out-{name}")
+                ctx.log(f"  spark {src} on {target.name} rep {rep + 1}: {n} records in {busy:.1f} s of "
+                        f"micro-batches ({n / busy:,.0f} records/s)")
         note = (
             f"local[2]; Spark session start with the connector from the cache {start_s:.1f} s (not counted); "
             f"windows written per run: {windows.get('kafka', '?')} (connector), {windows.get('python', '?')} "
-            "(Python source); no peer: Apache Kafka is not part of this bench"
+            f"(Python source); the connector also read the same events from Apache Kafka 3.9{kafka_note}"
         )
         for r in rows.values():
             r.note = note
     finally:
         if spark is not None:
             spark.stop()
+        if kafka is not None:
+            kafka.stop()
         kb.stop()
     return list(rows.values())
+
+
+def prepare(bootstrap: str, count: int, ctx: Ctx) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic("pv-in", PARTITIONS, 1)]).values():
+        f.result(30)
+    t0 = time.monotonic()
+    produce_events(bootstrap, "pv-in", count)
+    ctx.log(f"  produced {count} events to {bootstrap} in {time.monotonic() - t0:.1f} s")
+
+
+def run_job(spark: Any, pageviews: Any, bootstrap: str, src: str, name: str, ckpts: Any,
+            count: int) -> tuple[int, float]:
+    """One run of the job with a fresh output topic and checkpoint: (records read, seconds of micro-batches)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    out = f"pv-out-{name}"
+    for f in AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(out, 1, 1)]).values():
+        f.result(30)
+    cfg = pageviews.JobConfig(bootstrap, "pv-in", out, str(ckpts / name), source=src)
+    q = pageviews.run(spark, cfg)
+    progress = q.recentProgress
+    n = sum(p["numInputRows"] for p in progress)
+    busy = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / 1000
+    assert n == count, f"{src} on {bootstrap}: read {n} of {count}"
+    return n, busy
