@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -28,6 +30,16 @@ def metrics_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[B
         "metrics.port": str(port), "log.flush.interval.messages": "1",
         "offsets.topic.num.partitions": "1"})
     b.start()
+    # The endpoint binds just after the Kafka listeners, which start() waits for.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     yield b, port
     b.stop()
 
@@ -160,7 +172,8 @@ def test_health_metrics_of_a_single_node(metrics_broker):
         p.produce("health", value=b"v", partition=i % 2)
         p.poll(0)
     assert p.flush(30) == 0
-    # A produce the broker refuses (acks=2, INVALID_REQUIRED_ACKS) counts as a failed produce of its topic.
+    # A produce the broker refuses counts as a failed produce of its topic (no batch: INVALID_RECORD, which Kafka
+    # checks before the acks=2 it would refuse next).
     from kbroker.protocol.messages import ProduceRequest as P
 
     from kbroker_tools.wire import WireClient
@@ -168,7 +181,7 @@ def test_health_metrics_of_a_single_node(metrics_broker):
     refused = P(transactional_id=None, acks=2, timeout_ms=1000, topic_data=[P.TopicProduceData(
         name="health", partition_data=[P.PartitionProduceData(index=0, records=b"")])])
     with WireClient(b.bootstrap) as c:
-        assert c.request(0, 9, refused).responses[0].partition_responses[0].error_code == 21
+        assert c.request(0, 9, refused).responses[0].partition_responses[0].error_code == 87
     s = scrape(port)
     # sum(activecontrollercount) == 1: the single node is its own controller
     assert value(s, "kafka_controller_kafkacontroller_activecontrollercount") == 1
