@@ -163,7 +163,8 @@ def run_job(spark: Any, pageviews: Any, bootstrap: str, src: str, name: str, ckp
     from confluent_kafka.admin import AdminClient, NewTopic
 
     out = f"pv-out-{name}"
-    for f in AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(out, 1, 1)]).values():
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # held: a collected client cancels its requests
+    for f in admin.create_topics([NewTopic(out, 1, 1)]).values():
         f.result(30)
     cfg = pageviews.JobConfig(bootstrap, "pv-in", out, str(ckpts / name), source=src)
     q = pageviews.run(spark, cfg)
