@@ -34,6 +34,20 @@ def free_port() -> int:
             return port
 
 
+def wait_for_port(port: int, timeout: float = 30.0) -> None:
+    """Until something accepts on 127.0.0.1:port: the HTTP endpoints a broker serves (console, schema registry,
+    metrics) bind just after its Kafka listeners, which BrokerProcess.start waits for."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 class BrokerProcess:
     """`python -m kbroker.broker` with configs/server.properties plus overrides, bound to 127.0.0.1."""
 

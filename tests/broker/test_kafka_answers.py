@@ -7,33 +7,13 @@ import time
 
 from kbroker.protocol import records as R
 from kbroker.protocol.errors import ErrorCode
-from kbroker.protocol.messages import FetchRequest, InitProducerIdRequest, ProduceRequest, ProduceResponse
+from kbroker.protocol.messages import InitProducerIdRequest, ProduceRequest, ProduceResponse
 
 from kbroker_tools.wire import WireClient
 from tests.broker_process import BrokerProcess
+from tests.differential.scenarios import fetch
 
 PRODUCE, FETCH, INIT_PRODUCER_ID = 0, 1, 22
-
-
-def _fetch(topic: str, offset: int, isolation: int) -> FetchRequest:
-    T = FetchRequest.FetchTopic
-    return FetchRequest(
-        replica_id=-1,
-        max_wait_ms=0,
-        min_bytes=0,
-        max_bytes=1 << 20,
-        isolation_level=isolation,
-        session_id=0,
-        session_epoch=-1,
-        topics=[
-            T(
-                topic=topic,
-                partitions=[
-                    FetchRequest.FetchPartition(partition=0, fetch_offset=offset, partition_max_bytes=1 << 20)
-                ],
-            )
-        ],
-    )
 
 
 def _produce(topic: str, batch: bytes) -> ProduceRequest:
@@ -53,14 +33,14 @@ def test_fetch_partition_in_error_aborted_transactions_null_or_empty_as_kafka(
     with WireClient(broker.bootstrap) as c:
         c.create_topic(topic_name)
         for isolation in (0, 1):
-            resp = c.request(FETCH, 12, _fetch(topic_name, 50, isolation))
+            resp = c.request(FETCH, 12, fetch(topic_name, 0, 50, isolation))
             part = resp.responses[0].partitions[0]
             assert part.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
             # Kafka 3.9: null (not an empty array) for a partition in error, whatever the isolation level.
             assert part.aborted_transactions is None
             assert (part.high_watermark, part.last_stable_offset, part.log_start_offset) == (-1, -1, -1)
             # Refused before any read (no such partition): an empty array, as Kafka's KafkaApis answers it.
-            missing = _fetch(topic_name, 0, isolation)
+            missing = fetch(topic_name, 0, 0, isolation)
             missing.topics[0].partitions[0].partition = 7
             part = c.request(FETCH, 12, missing).responses[0].partitions[0]
             assert part.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -14,7 +12,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.broker_process import ROOT, BrokerProcess, free_port
+from tests.broker_process import ROOT, BrokerProcess, free_port, wait_for_port
 from tests.clients import wait_until
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
@@ -30,16 +28,7 @@ def metrics_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[B
         "metrics.port": str(port), "log.flush.interval.messages": "1",
         "offsets.topic.num.partitions": "1"})
     b.start()
-    # The endpoint binds just after the Kafka listeners, which start() waits for.
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    wait_for_port(port)
     yield b, port
     b.stop()
 

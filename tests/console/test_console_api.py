@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -28,21 +27,8 @@ from confluent_kafka.admin import (
 )
 from kafka import KafkaAdminClient, KafkaProducer
 
-from tests.broker_process import ROOT, BrokerProcess, free_port
+from tests.broker_process import ROOT, BrokerProcess, free_port, wait_for_port
 from tests.security_setup import plain_jaas
-
-
-def wait_for_console(port: int, timeout: float = 30.0) -> None:
-    """The console binds just after the Kafka listeners, which BrokerProcess waits for."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 class Http:
@@ -74,7 +60,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerPro
         "console.listeners": f"http://127.0.0.1:{port}", "offsets.topic.num.partitions": "2",
         "transaction.state.log.num.partitions": "2", "transaction.state.log.replication.factor": "1",
         "transaction.state.log.min.isr": "1"}).start()
-    wait_for_console(port)
+    wait_for_port(port)
     try:
         yield b, Http(port)
     finally:
@@ -244,7 +230,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerPr
         "authorizer.class.name": "kafka.security.authorizer.AclAuthorizer", "super.users": "User:admin",
         "console.listeners": f"http://127.0.0.1:{console_port}", "offsets.topic.num.partitions": "2",
     }, port=kafka_port).start()
-    wait_for_console(console_port)
+    wait_for_port(console_port)
     try:
         yield b, console_port
     finally:

@@ -16,8 +16,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.broker_process import ROOT, BrokerProcess, free_port
-from tests.console.test_console_api import wait_for_console
+from tests.broker_process import ROOT, BrokerProcess, free_port, wait_for_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -49,7 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerPr
         "schema.registry.listeners": f"http://127.0.0.1:{registry_port}",
         "transaction.state.log.num.partitions": "2", "transaction.state.log.replication.factor": "1",
         "transaction.state.log.min.isr": "1"}).start()
-    wait_for_console(port)
+    wait_for_port(port)
     try:
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
         admin.create_topics([NewTopic("pageviews", 2, 1)])["pageviews"].result(30)

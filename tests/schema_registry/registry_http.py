@@ -4,14 +4,12 @@ and a broker process with the registry on."""
 from __future__ import annotations
 
 import json
-import socket
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.broker_process import BrokerProcess, free_port
+from tests.broker_process import BrokerProcess, free_port, wait_for_port
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
@@ -25,19 +23,6 @@ def registry_broker(data_dir: Path, overrides: dict[str, str] | None = None) -> 
     b.start()
     wait_for_port(port)
     return b, f"http://127.0.0.1:{port}"
-
-
-def wait_for_port(port: int, timeout: float = 30.0) -> None:
-    """The registry binds just after the Kafka listeners, which BrokerProcess waits for."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 class Http:
