@@ -18,10 +18,10 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from types import TracebackType
 
 from bench.peers.maven import ArtifactUnavailable, jars
 from bench.peers.ports import free_port
+from bench.peers.process import PeerProcess
 from bench.peers.zookeeper import ZooKeeperServer, zookeeper_missing
 
 __all__ = ["ArtifactUnavailable", "KafkaPeer", "fetch", "full_version"]
@@ -81,7 +81,7 @@ def _cluster_id() -> str:
             return text
 
 
-class KafkaPeer:
+class KafkaPeer(PeerProcess):
     """One Apache Kafka broker (ZooKeeper mode, or a KRaft combined broker+controller) on a loopback port."""
 
     def __init__(
@@ -128,10 +128,6 @@ class KafkaPeer:
     @property
     def log_path(self) -> Path:
         return self.base / "kafka.log"
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
 
     def properties(self) -> dict[str, str]:
         """server.properties as written: a single-node installation (replication factor 1 for internal topics)."""
@@ -264,40 +260,12 @@ class KafkaPeer:
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM (Kafka's controlled shutdown), SIGKILL after `timeout`; then the ZooKeeper it started, if any."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+        self._terminate(timeout)
         if self._zk is not None:
             self._zk.stop()
             self._zk = None
             self.zookeeper = None
 
-    def kill(self) -> None:
-        """SIGKILL, as a crash; data and any ZooKeeper stay, so start() brings the same broker back."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-        self.proc = None
-
-    def close(self) -> None:
-        self.stop()
-        if self._own_base:
-            shutil.rmtree(self.base, ignore_errors=True)
-
-    def __enter__(self) -> KafkaPeer:
-        if self.proc is None:
-            self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 def main(argv: list[str]) -> int:

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
 from bench.peers.maven import ArtifactUnavailable, cache_root
 from bench.peers.ports import free_port
+from bench.peers.process import PeerProcess
 
 VERSION = "0.6.0"
 FEATURES = "dynostore"
@@ -62,7 +61,7 @@ def build(timeout: float = 3600.0) -> Path:
     return binary()
 
 
-class TansuPeer:
+class TansuPeer(PeerProcess):
     """One tansu broker with the memory:// storage engine (nothing on disk) on a loopback port."""
 
     def __init__(self, storage: str = "memory://tansu/", base: Path | None = None) -> None:
@@ -80,10 +79,6 @@ class TansuPeer:
     @property
     def log_path(self) -> Path:
         return self.base / "tansu.log"
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
 
     def start(self, timeout: float = 60.0) -> TansuPeer:
         exe = binary()
@@ -142,36 +137,7 @@ class TansuPeer:
             return ""
 
     def stop(self, timeout: float = 20.0) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-        self.proc = None
-
-    def close(self) -> None:
-        self.stop()
-        if self._own_base:
-            shutil.rmtree(self.base, ignore_errors=True)
-
-    def __enter__(self) -> TansuPeer:
-        if self.proc is None:
-            self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
+        self._terminate(timeout)
 
 def main(argv: list[str]) -> int:
     if argv != ["build"]:
