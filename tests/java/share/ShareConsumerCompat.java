@@ -1,12 +1,16 @@
 import java.time.Duration;
 import java.util.*;
 import org.apache.kafka.clients.consumer.*;
+import org.apache.kafka.common.KafkaException;
+import org.apache.kafka.common.TopicIdPartition;
 import org.apache.kafka.common.serialization.StringDeserializer;
 
 /**
  * A KafkaShareConsumer 4.2 (explicit acknowledgement) reading a share group until `count` distinct records
  * are accepted. Records whose value ends in "release" are released on their first delivery and "reject" are
- * rejected; prints "ACCEPT p offset value delivery" per accepted record, "REJECT ..." per rejection, then DONE.
+ * rejected; prints "ACCEPT p offset value delivery" per accepted record whose acknowledgement the broker confirmed,
+ * "REJECT ..." per rejection, "ACKFAIL p offset value delivery error" per acknowledgement the broker refused (the
+ * record comes back: delivery is at least once), then DONE.
  * Args: bootstrap topic group count idleMs maxPollRecords pauseMs (a pause per poll, a slow worker)
  */
 public class ShareConsumerCompat {
@@ -21,6 +25,7 @@ public class ShareConsumerCompat {
         int count = Integer.parseInt(args[3]);
         long idleMs = Long.parseLong(args[4]);
         Set<String> accepted = new HashSet<>();
+        List<ConsumerRecord<String, String>> pending = new ArrayList<>();
         try (KafkaShareConsumer<String, String> c = new KafkaShareConsumer<>(props)) {
             c.subscribe(List.of(args[1]));
             // The idle clock starts with the first record: joining takes a while on a busy machine.
@@ -40,11 +45,24 @@ public class ShareConsumerCompat {
                         System.out.println("REJECT " + r.partition() + " " + r.offset() + " " + v + " " + delivery);
                     } else {
                         c.acknowledge(r, AcknowledgeType.ACCEPT);
-                        accepted.add(v);
-                        System.out.println("ACCEPT " + r.partition() + " " + r.offset() + " " + v + " " + delivery);
+                        pending.add(r);
                     }
                 }
-                c.commitSync();
+                Map<TopicIdPartition, Optional<KafkaException>> results = c.commitSync();
+                Map<Integer, String> failed = new HashMap<>();
+                results.forEach((tp, err) -> err.ifPresent(e -> failed.put(tp.partition(), e.toString())));
+                for (ConsumerRecord<String, String> r : pending) {
+                    String line = r.partition() + " " + r.offset() + " " + r.value() + " "
+                        + r.deliveryCount().orElse((short) -1);
+                    String err = failed.get(r.partition());
+                    if (err == null) {
+                        accepted.add(r.value());
+                        System.out.println("ACCEPT " + line);
+                    } else {
+                        System.out.println("ACKFAIL " + line + " " + err.replace(' ', '_'));
+                    }
+                }
+                pending.clear();
                 if (!recs.isEmpty()) {
                     try { Thread.sleep(Long.parseLong(args[6])); } catch (InterruptedException e) { return; }
                 }
