@@ -5,6 +5,7 @@ versions are assigned from the state every earlier write produced."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from kbroker.schema_registry import errors, records
@@ -374,15 +375,49 @@ class Registry:
 
     # ------------------------------------------------------------ config and mode
 
-    def compatibility(self, subject: str | None, default_to_global: bool = False) -> str:
+    def _setting(
+        self,
+        subject: str | None,
+        default_to_global: bool,
+        effective: Callable[[str | None], str],
+        table: dict[str | None, str],
+        not_configured: Callable[[str], Exception],
+    ) -> str:
+        """A subject's own compatibility level or mode, or the effective one (falling back to the global)."""
         self._ready()
         with self.state.lock:
             if subject is None or default_to_global:
-                return self.state.compatibility(subject)
-            level = self.state.configs.get(subject)
-        if level is None:
-            raise errors.compatibility_not_configured(subject)
-        return level
+                return effective(subject)
+            value = table.get(subject)
+        if value is None:
+            raise not_configured(subject)
+        return value
+
+    def _delete_setting(
+        self,
+        subject: str | None,
+        table: dict[str | None, str],
+        key: bytes,
+        not_configured: Callable[[str], Exception],
+    ) -> str | None:
+        """Tombstone a subject's (or the global) level or mode; the value it had."""
+        self._ready()
+        with self._write_lock:
+            with self.state.lock:
+                value = table.get(subject)
+            if subject is not None and value is None:
+                raise not_configured(subject)
+            self.store.write(key, None)
+        return value
+
+    def compatibility(self, subject: str | None, default_to_global: bool = False) -> str:
+        return self._setting(
+            subject,
+            default_to_global,
+            self.state.compatibility,
+            self.state.configs,
+            errors.compatibility_not_configured,
+        )
 
     def set_compatibility(self, subject: str | None, body: Any) -> str:
         level = (
@@ -398,24 +433,15 @@ class Registry:
         return level.upper()
 
     def delete_compatibility(self, subject: str | None) -> str:
-        self._ready()
-        with self._write_lock:
-            with self.state.lock:
-                level = self.state.configs.get(subject)
-            if subject is not None and level is None:
-                raise errors.compatibility_not_configured(subject)
-            self.store.write(records.config_key(subject), None)
+        level = self._delete_setting(
+            subject, self.state.configs, records.config_key(subject), errors.compatibility_not_configured
+        )
         return level or self.state.compatibility(None)
 
     def mode(self, subject: str | None, default_to_global: bool = False) -> str:
-        self._ready()
-        with self.state.lock:
-            if subject is None or default_to_global:
-                return self.state.mode(subject)
-            mode = self.state.modes.get(subject)
-        if mode is None:
-            raise errors.mode_not_configured(subject)
-        return mode
+        return self._setting(
+            subject, default_to_global, self.state.mode, self.state.modes, errors.mode_not_configured
+        )
 
     def set_mode(self, subject: str | None, body: Any, force: bool = False) -> str:
         mode = body.get("mode") if isinstance(body, dict) else None
@@ -437,13 +463,10 @@ class Registry:
         return mode
 
     def delete_mode(self, subject: str) -> str:
-        self._ready()
-        with self._write_lock:
-            with self.state.lock:
-                mode = self.state.modes.get(subject)
-            if mode is None:
-                raise errors.mode_not_configured(subject)
-            self.store.write(records.mode_key(subject), None)
+        mode = self._delete_setting(
+            subject, self.state.modes, records.mode_key(subject), errors.mode_not_configured
+        )
+        assert mode is not None  # a subject's: _delete_setting raised when it had none
         return mode
 
 

@@ -14,24 +14,10 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from bench.peers.ports import free_port
 from tests.clients import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-# Ports free_port() has handed out in this process: a port just released may come back from the next bind to port
-# 0, and two listeners of one broker once got the same one (the broker stopped at startup, "Address already in use").
-_handed_out: set[int] = set()
-
-
-def free_port() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
 
 
 def wait_for_port(port: int, timeout: float = 30.0) -> None:

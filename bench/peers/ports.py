@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+# A port just released may come back from the next bind to port 0: two listeners of one broker once got the same
+# one (the broker stopped at startup, "Address already in use").
 _handed_out: set[int] = set()
 
 
