@@ -82,7 +82,9 @@ class ReplicaManager:
         """Follow the log manager's JBOD events: moved logs and failed log dirs."""
         lm.on_log_replaced = self._log_replaced
         lm.on_dir_offline = self._dir_offline
-        self.log_dir_mover = ReplicaAlterLogDirsManager(lm, self._state_lock)
+        rate = int(self.server.config["replica.alter.log.dirs.io.max.bytes.per.second"])
+        self.log_dir_mover = ReplicaAlterLogDirsManager(lm, self._state_lock,
+                                                        max_bytes_per_second=None if rate >= 2**63 - 1 else rate)
         if lm.future_logs():
             self.log_dir_mover.start()
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 from kbroker.storage.errors import KafkaStorageError
+from kbroker.storage.manager import FUTURE_COPY_BYTES
 
 if TYPE_CHECKING:
     from kbroker.storage.manager import LogManager, TopicPartition
@@ -25,8 +27,13 @@ class ReplicaAlterLogDirsManager:
 
     state_lock (the replica manager's) is held for the swap, so no role change runs halfway through one."""
 
-    def __init__(self, log_manager: LogManager, state_lock: AbstractContextManager[object] | None = None) -> None:
+    def __init__(self, log_manager: LogManager, state_lock: AbstractContextManager[object] | None = None, *,
+                 max_bytes_per_second: int | None = None) -> None:
+        """max_bytes_per_second: replica.alter.log.dirs.io.max.bytes.per.second, the copying's throttle."""
         self.log_manager = log_manager
+        self.max_bytes_per_second = max_bytes_per_second
+        self._throttle_start = time.monotonic()
+        self._throttle_bytes = 0
         self._state_lock = state_lock if state_lock is not None else nullcontext()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -77,10 +84,29 @@ class ReplicaAlterLogDirsManager:
             return False
         behind = current.size - future.size if future.log_start_offset == current.log_start_offset else None
         if (behind is None or behind > SWAP_LAG_BYTES) and future.log_end_offset < current.log_end_offset:
-            return lm.copy_to_future(tp, future) > 0
+            copied = lm.copy_to_future(tp, future, self._chunk_bytes())
+            self._throttle(copied)
+            return copied > 0
         with self._state_lock:
             lm.replace_current_with_future(tp)
         return True
+
+    def _chunk_bytes(self) -> int:
+        rate = self.max_bytes_per_second
+        return FUTURE_COPY_BYTES if rate is None else max(1, min(FUTURE_COPY_BYTES, rate // 10))
+
+    def _throttle(self, copied: int) -> None:
+        """Keep the copying at or below the configured rate over a one-second window."""
+        rate = self.max_bytes_per_second
+        if rate is None or copied <= 0:
+            return
+        now = time.monotonic()
+        if now - self._throttle_start > 1.0:
+            self._throttle_start, self._throttle_bytes = now, 0
+        self._throttle_bytes += copied
+        ahead = self._throttle_bytes / rate - (now - self._throttle_start)
+        if ahead > 0:
+            self._stop.wait(ahead)
 
     def _failed(self, tp: TopicPartition, e: Exception) -> None:
         # A failed log dir was taken offline where the error happened (with the move); anything else drops the move.
