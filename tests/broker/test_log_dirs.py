@@ -248,3 +248,41 @@ def test_failed_log_dir_takes_only_its_partitions_offline(tmp_path: Path) -> Non
         assert b.alive()
     finally:
         b.kill()
+
+
+def test_java_admin_alter_and_describe_replica_log_dirs(tmp_path: Path) -> None:
+    """The official Java admin client: alterReplicaLogDirs (LogDirNotFoundException for an unknown dir) and
+    describeReplicaLogDirs showing the future replica, then the partition in its new dir."""
+    import shutil
+    import subprocess
+
+    from tests.java.test_java_client import JARS, find_jar_dir
+
+    jars = find_jar_dir()
+    if jars is None or shutil.which("javac") is None:
+        pytest.skip("the Java Kafka client or a JDK is not installed")
+    cp = ":".join(str(jars / f"{j}.jar") for j in JARS)
+    src = Path(__file__).resolve().parent.parent / "java" / "LogDirsAdmin.java"
+    classes = tmp_path / "classes"
+    subprocess.run(["javac", "-cp", cp, "-d", str(classes), str(src)], check=True, timeout=120)
+    b, dirs = _broker(tmp_path, 3, **{"replica.alter.log.dirs.io.max.bytes.per.second": SLOW_COPY})
+    try:
+        topic = "java-moving"
+        _create(b.bootstrap, topic)
+        prod = _Producing(b.bootstrap, topic)
+        prod.send(600)
+        prod.p.flush(30)
+        src_dir = _dir_of(b.bootstrap, topic)
+        dest = next(d for d in dirs if d != src_dir)
+        out = subprocess.run(
+            ["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", f"{classes}:{cp}", "LogDirsAdmin",
+             b.bootstrap, topic, str(dest), str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+        lines = [line.split() for line in out.stdout.splitlines()]
+        assert lines[0] == ["X", "LogDirNotFoundException"]
+        futures = [x for x in lines if x[0] == "F"]
+        assert futures and all(x[1] == str(dest) and int(x[2]) >= 0 for x in futures), lines
+        assert lines[-1] == ["C", str(dest)]
+        _assert_all_acked_readable(b.bootstrap, topic, prod.acked)
+    finally:
+        b.kill()
