@@ -14,9 +14,9 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartitionReplica
 from kafka import TopicPartition as KTP
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaStorageError, NoError
-
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import AlterReplicaLogDirsRequest, DescribeLogDirsRequest
+
 from kbroker_tools.wire import WireClient
 from tests.broker_process import BrokerProcess
 from tests.clients import wait_until
