@@ -497,7 +497,10 @@ class LogManager:
                     log.update_config(config)
 
     def _compacted_logs(self) -> Iterable[Log]:
-        return [log for log in self.logs() if log.config.compact]
+        # Cleaning pauses while a log is copied to another dir (Kafka's abortAndPauseCleaning): the copy follows
+        # the log's batches, which cleaning would rewrite under it.
+        moving = self._future_logs
+        return [log for log in self.logs() if log.config.compact and (log.topic, log.partition) not in moving]
 
     # -- periodic work (all sync; called by the scheduler thread, callable directly by tests) ----
 

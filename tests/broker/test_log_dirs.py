@@ -19,7 +19,7 @@ from kbroker.protocol.messages import AlterReplicaLogDirsRequest, DescribeLogDir
 
 from kbroker_tools.wire import WireClient
 from tests.broker_process import BrokerProcess
-from tests.clients import wait_until
+from tests.clients import ck_read_committed, wait_until
 
 RAW = AlterReplicaLogDirsRequest
 # Copying at this rate makes the move of ~1 MB last seconds: long enough to see the future replica and to kill
@@ -177,6 +177,39 @@ def test_kill_9_mid_move_loses_nothing_and_the_move_resumes(tmp_path: Path) -> N
         wait_until(lambda: _dir_of(b.bootstrap, topic) == dest, timeout=60, what="the resumed move")
         _assert_all_acked_readable(b.bootstrap, topic, prod.acked)
         assert len(prod.acked) == 1500
+    finally:
+        b.kill()
+
+
+def test_moved_log_keeps_transactions_and_producer_state(tmp_path: Path) -> None:
+    """Aborted and committed transactions, an open one and an idempotent producer's sequences survive the swap:
+    read_committed sees the same, the open transaction completes and the producer goes on without errors."""
+    b, dirs = _broker(tmp_path, 2, **{"transaction.state.log.replication.factor": "1",
+                                      "transaction.state.log.min.isr": "1"})
+    try:
+        topic = "txn-moving"
+        _create(b.bootstrap, topic)
+        src = _dir_of(b.bootstrap, topic)
+        dest = next(d for d in dirs if d != src)
+        tp = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": "mover"})
+        tp.init_transactions(30)
+        for value, commit in ((b"a1", False), (b"c1", True)):
+            tp.begin_transaction()
+            tp.produce(topic, value=value)
+            tp.commit_transaction(30) if commit else tp.abort_transaction(30)
+        tp.begin_transaction()
+        tp.produce(topic, value=b"open")
+        tp.flush(10)
+        admin = KafkaAdminClient(bootstrap_servers=b.bootstrap)
+        assert list(admin.alter_replica_log_dirs({(topic, 0, 0): str(dest)}).values()) == [NoError]
+        admin.close()
+        wait_until(lambda: _dir_of(b.bootstrap, topic) == dest, timeout=30, what="the move")
+        assert [v for _, v in ck_read_committed(b.bootstrap, topic)] == [b"c1"]
+        tp.commit_transaction(30)
+        tp.begin_transaction()
+        tp.produce(topic, value=b"after")
+        tp.commit_transaction(30)
+        assert [v for _, v in ck_read_committed(b.bootstrap, topic)] == [b"c1", b"open", b"after"]
     finally:
         b.kill()
 
