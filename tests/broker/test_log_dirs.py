@@ -262,6 +262,11 @@ def test_failed_log_dir_takes_only_its_partitions_offline(tmp_path: Path) -> Non
         assert p[("healthy", 0, False)][0] == str(good)
         with pytest.raises(KafkaStorageError):
             kp.send("doomed", b"after").get(10)
+        with WireClient(b.bootstrap) as c:
+            md = {t.name: t.partitions[0] for t in c.metadata(["doomed", "healthy"]).topics}
+        assert (md["doomed"].error_code, md["doomed"].leader_id, md["doomed"].offline_replicas) == (
+            ErrorCode.LEADER_NOT_AVAILABLE, -1, [0])
+        assert (md["healthy"].error_code, md["healthy"].leader_id, md["healthy"].offline_replicas) == (0, 0, [])
         kp.send("healthy", b"still served").get(10)
         with WireClient(b.bootstrap) as c:
             from kbroker.protocol.messages import FetchRequest
