@@ -206,8 +206,9 @@ class LogManager:
         return self._logs.get((topic, partition))
 
     def get_or_create_log(self, topic: str, partition: int, config: LogConfig | None = None, *,
-                          announce: bool = True) -> Log:
-        """announce=False: the caller logs one line for many logs (a topic's creation)."""
+                          announce: bool = True, is_new: bool = True) -> Log:
+        """announce=False: the caller logs one line for many logs (a topic's creation). is_new=False: a partition
+        that existed before, whose log may be in a failed dir; as Kafka, none is created while a dir is offline."""
         tp = (topic, partition)
         log = self._logs.get(tp)
         if log is not None:
@@ -218,6 +219,9 @@ class LogManager:
                 return log
             if tp in self.offline_partitions:
                 raise KafkaStorageError(f"{topic}-{partition} is in an offline log dir")
+            if not is_new and self.offline_dirs:
+                raise KafkaStorageError(f"Can not create log for {topic}-{partition} because log directories "
+                                        f"{', '.join(map(str, sorted(self.offline_dirs)))} are offline")
             if config is not None:
                 self._topic_configs[topic] = config
             config = self._config_for(topic)

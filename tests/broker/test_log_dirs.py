@@ -246,8 +246,8 @@ def test_raw_requests_get_kafkas_answers(tmp_path: Path) -> None:
 def test_failed_log_dir_takes_only_its_partitions_offline(tmp_path: Path) -> None:
     b, dirs = _broker(tmp_path, 2, **{"log.flush.offset.checkpoint.interval.ms": "200"})
     try:
+        _create(b.bootstrap, "healthy")  # first: into dir0, which also holds the embedded metadata
         _create(b.bootstrap, "doomed")
-        _create(b.bootstrap, "healthy")
         bad, good = _dir_of(b.bootstrap, "doomed"), _dir_of(b.bootstrap, "healthy")
         assert bad != good, "the two topics' logs went to different dirs"
         kp = KafkaProducer(bootstrap_servers=b.bootstrap, retries=0, acks=1)
@@ -284,6 +284,17 @@ def test_failed_log_dir_takes_only_its_partitions_offline(tmp_path: Path) -> Non
             assert resp.results[0].partitions[0].error_code == ErrorCode.KAFKA_STORAGE_ERROR
         kp.close()
         assert b.alive()
+        # A restart with the dir still unusable: the broker starts on the other one, the dir stays offline and no
+        # empty log takes the place of the one in it.
+        b.restart()
+        p = _placement(b.bootstrap)
+        assert p[(str(bad), -1, False)] == ("error", ErrorCode.KAFKA_STORAGE_ERROR)
+        assert p[("healthy", 0, False)][0] == str(good)
+        kp = KafkaProducer(bootstrap_servers=b.bootstrap, retries=0, acks=1)
+        kp.send("healthy", b"after the restart").get(10)
+        with pytest.raises(KafkaStorageError):
+            kp.send("doomed", b"after the restart").get(10)
+        kp.close()
     finally:
         b.kill()
 
