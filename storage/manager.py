@@ -365,7 +365,8 @@ class LogManager:
         current = self._logs.get(tp)
         if current is None or self._future_logs.get(tp) is not future:
             return 0
-        if future.log_end_offset > current.log_end_offset or future.log_end_offset < current.log_start_offset:
+        if (future.log_end_offset > current.log_end_offset or future.log_end_offset < current.log_start_offset
+                or self._diverged(current, future)):
             future.truncate_fully_and_start_at(current.log_start_offset)
         try:
             info = current.read(future.log_end_offset, max_bytes)
@@ -388,6 +389,17 @@ class LogManager:
             self.maybe_fail_dir(future, e)
             raise
         return len(data)
+
+    @staticmethod
+    def _diverged(current: Log, future: Log) -> bool:
+        """Whether the current log was truncated and written again below the future's end (a follower's truncation
+        to its leader): the future's last leader epoch must end at or past the future's end in the current log."""
+        epoch = future.latest_epoch
+        if epoch < 0:
+            return False
+        # An epoch the current log does not know (-1) tells nothing: only a known end below the future's counts.
+        _, end = current.end_offset_for_epoch(epoch)
+        return 0 <= end < future.log_end_offset
 
     def replace_current_with_future(self, tp: TopicPartition) -> Log | None:
         """Kafka's replaceCurrentWithFutureLog, once the future log is close behind: with the current log's lock
