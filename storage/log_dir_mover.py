@@ -27,8 +27,13 @@ class ReplicaAlterLogDirsManager:
 
     state_lock (the replica manager's) is held for the swap, so no role change runs halfway through one."""
 
-    def __init__(self, log_manager: LogManager, state_lock: AbstractContextManager[object] | None = None, *,
-                 max_bytes_per_second: int | None = None) -> None:
+    def __init__(
+        self,
+        log_manager: LogManager,
+        state_lock: AbstractContextManager[object] | None = None,
+        *,
+        max_bytes_per_second: int | None = None,
+    ) -> None:
         """max_bytes_per_second: replica.alter.log.dirs.io.max.bytes.per.second, the copying's throttle."""
         self.log_manager = log_manager
         self.max_bytes_per_second = max_bytes_per_second

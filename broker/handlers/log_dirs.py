@@ -64,7 +64,9 @@ def _alter_one(ctx: RequestContext, tp: TopicPartition, path: str) -> ErrorCode:
     return ErrorCode.NONE
 
 
-def handle_alter_replica_log_dirs(ctx: RequestContext, req: AlterReplicaLogDirsRequest) -> AlterReplicaLogDirsResponse:
+def handle_alter_replica_log_dirs(
+    ctx: RequestContext, req: AlterReplicaLogDirsRequest
+) -> AlterReplicaLogDirsResponse:
     R = AlterReplicaLogDirsResponse
     wanted: dict[TopicPartition, str] = {}
     for d in req.dirs:
@@ -77,9 +79,13 @@ def handle_alter_replica_log_dirs(ctx: RequestContext, req: AlterReplicaLogDirsR
         errors = {tp: _alter_one(ctx, tp, path) for tp, path in wanted.items()}
     by_topic: dict[str, list[R.AlterReplicaLogDirPartitionResult]] = {}
     for (topic, p), code in errors.items():
-        by_topic.setdefault(topic, []).append(R.AlterReplicaLogDirPartitionResult(partition_index=p, error_code=code))
-    return R(throttle_time_ms=0, results=[
-        R.AlterReplicaLogDirTopicResult(topic_name=t, partitions=ps) for t, ps in by_topic.items()])
+        by_topic.setdefault(topic, []).append(
+            R.AlterReplicaLogDirPartitionResult(partition_index=p, error_code=code)
+        )
+    return R(
+        throttle_time_ms=0,
+        results=[R.AlterReplicaLogDirTopicResult(topic_name=t, partitions=ps) for t, ps in by_topic.items()],
+    )
 
 
 # ---------------------------------------------------------------- DescribeLogDirs
@@ -101,16 +107,22 @@ def handle_describe_log_dirs(ctx: RequestContext, req: DescribeLogDirsRequest) -
         if d is None or (wanted is not None and lg.partition not in wanted.get(lg.topic, ())):
             continue
         # offset_lag as Kafka for a current (not future) replica: how far the high watermark is past the log end.
-        by_dir.setdefault(d, {}).setdefault(lg.topic, []).append(R.DescribeLogDirsPartition(
-            partition_index=lg.partition, partition_size=lg.size, offset_lag=0, is_future_key=False))
+        by_dir.setdefault(d, {}).setdefault(lg.topic, []).append(
+            R.DescribeLogDirsPartition(
+                partition_index=lg.partition, partition_size=lg.size, offset_lag=0, is_future_key=False
+            )
+        )
     for (topic, p), future in lm.future_logs().items():
         if wanted is not None and p not in wanted.get(topic, ()):
             continue
         current = lm.get_log(topic, p) if (topic, p) not in lm.offline_partitions else None
         # A future replica's lag: how far its log end is behind the current replica's (Kafka's getLogEndOffsetLag).
         lag = max(current.log_end_offset - future.log_end_offset, 0) if current is not None else 0
-        by_dir.setdefault(future.dir.parent, {}).setdefault(topic, []).append(R.DescribeLogDirsPartition(
-            partition_index=p, partition_size=future.size, offset_lag=lag, is_future_key=True))
+        by_dir.setdefault(future.dir.parent, {}).setdefault(topic, []).append(
+            R.DescribeLogDirsPartition(
+                partition_index=p, partition_size=future.size, offset_lag=lag, is_future_key=True
+            )
+        )
     results = []
     for d, topics in by_dir.items():
         path = str(d.resolve())
@@ -123,10 +135,18 @@ def handle_describe_log_dirs(ctx: RequestContext, req: DescribeLogDirsRequest) -
         except OSError:
             results.append(R.DescribeLogDirsResult(error_code=ErrorCode.KAFKA_STORAGE_ERROR, log_dir=path))
             continue
-        results.append(R.DescribeLogDirsResult(
-            error_code=0, log_dir=path, total_bytes=total, usable_bytes=usable,
-            topics=[R.DescribeLogDirsTopic(name=t, partitions=sorted(ps, key=lambda x: x.partition_index))
-                    for t, ps in sorted(topics.items())]))
+        results.append(
+            R.DescribeLogDirsResult(
+                error_code=0,
+                log_dir=path,
+                total_bytes=total,
+                usable_bytes=usable,
+                topics=[
+                    R.DescribeLogDirsTopic(name=t, partitions=sorted(ps, key=lambda x: x.partition_index))
+                    for t, ps in sorted(topics.items())
+                ],
+            )
+        )
     return R(throttle_time_ms=0, error_code=0, results=results)
 
 

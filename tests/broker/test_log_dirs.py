@@ -61,8 +61,15 @@ class _Producing:
     """An idempotent acks=all producer sending numbered records until stopped; `acked` holds what was acknowledged."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        self.p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                           "linger.ms": 5, "message.timeout.ms": 60000})
+        self.p = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "message.timeout.ms": 60000,
+            }
+        )
         self.topic = topic
         self.acked: set[int] = set()
         self.errors: list[Any] = []
@@ -78,7 +85,9 @@ class _Producing:
 
     def send(self, count: int, size: int = 1000) -> None:
         for _ in range(count):
-            self.p.produce(self.topic, value=b"%010d" % self._n + b"x" * (size - 10), on_delivery=self._on_delivery)
+            self.p.produce(
+                self.topic, value=b"%010d" % self._n + b"x" * (size - 10), on_delivery=self._on_delivery
+            )
             self._n += 1
             self.p.poll(0)
 
@@ -98,8 +107,12 @@ class _Producing:
 
 
 def _read_all(bootstrap: str, topic: str, expected: int) -> list[int]:
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
-                      consumer_timeout_ms=3000)
+    c = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=3000,
+    )
     c.assign([KTP(topic, 0)])
     got: list[int] = []
     deadline = time.monotonic() + 60
@@ -131,14 +144,19 @@ def test_move_under_produce_with_kafka_python_admin(tmp_path: Path) -> None:
             result = admin.alter_replica_log_dirs({TopicPartitionReplica(topic, 0, 0): str(dest)})
             assert list(result.values()) == [NoError]
             # While moving: the current replica still in src, the future one in dest with its lag.
-            moving = wait_until(lambda: (p := _placement(b.bootstrap)).get((topic, 0, True)) and p, timeout=15,
-                                what="the future replica in DescribeLogDirs")
+            moving = wait_until(
+                lambda: (p := _placement(b.bootstrap)).get((topic, 0, True)) and p,
+                timeout=15,
+                what="the future replica in DescribeLogDirs",
+            )
             assert moving[(topic, 0, True)][0] == str(dest)
             assert moving[(topic, 0, False)][0] == str(src)
             assert list((dest).glob(f"{topic}-0.*-future")), "the future log's directory"
             wait_until(lambda: (topic, 0, True) not in _placement(b.bootstrap), timeout=60, what="the swap")
             acked_during = len(prod.acked)
-            wait_until(lambda: len(prod.acked) > acked_during + 100, timeout=20, what="produce after the move")
+            wait_until(
+                lambda: len(prod.acked) > acked_during + 100, timeout=20, what="produce after the move"
+            )
         assert not prod.errors, prod.errors[:3]
         assert _dir_of(b.bootstrap, topic) == dest
         assert (dest / f"{topic}-0").is_dir() and not (src / f"{topic}-0").exists()
@@ -164,8 +182,17 @@ def test_kill_9_mid_move_loses_nothing_and_the_move_resumes(tmp_path: Path) -> N
         prod.send(900)
         prod.p.flush(30)
         with WireClient(b.bootstrap) as c:
-            resp = c.request(34, 2, RAW(dirs=[RAW.AlterReplicaLogDir(path=str(dest), topics=[
-                RAW.AlterReplicaLogDirTopic(name=topic, partitions=[0])])]))
+            resp = c.request(
+                34,
+                2,
+                RAW(
+                    dirs=[
+                        RAW.AlterReplicaLogDir(
+                            path=str(dest), topics=[RAW.AlterReplicaLogDirTopic(name=topic, partitions=[0])]
+                        )
+                    ]
+                ),
+            )
         assert resp.results[0].partitions[0].error_code == 0
         wait_until(lambda: list(dest.glob(f"{topic}-0.*-future")), timeout=10, what="the future log")
         time.sleep(0.5)  # part of the copy done
@@ -184,8 +211,9 @@ def test_kill_9_mid_move_loses_nothing_and_the_move_resumes(tmp_path: Path) -> N
 def test_moved_log_keeps_transactions_and_producer_state(tmp_path: Path) -> None:
     """Aborted and committed transactions, an open one and an idempotent producer's sequences survive the swap:
     read_committed sees the same, the open transaction completes and the producer goes on without errors."""
-    b, dirs = _broker(tmp_path, 2, **{"transaction.state.log.replication.factor": "1",
-                                      "transaction.state.log.min.isr": "1"})
+    b, dirs = _broker(
+        tmp_path, 2, **{"transaction.state.log.replication.factor": "1", "transaction.state.log.min.isr": "1"}
+    )
     try:
         topic = "txn-moving"
         _create(b.bootstrap, topic)
@@ -221,17 +249,33 @@ def test_raw_requests_get_kafkas_answers(tmp_path: Path) -> None:
         _create(b.bootstrap, topic)
         src = _dir_of(b.bootstrap, topic)
 
-        def alter(path: str, name: str, partitions: list[int], version: int = 2) -> dict[tuple[str, int], int]:
+        def alter(
+            path: str, name: str, partitions: list[int], version: int = 2
+        ) -> dict[tuple[str, int], int]:
             with WireClient(b.bootstrap) as c:
-                resp = c.request(34, version, RAW(dirs=[RAW.AlterReplicaLogDir(path=path, topics=[
-                    RAW.AlterReplicaLogDirTopic(name=name, partitions=partitions)])]))
-            return {(t.topic_name, p.partition_index): p.error_code for t in resp.results for p in t.partitions}
+                resp = c.request(
+                    34,
+                    version,
+                    RAW(
+                        dirs=[
+                            RAW.AlterReplicaLogDir(
+                                path=path,
+                                topics=[RAW.AlterReplicaLogDirTopic(name=name, partitions=partitions)],
+                            )
+                        ]
+                    ),
+                )
+            return {
+                (t.topic_name, p.partition_index): p.error_code for t in resp.results for p in t.partitions
+            }
 
         with WireClient(b.bootstrap) as c:
             v = {k.api_key: (k.min_version, k.max_version) for k in c.api_versions().api_keys}
         assert v[34] == (0, 2)
         assert alter(str(tmp_path / "nowhere"), topic, [0]) == {(topic, 0): ErrorCode.LOG_DIR_NOT_FOUND}
-        assert alter(str(src), "no-such-topic", [0]) == {("no-such-topic", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+        assert alter(str(src), "no-such-topic", [0]) == {
+            ("no-such-topic", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        }
         assert alter(str(src), topic, [7]) == {(topic, 7): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
         # Already there: nothing moves.
         assert alter(str(src), topic, [0], version=0) == {(topic, 0): 0}
@@ -255,8 +299,11 @@ def test_failed_log_dir_takes_only_its_partitions_offline(tmp_path: Path) -> Non
         # The dir is replaced by a file: the next checkpoint write in it fails with ENOTDIR.
         bad.rename(bad.with_name("moved-away"))
         bad.write_text("not a directory")
-        wait_until(lambda: ("error", ErrorCode.KAFKA_STORAGE_ERROR) in _placement(b.bootstrap).values(),
-                   timeout=15, what="the failed dir in DescribeLogDirs")
+        wait_until(
+            lambda: ("error", ErrorCode.KAFKA_STORAGE_ERROR) in _placement(b.bootstrap).values(),
+            timeout=15,
+            what="the failed dir in DescribeLogDirs",
+        )
         p = _placement(b.bootstrap)
         assert p[(str(bad), -1, False)] == ("error", ErrorCode.KAFKA_STORAGE_ERROR)
         assert p[("healthy", 0, False)][0] == str(good)
@@ -265,22 +312,62 @@ def test_failed_log_dir_takes_only_its_partitions_offline(tmp_path: Path) -> Non
         with WireClient(b.bootstrap) as c:
             md = {t.name: t.partitions[0] for t in c.metadata(["doomed", "healthy"]).topics}
         assert (md["doomed"].error_code, md["doomed"].leader_id, md["doomed"].offline_replicas) == (
-            ErrorCode.LEADER_NOT_AVAILABLE, -1, [0])
-        assert (md["healthy"].error_code, md["healthy"].leader_id, md["healthy"].offline_replicas) == (0, 0, [])
+            ErrorCode.LEADER_NOT_AVAILABLE,
+            -1,
+            [0],
+        )
+        assert (md["healthy"].error_code, md["healthy"].leader_id, md["healthy"].offline_replicas) == (
+            0,
+            0,
+            [],
+        )
         kp.send("healthy", b"still served").get(10)
         with WireClient(b.bootstrap) as c:
             from kbroker.protocol.messages import FetchRequest
+
             F = FetchRequest
-            resp = c.request(1, 11, F(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20,
-                                      isolation_level=0, session_id=0, session_epoch=-1, topics=[
-                                          F.FetchTopic(topic=t, partitions=[F.FetchPartition(
-                                              partition=0, fetch_offset=0, log_start_offset=-1,
-                                              partition_max_bytes=1 << 20)]) for t in ("doomed", "healthy")]))
+            resp = c.request(
+                1,
+                11,
+                F(
+                    replica_id=-1,
+                    max_wait_ms=0,
+                    min_bytes=1,
+                    max_bytes=1 << 20,
+                    isolation_level=0,
+                    session_id=0,
+                    session_epoch=-1,
+                    topics=[
+                        F.FetchTopic(
+                            topic=t,
+                            partitions=[
+                                F.FetchPartition(
+                                    partition=0,
+                                    fetch_offset=0,
+                                    log_start_offset=-1,
+                                    partition_max_bytes=1 << 20,
+                                )
+                            ],
+                        )
+                        for t in ("doomed", "healthy")
+                    ],
+                ),
+            )
             codes = {r.topic: r.partitions[0].error_code for r in resp.responses}
             assert codes == {"doomed": ErrorCode.KAFKA_STORAGE_ERROR, "healthy": 0}
             # No move into or out of the failed dir.
-            resp = c.request(34, 2, RAW(dirs=[RAW.AlterReplicaLogDir(path=str(bad), topics=[
-                RAW.AlterReplicaLogDirTopic(name="healthy", partitions=[0])])]))
+            resp = c.request(
+                34,
+                2,
+                RAW(
+                    dirs=[
+                        RAW.AlterReplicaLogDir(
+                            path=str(bad),
+                            topics=[RAW.AlterReplicaLogDirTopic(name="healthy", partitions=[0])],
+                        )
+                    ]
+                ),
+            )
             assert resp.results[0].partitions[0].error_code == ErrorCode.KAFKA_STORAGE_ERROR
         kp.close()
         assert b.alive()
@@ -324,8 +411,22 @@ def test_java_admin_alter_and_describe_replica_log_dirs(tmp_path: Path) -> None:
         src_dir = _dir_of(b.bootstrap, topic)
         dest = next(d for d in dirs if d != src_dir)
         out = subprocess.run(
-            ["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", f"{classes}:{cp}", "LogDirsAdmin",
-             b.bootstrap, topic, str(dest), str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=120)
+            [
+                "java",
+                "-XX:TieredStopAtLevel=1",
+                "-XX:+UseSerialGC",
+                "-cp",
+                f"{classes}:{cp}",
+                "LogDirsAdmin",
+                b.bootstrap,
+                topic,
+                str(dest),
+                str(tmp_path / "nowhere"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         lines = [line.split() for line in out.stdout.splitlines()]
         assert lines[0] == ["X", "LogDirNotFoundException"]
