@@ -18,7 +18,8 @@ from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import AlterReplicaLogDirsRequest, DescribeLogDirsRequest
 
 from kbroker_tools.wire import WireClient
-from tests.broker_process import BrokerProcess
+from tests.broker.test_metrics import scrape, value
+from tests.broker_process import BrokerProcess, free_port, wait_for_port
 from tests.clients import ck_read_committed, wait_until
 
 RAW = AlterReplicaLogDirsRequest
@@ -288,8 +289,15 @@ def test_raw_requests_get_kafkas_answers(tmp_path: Path) -> None:
 
 
 def test_failed_log_dir_takes_only_its_partitions_offline(tmp_path: Path) -> None:
-    b, dirs = _broker(tmp_path, 2, **{"log.flush.offset.checkpoint.interval.ms": "200"})
+    metrics_port = free_port()
+    b, dirs = _broker(
+        tmp_path,
+        2,
+        **{"log.flush.offset.checkpoint.interval.ms": "200", "metrics.port": str(metrics_port)},
+    )
     try:
+        wait_for_port(metrics_port)
+        assert value(scrape(metrics_port), "kafka_log_logmanager_offlinelogdirectorycount") == 0
         _create(b.bootstrap, "healthy")  # first: into dir0, which also holds the embedded metadata
         _create(b.bootstrap, "doomed")
         bad, good = _dir_of(b.bootstrap, "doomed"), _dir_of(b.bootstrap, "healthy")
@@ -307,6 +315,9 @@ def test_failed_log_dir_takes_only_its_partitions_offline(tmp_path: Path) -> Non
         p = _placement(b.bootstrap)
         assert p[(str(bad), -1, False)] == ("error", ErrorCode.KAFKA_STORAGE_ERROR)
         assert p[("healthy", 0, False)][0] == str(good)
+        samples = scrape(metrics_port)
+        assert value(samples, "kafka_log_logmanager_offlinelogdirectorycount") == 1
+        assert value(samples, "kafka_server_replicamanager_offlinereplicacount") == 1
         with pytest.raises(KafkaStorageError):
             kp.send("doomed", b"after").get(10)
         with WireClient(b.bootstrap) as c:
