@@ -361,6 +361,10 @@ class ReplicaManager:
                 if self.server.broker_id not in state.replicas:
                     result[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
+                if tp in self.server.log_manager.offline_partitions:
+                    # Kafka's answer for a replica in a failed log dir: its controller marks the replica offline.
+                    result[tp] = ErrorCode.KAFKA_STORAGE_ERROR
+                    continue
                 p = self.partitions.get(tp)
                 if p is not None and state.leader_epoch < p.leader_epoch:
                     log.warning("Ignoring LeaderAndIsr for %s-%d at leader epoch %d: ours is %d", topic, index,
