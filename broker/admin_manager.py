@@ -228,7 +228,7 @@ class AdminManager:
         rec = self.metadata.topics.get(topic)
         if rec is None:
             raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-        return self.server.log_manager.get_or_create_log(topic, partition, self.log_config_for(rec))
+        return self.server.log_manager.get_or_create_log(topic, partition, self.log_config_for(rec), is_new=False)
 
     def auto_create(self, name: str) -> TopicRecord | None:
         """Metadata-driven auto creation (auto.create.topics.enable)."""

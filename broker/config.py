@@ -384,6 +384,8 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("replica.lag.time.max.ms", _long, 30000, at_least(0)),
         ConfigKey("num.replica.fetchers", _int, 1, at_least(1)),
         ConfigKey("replica.fetch.max.bytes", _int, 1048576, at_least(0)),
+        # Kafka's quota on moving replicas between log dirs (AlterReplicaLogDirs), a dynamic broker config there.
+        ConfigKey("replica.alter.log.dirs.io.max.bytes.per.second", _long, 2**63 - 1, at_least(1)),
         ConfigKey("replica.fetch.response.max.bytes", _int, 10485760, at_least(0)),
         ConfigKey("replica.fetch.wait.max.ms", _int, 500, at_least(0)),
         ConfigKey("replica.fetch.min.bytes", _int, 1, at_least(1)),

@@ -76,7 +76,7 @@ class FollowerQuiet:
     that read answered (`expected`, in the order of _LIVE), the follower has nothing to be told and the partition is
     not read again."""
 
-    partition: Any  # broker.partition.Partition (its log never changes)
+    partition: Any  # broker.partition.Partition (a log moved to another dir keeps its fetch state)
     expected: tuple[Any, ...]  # (request entry, Log.fetch_state, leader epoch, high watermark, log start, last stable)
 
 

@@ -35,6 +35,7 @@ from kbroker.protocol.messages import (
     OffsetForLeaderEpochRequest,
     OffsetForLeaderEpochResponse,
 )
+from kbroker.storage.errors import KafkaStorageError, LogReplacedError
 from kbroker.storage.leader_epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 from kbroker.storage.manager import TopicPartition
 
@@ -395,7 +396,14 @@ class ReplicaFetcherThread:
             self._apply_truncation(s, diverging.epoch, diverging.end_offset)
             return
         if pd.records:
-            lg.append_as_follower(pd.records)  # up to the last whole batch: a leader may cut its answer
+            try:
+                lg.append_as_follower(pd.records)  # up to the last whole batch: a leader may cut its answer
+            except LogReplacedError:
+                lg = p.log  # moved to another log dir meanwhile (nothing was written): append to the new one
+                lg.append_as_follower(pd.records)
+            except KafkaStorageError as e:
+                self.server.log_manager.maybe_fail_dir(lg, e)
+                raise
         lg.update_high_watermark(pd.high_watermark)
 
     async def _handle_out_of_range(self, s: PartitionFetchState) -> None:

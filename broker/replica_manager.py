@@ -30,11 +30,14 @@ from kbroker.coordinator.metadata_store import PartitionState
 from kbroker.coordinator.transaction_coordinator import TRANSACTION_STATE_TOPIC
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.messages import AlterPartitionRequest, AlterPartitionResponse
-from kbroker.storage.errors import KafkaStorageError
-from kbroker.storage.manager import TopicPartition
+from kbroker.storage.errors import KafkaStorageError, LogReplacedError
+from kbroker.storage.log_dir_mover import ReplicaAlterLogDirsManager
+from kbroker.storage.manager import LogManager, TopicPartition
 from kbroker.storage.producer_state import VerificationGuard
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from kbroker.broker.server import KafkaServer
     from kbroker.storage.log import Log
 
@@ -73,6 +76,41 @@ class ReplicaManager:
         # Partitions whose last AlterPartition could not reach the controller: the repeats (one a second while it is
         # away) are logged at debug.
         self._unreached: set[tuple[str, int]] = set()
+        self.log_dir_mover: ReplicaAlterLogDirsManager | None = None
+
+    def attach_log_manager(self, lm: LogManager) -> None:
+        """Follow the log manager's JBOD events: moved logs and failed log dirs."""
+        lm.on_log_replaced = self._log_replaced
+        lm.on_dir_offline = self._dir_offline
+        rate = int(self.server.config["replica.alter.log.dirs.io.max.bytes.per.second"])
+        self.log_dir_mover = ReplicaAlterLogDirsManager(lm, self._state_lock,
+                                                        max_bytes_per_second=None if rate >= 2**63 - 1 else rate)
+        if lm.future_logs():
+            self.log_dir_mover.start()
+
+    def _log_replaced(self, tp: TopicPartition, old: Log, new: Log) -> None:
+        # Called with _state_lock held (the mover takes it for the swap).
+        p = self.partitions.get(tp)
+        if p is not None and p.log is old:
+            p.log = new
+        self._high_watermark_moved(tp)
+
+    def _dir_offline(self, log_dir: Path, partitions: list[TopicPartition]) -> None:
+        """Kafka's handleLogDirFailure: the dir's replicas stop fetching; their requests answer KAFKA_STORAGE_ERROR."""
+        with self._state_lock:
+            if self._fetchers is not None and partitions:
+                self._fetchers.remove_partitions(partitions)
+        for tp in partitions:
+            self._high_watermark_moved(tp)
+        lm = self.server.log_manager
+        if len(lm.offline_dirs) == len(lm.log_dirs):
+            log.error("Every log dir has failed (%s): all partitions are offline",
+                      ", ".join(str(d) for d in lm.log_dirs))
+
+    def _check_online(self, topic: str, partition: int) -> None:
+        offline = self.server.log_manager.offline_partitions
+        if offline and (topic, partition) in offline:
+            raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"{topic}-{partition} is in an offline log dir")
 
     # ------------------------------------------------------------ lookup
 
@@ -83,6 +121,7 @@ class ReplicaManager:
         """The local log of a partition this broker leads, or KafkaError with Kafka's code. A client that names a
         leader epoch (>= 0) other than this replica's gets FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH first, as
         Kafka's Partition checks it before leadership; one lookup answers both."""
+        self._check_online(topic, partition)
         p = self.partitions.get((topic, partition))
         if p is not None:
             if current_leader_epoch >= 0:
@@ -129,6 +168,15 @@ class ReplicaManager:
 
     def append(self, topic: str, partition: int, records: Any, required_acks: int,
                verification_guard: VerificationGuard | None = None) -> Any:
+        try:
+            return self._append(topic, partition, records, required_acks, verification_guard)
+        except LogReplacedError:
+            # The log moved to another log dir between the lookup and the append (nothing was written): once more.
+            return self._append(topic, partition, records, required_acks, verification_guard)
+
+    def _append(self, topic: str, partition: int, records: Any, required_acks: int,
+                verification_guard: VerificationGuard | None) -> Any:
+        self._check_online(topic, partition)
         p = self.partitions.get((topic, partition))
         if p is None:
             lg = self.get_log(topic, partition)
@@ -149,9 +197,12 @@ class ReplicaManager:
         try:
             info = lg.append_as_leader(records, int(time.time() * 1000), leader_epoch=epoch,
                                        verification_guard=verification_guard)
+        except LogReplacedError:
+            raise
         except KafkaStorageError as e:
             log.error("Append to %s-%d at offset %d failed (KAFKA_STORAGE_ERROR): %s",
                       topic, partition, lg.log_end_offset, e)
+            self.server.log_manager.maybe_fail_dir(lg, e)
             raise
         # Without followers to wait for, the high watermark moved with the log end.
         self.purgatory.notify((topic, partition), ANY if lg.high_watermark > info.last_offset else LOG_END)
@@ -310,6 +361,10 @@ class ReplicaManager:
                 if self.server.broker_id not in state.replicas:
                     result[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
+                if tp in self.server.log_manager.offline_partitions:
+                    # Kafka's answer for a replica in a failed log dir: its controller marks the replica offline.
+                    result[tp] = ErrorCode.KAFKA_STORAGE_ERROR
+                    continue
                 p = self.partitions.get(tp)
                 if p is not None and state.leader_epoch < p.leader_epoch:
                     log.warning("Ignoring LeaderAndIsr for %s-%d at leader epoch %d: ours is %d", topic, index,
@@ -416,6 +471,8 @@ class ReplicaManager:
     def shutdown(self) -> None:
         if self._fetchers is not None:
             self._fetchers.shutdown()
+        if self.log_dir_mover is not None:
+            self.log_dir_mover.shutdown()
 
     # ------------------------------------------------------------ flush
 

@@ -229,6 +229,7 @@ class KafkaServer:
             max_open_segment_files=segment_file_budget(),
         )
         await loop.run_in_executor(None, self.log_manager.startup)
+        self.replica_manager.attach_log_manager(self.log_manager)
         await loop.run_in_executor(None, self._claim_first_producer_id_block)
         self._apply_topic_configs()
         self.log_manager.start_background()

@@ -10,6 +10,8 @@ __all__ = [
     "InvalidRecordError",
     "InvalidTxnStateError",
     "KafkaStorageError",
+    "LogDirNotFoundError",
+    "LogReplacedError",
     "NotLeaderOrFollowerError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
@@ -34,6 +36,14 @@ class OffsetOutOfRangeError(StorageError):
 
 class KafkaStorageError(StorageError):
     error_code = 56  # KAFKA_STORAGE_ERROR
+
+
+class LogReplacedError(KafkaStorageError):
+    """The log was swapped for its copy in another log dir (AlterReplicaLogDirs): look the partition up again."""
+
+
+class LogDirNotFoundError(StorageError):
+    error_code = 57  # LOG_DIR_NOT_FOUND
 
 
 class NotLeaderOrFollowerError(StorageError):

@@ -38,6 +38,7 @@ from kbroker.storage.config import LogConfig
 from kbroker.storage.errors import (
     InvalidTxnStateError,
     KafkaStorageError,
+    LogReplacedError,
     NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
@@ -163,6 +164,8 @@ class Log(ReplicaLogMixin):
         # poll does not touch every log every second).
         self.on_pending_delete: Callable[[Log], None] | None = None
         self._closed = False
+        # The log that took this one's place in another log dir (AlterReplicaLogDirs); appends are refused from then.
+        self.replaced_by: Log | None = None
         self.validate_producer_state: ProducerStateValidator | None = None
         # Compaction state: offsets below cleaner_checkpoint are clean (persisted by LogManager in
         # cleaner-offset-checkpoint); tombstone_horizon_ms forces a pass when tombstones expire.
@@ -563,6 +566,8 @@ class Log(ReplicaLogMixin):
     def _check_open(self) -> None:
         if self._closed:
             raise KafkaStorageError(f"log {self.name} is closed")
+        if self.replaced_by is not None:
+            raise LogReplacedError(f"log {self.name} moved to {self.replaced_by.dir.parent}")
 
     def _maybe_roll(self, size: int, now_ms: int, max_offset: int) -> LogSegment:
         seg = self._segments[-1]

@@ -13,6 +13,7 @@ def all_handlers() -> list[ApiHandler]:
         consumer_groups,
         fetch,
         groups,
+        log_dirs,
         metadata,
         produce,
         producer,
@@ -26,7 +27,7 @@ def all_handlers() -> list[ApiHandler]:
     )
 
     out: list[ApiHandler] = []
-    for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, consumer_groups, quotas, txn, replication,
+    for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, consumer_groups, quotas, txn, replication, log_dirs,
                    sasl, acls, share, share_admin):
         out.extend(module.HANDLERS)
     return out

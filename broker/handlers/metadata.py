@@ -66,6 +66,16 @@ def topic_metadata(rec: TopicRecord, ops: int, live: frozenset[int] | set[int]) 
     )
 
 
+def _mark_offline(tm: MetadataResponse.MetadataResponseTopic, offline: set[tuple[str, int]], broker_id: int) -> None:
+    """The embedded single node is its own controller: a partition whose log dir failed has no leader left, as
+    Kafka's controller decides once the broker reports the failed dir (LEADER_NOT_AVAILABLE, replica offline)."""
+    for pm in tm.partitions:
+        if (tm.name, pm.partition_index) in offline:
+            pm.error_code, pm.leader_id = ErrorCode.LEADER_NOT_AVAILABLE, NO_LEADER
+            if broker_id not in pm.offline_replicas:
+                pm.offline_replicas = [*pm.offline_replicas, broker_id]
+
+
 def _error_topic(name: str | None, code: ErrorCode, topic_id: bytes = bytes(16)) -> MetadataResponse.MetadataResponseTopic:
     return MetadataResponse.MetadataResponseTopic(error_code=code, name=name, topic_id=topic_id, partitions=[])
 
@@ -78,8 +88,13 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
     authz = server.authorizer
     live = set(store.live_brokers())
 
+    offline = server.log_manager.offline_partitions if not hasattr(store, "apply_partition_states") else None
+
     def described(rec: TopicRecord) -> MetadataResponse.MetadataResponseTopic:
-        return topic_metadata(rec, _topic_operations(ctx, rec.name) if include_ops else NOT_REQUESTED, live)
+        tm = topic_metadata(rec, _topic_operations(ctx, rec.name) if include_ops else NOT_REQUESTED, live)
+        if offline:
+            _mark_offline(tm, offline, server.broker_id)
+        return tm
 
     topics: list[MetadataResponse.MetadataResponseTopic] = []
     if req.topics is None or (v == 0 and not req.topics):

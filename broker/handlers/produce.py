@@ -328,9 +328,11 @@ async def _after_flush(rm: Any, to_flush: list[tuple[Any, int]], response: Produ
     failed: set[tuple[str, int]] = set()
     try:
         await rm.flush(to_flush)
-    except (OSError, KafkaStorageError):
+    except (OSError, KafkaStorageError) as e:
         log.error("fsync failed for %s", [f"{lg.topic}-{lg.partition}" for lg, _ in to_flush], exc_info=True)
         failed = {(lg.topic, lg.partition) for lg, _ in to_flush}
+        for lg, _ in to_flush:  # an fsync that fails for another reason than a full disk fails the log dir
+            rm.server.log_manager.maybe_fail_dir(lg, e)
     if failed:
         for t in response.responses:
             for i, p in enumerate(t.partition_responses):

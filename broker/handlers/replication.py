@@ -1,6 +1,6 @@
 """Replication control APIs: LeaderAndIsr (4), StopReplica (5), UpdateMetadata (6) from the controller;
 ControlledShutdown (7), AlterPartition (56), ElectLeaders (43), AlterPartitionReassignments (45) and
-ListPartitionReassignments (46) to the controller; DescribeLogDirs (35) on every broker.
+ListPartitionReassignments (46) to the controller (the log dir APIs are in log_dirs.py).
 
 The controller's requests run one at a time, in arrival order, on the server's controller-requests
 thread (Kafka processes them in order too): a LeaderAndIsr must never be applied after a newer one.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -27,8 +26,6 @@ from kbroker.protocol.messages import (
     AlterPartitionResponse,
     ControlledShutdownRequest,
     ControlledShutdownResponse,
-    DescribeLogDirsRequest,
-    DescribeLogDirsResponse,
     ElectLeadersRequest,
     ElectLeadersResponse,
     LeaderAndIsrRequest,
@@ -368,48 +365,11 @@ async def handle_list_partition_reassignments(ctx: RequestContext, req: ListPart
         R.OngoingTopicReassignment(name=t, partitions=ps) for t, ps in by_topic.items()])
 
 
-# ---------------------------------------------------------------- DescribeLogDirs
-
-
-def handle_describe_log_dirs(ctx: RequestContext, req: DescribeLogDirsRequest) -> DescribeLogDirsResponse:
-    R = DescribeLogDirsResponse
-    if _cluster_denied(ctx, AclOperation.DESCRIBE):
-        return R(throttle_time_ms=0, error_code=DENIED, results=[])
-    lm = ctx.server.log_manager
-    wanted: dict[str, set[int]] | None = None
-    if req.topics is not None:
-        wanted = {}
-        for t in req.topics:
-            wanted.setdefault(t.topic, set()).update(t.partitions)
-    by_dir: dict[str, dict[str, list[R.DescribeLogDirsPartition]]] = {str(d.resolve()): {} for d in lm.log_dirs}
-    for lg in lm.logs():
-        if wanted is not None and lg.partition not in wanted.get(lg.topic, ()):
-            continue
-        d = str(lg.dir.parent.resolve())
-        # offset_lag as Kafka for a current (not future) replica: how far the high watermark is past the log end.
-        by_dir.setdefault(d, {}).setdefault(lg.topic, []).append(R.DescribeLogDirsPartition(
-            partition_index=lg.partition, partition_size=lg.size, offset_lag=0, is_future_key=False))
-    results = []
-    for d, topics in by_dir.items():
-        try:
-            usage = shutil.disk_usage(d)
-            total, usable = usage.total, usage.free
-        except OSError:
-            results.append(R.DescribeLogDirsResult(error_code=ErrorCode.KAFKA_STORAGE_ERROR, log_dir=d))
-            continue
-        results.append(R.DescribeLogDirsResult(
-            error_code=0, log_dir=d, total_bytes=total, usable_bytes=usable,
-            topics=[R.DescribeLogDirsTopic(name=t, partitions=sorted(ps, key=lambda x: x.partition_index))
-                    for t, ps in sorted(topics.items())]))
-    return R(throttle_time_ms=0, error_code=0, results=results)
-
-
 HANDLERS = [
     ApiHandler(4, 0, 7, handle_leader_and_isr),
     ApiHandler(5, 0, 4, handle_stop_replica),
     ApiHandler(6, 0, 8, handle_update_metadata),
     ApiHandler(7, 0, 3, handle_controlled_shutdown),
-    ApiHandler(35, 0, 4, handle_describe_log_dirs),
     ApiHandler(43, 0, 2, handle_elect_leaders),
     ApiHandler(45, 0, 0, handle_alter_partition_reassignments),
     ApiHandler(46, 0, 0, handle_list_partition_reassignments),

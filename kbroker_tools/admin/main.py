@@ -16,6 +16,7 @@ COMMANDS = {
     "get-offsets": ("kbroker_tools.admin.console", "kafka-get-offsets: offsets of partitions by time"),
     "acls": ("kbroker_tools.admin.acls", "kafka-acls: add, remove and list ACLs"),
     "share-groups": ("kbroker_tools.admin.share_groups", "kafka-share-groups: list, describe, delete share groups"),
+    "log-dirs": ("kbroker_tools.admin.log_dirs", "kafka-log-dirs: describe brokers' log dirs and their replicas"),
 }
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 # ApiVersions: api key -> why kbroker's advertised range differs from Kafka 3.9's (ZooKeeper mode).
 API_VERSIONS: dict[int, str] = {
     2: "ListOffsets v9 (KIP-1005's earliest-pending-upload timestamp -5) belongs to tiered storage, which kbroker has not",
-    34: "AlterReplicaLogDirs: moving a replica between log dirs of one broker is not supported",
     38: "delegation tokens are not supported",
     39: "delegation tokens are not supported",
     40: "delegation tokens are not supported",
