@@ -15,7 +15,7 @@ epoch and the next sequence (the broker checks and records them). --pipeline 1 m
 every request, as librdkafka's one request per partition does; --floor measures `python -m bench.round_trip`'s
 floor in the same run, between the repetitions, and prints issue 34's ratio (broker CPU per Produce request / the
 floor). --env KBROKER_PURE_PYTHON=1 runs the Python request path; --profile OUT records the broker with py-spy
-(--gil, raw stacks) into OUT.N per repetition.
+(--gil, raw stacks) into OUT.N per repetition, or perf (native and kernel stacks) for OUT=*.perf.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from kbroker.protocol.messages import (
 )
 from kbroker.protocol.records import build_batch
 
-from bench.harness import ROOT, PySpy, cpu_seconds, free_port
+from bench.harness import ROOT, Perf, PySpy, cpu_seconds, free_port
 
 # Offsets in a v2 batch (and so in a Produce frame, from where the batch starts) that an idempotent producer's
 # next batch changes: the CRC and what it covers.
@@ -140,7 +140,8 @@ def run_once(root: Path, requests: int, pipeline: int, records: int = 10, partit
                     received += 1
 
             roundtrip(200, 0)  # code paths warm
-            with PySpy(proc.pid, profile) if profile else contextlib.nullcontext():
+            sampler = Perf if profile and profile.suffix == ".perf" else PySpy
+            with sampler(proc.pid, profile) if profile else contextlib.nullcontext():
                 cpu0 = cpu_seconds(proc.pid)
                 roundtrip(requests, 200)
                 cpu1 = cpu_seconds(proc.pid)
@@ -164,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env", action="append", default=[], metavar="K=V", help="environment of the broker (repeatable)")
     ap.add_argument("--env-b", action="append", default=None, metavar="K=V",
                     help="a second broker environment, run alternately with --env (A/B of one checkout)")
-    ap.add_argument("--profile", type=Path, help="py-spy raw stacks of the broker into PROFILE.<rep>")
+    ap.add_argument("--profile", type=Path, help="py-spy raw stacks of the broker into PROFILE.<rep> (perf record "
+                    "-g instead when PROFILE ends in .perf)")
     args = ap.parse_args(argv)
     from bench import round_trip  # it imports this module's recv_exact
 
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     floors: list[float] = []
     for rep in range(args.reps):
         for r, i in runs:  # alternate, so drifting machine load hits every checkout alike
-            prof = args.profile.with_name(f"{args.profile.name}.{rep + 1}") if args.profile else None
+            prof = args.profile.with_name(f"{args.profile.stem}.{rep + 1}{args.profile.suffix}") if args.profile else None
             us = run_once(r, args.requests, args.pipeline, args.records, args.partitions, args.idempotent,
                           envs[i], prof)
             results[(r, i)].append(us)

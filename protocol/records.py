@@ -347,9 +347,8 @@ def validate_batches(buf: Buffer, *, from_client: bool = True, topic_partition: 
         # The records of the batches before a header fault are walked first: the first failing batch decides the
         # answer, as in Kafka's one pass over the batches.
         for pos, header in batches:
-            _walk_batch(view, pos, header, from_client=from_client, topic_partition=topic_partition,
-                        compacted=compacted, timestamp_bounds=timestamp_bounds, log_append_time=log_append_time,
-                        max_decompressed=max_decompressed)
+            _walk_batch(view, pos, header, from_client, topic_partition, compacted, timestamp_bounds,
+                        log_append_time, max_decompressed)
     if fault is not None:
         corrupt, message = fault
         raise (CorruptRecordError if corrupt else InvalidRecordError)(message)
@@ -446,7 +445,7 @@ SCAN_COMPILED = _scan_compiled is not None
 SCAN_IMPLEMENTATION = accelerators.describe("_batch_scan", _scan_compiled)
 
 
-def _walk_batch(view: memoryview, pos: int, header: RecordBatchHeader, *, from_client: bool, topic_partition: str,
+def _walk_batch(view: memoryview, pos: int, header: RecordBatchHeader, from_client: bool, topic_partition: str,
                 compacted: bool, timestamp_bounds: tuple[int, int] | None, log_append_time: bool,
                 max_decompressed: int) -> None:
     """Kafka's LogValidator over the records of one batch whose header passed (a compressed one inflated)."""
