@@ -26,6 +26,8 @@
 enum { HEADER_SIZE = 61, LOG_OVERHEAD = 12, BATCH_OVERHEAD = HEADER_SIZE - LOG_OVERHEAD, CRC_START = 21 };
 enum { ATTR_COMPRESSION_MASK = 0x07, ATTR_CONTROL = 0x20, COMPRESSION_ZSTD = 4 };
 enum { NFIELDS = 13 };
+/* Batches from this size on are checked with the GIL released: below it, releasing costs more than it frees. */
+enum { GIL_FREE_CRC = 64 * 1024 };
 
 static const char *const FIELD_NAMES[NFIELDS] = {
     "base_offset", "batch_length", "partition_leader_epoch", "magic", "crc", "attributes", "last_offset_delta",
@@ -214,7 +216,16 @@ static PyObject *scan(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             error = fault(1, msg);
             break;
         }
-        uint32_t actual = crc32c(b + pos + CRC_START, (size_t)(size - CRC_START), use_hw_crc);
+        uint32_t actual;
+        if (size >= GIL_FREE_CRC) {
+            /* The buffer is exported (a bytearray cannot be resized meanwhile): other network threads run while
+             * a large batch is checked. */
+            Py_BEGIN_ALLOW_THREADS
+            actual = crc32c(b + pos + CRC_START, (size_t)(size - CRC_START), use_hw_crc);
+            Py_END_ALLOW_THREADS
+        } else {
+            actual = crc32c(b + pos + CRC_START, (size_t)(size - CRC_START), use_hw_crc);
+        }
         if (actual != h.crc) {
             /* Python's {:#010x}: 0x and eight digits, also for zero (C's # flag drops the 0x there). */
             snprintf(msg, sizeof msg, "batch at position %zd has CRC 0x%08x, computed 0x%08x", pos,

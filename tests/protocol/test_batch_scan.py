@@ -164,6 +164,19 @@ def test_scan_takes_any_buffer_and_leaves_it_unchanged() -> None:
         assert bytes(buf) == before
 
 
+@compiled
+def test_large_batches_checked_without_the_gil_give_the_same_result() -> None:
+    big = R.build_batch(
+        [(None, bytes(range(256)) * 1024, (), NOW)] * 2
+    )  # 512 KiB: over the GIL-free threshold
+    assert len(big) > 64 * 1024
+    assert _both(big + big, True, False)[1] == 4
+    bad = bytearray(big)
+    bad[-1] ^= 0x40
+    assert _both(big + bytes(bad), True, False)[-1] == _both(big + bytes(bad), False, False)[-1]
+    assert "batch at position" in _both(big + bytes(bad), True, False)[-1][1]
+
+
 def test_validate_batches_reports_the_first_failing_batch_whichever_check_fails() -> None:
     """A batch whose records are bad before a batch whose header is bad: the records' error, as the one-pass loop
     of Kafka's LogValidator (the header pass runs first now, the walk after it, batch by batch)."""
