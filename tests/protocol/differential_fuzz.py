@@ -131,10 +131,12 @@ def _scan_both(buf: bytes) -> None:
 
 
 def scan_round(rng: random.Random) -> None:
+    # Now and then a batch over 64 KiB: the C scan checks those with the GIL released.
+    big = rng.random() < 0.05
     batches = [
         R.build_batch(
             [
-                (rng.choice([None, b"k"]), rng.randbytes(rng.randint(0, 40)), (), NOW)
+                (rng.choice([None, b"k"]), rng.randbytes(70_000 if big else rng.randint(0, 40)), (), NOW)
                 for _ in range(rng.randint(1, 4))
             ],
             compression=rng.choice([R.COMPRESSION_NONE, R.COMPRESSION_GZIP]),
