@@ -13,7 +13,7 @@ import io
 import struct
 import threading
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ import crc32c as _crc32c
 import lz4.frame
 import snappy
 import zstandard
+from kbroker.protocol import accelerators
 from kbroker.protocol import primitives as _primitives
 from kbroker.protocol.record_walk import WalkResult, walk_records
 
@@ -338,83 +339,131 @@ def validate_batches(buf: Buffer, *, from_client: bool = True, topic_partition: 
     its answer at replica.fetch.max.bytes) ends the batches instead of failing them: valid_bytes says where.
     """
     view = buf if isinstance(buf, memoryview) else memoryview(buf)
-    end = len(view)
-    if end == 0 and not replicated:
+    if len(view) == 0 and not replicated:
         raise InvalidRecordError("record set is empty")
-    summary = BatchesSummary()
+    batches, num_records, valid_bytes, first_ts, last_ts, max_ts, max_ts_batch, fault = _scan(
+        view, from_client, replicated)
+    if not replicated:
+        # The records of the batches before a header fault are walked first: the first failing batch decides the
+        # answer, as in Kafka's one pass over the batches.
+        for pos, header in batches:
+            _walk_batch(view, pos, header, from_client, topic_partition, compacted, timestamp_bounds,
+                        log_append_time, max_decompressed)
+    if fault is not None:
+        corrupt, message = fault
+        raise (CorruptRecordError if corrupt else InvalidRecordError)(message)
+    return BatchesSummary(batches, num_records, valid_bytes, first_ts, last_ts, max_ts, max_ts_batch)
+
+
+ScanResult = tuple[list[tuple[int, "RecordBatchHeader"]], int, int, int, int, int, int, "tuple[bool, str] | None"]
+
+
+def scan_batches_py(buf: Buffer, from_client: bool, replicated: bool) -> ScanResult:
+    """The header pass of validate_batches: each batch's header, size, magic, CRC, counts and codec, in order.
+
+    (batches, num_records, valid_bytes, first_timestamp, last_timestamp, max_timestamp, max_timestamp_batch, fault)
+    where fault is None or (corrupt, message) for the first batch that fails; the batches before it are returned
+    (the caller walks their records before it reports the fault). protocol/_batch_scan.c's scan is the compiled
+    form; this is the reference (tests/protocol/test_batch_scan.py compares them) and the fallback.
+    """
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    end = len(view)
+    batches: list[tuple[int, RecordBatchHeader]] = []
+    num_records = 0
+    first_ts = last_ts = max_ts = NO_TIMESTAMP
+    max_ts_batch = -1
     pos = 0
     crc_fn = _crc32c.crc32c
+    fault: tuple[bool, str] | None = None
     while pos < end:
         remaining = end - pos
         if remaining < BATCH_HEADER_SIZE:
-            if replicated:
-                break
-            raise CorruptRecordError(f"truncated batch header at position {pos}: {remaining} bytes left")
+            if not replicated:
+                fault = (True, f"truncated batch header at position {pos}: {remaining} bytes left")
+            break
         header = RecordBatchHeader(*_HEADER.unpack_from(view, pos))
         if header.batch_length < BATCH_OVERHEAD:
-            raise CorruptRecordError(
-                f"batch at position {pos} has batchLength {header.batch_length} < {BATCH_OVERHEAD}"
-            )
+            fault = (True, f"batch at position {pos} has batchLength {header.batch_length} < {BATCH_OVERHEAD}")
+            break
         size = header.batch_length + LOG_OVERHEAD
         if size > remaining:
-            if replicated:
-                break
-            raise CorruptRecordError(f"batch at position {pos} claims {size} bytes but only {remaining} remain")
+            if not replicated:
+                fault = (True, f"batch at position {pos} claims {size} bytes but only {remaining} remain")
+            break
         if header.magic != 2:
-            raise CorruptRecordError(f"batch at position {pos} has unsupported magic {header.magic}")
+            fault = (True, f"batch at position {pos} has unsupported magic {header.magic}")
+            break
         actual = crc_fn(view[pos + _CRC_START : pos + size])
         if actual != header.crc:
-            raise CorruptRecordError(
-                f"batch at position {pos} has CRC {header.crc:#010x}, computed {actual:#010x}"
-            )
+            fault = (True, f"batch at position {pos} has CRC {header.crc:#010x}, computed {actual:#010x}")
+            break
         count = header.records_count
+        lod = header.last_offset_delta
         if count < 0:
-            raise InvalidRecordError(f"batch at position {pos} has negative recordsCount {count}")
-        if header.last_offset_delta < 0:
-            raise InvalidRecordError(f"batch at position {pos} has negative lastOffsetDelta {header.last_offset_delta}")
+            fault = (False, f"batch at position {pos} has negative recordsCount {count}")
+            break
+        if lod < 0:
+            fault = (False, f"batch at position {pos} has negative lastOffsetDelta {lod}")
+            break
         if from_client:
             if count == 0:
-                raise InvalidRecordError(f"batch at position {pos} has no records")
-            if header.last_offset_delta != count - 1:
-                raise InvalidRecordError(
-                    f"batch at position {pos} has lastOffsetDelta {header.last_offset_delta} "
-                    f"inconsistent with recordsCount {count}"
-                )
-            if header.is_control:
-                raise InvalidRecordError("clients are not allowed to write control records")
-        elif count > header.last_offset_delta + 1:
-            raise InvalidRecordError(
-                f"batch at position {pos} has {count} records for lastOffsetDelta {header.last_offset_delta}"
-            )
+                fault = (False, f"batch at position {pos} has no records")
+                break
+            if lod != count - 1:
+                fault = (False, f"batch at position {pos} has lastOffsetDelta {lod} inconsistent with recordsCount "
+                                f"{count}")
+                break
+            if header.attributes & ATTR_CONTROL:
+                fault = (False, "clients are not allowed to write control records")
+                break
+        elif count > lod + 1:
+            fault = (False, f"batch at position {pos} has {count} records for lastOffsetDelta {lod}")
+            break
         codec = header.attributes & ATTR_COMPRESSION_MASK
         if codec > COMPRESSION_ZSTD:
-            raise InvalidRecordError(f"batch at position {pos} uses unknown compression codec {codec}")
-        if not replicated:
-            body: Buffer = view[pos + BATCH_HEADER_SIZE : pos + size]
-            if codec:
-                body = decompress(codec, body, max_decompressed)
-            appended_time = from_client and header.attributes & ATTR_TIMESTAMP_TYPE
-            plain_records = not header.attributes & ATTR_CONTROL
-            found = walk_records(
-                body, count, consecutive=from_client, last_offset_delta=header.last_offset_delta,
-                need_keys=compacted and plain_records, base_timestamp=header.base_timestamp,
-                ts_bounds=timestamp_bounds if plain_records and not log_append_time and not appended_time else None)
-            if isinstance(found, str):
-                raise InvalidRecordError(f"{found} (batch at position {pos} of {topic_partition or 'the request'})")
-            if found.keyless or found.bad_timestamps or appended_time:
-                _refuse_records(header, found, appended_time=bool(appended_time), log_append_time=log_append_time,
-                                timestamp_bounds=timestamp_bounds, topic_partition=topic_partition)
-        summary.batches.append((pos, header))
-        summary.num_records += count
-        if summary.first_timestamp == NO_TIMESTAMP:
-            summary.first_timestamp = header.base_timestamp
-        summary.last_timestamp = header.max_timestamp
-        if header.max_timestamp > summary.max_timestamp:
-            summary.max_timestamp = header.max_timestamp
-            summary.max_timestamp_batch = len(summary.batches) - 1
+            fault = (False, f"batch at position {pos} uses unknown compression codec {codec}")
+            break
+        batches.append((pos, header))
+        num_records += count
+        if first_ts == NO_TIMESTAMP:
+            first_ts = header.base_timestamp
+        last_ts = header.max_timestamp
+        if header.max_timestamp > max_ts:
+            max_ts = header.max_timestamp
+            max_ts_batch = len(batches) - 1
         pos += size
-    summary.valid_bytes = pos
-    return summary
+    return batches, num_records, pos, first_ts, last_ts, max_ts, max_ts_batch, fault
+
+
+_scan_compiled = accelerators.load("_batch_scan")
+if _scan_compiled is not None:
+    _scan_compiled.configure(RecordBatchHeader)
+_scan: Callable[[Buffer, bool, bool], ScanResult] = (
+    _scan_compiled.scan if _scan_compiled is not None else scan_batches_py
+)
+SCAN_COMPILED = _scan_compiled is not None
+SCAN_IMPLEMENTATION = accelerators.describe("_batch_scan", _scan_compiled)
+
+
+def _walk_batch(view: memoryview, pos: int, header: RecordBatchHeader, from_client: bool, topic_partition: str,
+                compacted: bool, timestamp_bounds: tuple[int, int] | None, log_append_time: bool,
+                max_decompressed: int) -> None:
+    """Kafka's LogValidator over the records of one batch whose header passed (a compressed one inflated)."""
+    body: Buffer = view[pos + BATCH_HEADER_SIZE : pos + header.batch_length + LOG_OVERHEAD]
+    codec = header.attributes & ATTR_COMPRESSION_MASK
+    if codec:
+        body = decompress(codec, body, max_decompressed)
+    appended_time = from_client and header.attributes & ATTR_TIMESTAMP_TYPE
+    plain_records = not header.attributes & ATTR_CONTROL
+    found = walk_records(
+        body, header.records_count, consecutive=from_client, last_offset_delta=header.last_offset_delta,
+        need_keys=compacted and plain_records, base_timestamp=header.base_timestamp,
+        ts_bounds=timestamp_bounds if plain_records and not log_append_time and not appended_time else None)
+    if isinstance(found, str):
+        raise InvalidRecordError(f"{found} (batch at position {pos} of {topic_partition or 'the request'})")
+    if found.keyless or found.bad_timestamps or appended_time:
+        _refuse_records(header, found, appended_time=bool(appended_time), log_append_time=log_append_time,
+                        timestamp_bounds=timestamp_bounds, topic_partition=topic_partition)
 
 
 def _refuse_records(header: RecordBatchHeader, found: WalkResult, *, appended_time: bool, log_append_time: bool,

@@ -27,18 +27,19 @@ HOUR = 3_600_000
 
 @pytest.fixture(scope="module", params=["compiled", "pure-python"])
 def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    """Every test here runs against a broker with the compiled codec and record walk and against one with their
+    """Every test here runs against a broker with the compiled codec, record walk and batch scan and against one with their
     Python references (the accelerators are optional: a machine without a compiler runs the Python ones, which
     must decode the same requests and refuse the same batches)."""
-    if request.param == "compiled" and not (COMPILED and wire_codec.COMPILED):
-        pytest.skip("protocol/_record_walk.c or _codec.c not built (python setup.py build_ext --inplace)")
+    if request.param == "compiled" and not (COMPILED and wire_codec.COMPILED and R.SCAN_COMPILED):
+        pytest.skip("protocol/_record_walk.c, _codec.c or _batch_scan.c not built (python setup.py build_ext --inplace)")
     env = {PURE_PYTHON_ENV: "1"} if request.param == "pure-python" else None
     b = BrokerProcess(tmp_path_factory.mktemp("broker"), env=env).start()
     deadline = time.monotonic() + T
     while "started in" not in b.read_log() and time.monotonic() < deadline:
         time.sleep(0.05)
     kind = "pure Python" if env else "compiled"
-    assert f"codec {kind}" in b.read_log() and f"record walk {kind}" in b.read_log(), b.read_log()[-2000:]
+    for part in ("codec", "record walk", "batch scan"):
+        assert f"{part} {kind}" in b.read_log(), b.read_log()[-2000:]
     yield b
     b.stop()
 

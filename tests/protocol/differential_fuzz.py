@@ -2,7 +2,8 @@
 
 protocol/_codec.c against codec.py's generated functions (encode every request and response at every version the
 broker advertises, then decode mutated encodings with both) and protocol/_record_walk.c against
-record_walk.walk_records_py (record bodies with any varint widths, then mutated): the two must agree on every
+record_walk.walk_records_py (record bodies with any varint widths, then mutated) and protocol/_batch_scan.c against
+records.scan_batches_py (batch sets with mutated headers, CRCs mended or not): the two must agree on every
 accept/refuse and on what they return. Run by tools/sanitize_build.py on ASan/UBSan builds of the accelerators
 (the point: a memory error in C shows up there, not as a wrong answer), and importable for a plain run.
 """
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from crc32c import crc32c as ext_crc
 from kbroker.protocol import codec, record_walk
 from kbroker.protocol import records as R
 
@@ -119,6 +121,46 @@ def walk_round(rng: random.Random) -> None:
         _walk_both(_mutate(rng, body), count + rng.choice([0, 0, -1, 1]), rng.random() < 0.7)
 
 
+def _scan_both(buf: bytes) -> None:
+    ext = R._scan_compiled
+    assert ext is not None
+    for from_client, replicated in ((True, False), (False, False), (False, True)):
+        c = ext.scan(buf, from_client, replicated)
+        py = R.scan_batches_py(buf, from_client, replicated)
+        assert c == py, (from_client, replicated, buf.hex())
+
+
+def scan_round(rng: random.Random) -> None:
+    # Now and then a batch over 64 KiB: the C scan checks those with the GIL released.
+    big = rng.random() < 0.05
+    batches = [
+        R.build_batch(
+            [
+                (rng.choice([None, b"k"]), rng.randbytes(70_000 if big else rng.randint(0, 40)), (), NOW)
+                for _ in range(rng.randint(1, 4))
+            ],
+            compression=rng.choice([R.COMPRESSION_NONE, R.COMPRESSION_GZIP]),
+            producer_id=rng.choice([-1, 5]),
+            base_sequence=rng.choice([-1, 0]),
+            is_control=rng.random() < 0.1,
+        )
+        for _ in range(rng.randint(1, 3))
+    ]
+    buf = b"".join(batches)
+    _scan_both(buf)
+    for _ in range(8):
+        bad = bytearray(_mutate(rng, buf))
+        if rng.random() < 0.5 and len(bad) >= R.BATCH_HEADER_SIZE:
+            # Mend the first batch's CRC, so that the checks after it see the mutated fields.
+            (length,) = struct.unpack_from(">i", bad, 8)
+            end = min(len(bad), max(length, 0) + R.LOG_OVERHEAD)
+            struct.pack_into(">I", bad, 17, ext_crc(bytes(bad[21:end])))
+        _scan_both(bytes(bad))
+    data = rng.randbytes(rng.randint(0, 2000))
+    ext = R._scan_compiled
+    assert ext is not None and ext.crc32c(data) == ext.crc32c(data, True) == ext_crc(data)
+
+
 class _Evil:
     """A bool field's value that changes the list holding its struct while it is being encoded."""
 
@@ -152,12 +194,13 @@ ROUNDS: list[tuple[str, Callable[[random.Random], None], int]] = [
     ("codec", codec_round, 6),
     ("record walk", walk_round, 3),
     ("encode hazard", encode_hazard_round, 1),
+    ("batch scan", scan_round, 2),
 ]
 
 
 def run(seconds: float, seed: int = 0) -> dict[str, int]:
     """Rounds until `seconds` have passed (at least one of each); the same seed replays the same inputs."""
-    if not (codec.COMPILED and record_walk.COMPILED):
+    if not (codec.COMPILED and record_walk.COMPILED and R.SCAN_COMPILED):
         raise RuntimeError("the compiled accelerators are not loaded (python setup.py build_ext --inplace)")
     rng = random.Random(seed)
     done = {name: 0 for name, _, _ in ROUNDS}
