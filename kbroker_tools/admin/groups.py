@@ -74,11 +74,15 @@ def run(_name: str, argv: list[str]) -> int:
             for g in groups:
                 if g not in args.reset_plan:
                     raise CommandError(f"No reset plan for group {g} found")
+        if not args.execute and not args.dry_run and not args.export:
+            print(NO_ACTION, file=sys.stderr)  # Kafka's tool warns on stderr, once, before anything is done
         plans = {g: reset_offsets(admin, g, args) for g in groups}
         if args.export:
             for g, new in plans.items():
                 for (t, p), o in sorted(new.items()):
                     print(f"{g},{t},{p},{o}" if len(plans) > 1 else f"{t},{p},{o}")
+        else:
+            print_reset_plans(plans)
         return 0
     if args.delete_offsets:
         from kbroker_tools.admin.offset_delete import delete_offsets
@@ -367,8 +371,6 @@ def reset_offsets(admin: Any, group: str, args: argparse.Namespace) -> dict[tupl
         elif target < lo:
             print(f"WARN: New offset ({target}) is lower than earliest offset for topic partition {tp[0]}-{tp[1]}. "
                   f"Value will be set to {lo}", file=sys.stderr)
-    if not args.execute and not args.dry_run and not args.export:
-        print(NO_ACTION)
     if args.execute:
         req = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p, o) for (t, p), o in new.items()])
         res = result(admin.alter_consumer_group_offsets([req], request_timeout=30)[group],
@@ -376,11 +378,17 @@ def reset_offsets(admin: Any, group: str, args: argparse.Namespace) -> dict[tupl
         failed = [tp for tp in res.topic_partitions if tp.error is not None]
         if failed:
             raise CommandError(f"resetting {failed[0].topic}-{failed[0].partition}: {failed[0].error}")
-    if not args.export:
-        print()
-        _kafka_table(["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"],
-                     [[group, t, p, o] for (t, p), o in sorted(new.items())], fixed={"PARTITION": 10})
     return new
+
+
+def print_reset_plans(plans: dict[str, dict[tuple[str, int], int]]) -> None:
+    """ConsumerGroupCommand's printOffsetsToReset: one table for every group, in its fixed-width format."""
+    line = "{:<30} {:<30} {:<10} {:<15}"
+    print()
+    print(line.format("GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"))
+    for group, new in plans.items():
+        for (t, p), o in sorted(new.items()):
+            print(line.format(group, t, p, o))
 
 
 # ---------------------------------------------------------------- delete
