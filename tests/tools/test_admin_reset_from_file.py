@@ -6,12 +6,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaTopicPartition
 
 from tests.tools.test_admin_cli import admin, table
+from tests.tools.test_admin_errors import assert_one_line_error, run_admin
 
 
 def _first_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
@@ -37,7 +39,9 @@ def _first_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> d
     return first
 
 
-def test_reset_offsets_from_file_plans_commits_and_refuses_bad_lines(broker, tmp_path: Path) -> None:
+def test_reset_offsets_from_file_plans_commits_and_refuses_bad_lines(
+    broker, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     b = broker.bootstrap
     admin_client = AdminClient({"bootstrap.servers": b})
     admin_client.create_topics([NewTopic("planned", 2, 1)])["planned"].result(30)
@@ -104,17 +108,8 @@ def test_reset_offsets_from_file_plans_commits_and_refuses_bad_lines(broker, tmp
     ]
     assert _first_offsets(b, "g-b", "planned", 2)[1] == 2
 
-    for text, message in (
-        ("planned,0,3\nplanned,zero,3\n", "line 2: 'planned,zero,3' is not topic,partition,offset"),
-        ("planned,0\n", "line 1: 'planned,0' is not"),
-        ("planned,5,1\n", "Topic 'planned' has no partition 5"),
-        ("nowhere,0,1\n", "Topic 'nowhere' does not exist"),
-    ):
-        plan.write_text(text)
-        bad = admin(*base, "--from-file", str(plan), "--execute", rc=1)
-        assert message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    plan.write_text("g-a,planned,0,5\n")
-    missing = admin(
+    # Bad plans: one line of error, exit 1, nothing committed (run in this process: the same main() the command runs).
+    two_groups = [
         "consumer-groups",
         "--bootstrap-server",
         b,
@@ -123,15 +118,22 @@ def test_reset_offsets_from_file_plans_commits_and_refuses_bad_lines(broker, tmp
         "g-a",
         "--group",
         "g-c",
-        "--from-file",
-        str(plan),
-        "--execute",
-        rc=1,
-    )
-    assert "No reset plan for group g-c found" in missing.stderr
-    assert _first_offsets(b, "g-a", "planned", 2)[0] == 1  # g-a's line was not applied either
-    gone = admin(*base, "--from-file", str(tmp_path / "absent.csv"), "--execute", rc=1)
-    assert "absent.csv" in gone.stderr and len(gone.stderr.strip().splitlines()) == 1
+    ]
+    for argv, text, message in (
+        (base, "planned,0,3\nplanned,zero,3\n", "line 2: 'planned,zero,3' is not topic,partition,offset"),
+        (base, "planned,0\n", "line 1: 'planned,0' is not"),
+        (base, "planned,5,1\n", "Topic 'planned' has no partition 5"),
+        (base, "nowhere,0,1\n", "Topic 'nowhere' does not exist"),
+        (two_groups, "g-a,planned,0,5\n", "No reset plan for group g-c found"),
+        (base, None, "absent.csv: No such file or directory"),
+    ):
+        if text is not None:
+            plan.write_text(text)
+        argv = [*argv, "--from-file", str(plan if text is not None else tmp_path / "absent.csv"), "--execute"]
+        rc, _, err = run_admin(argv, capsys, monkeypatch)
+        assert_one_line_error(rc, err, argv)
+        assert message in err, err
+    assert _first_offsets(b, "g-a", "planned", 2)[0] == 1  # g-a's line was not applied for want of g-c's
     kc = KafkaConsumer(bootstrap_servers=b, group_id="from-file", enable_auto_commit=False)
     try:
         assert kc.committed(KafkaTopicPartition("planned", 0)) == 10  # no bad file changed anything
