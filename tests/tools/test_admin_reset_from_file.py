@@ -12,6 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaTopicPartition
 
+from tests.broker_process import BrokerProcess
 from tests.tools.test_admin_cli import admin, table
 from tests.tools.test_admin_errors import assert_one_line_error, run_admin
 
@@ -40,7 +41,7 @@ def _first_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> d
 
 
 def test_reset_offsets_from_file_plans_commits_and_refuses_bad_lines(
-    broker, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    broker: BrokerProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     b = broker.bootstrap
     admin_client = AdminClient({"bootstrap.servers": b})
