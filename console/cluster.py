@@ -309,21 +309,27 @@ class ClusterView:
             raise ConsoleError(404, f"group {group_id}: no such group, or not visible to this user")
         members: list[dict[str, Any]] = []
         state = ""
+        # KIP-848 groups (type "consumer") are described by ConsumerGroupDescribe, classic ones by DescribeGroups;
+        # both speak the "consumer" protocol type when their members are Kafka consumers.
+        protocol_type, assignor, epoch = "", "", None
         if kinds[group_id] == "consumer":
             resp = self._call(CONSUMER_GROUP_DESCRIBE, 0, ConsumerGroupDescribeRequest(
                 group_ids=[group_id], include_authorized_operations=False))
             (d,) = resp.groups
-            state = d.group_state
+            raise_for(d.error_code, d.error_message, f"group {group_id}")
+            state, protocol_type, assignor, epoch = d.group_state, "consumer", d.assignor_name, d.group_epoch
             for m in d.members:
                 members.append({"member_id": m.member_id, "client_id": m.client_id, "host": m.client_host,
                                 "instance_id": m.instance_id, "epoch": m.member_epoch,
+                                "subscribed_topics": sorted(m.subscribed_topic_names),
                                 "assignment": {tp.topic_name: sorted(tp.partitions)
                                                for tp in m.assignment.topic_partitions}})
         else:
             resp = self._call(DESCRIBE_GROUPS, 5, DescribeGroupsRequest(
                 groups=[group_id], include_authorized_operations=False))
             (d,) = resp.groups
-            state = d.group_state
+            raise_for(d.error_code, None, f"group {group_id}")
+            state, protocol_type, assignor = d.group_state, d.protocol_type, d.protocol_data
             for m in d.members:
                 try:
                     assignment = decode_assignment(bytes(m.member_assignment)) if d.protocol_type == "consumer" \
@@ -333,8 +339,9 @@ class ClusterView:
                 members.append({"member_id": m.member_id, "client_id": m.client_id, "host": m.client_host,
                                 "instance_id": m.group_instance_id, "epoch": None,
                                 "assignment": {t: sorted(ps) for t, ps in assignment.items()}})
-        return {"group_id": group_id, "type": kinds[group_id], "state": state, "members": members,
-                "offsets": self._lag(group_id), "at": int(time.time() * 1000)}
+        return {"group_id": group_id, "type": kinds[group_id], "protocol_type": protocol_type, "assignor": assignor,
+                "group_epoch": epoch, "state": state, "members": members, "offsets": self._lag(group_id),
+                "at": int(time.time() * 1000)}
 
     # ------------------------------------------------------------ transactions and producers
 

@@ -143,7 +143,7 @@ const pages = {
     const d = await api("groups");
     return `<h1>Consumer groups</h1>` +
       table([{title: "Group", html: g => `<a href="#/group/${enc(g.group_id)}">${esc(g.group_id)}</a>`},
-             {title: "Type", value: g => g.type}, {title: "State", value: g => g.state},
+             {title: "Type", value: g => g.type === "consumer" ? "consumer (KIP-848)" : g.type}, {title: "State", value: g => g.state},
              {title: "Lag", value: g => fmtNum(g.lag), num: true}], d.groups, "No groups.");
   },
 
@@ -151,8 +151,9 @@ const pages = {
     const d = await api("groups/" + enc(id));
     const total = d.offsets.reduce((s, p) => s + (p.lag || 0), 0);
     return `<h1>Group ${esc(id)}</h1>
-      <div class="cards"><div class="card"><div class="muted">Type</div><div class="v">${esc(d.type)}</div></div>
+      <div class="cards"><div class="card"><div class="muted">Type</div><div class="v" id="group-type">${esc(d.type === "consumer" ? "consumer (KIP-848)" : d.type)}</div></div>
       <div class="card"><div class="muted">State</div><div class="v">${esc(d.state)}</div></div>
+      <div class="card"><div class="muted">Assignor</div><div class="v" id="assignor">${esc(d.assignor || "-")}</div></div>
       <div class="card"><div class="muted">Members</div><div class="v">${d.members.length}</div></div>
       <div class="card"><div class="muted">Total lag</div><div class="v" id="total-lag">${fmtNum(total)}</div></div></div>
       <h2>Lag over the last minutes</h2>${chart([{name: "lag", points: d.lag_history.map(s => [s.at, s.lag])}], "records behind")}

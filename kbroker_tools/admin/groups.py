@@ -43,6 +43,9 @@ def parser() -> argparse.ArgumentParser:
     spec.add_argument("--shift-by", type=int)
     spec.add_argument("--to-datetime", metavar="YYYY-MM-DDTHH:mm:SS.sss[Z|+hh:mm]")
     spec.add_argument("--by-duration", metavar="PnDTnHnMn.nS", help="reset to the offsets of this long ago")
+    spec.add_argument("--from-file", metavar="FILE",
+                      help="reset to the offsets in a CSV file: topic,partition,offset lines (as --export writes "
+                           "them), or group,topic,partition,offset for several groups")
     ap.add_argument("--export", action="store_true",
                     help="--reset-offsets: print the new offsets as CSV (topic,partition,offset)")
     run_mode = ap.add_mutually_exclusive_group()
@@ -65,11 +68,21 @@ def run(_name: str, argv: list[str]) -> int:
     if args.describe:
         return max((describe(admin, g, args) for g in groups), default=0)
     if args.reset_offsets:
+        if args.from_file:  # read and checked for every group before any group's offsets change
+            args.reset_plan = read_reset_plan(args.from_file, single_group=len(args.group) == 1 and not args.all_groups,
+                                               group=groups[0])
+            for g in groups:
+                if g not in args.reset_plan:
+                    raise CommandError(f"No reset plan for group {g} found")
+        if not args.execute and not args.dry_run and not args.export:
+            print(NO_ACTION, file=sys.stderr)  # Kafka's tool warns on stderr, once, before anything is done
         plans = {g: reset_offsets(admin, g, args) for g in groups}
         if args.export:
             for g, new in plans.items():
                 for (t, p), o in sorted(new.items()):
                     print(f"{g},{t},{p},{o}" if len(plans) > 1 else f"{t},{p},{o}")
+        else:
+            print_reset_plans(plans)
         return 0
     if args.delete_offsets:
         from kbroker_tools.admin.offset_delete import delete_offsets
@@ -240,6 +253,55 @@ def _reset_scope(admin: Any, group: str, args: argparse.Namespace) -> list[tuple
     return tps
 
 
+def _existing(admin: Any, tps: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The partitions of a reset plan, each checked to exist (one line naming the first that does not)."""
+    md = admin.list_topics(timeout=30)
+    for topic, p in tps:
+        tm = md.topics.get(topic)
+        if tm is None or tm.error is not None:
+            raise CommandError(f"Topic '{topic}' does not exist")
+        if p not in tm.partitions:
+            raise CommandError(f"Topic '{topic}' has no partition {p}")
+    return tps
+
+
+def read_reset_plan(path: str, single_group: bool, group: str) -> dict[str, dict[tuple[str, int], int]]:
+    """--from-file's CSV, read as kafka-consumer-groups reads it: `topic,partition,offset` lines when one --group
+    is given and the first line has that form, else `group,topic,partition,offset` lines."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [(n, line.strip()) for n, line in enumerate(f.read().split("\n"), 1) if line.strip()]
+    except OSError as e:
+        raise CommandError(f"--from-file {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise CommandError(f"--from-file {path}: not a UTF-8 text file") from None
+    no_group = single_group and bool(lines) and _csv_row(lines[0][1], 3) is not None
+    plan: dict[str, dict[tuple[str, int], int]] = {}
+    for n, line in lines:
+        row = _csv_row(line, 3 if no_group else 4)
+        if row is None:
+            expected = "topic,partition,offset" if no_group or single_group else "group,topic,partition,offset"
+            raise CommandError(f"--from-file {path} line {n}: {line!r} is not {expected} (partition and offset "
+                               "whole numbers)")
+        g, topic, partition, offset = (group, *row) if no_group else row
+        plan.setdefault(str(g), {})[(str(topic), int(partition))] = int(offset)
+    return plan
+
+
+def _csv_row(line: str, columns: int) -> tuple[str | int, ...] | None:
+    """One CSV line of `columns` fields whose last two are a partition (>= 0) and an offset, or None."""
+    fields = [f.strip() for f in line.split(",")]
+    if len(fields) != columns or not all(fields[:-2]):
+        return None
+    try:
+        partition, offset = int(fields[-2]), int(fields[-1])
+    except ValueError:
+        return None
+    if partition < 0:
+        return None
+    return (*fields[:-2], partition, offset)
+
+
 def _parse_datetime(text: str) -> int:
     try:
         dt = datetime.fromisoformat(text)
@@ -267,9 +329,10 @@ def reset_offsets(admin: Any, group: str, args: argparse.Namespace) -> dict[tupl
     from confluent_kafka.admin import OffsetSpec
 
     if not (args.to_earliest or args.to_latest or args.to_current or args.to_offset is not None
-            or args.shift_by is not None or args.to_datetime or args.by_duration):
+            or args.shift_by is not None or args.to_datetime or args.by_duration or args.from_file):
         raise CommandError("--reset-offsets needs one of --to-earliest, --to-latest, --to-current, --to-offset, "
-                           "--shift-by, --to-datetime, --by-duration")
+                           "--shift-by, --to-datetime, --by-duration, --from-file")
+    planned: dict[tuple[str, int], int] = args.reset_plan.get(group, {}) if args.from_file else {}
     when_ms = _parse_datetime(args.to_datetime) if args.to_datetime else None
     if args.by_duration:
         when_ms = int(time.time() * 1000) - _parse_duration(args.by_duration)
@@ -277,7 +340,7 @@ def reset_offsets(admin: Any, group: str, args: argparse.Namespace) -> dict[tupl
     if desc is not None and desc.state.name not in ("EMPTY", "DEAD", "UNKNOWN"):
         raise CommandError(f"Assignments can only be reset if the group '{group}' is inactive, but the current "
                            f"state is {_state_name(desc.state.name)}.")
-    tps = _reset_scope(admin, group, args)
+    tps = _existing(admin, sorted(planned)) if args.from_file else _reset_scope(admin, group, args)
     earliest = _offsets(admin, tps, OffsetSpec.earliest())
     latest = _offsets(admin, tps, OffsetSpec.latest())
     committed = _committed(admin, group, every_partition=True) if args.to_current or args.shift_by is not None else {}
@@ -297,6 +360,8 @@ def reset_offsets(admin: Any, group: str, args: argparse.Namespace) -> dict[tupl
             target = args.to_offset
         elif args.shift_by is not None:
             target = committed.get(tp, lo) + args.shift_by
+        elif args.from_file:
+            target = planned[tp]
         else:
             target = by_time[tp] if by_time.get(tp, -1) >= 0 else hi
         new[tp] = min(max(target, lo), hi)  # out of range is clamped, as Kafka's tool does, with its warning
@@ -306,8 +371,6 @@ def reset_offsets(admin: Any, group: str, args: argparse.Namespace) -> dict[tupl
         elif target < lo:
             print(f"WARN: New offset ({target}) is lower than earliest offset for topic partition {tp[0]}-{tp[1]}. "
                   f"Value will be set to {lo}", file=sys.stderr)
-    if not args.execute and not args.dry_run and not args.export:
-        print(NO_ACTION)
     if args.execute:
         req = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p, o) for (t, p), o in new.items()])
         res = result(admin.alter_consumer_group_offsets([req], request_timeout=30)[group],
@@ -315,11 +378,17 @@ def reset_offsets(admin: Any, group: str, args: argparse.Namespace) -> dict[tupl
         failed = [tp for tp in res.topic_partitions if tp.error is not None]
         if failed:
             raise CommandError(f"resetting {failed[0].topic}-{failed[0].partition}: {failed[0].error}")
-    if not args.export:
-        print()
-        _kafka_table(["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"],
-                     [[group, t, p, o] for (t, p), o in sorted(new.items())], fixed={"PARTITION": 10})
     return new
+
+
+def print_reset_plans(plans: dict[str, dict[tuple[str, int], int]]) -> None:
+    """ConsumerGroupCommand's printOffsetsToReset: one table for every group, in its fixed-width format."""
+    line = "{:<30} {:<30} {:<10} {:<15}"
+    print()
+    print(line.format("GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"))
+    for group, new in plans.items():
+        for (t, p), o in sorted(new.items()):
+            print(line.format(group, t, p, o))
 
 
 # ---------------------------------------------------------------- delete

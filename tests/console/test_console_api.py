@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import (
     AclBinding,
     AclOperation,
@@ -133,6 +133,49 @@ def test_topics_messages_groups_and_producers_match_the_clients(broker: tuple[Br
     c.close()
     listed = {g["group_id"]: g for g in http.get("/api/groups")["groups"]}
     assert listed["billing"]["lag"] == committed["lag"] and listed["billing"]["type"] == "classic"
+
+
+def test_a_kip848_group_is_shown_with_its_members_and_lag(broker: tuple[BrokerProcess, Http]) -> None:
+    """A confluent-kafka consumer with group.protocol=consumer (KIP-848): the console lists the group as a consumer
+    group, describes it with ConsumerGroupDescribe (member, epoch, assignment, assignor) and shows the lag of the
+    offsets that client committed, per partition."""
+    b, http = broker
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    admin.create_topics([NewTopic("shipments", 2, 1)])["shipments"].result(30)
+    p = Producer({"bootstrap.servers": b.bootstrap})
+    for i in range(24):
+        p.produce("shipments", f"s{i}".encode(), partition=i % 2)
+    assert p.flush(30) == 0
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "kip848-readers", "group.protocol": "consumer",
+                  "client.id": "kip848-client", "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    try:
+        c.subscribe(["shipments"])
+        seen: dict[int, int] = {}
+        deadline = time.monotonic() + 60
+        while len(seen) < 2 and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                seen.setdefault(m.partition(), m.offset())
+        assert sorted(seen) == [0, 1], seen
+        c.commit(offsets=[TopicPartition("shipments", 0, 5), TopicPartition("shipments", 1, 9)], asynchronous=False)
+
+        group = http.get("/api/groups/kip848-readers")
+        assert (group["type"], group["protocol_type"], group["state"]) == ("consumer", "consumer", "Stable")
+        assert group["assignor"] in ("uniform", "range") and group["group_epoch"] >= 1
+        (member,) = group["members"]
+        assert member["client_id"] == "kip848-client" and member["epoch"] >= 1
+        assert member["assignment"] == {"shipments": [0, 1]} and member["subscribed_topics"] == ["shipments"]
+        assert [(o["partition"], o["committed_offset"], o["end_offset"], o["lag"]) for o in group["offsets"]] == [
+            (0, 5, 12, 7), (1, 9, 12, 3)]
+        listed = {g["group_id"]: g for g in http.get("/api/groups")["groups"]}
+        assert listed["kip848-readers"]["type"] == "consumer" and listed["kip848-readers"]["lag"] == 10
+        assert listed["kip848-readers"]["protocol_type"] == "consumer"
+    finally:
+        c.close()
+    # The member left: the group is Empty, its committed offsets and lag stay.
+    group = http.get("/api/groups/kip848-readers")
+    assert group["state"] == "Empty" and group["members"] == []
+    assert sum(o["lag"] for o in group["offsets"]) == 10
 
 
 def test_transactions_page_shows_an_open_transaction(broker: tuple[BrokerProcess, Http]) -> None:

@@ -180,3 +180,33 @@ def test_avro_values_decoded_through_the_schema_registry(browser: Any, cluster: 
     text = page.inner_text("main")
     assert "AVRO schema 1" in text and '"name": "grace"' in text and '"visits": 7' in text
     _shot(page, "messages-avro")
+
+
+def test_a_kip848_group_page_shows_its_member_and_lag(browser: Any, cluster: tuple[BrokerProcess, str]) -> None:
+    b, url = cluster
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "kip848-ui", "group.protocol": "consumer",
+                  "client.id": "kip848-browser", "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    try:
+        c.subscribe(["pageviews"])
+        seen: set[int] = set()
+        deadline = time.monotonic() + 60
+        while len(seen) < 2 and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                seen.add(m.partition())
+        assert seen == {0, 1}
+        # pageviews: 20 records in partition 0, 21 in partition 1 (the open transaction's one counts to its end)
+        c.commit(offsets=[TopicPartition("pageviews", 0, 12), TopicPartition("pageviews", 1, 20)], asynchronous=False)
+
+        page = _open(browser, url, "#/groups", "groups")
+        assert "consumer (KIP-848)" in page.locator("tr", has_text="kip848-ui").inner_text()
+        page = _open(browser, url, "#/group/kip848-ui", "group")
+        assert page.inner_text("#group-type") == "consumer (KIP-848)"
+        members = page.locator("tr", has_text="kip848-browser").inner_text()
+        assert "pageviews: 0,1" in members
+        offsets = [page.locator("tr", has_text="pageviews").nth(i).inner_text().split("\t") for i in (1, 2)]
+        assert [row[1:] for row in offsets] == [["0", "12", "20", "8"], ["1", "20", "21", "1"]], offsets
+        assert page.inner_text("#total-lag") == "9"
+        _shot(page, "group-kip848")
+    finally:
+        c.close()

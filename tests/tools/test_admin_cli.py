@@ -86,7 +86,7 @@ def test_console_tools_groups_and_offsets_against_kbroker(broker):
 
     dry = admin("consumer-groups", "--bootstrap-server", b, "--reset-offsets", "--group", "readers", "--topic",
                 "clicks", "--shift-by", "-3")
-    assert dry.stdout.startswith("WARN: No action will be performed as the --execute option is missing.")
+    assert dry.stderr.startswith("WARN: No action will be performed as the --execute option is missing.")
     assert table(dry.stdout)[1:] == [["readers", "clicks", "0", "1"]]
     assert table(admin("consumer-groups", "--bootstrap-server", b, "--describe", "--group",
                        "readers").stdout)[1][3] == "4"  # a dry run changes nothing
