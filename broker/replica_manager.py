@@ -96,16 +96,28 @@ class ReplicaManager:
         self._high_watermark_moved(tp)
 
     def _dir_offline(self, log_dir: Path, partitions: list[TopicPartition]) -> None:
-        """Kafka's handleLogDirFailure: the dir's replicas stop fetching; their requests answer KAFKA_STORAGE_ERROR."""
+        """Kafka's handleLogDirFailure: the dir's replicas stop fetching and leading (their requests answer
+        KAFKA_STORAGE_ERROR), and in a ZooKeeper cluster the controller hears of it (propagateLogDirEvent) so that
+        it moves their leaderships and takes them out of the ISRs."""
         with self._state_lock:
             if self._fetchers is not None and partitions:
                 self._fetchers.remove_partitions(partitions)
+            # Kafka's markPartitionOffline: no Partition is left to shrink ISRs or serve as leader.
+            remaining = dict(self.partitions)
+            for tp in partitions:
+                p = remaining.pop(tp, None)
+                if p is not None and p.is_leader:
+                    self._on_leadership(p, False)
+            self.partitions = remaining
         for tp in partitions:
             self._high_watermark_moved(tp)
         lm = self.server.log_manager
         if len(lm.offline_dirs) == len(lm.log_dirs):
             log.error("Every log dir has failed (%s): all partitions are offline",
                       ", ".join(str(d) for d in lm.log_dirs))
+        propagate = getattr(self.server.metadata, "propagate_log_dir_event", None)
+        if propagate is not None:
+            propagate()
 
     def _check_online(self, topic: str, partition: int) -> None:
         offline = self.server.log_manager.offline_partitions

@@ -158,7 +158,7 @@ def _update_metadata(ctx: RequestContext, req: UpdateMetadataRequest) -> UpdateM
     states = [
         (names.get(id(p), p.topic_name), p.partition_index,
          PartitionState(p.leader, p.leader_epoch, list(p.isr), list(p.replicas), p.zk_version,
-                        controller_epoch=p.controller_epoch))
+                        controller_epoch=p.controller_epoch, offline_replicas=list(p.offline_replicas or [])))
         for p in parts
     ]
     if not ctx.server.metadata.apply_partition_states(req.controller_epoch, states):
