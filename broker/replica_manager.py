@@ -357,8 +357,10 @@ class ReplicaManager:
     # ------------------------------------------------------------ LeaderAndIsr / StopReplica
 
     def become_leader_or_follower(self, controller_id: int, controller_epoch: int,
-                                  states: list[tuple[str, int, PartitionState]]) -> dict[TopicPartition, ErrorCode]:
-        """Apply the controller's LeaderAndIsr (Kafka's becomeLeaderOrFollower)."""
+                                  states: list[tuple[str, int, PartitionState]],
+                                  new_partitions: set[TopicPartition] | None = None) -> dict[TopicPartition, ErrorCode]:
+        """Apply the controller's LeaderAndIsr (Kafka's becomeLeaderOrFollower). new_partitions: those the request
+        marks isNew; a log is created for any other only while no log dir is offline (its log may be in that dir)."""
         result: dict[TopicPartition, ErrorCode] = {}
         with self._state_lock:
             if controller_epoch < self.controller_epoch:
@@ -385,7 +387,8 @@ class ReplicaManager:
                     continue
                 try:
                     if p is None:
-                        p = Partition(topic, index, self.server.broker_id, self._local_log(topic, index))
+                        lg = self._local_log(topic, index, new_partitions is None or tp in new_partitions)
+                        p = Partition(topic, index, self.server.broker_id, lg)
                         self.partitions = {**self.partitions, tp: p}
                 except Exception as e:  # noqa: BLE001 - a partition without a log answers its own error
                     log.error("Cannot open the log of %s-%d: %s", topic, index, e)
@@ -400,13 +403,13 @@ class ReplicaManager:
             self._start_isr_checks()
         return result
 
-    def _local_log(self, topic: str, partition: int) -> Log:
+    def _local_log(self, topic: str, partition: int, is_new: bool = True) -> Log:
         lg = self.server.log_manager.get_log(topic, partition)
         if lg is not None:
             return lg
         rec = self.server.metadata.topics.get(topic)
         config = self.server.admin.log_config_for(rec) if rec is not None else None
-        return self.server.log_manager.get_or_create_log(topic, partition, config)
+        return self.server.log_manager.get_or_create_log(topic, partition, config, is_new=is_new)
 
     def _make_leaders(self, leaders: list[tuple[Partition, PartitionState]]) -> None:
         if self._fetchers is not None:

@@ -799,7 +799,10 @@ class KafkaController:
         done = self._write_states({tp: LeaderIsrState(st.leader, st.leader_epoch + 1, list(st.isr), ctx.epoch,
                                                       st.version)})
         if tp in done:
-            batch.add_leader_and_isr([b for b in r.replicas if ctx.is_replica_online(b, tp)], tp, is_new=False)
+            online = [b for b in r.replicas if ctx.is_replica_online(b, tp)]
+            batch.add_leader_and_isr([b for b in online if b not in r.adding], tp, is_new=False)
+            # NewReplica (Kafka's isNew): the only replicas whose logs may be created while a log dir is offline
+            batch.add_leader_and_isr([b for b in online if b in r.adding], tp, is_new=True)
         batch.send(ctx, self._broker_info, self._send)
         log.info("Reassignment of %s-%d to %s started: adding %s, removing %s", tp[0], tp[1], r.target, r.adding,
                  r.removing)

@@ -113,6 +113,14 @@ def test_failed_leader_dir_moves_leadership_and_returns_after_restart(
     # No acknowledged record is lost: all of them are read from the new leader.
     _assert_all_acked_readable(cluster[new_leader].bootstrap, DOOMED, prod.acked)
 
+    # Restarted with the dir still failed, broker 1 answers the controller's LeaderAndIsr for the replica with
+    # KAFKA_STORAGE_ERROR: the replica stays offline (broker 1's own Metadata says so, from the controller).
+    broken.restart()
+    wait_until(
+        lambda: _partition(broken.bootstrap, DOOMED) == (new_leader, [2, 3], [1]),
+        timeout=15,
+        what="the replica offline again after a restart with the failed dir",
+    )
     # Repaired and restarted, broker 1 follows the new leader and rejoins the ISR.
     broken.stop()
     bad.unlink()
