@@ -534,6 +534,8 @@ class KafkaController:
                     ctx.reassignments.pop((topic, p), None)
                 del ctx.assignments[topic]
                 ctx.topic_ids.pop(topic, None)
+                for offline in ctx.replicas_on_offline_dirs.values():
+                    offline.difference_update([tp for tp in offline if tp[0] == topic])
             return
         if ctx.topic_ids.get(topic) not in (None, assignment.topic_id):
             for p in range(len(ctx.assignments.get(topic, []))):
