@@ -56,12 +56,17 @@ def _partition(bootstrap: str, topic: str) -> tuple[int, list[int], list[int]]:
 def test_failed_leader_dir_moves_leadership_and_returns_after_restart(
     cluster: dict[int, BrokerProcess],
 ) -> None:
-    broken, others = cluster[1], [cluster[2], cluster[3]]
-    admin = KafkaAdminClient(bootstrap_servers=others[0].bootstrap)
+    with WireClient(cluster[1].bootstrap) as c:
+        controller = c.metadata([]).controller_id
+    # The failing broker is not the controller: its notification reaches another process through ZooKeeper.
+    x = max(b for b in BROKERS if b != controller)
+    rest = sorted(b for b in BROKERS if b != x)
+    broken, observer = cluster[x], cluster[rest[0]]
+    admin = KafkaAdminClient(bootstrap_servers=observer.bootstrap)
     try:
         admin.create_topics(
             [
-                NewTopic(t, num_partitions=-1, replication_factor=-1, replica_assignments={0: [1, 2, 3]})
+                NewTopic(t, num_partitions=-1, replication_factor=-1, replica_assignments={0: [x, *rest]})
                 for t in (DOOMED, HEALTHY)
             ]
         )
@@ -69,13 +74,13 @@ def test_failed_leader_dir_moves_leadership_and_returns_after_restart(
         admin.close()
     for t in (DOOMED, HEALTHY):
         wait_until(
-            lambda t=t: _partition(others[0].bootstrap, t) == (1, [1, 2, 3], []),
+            lambda t=t: _partition(observer.bootstrap, t) == (x, list(BROKERS), []),
             timeout=20,
-            what=f"{t} led by broker 1 with the whole ISR",
+            what=f"{t} led by broker {x} with the whole ISR",
         )
     placement = _placement(broken.bootstrap)
     bad, good = Path(placement[(DOOMED, 0, False)][0]), Path(placement[(HEALTHY, 0, False)][0])
-    assert bad != good, "the two topics' logs went to different dirs of broker 1"
+    assert bad != good, f"the two topics' logs went to different dirs of broker {x}"
 
     bootstrap = ",".join(b.bootstrap for b in cluster.values())
     with _Producing(bootstrap, DOOMED) as prod:
@@ -85,16 +90,16 @@ def test_failed_leader_dir_moves_leadership_and_returns_after_restart(
         bad.write_text("not a directory")
         failed_at = time.monotonic()
         wait_until(
-            lambda: _partition(others[0].bootstrap, DOOMED) in ((2, [2, 3], [1]), (3, [2, 3], [1])),
+            lambda: _partition(observer.bootstrap, DOOMED) in ((b, rest, [x]) for b in rest),
             timeout=20,
-            what="another leader, broker 1 offline and out of the ISR",
+            what=f"another leader, broker {x} offline and out of the ISR",
         )
         moved_after = time.monotonic() - failed_at
-        new_leader = _partition(others[0].bootstrap, DOOMED)[0]
+        new_leader = _partition(observer.bootstrap, DOOMED)[0]
         # Every broker's Metadata says so, the broken one's too (the controller's UpdateMetadata).
         for b in cluster.values():
             wait_until(
-                lambda b=b: _partition(b.bootstrap, DOOMED) == (new_leader, [2, 3], [1]),
+                lambda b=b: _partition(b.bootstrap, DOOMED) == (new_leader, rest, [x]),
                 timeout=10,
                 what=f"the new leader in the Metadata of {b.bootstrap}",
             )
@@ -104,7 +109,7 @@ def test_failed_leader_dir_moves_leadership_and_returns_after_restart(
     assert not prod.errors, prod.errors[:3]
     assert broken.alive()
     # The broken broker still leads the partition in its other dir.
-    assert _partition(others[0].bootstrap, HEALTHY) == (1, [1, 2, 3], [])
+    assert _partition(observer.bootstrap, HEALTHY) == (x, list(BROKERS), [])
     kp = KafkaProducer(bootstrap_servers=broken.bootstrap, acks="all", retries=0)
     try:
         kp.send(HEALTHY, b"still served").get(10)
@@ -113,21 +118,21 @@ def test_failed_leader_dir_moves_leadership_and_returns_after_restart(
     # No acknowledged record is lost: all of them are read from the new leader.
     _assert_all_acked_readable(cluster[new_leader].bootstrap, DOOMED, prod.acked)
 
-    # Restarted with the dir still failed, broker 1 answers the controller's LeaderAndIsr for the replica with
-    # KAFKA_STORAGE_ERROR: the replica stays offline (broker 1's own Metadata says so, from the controller).
+    # Restarted with the dir still failed, the broker answers the controller's LeaderAndIsr for the replica with
+    # KAFKA_STORAGE_ERROR: the replica stays offline (the broker's own Metadata says so, from the controller).
     broken.restart()
     wait_until(
-        lambda: _partition(broken.bootstrap, DOOMED) == (new_leader, [2, 3], [1]),
+        lambda: _partition(broken.bootstrap, DOOMED) == (new_leader, rest, [x]),
         timeout=15,
         what="the replica offline again after a restart with the failed dir",
     )
-    # Repaired and restarted, broker 1 follows the new leader and rejoins the ISR.
+    # Repaired and restarted, the broker follows the new leader and rejoins the ISR.
     broken.stop()
     bad.unlink()
     bad.with_name("moved-away").rename(bad)
     broken.start()
     wait_until(
-        lambda: _partition(others[0].bootstrap, DOOMED) == (new_leader, [1, 2, 3], []),
+        lambda: _partition(observer.bootstrap, DOOMED) == (new_leader, list(BROKERS), []),
         timeout=30,
-        what="broker 1 back in the ISR with no offline replica",
+        what=f"broker {x} back in the ISR with no offline replica",
     )
