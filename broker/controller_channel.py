@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kbroker.broker.inter_broker import CONTROLLER, InterBrokerChannel
@@ -31,6 +32,9 @@ class ControllerChannelManager:
         self.channel = channel
         self._queues: dict[int, asyncio.Queue[tuple[int, int, Any]]] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        # (broker id, api key, response) of every answered request: the controller reads LeaderAndIsr answers
+        # (Kafka's sendEvent(LeaderAndIsrResponseReceived))
+        self.on_response: Callable[[int, int, Any], None] | None = None
 
     async def sent(self, timeout: float) -> None:
         """Wait (from any loop) until every request queued so far to every broker has been answered, or timeout
@@ -107,3 +111,9 @@ class ControllerChannelManager:
             code = getattr(resp, "error_code", 0)
             if code:
                 log.warning("Broker %d answered %s with error %d", broker_id, _NAMES.get(api_key, api_key), code)
+            if self.on_response is not None:
+                try:
+                    self.on_response(broker_id, api_key, resp)
+                except Exception:  # noqa: BLE001 - the queue must go on
+                    log.exception("Handling the answer of broker %d to %s failed", broker_id,
+                                  _NAMES.get(api_key, api_key))

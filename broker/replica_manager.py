@@ -96,16 +96,28 @@ class ReplicaManager:
         self._high_watermark_moved(tp)
 
     def _dir_offline(self, log_dir: Path, partitions: list[TopicPartition]) -> None:
-        """Kafka's handleLogDirFailure: the dir's replicas stop fetching; their requests answer KAFKA_STORAGE_ERROR."""
+        """Kafka's handleLogDirFailure: the dir's replicas stop fetching and leading (their requests answer
+        KAFKA_STORAGE_ERROR), and in a ZooKeeper cluster the controller hears of it (propagateLogDirEvent) so that
+        it moves their leaderships and takes them out of the ISRs."""
         with self._state_lock:
             if self._fetchers is not None and partitions:
                 self._fetchers.remove_partitions(partitions)
+            # Kafka's markPartitionOffline: no Partition is left to shrink ISRs or serve as leader.
+            remaining = dict(self.partitions)
+            for tp in partitions:
+                p = remaining.pop(tp, None)
+                if p is not None and p.is_leader:
+                    self._on_leadership(p, False)
+            self.partitions = remaining
         for tp in partitions:
             self._high_watermark_moved(tp)
         lm = self.server.log_manager
         if len(lm.offline_dirs) == len(lm.log_dirs):
             log.error("Every log dir has failed (%s): all partitions are offline",
                       ", ".join(str(d) for d in lm.log_dirs))
+        propagate = getattr(self.server.metadata, "propagate_log_dir_event", None)
+        if propagate is not None:
+            propagate()
 
     def _check_online(self, topic: str, partition: int) -> None:
         offline = self.server.log_manager.offline_partitions
@@ -345,8 +357,10 @@ class ReplicaManager:
     # ------------------------------------------------------------ LeaderAndIsr / StopReplica
 
     def become_leader_or_follower(self, controller_id: int, controller_epoch: int,
-                                  states: list[tuple[str, int, PartitionState]]) -> dict[TopicPartition, ErrorCode]:
-        """Apply the controller's LeaderAndIsr (Kafka's becomeLeaderOrFollower)."""
+                                  states: list[tuple[str, int, PartitionState]],
+                                  new_partitions: set[TopicPartition] | None = None) -> dict[TopicPartition, ErrorCode]:
+        """Apply the controller's LeaderAndIsr (Kafka's becomeLeaderOrFollower). new_partitions: those the request
+        marks isNew; a log is created for any other only while no log dir is offline (its log may be in that dir)."""
         result: dict[TopicPartition, ErrorCode] = {}
         with self._state_lock:
             if controller_epoch < self.controller_epoch:
@@ -373,7 +387,8 @@ class ReplicaManager:
                     continue
                 try:
                     if p is None:
-                        p = Partition(topic, index, self.server.broker_id, self._local_log(topic, index))
+                        lg = self._local_log(topic, index, new_partitions is None or tp in new_partitions)
+                        p = Partition(topic, index, self.server.broker_id, lg)
                         self.partitions = {**self.partitions, tp: p}
                 except Exception as e:  # noqa: BLE001 - a partition without a log answers its own error
                     log.error("Cannot open the log of %s-%d: %s", topic, index, e)
@@ -388,13 +403,13 @@ class ReplicaManager:
             self._start_isr_checks()
         return result
 
-    def _local_log(self, topic: str, partition: int) -> Log:
+    def _local_log(self, topic: str, partition: int, is_new: bool = True) -> Log:
         lg = self.server.log_manager.get_log(topic, partition)
         if lg is not None:
             return lg
         rec = self.server.metadata.topics.get(topic)
         config = self.server.admin.log_config_for(rec) if rec is not None else None
-        return self.server.log_manager.get_or_create_log(topic, partition, config)
+        return self.server.log_manager.get_or_create_log(topic, partition, config, is_new=is_new)
 
     def _make_leaders(self, leaders: list[tuple[Partition, PartitionState]]) -> None:
         if self._fetchers is not None:

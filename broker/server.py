@@ -173,6 +173,7 @@ class KafkaServer:
                 ),
                 on_broker_gone=channel.remove_broker,
             )
+            channel.on_response = self.controller.on_broker_response
         self._stopped = asyncio.Event()
         self.metrics_exporter: MetricsExporter | None = None
         self.console: ConsoleServer | None = None

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kazoo.exceptions import BadVersionError, NoNodeError, ZookeeperError
-from kazoo.recipe.watchers import DataWatch
+from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kbroker.coordinator import controller_zk as czk
 from kbroker.coordinator import zk_paths as zp
 from kbroker.coordinator.controller_context import (
@@ -40,7 +40,7 @@ from kbroker.coordinator.controller_context import (
     reassign_leader,
     without_replicas,
 )
-from kbroker.coordinator.controller_requests import BrokerInfo, RequestBatch, Send
+from kbroker.coordinator.controller_requests import LEADER_AND_ISR, BrokerInfo, RequestBatch, Send
 from kbroker.coordinator.zk_paths import LeaderIsrState
 from kbroker.protocol.errors import ErrorCode
 
@@ -100,6 +100,7 @@ class KafkaController:
         # Kafka's OfflinePartitionsCount (partitions without a live leader), as of the last event
         self.offline_partitions = 0
         self._reassign_watch = False
+        self._log_dir_watch = False
         # partitions this controller moves for /admin/reassign_partitions
         self._zk_reassigning: set[TopicPartition] = set()
 
@@ -173,7 +174,7 @@ class KafkaController:
     def _update_metrics(self) -> None:
         ctx = self.ctx
         self.offline_partitions = 0 if ctx is None else sum(
-            1 for st in ctx.states.values() if not ctx.is_live(st.leader))
+            1 for tp, st in ctx.states.items() if not ctx.is_replica_online(st.leader, tp))
 
     def _retry_failover(self, epoch: int, epoch_zk_version: int) -> None:
         def again() -> None:
@@ -245,6 +246,10 @@ class KafkaController:
             self._continue_reassignment(tp, r)
         self._watch_reassign_znode()
         self._zk_reassign()
+        # Kafka's onControllerFailover deletes every pending log dir event: the LeaderAndIsr just sent to every
+        # replica finds the failed dirs anyway (their answers are KAFKA_STORAGE_ERROR).
+        self._delete_log_dir_events(czk.read_log_dir_events(client))
+        self._watch_log_dir_events()
         self._next_rebalance = time.monotonic() + self.config.leader_imbalance_check_interval_s
         log.info("Controller %d (epoch %d) took over in %.0f ms: %d partitions, live brokers %s",
                  self.broker_id, epoch, (time.monotonic() - t0) * 1000, len(ctx.states), sorted(ctx.live_brokers))
@@ -318,14 +323,13 @@ class KafkaController:
         """Kafka's triggerOnlinePartitionStateChange: a leader for every partition whose leader is not live."""
         ctx = self.ctx
         assert ctx is not None
-        live = {b for b in ctx.live_brokers if b not in ctx.shutting_down}
         updates: dict[TopicPartition, LeaderIsrState] = {}
         for tp, st in ctx.states.items():
             if only is not None and tp not in only:
                 continue
-            if ctx.is_live(st.leader) and st.leader not in ctx.shutting_down:
+            if ctx.is_replica_online(st.leader, tp) and st.leader not in ctx.shutting_down:
                 continue
-            new = elect_offline(st, ctx.replicas(tp), live, self._unclean(tp), ctx.epoch)
+            new = elect_offline(st, ctx.replicas(tp), ctx.eligible_replicas(tp), self._unclean(tp), ctx.epoch)
             if new is not None:
                 updates[tp] = new
         self._apply(updates, batch, "offline partition election")
@@ -344,7 +348,7 @@ class KafkaController:
         assert ctx is not None
         done = self._write_states(updates)
         for tp, st in done.items():
-            batch.add_leader_and_isr([b for b in ctx.replicas(tp) if ctx.is_live(b)], tp)
+            batch.add_leader_and_isr(ctx.online_replicas(tp), tp)
             log.info("%s-%d: leader %d, leader epoch %d, ISR %s (%s)", tp[0], tp[1], st.leader, st.leader_epoch,
                      st.isr, why)
 
@@ -370,12 +374,15 @@ class KafkaController:
             for b in gone:
                 ctx.live_brokers.pop(b, None)
                 ctx.shutting_down.discard(b)
+                ctx.replicas_on_offline_dirs.pop(b, None)
                 if self._on_broker_gone is not None:
                     self._on_broker_gone(b)
             self._on_replicas_offline(gone, batch)
         arrived = new | bounced
         for b in arrived:
             ctx.live_brokers[b] = now[b]
+            # A broker that registers again starts from its dirs as they are now: its LeaderAndIsr answers say.
+            ctx.replicas_on_offline_dirs.pop(b, None)
         if arrived:
             batch.add_update_metadata(sorted(arrived), None)
             for tp in ctx.partitions():
@@ -404,6 +411,112 @@ class KafkaController:
         for tp in affected | set(updates):
             batch.update_metadata_partitions.add(tp)
 
+    # ------------------------------------------------------------ failed log dirs
+
+    def _watch_log_dir_events(self) -> None:
+        """Kafka's LogDirEventNotificationHandler: a broker whose log dir failed adds a child to
+        /log_dir_event_notification."""
+        if self._log_dir_watch:
+            return
+        self._log_dir_watch = True
+        client = self.store.client
+        assert client is not None
+
+        def changed(children: list[str]) -> None:
+            if children and not self._stopping:
+                self._put(self._log_dir_event_notification)
+
+        ChildrenWatch(client, zp.LOG_DIR_EVENT_NOTIFICATION, changed)
+
+    def _log_dir_event_notification(self) -> None:
+        """Kafka's processLogDirEventNotification: the brokers named by the notifications are asked about every
+        replica they host, and the notifications are deleted."""
+        ctx = self.ctx
+        client = self.store.client
+        if ctx is None or client is None:
+            return
+        events = czk.read_log_dir_events(client)
+        if not events:
+            return
+        try:
+            brokers = sorted({b for b in events.values() if b is not None})
+            self._on_broker_log_dir_failure(brokers)
+        finally:
+            self._delete_log_dir_events(events)
+
+    def _delete_log_dir_events(self, events: dict[str, int | None]) -> None:
+        ctx = self.ctx
+        client = self.store.client
+        if ctx is not None and client is not None and events:
+            czk.delete_log_dir_events(client, ctx.epoch_zk_version, list(events))
+
+    def _on_broker_log_dir_failure(self, brokers: list[int]) -> None:
+        """Kafka's onBrokerLogDirFailure: LeaderAndIsr for every replica on those brokers (OnlineReplica ->
+        OnlineReplica); their answers name the replicas in failed dirs (KAFKA_STORAGE_ERROR)."""
+        ctx = self.ctx
+        assert ctx is not None
+        live = [b for b in brokers if ctx.is_live(b)]
+        log.info("Handling log dir failure for brokers %s", live)
+        batch = self._batch()
+        for b in live:
+            for tp in ctx.partitions_on(b):
+                if tp in ctx.states:
+                    batch.leader_and_isr.setdefault(b, {})[tp] = False
+        batch.send(ctx, self._broker_info, self._send)
+
+    def on_broker_response(self, broker_id: int, api_key: int, response: Any) -> None:
+        """A broker's answer to one of this controller's requests (from the request queues' loop)."""
+        if api_key == LEADER_AND_ISR and not self._stopping:
+            self._put(self._leader_and_isr_response, broker_id, response)
+
+    def _leader_and_isr_response(self, broker_id: int, response: Any) -> None:
+        """Kafka's processLeaderAndIsrResponseReceived: replicas answered with KAFKA_STORAGE_ERROR are in a failed
+        log dir and go offline; replicas answered without an error are online again."""
+        ctx = self.ctx
+        if ctx is None or not ctx.is_live(broker_id):
+            return
+        if response.error_code:
+            return  # logged by the request queue; Kafka ignores such an answer too
+        names = {tid: name for name, tid in ctx.topic_ids.items()}
+        answers: list[tuple[TopicPartition, int]] = []
+        for t in getattr(response, "topics", None) or []:
+            name = names.get(t.topic_id)
+            if name is not None:
+                answers += [((name, pe.partition_index), pe.error_code) for pe in t.partition_errors]
+        for pe in getattr(response, "partition_errors", None) or []:
+            answers.append(((pe.topic_name, pe.partition_index), pe.error_code))
+        previous = ctx.replicas_on_offline_dirs.get(broker_id, set())
+        current = set(previous)
+        for tp, code in answers:
+            if code == ErrorCode.KAFKA_STORAGE_ERROR:
+                current.add(tp)
+            elif code == ErrorCode.NONE:
+                current.discard(tp)
+        if current:
+            ctx.replicas_on_offline_dirs[broker_id] = current
+        else:
+            ctx.replicas_on_offline_dirs.pop(broker_id, None)
+        new = {tp for tp in current - previous if tp in ctx.states}
+        if new:
+            log.info("Replicas of broker %d in a failed log dir are offline: %s", broker_id,
+                     ", ".join(f"{t}-{p}" for t, p in sorted(new)[:8]) + ("..." if len(new) > 8 else ""))
+            self._on_offline_dir_replicas(broker_id, new)
+
+    def _on_offline_dir_replicas(self, broker_id: int, tps: set[TopicPartition]) -> None:
+        """Kafka's onReplicasBecomeOffline for replicas of one broker: partitions it led elect a leader among the
+        online ISR members, and the replicas leave every ISR (OfflineReplica: StopReplica without deletion)."""
+        ctx = self.ctx
+        assert ctx is not None
+        batch = self._batch()
+        self._elect_offline(batch, only={tp for tp in tps if ctx.states[tp].leader == broker_id})
+        updates = {tp: without_replicas(ctx.states[tp], {broker_id}, ctx.epoch) for tp in tps
+                   if tp in ctx.states and (broker_id in ctx.states[tp].isr or ctx.states[tp].leader == broker_id)}
+        self._apply(updates, batch, f"replica of broker {broker_id} in a failed log dir")
+        for tp in tps:
+            batch.add_stop_replica([broker_id], tp, delete=False)
+        batch.add_update_metadata(sorted(ctx.live_brokers), sorted(tps))
+        batch.send(ctx, self._broker_info, self._send)
+
     # ------------------------------------------------------------ topics
 
     def _topic_change(self, topic: str) -> None:
@@ -421,6 +534,8 @@ class KafkaController:
                     ctx.reassignments.pop((topic, p), None)
                 del ctx.assignments[topic]
                 ctx.topic_ids.pop(topic, None)
+                for offline in ctx.replicas_on_offline_dirs.values():
+                    offline.difference_update([tp for tp in offline if tp[0] == topic])
             return
         if ctx.topic_ids.get(topic) not in (None, assignment.topic_id):
             for p in range(len(ctx.assignments.get(topic, []))):
@@ -439,7 +554,7 @@ class KafkaController:
         self._init_new_partitions([tp for tp in new if tp not in ctx.states], batch)
         for tp in new:
             if tp in ctx.states:
-                batch.add_leader_and_isr([b for b in ctx.replicas(tp) if ctx.is_live(b)], tp)
+                batch.add_leader_and_isr(ctx.online_replicas(tp), tp)
         batch.send(ctx, self._broker_info, self._send)
 
     # ------------------------------------------------------------ requests (called from handlers)
@@ -458,7 +573,6 @@ class KafkaController:
         if broker_epoch != -1 and broker_epoch < ctx.live_brokers[broker_id]:
             return ErrorCode.STALE_BROKER_EPOCH, []
         ctx.shutting_down.add(broker_id)
-        live = set(ctx.live_brokers)
         batch = self._batch()
         leader_moves: dict[TopicPartition, LeaderIsrState] = {}
         isr_removals: dict[TopicPartition, LeaderIsrState] = {}
@@ -468,7 +582,7 @@ class KafkaController:
             if st is None or len(replicas) < 2:
                 continue
             if st.leader == broker_id:
-                leader = controlled_shutdown_leader(replicas, st.isr, live, ctx.shutting_down)
+                leader = controlled_shutdown_leader(replicas, st.isr, set(ctx.online_replicas(tp)), ctx.shutting_down)
                 if leader is not None:
                     isr = [b for b in st.isr if b not in ctx.shutting_down]
                     leader_moves[tp] = LeaderIsrState(leader, st.leader_epoch + 1, isr, ctx.epoch, st.version)
@@ -514,7 +628,8 @@ class KafkaController:
                 res.error = ErrorCode.INVALID_UPDATE_VERSION
             elif sorted(u.new_isr) == sorted(st.isr):
                 res.leader, res.leader_epoch, res.isr, res.partition_epoch = st.leader, st.leader_epoch, st.isr, st.version
-            elif any(not ctx.is_eligible(b) or b not in ctx.replicas(tp) for b in u.new_isr if b != broker_id):
+            elif any(not ctx.is_eligible(b) or not ctx.is_replica_online(b, tp) or b not in ctx.replicas(tp)
+                     for b in u.new_isr if b != broker_id):
                 res.error = ErrorCode.INELIGIBLE_REPLICA
             elif broker_id not in u.new_isr:
                 res.error = ErrorCode.INVALID_REQUEST
@@ -549,12 +664,12 @@ class KafkaController:
         ctx = self.ctx
         if ctx is None:
             return {tp: (ErrorCode.NOT_CONTROLLER, None) for tp in partitions or []}
-        live = {b for b in ctx.live_brokers if b not in ctx.shutting_down}
         out: dict[TopicPartition, tuple[ErrorCode, str | None]] = {}
         updates: dict[TopicPartition, LeaderIsrState] = {}
         for tp in partitions if partitions is not None else ctx.partitions():
             st = ctx.states.get(tp)
             replicas = ctx.replicas(tp)
+            live = ctx.eligible_replicas(tp)
             if st is None or not replicas:
                 out[tp] = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "The partition does not exist.")
                 continue
@@ -583,7 +698,7 @@ class KafkaController:
         batch = self._batch()
         done = self._write_states(updates)
         for tp, st in done.items():
-            batch.add_leader_and_isr([b for b in ctx.replicas(tp) if ctx.is_live(b)], tp)
+            batch.add_leader_and_isr(ctx.online_replicas(tp), tp)
             log.info("%s-%d: leader %d, leader epoch %d (%s election)", tp[0], tp[1], st.leader, st.leader_epoch,
                      "preferred" if election_type == PREFERRED else "unclean")
             out[tp] = (ErrorCode.NONE, None)
@@ -686,7 +801,10 @@ class KafkaController:
         done = self._write_states({tp: LeaderIsrState(st.leader, st.leader_epoch + 1, list(st.isr), ctx.epoch,
                                                       st.version)})
         if tp in done:
-            batch.add_leader_and_isr([b for b in r.replicas if ctx.is_live(b)], tp, is_new=False)
+            online = [b for b in r.replicas if ctx.is_replica_online(b, tp)]
+            batch.add_leader_and_isr([b for b in online if b not in r.adding], tp, is_new=False)
+            # NewReplica (Kafka's isNew): the only replicas whose logs may be created while a log dir is offline
+            batch.add_leader_and_isr([b for b in online if b in r.adding], tp, is_new=True)
         batch.send(ctx, self._broker_info, self._send)
         log.info("Reassignment of %s-%d to %s started: adding %s, removing %s", tp[0], tp[1], r.target, r.adding,
                  r.removing)
@@ -708,7 +826,7 @@ class KafkaController:
         st = ctx.states[tp]
         previous = ctx.replicas(tp)
         removed = [b for b in previous if b not in target]
-        live = {b for b in ctx.live_brokers if b not in ctx.shutting_down}
+        live = ctx.eligible_replicas(tp)
         isr = [b for b in st.isr if b in target] or [b for b in target if b in live][:1]
         leader = st.leader if st.leader in target and st.leader in live else reassign_leader(target, isr, live)
         if leader is None:
@@ -720,7 +838,7 @@ class KafkaController:
         ctx.reassignments.pop(tp, None)
         ctx.assignments[tp[0]][tp[1]] = list(target)
         self._write_assignment(tp[0])
-        batch.add_leader_and_isr([b for b in target if ctx.is_live(b)], tp)
+        batch.add_leader_and_isr([b for b in target if ctx.is_replica_online(b, tp)], tp)
         batch.add_update_metadata(sorted(ctx.live_brokers), [tp])
         for b in removed:
             batch.add_stop_replica([b], tp, delete=True)

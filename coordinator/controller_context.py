@@ -46,6 +46,9 @@ class ControllerContext:
     assignments: dict[str, list[list[int]]] = field(default_factory=dict)
     states: dict[TopicPartition, LeaderIsrState] = field(default_factory=dict)
     reassignments: dict[TopicPartition, Reassignment] = field(default_factory=dict)
+    # broker id -> its replicas in failed log dirs, from its LeaderAndIsr answers (Kafka's replicasOnOfflineDirs);
+    # forgotten when the broker goes or registers again
+    replicas_on_offline_dirs: dict[int, set[TopicPartition]] = field(default_factory=dict)
 
     def replicas(self, tp: TopicPartition) -> list[int]:
         parts = self.assignments.get(tp[0])
@@ -61,12 +64,24 @@ class ControllerContext:
         """Live and not shutting down: may lead and stay in the ISR."""
         return broker_id in self.live_brokers and broker_id not in self.shutting_down
 
+    def is_replica_online(self, broker_id: int, tp: TopicPartition) -> bool:
+        """Kafka's isReplicaOnline: the broker is live and the replica's log dir has not failed."""
+        return broker_id in self.live_brokers and tp not in self.replicas_on_offline_dirs.get(broker_id, ())
+
+    def online_replicas(self, tp: TopicPartition) -> list[int]:
+        """The replicas LeaderAndIsr goes to."""
+        return [b for b in self.replicas(tp) if self.is_replica_online(b, tp)]
+
+    def eligible_replicas(self, tp: TopicPartition) -> set[int]:
+        """Online replicas of brokers not shutting down: those that may lead tp."""
+        return {b for b in self.online_replicas(tp) if b not in self.shutting_down}
+
     def partitions_on(self, broker_id: int) -> list[TopicPartition]:
         return [tp for tp in self.partitions() if broker_id in self.replicas(tp)]
 
     def has_live_leader(self, tp: TopicPartition) -> bool:
         st = self.states.get(tp)
-        return st is not None and self.is_live(st.leader)
+        return st is not None and self.is_replica_online(st.leader, tp)
 
 
 # ---------------------------------------------------------------- leader election (pure)

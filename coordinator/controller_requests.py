@@ -116,7 +116,7 @@ class RequestBatch:
             by_topic.setdefault(topic, []).append(R.UpdateMetadataPartitionState(
                 topic_name=topic, partition_index=p, controller_epoch=st.controller_epoch, leader=st.leader,
                 leader_epoch=st.leader_epoch, isr=list(st.isr), zk_version=st.version, replicas=replicas,
-                offline_replicas=[b for b in replicas if not ctx.is_live(b)],
+                offline_replicas=[b for b in replicas if not ctx.is_replica_online(b, (topic, p))],
             ))
         brokers = []
         for b in sorted(ctx.live_brokers):

@@ -152,3 +152,37 @@ def write_assignment(client: KazooClient, epoch_zk_version: int, topic: str, top
     results = _commit(client, epoch_zk_version, [("set_data", (zp.topic_path(topic), doc, {}))])
     if isinstance(results[0], Exception) and not isinstance(results[0], RolledBackError):
         raise results[0]
+
+
+def read_log_dir_events(client: KazooClient) -> dict[str, int | None]:
+    """Kafka's getAllLogDirEventNotifications and getBrokerIdsFromLogDirEvents: child name -> broker id (None when
+    unreadable, or gone meanwhile)."""
+    try:
+        children = sorted(c for c in client.get_children(zp.LOG_DIR_EVENT_NOTIFICATION)
+                          if c.startswith(zp.LOG_DIR_EVENT_PREFIX))
+    except NoNodeError:
+        return {}
+    pending = [(c, client.get_async(f"{zp.LOG_DIR_EVENT_NOTIFICATION}/{c}")) for c in children]
+    out: dict[str, int | None] = {}
+    for c, res in pending:
+        try:
+            data, _ = res.get()
+        except NoNodeError:
+            out[c] = None
+            continue
+        out[c] = zp.parse_log_dir_event(data)
+    return out
+
+
+def delete_log_dir_events(client: KazooClient, epoch_zk_version: int, names: list[str]) -> None:
+    """Kafka's deleteLogDirEventNotifications: each delete conditional on the controller epoch, pipelined."""
+    pending = []
+    for name in names:
+        tx = client.transaction()
+        tx.check(zp.CONTROLLER_EPOCH, epoch_zk_version)
+        tx.delete(f"{zp.LOG_DIR_EVENT_NOTIFICATION}/{name}")
+        pending.append(tx.commit_async())
+    for res in pending:
+        results = res.get()
+        if isinstance(results[0], BadVersionError | NoNodeError):
+            raise ControllerMovedError()

@@ -83,6 +83,9 @@ class PartitionState:
     removing_replicas: list[int] = field(default_factory=list)
     # Epoch of the controller that last wrote this state (0 on the embedded single node).
     controller_epoch: int = 0
+    # Replicas in a failed log dir, as the controller's UpdateMetadata says (replicas of brokers that are not live
+    # are offline too; the Metadata handler adds those).
+    offline_replicas: list[int] = field(default_factory=list)
 
     @classmethod
     def sole(cls, broker_id: int) -> PartitionState:

@@ -27,6 +27,10 @@ CONFIG_GROUPS = "/config/groups"
 DELETE_TOPICS = "/admin/delete_topics"
 REASSIGN_PARTITIONS = "/admin/reassign_partitions"
 LATEST_PRODUCER_ID_BLOCK = "/latest_producer_id_block"
+# Kafka's LogDirEventNotificationZNode: a broker whose log dir failed adds a sequential child for the controller.
+LOG_DIR_EVENT_NOTIFICATION = "/log_dir_event_notification"
+LOG_DIR_EVENT_PREFIX = "log_dir_event_"
+LOG_DIR_FAILURE = 1  # Kafka's LogDirEventNotificationHandler.LogDirFailureEvent
 DEFAULT_BROKER_ENTITY = "<default>"
 
 # Persistent paths a Kafka broker creates on first start (KafkaZkClient.createTopLevelPaths).
@@ -39,7 +43,7 @@ PERSISTENT_PATHS = (
     "/brokers/seqid",
     "/isr_change_notification",
     LATEST_PRODUCER_ID_BLOCK,
-    "/log_dir_event_notification",
+    LOG_DIR_EVENT_NOTIFICATION,
     CONFIG_TOPICS,
     CONFIG_CLIENTS,
     "/config/users",
@@ -265,3 +269,19 @@ def parse_config(data: bytes | None) -> dict[str, str]:
 
 def config_change_doc(entity_path: str) -> bytes:
     return dumps({"version": 2, "entity_path": entity_path})
+
+
+def log_dir_event_doc(broker_id: int) -> bytes:
+    """Kafka's LogDirEventNotificationSequenceZNode.encode."""
+    return json.dumps({"version": 1, "broker": broker_id, "event": LOG_DIR_FAILURE}, separators=(",", ":")).encode()
+
+
+def parse_log_dir_event(data: bytes | None) -> int | None:
+    """The broker id of a log dir failure notification; None for anything else (Kafka ignores those too)."""
+    try:
+        doc = loads(data)
+        if int(doc.get("event", LOG_DIR_FAILURE)) != LOG_DIR_FAILURE:
+            return None
+        return int(doc["broker"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None

@@ -359,6 +359,28 @@ class ZkMetadataStore:
             except Exception:  # noqa: BLE001
                 log.error("Handling the cluster event %s %s failed", kind, name, exc_info=True)
 
+    def propagate_log_dir_event(self) -> None:
+        """Kafka's propagateLogDirEvent: a sequential /log_dir_event_notification child tells the controller that a
+        log dir of this broker failed. Written from a thread of its own (the caller holds the replica state lock) and
+        retried while ZooKeeper is away, as Kafka's retryRequestUntilConnected."""
+
+        def write() -> None:
+            path = f"{zp.LOG_DIR_EVENT_NOTIFICATION}/{zp.LOG_DIR_EVENT_PREFIX}"
+            deadline = time.monotonic() + 60
+            while not self._stopping and self.client is not None:
+                try:
+                    created = self.client.create(path, zp.log_dir_event_doc(self.broker_id), sequence=True,
+                                                 makepath=True)
+                    log.info("Told the controller about the failed log dir (%s)", created)
+                    return
+                except (ZookeeperError, KazooTimeoutError) as e:
+                    if time.monotonic() > deadline:
+                        log.error("Could not write the log dir event notification: %s", e)
+                        return
+                    time.sleep(0.5)
+
+        threading.Thread(target=write, name="log-dir-event", daemon=True).start()
+
     def live_brokers(self) -> list[int]:
         # This broker serves whatever ZooKeeper currently says (e.g. while its session is being restored).
         return sorted(set(self._brokers) | {self.broker_id})
@@ -537,7 +559,7 @@ class ZkMetadataStore:
                 out.append(PartitionState(st.leader, st.leader_epoch, list(st.isr), list(st.replicas or replicas),
                                           st.partition_epoch,
                                           assignment.adding.get(p, []), assignment.removing.get(p, []),
-                                          st.controller_epoch))
+                                          st.controller_epoch, list(st.offline_replicas)))
         return out
 
     # ------------------------------------------------------------ partition states from the controller

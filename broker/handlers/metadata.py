@@ -50,7 +50,7 @@ def partition_metadata(i: int, ps: PartitionState, live: frozenset[int] | set[in
         leader_epoch=ps.leader_epoch,
         replica_nodes=list(ps.replicas),
         isr_nodes=list(ps.isr),
-        offline_replicas=[b for b in ps.replicas if b not in live],
+        offline_replicas=[b for b in ps.replicas if b not in live or b in ps.offline_replicas],
     )
 
 

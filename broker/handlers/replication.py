@@ -102,7 +102,9 @@ def _leader_and_isr(ctx: RequestContext, req: LeaderAndIsrRequest) -> LeaderAndI
     rm = server.replica_manager
     become = getattr(rm, "become_leader_or_follower", None)
     if become is not None:
-        errors = become(req.controller_id, req.controller_epoch, states)
+        parts = req.ungrouped_partition_states if v < 2 else [p for t in req.topic_states for p in t.partition_states]
+        new = {(t, p) for (t, p, _), ps in zip(states, parts, strict=True) if v >= 1 and ps.is_new}
+        errors = become(req.controller_id, req.controller_epoch, states, new_partitions=new)
     else:
         # Until the replica manager follows leaders itself: every replica named here gets its local log
         # (Kafka's makeLeader / makeFollower create it too).
@@ -158,7 +160,7 @@ def _update_metadata(ctx: RequestContext, req: UpdateMetadataRequest) -> UpdateM
     states = [
         (names.get(id(p), p.topic_name), p.partition_index,
          PartitionState(p.leader, p.leader_epoch, list(p.isr), list(p.replicas), p.zk_version,
-                        controller_epoch=p.controller_epoch))
+                        controller_epoch=p.controller_epoch, offline_replicas=list(p.offline_replicas or [])))
         for p in parts
     ]
     if not ctx.server.metadata.apply_partition_states(req.controller_epoch, states):

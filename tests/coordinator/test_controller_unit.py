@@ -74,3 +74,19 @@ def test_reassignment_sets_and_imbalance() -> None:
     # broker 1 prefers two partitions and leads one: 50% imbalance
     assert imbalanced_partitions(ctx, 10) == [("t", 0)]
     assert imbalanced_partitions(ctx, 50) == []
+
+
+def test_replicas_in_failed_log_dirs_are_offline() -> None:
+    # Kafka's ControllerContext.isReplicaOnline: a live broker's replica in a failed log dir is offline; the
+    # broker's other replicas stay online, and an offline replica cannot lead
+    ctx = ControllerContext(1, 0, live_brokers={1: 10, 2: 11, 3: 12})
+    ctx.assignments["t"] = [[1, 2, 3], [1, 2, 3]]
+    ctx.replicas_on_offline_dirs[1] = {("t", 0)}
+    assert not ctx.is_replica_online(1, ("t", 0)) and ctx.is_replica_online(1, ("t", 1))
+    assert ctx.online_replicas(("t", 0)) == [2, 3] and ctx.online_replicas(("t", 1)) == [1, 2, 3]
+    ctx.shutting_down.add(3)
+    assert ctx.eligible_replicas(("t", 0)) == {2}
+    st = LeaderIsrState(1, 4, [1, 2, 3], 1, 7)
+    assert elect_offline(st, ctx.replicas(("t", 0)), ctx.eligible_replicas(("t", 0)), False, 2) == LeaderIsrState(
+        2, 5, [2], 2, 7
+    )
