@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from bench import clients
@@ -56,27 +57,34 @@ def _wait_sasl(bootstrap: str, conf: dict[str, Any], timeout: float = 60.0) -> N
             time.sleep(0.5)
 
 
+def sasl_ssl_overrides(props: dict[str, str], sasl_port: int, keystore: Path) -> dict[str, str]:
+    """Kafka server.properties that add kbroker's SASL_SSL listener (PEM keystore, TLS 1.3 only, SCRAM-SHA-256)
+    to a single-node KafkaPeer's `props`, ZooKeeper or KRaft."""
+    extra = f",SASL_SSL://127.0.0.1:{sasl_port}"
+    out = {
+        "listeners": props["listeners"] + extra,
+        "advertised.listeners": props["advertised.listeners"] + extra,
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(keystore),
+        "ssl.enabled.protocols": "TLSv1.3",
+        "ssl.protocol": "TLSv1.3",
+        "sasl.enabled.mechanisms": "SCRAM-SHA-256",
+        # Kafka's SCRAM server side needs a login module for the listener's mechanism even with nothing to log in.
+        "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config":
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+    }
+    if "listener.security.protocol.map" in props:  # KRaft names its CONTROLLER listener, so the map is explicit
+        out["listener.security.protocol.map"] = props["listener.security.protocol.map"] + ",SASL_SSL:SASL_SSL"
+    return out
+
+
 def _secure_kafka(ctx: Ctx, key: str, pki: Any) -> tuple[Target, str]:
     """Apache Kafka with a PLAINTEXT and a SASL_SSL listener configured as kbroker's, started, user created."""
     t = PEERS[key](ctx)
     if not isinstance(t, KafkaTarget):
         raise RuntimeError(f"{t.name} has no SASL_SSL listener here")
     sasl_port = free_port()
-    props = t.peer.properties()
-    extra = f",SASL_SSL://127.0.0.1:{sasl_port}"
-    t.peer.overrides.update({
-        "listeners": props["listeners"] + extra,
-        "advertised.listeners": props["advertised.listeners"] + extra,
-        "ssl.keystore.type": "PEM",
-        "ssl.keystore.location": str(pki.broker_keystore),
-        "ssl.enabled.protocols": "TLSv1.3",
-        "ssl.protocol": "TLSv1.3",
-        "sasl.enabled.mechanisms": "SCRAM-SHA-256",
-        "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config":
-            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
-    })
-    if "listener.security.protocol.map" in props:
-        t.peer.overrides["listener.security.protocol.map"] = props["listener.security.protocol.map"] + ",SASL_SSL:SASL_SSL"
+    t.peer.overrides.update(sasl_ssl_overrides(t.peer.properties(), sasl_port, pki.broker_keystore))
     t.start()
     _add_user(t.bootstrap)
     return t, f"127.0.0.1:{sasl_port}"
