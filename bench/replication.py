@@ -56,7 +56,11 @@ class Cluster(Target):
 
 def _kafka_cluster(ctx: Ctx, zk: ZooKeeperServer) -> Cluster | None:
     """Three Kafka 3.9 brokers on `zk` under /kafka, or None (noted in ctx.extra["unavailable"]) if they cannot run."""
-    if "kafka3.9" not in ctx.extra.get("peers", []):
+    peers = ctx.extra.get("peers", [])
+    for key, why in (("kafka4", "Kafka 4.x has no ZooKeeper mode"), ("tansu", "Tansu has no replication")):
+        if key in peers:
+            ctx.extra.setdefault("unavailable", {})[f"{key} (replication)"] = why
+    if "kafka3.9" not in peers:
         return None
     heap = ctx.extra.get("kafka_heap", "1g")
     overrides = {"offsets.topic.replication.factor": "3", "transaction.state.log.replication.factor": "3",

@@ -186,6 +186,8 @@ def run(ctx: Ctx) -> list[Row]:
             lat_after.kb.append(pct(fetch_latencies(kb.bootstrap, BIG, hw_big, count, 100 + rep), 0.5))
         for r in rows:
             r.kb_rss_mb.append(kb.hwm_mb())
+        if "tansu" in ctx.extra.get("peers", []):
+            clean_f.note += " Tansu: not run (its memory:// storage engine keeps no log to recover);"
         for key in ctx.extra.get("peers", []):
             if key.startswith("kafka") and not ctx.out_of_time(f"restart {key}"):
                 try:
