@@ -86,6 +86,7 @@ def run_produce(ctx: Ctx, n: int) -> list[Row]:
                             raise
                         row.add(t, float("nan"))
                         row.note += f" {t.name} rep{rep + 1}: {type(e).__name__}: {str(e)[:200]};"
+                        ctx.log(f"  {row.workload} rep {rep + 1} {t.name}: failed: {type(e).__name__}: {e}")
         for r in (base, *txn_rows.values()):
             for t in (kb, *others):
                 r.add_rss(t)
