@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +261,22 @@ PEER_NO_JAVA = ("the C mock cannot serve the Java client (its ApiVersions v4 err
                 "throttle; Metadata then times out): kbroker only")
 
 
+def _peer_guard(ctx: Ctx, row: Row, t: Target, is_peer: bool, rep: int,
+                fn: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    """fn(); for an Apache Kafka or Tansu peer, a failure (a group that never settles, a client that gives up) is a
+    '-' cell with a note instead of the loss of every row."""
+    if not is_peer:
+        return fn()
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        row.add(t, float("nan"))
+        row.note += f" {t.name} rep{rep + 1}: failed: {first};"
+        ctx.log(f"  [{row.workload[:40]}... {t.name} rep {rep + 1} failed: {first}]")
+        return None
+
+
 def run(ctx: Ctx) -> list[Row]:
     n = ctx.n(1_000_000, 100_000)
     nconsumers = 20 if ctx.quick else 100
@@ -309,7 +327,11 @@ def run(ctx: Ctx) -> list[Row]:
             if ctx.out_of_time(f"fetch_sessions Java consume rep {rep + 1}"):
                 break
             for t in java_targets:
-                r = java_consume(ctx, cp, t, hw[t.name], mport if t is kb else None, f"{t.name}-{rep}")
+                r = _peer_guard(ctx, jrow, t, t in others, rep,
+                                partial(java_consume, ctx, cp, t, hw[t.name], mport if t is kb else None,
+                                        f"{t.name}-{rep}"))
+                if r is None:
+                    continue
                 ok = r["got"] >= r["want"] == n
                 jrow.add(t, r["got"] / r["secs"] if ok else float("nan"), r["cpu"] * 1e6 / max(r["got"], 1))
                 if not ok:
@@ -339,8 +361,11 @@ def run(ctx: Ctx) -> list[Row]:
             if cp:
                 runs += [("java", t, irow) for t in (kb, *others)]
             for client, t, row in runs:
-                r = idle_consumers(ctx, client, cp, t, topics, nconsumers, window, f"{t.name}-{rep}",
-                                   mport if t is kb else None)
+                r = _peer_guard(ctx, row, t, t in others, rep,
+                                partial(idle_consumers, ctx, client, cp, t, topics, nconsumers, window,
+                                        f"{t.name}-{rep}", mport if t is kb else None))
+                if r is None:
+                    continue
                 fetch_s = r["client_fetch_per_s"]
                 row.add(t, 100.0 * r["cpu_per_s"], r["cpu_per_s"] * 1e6 / fetch_s if fetch_s > 0 else None)
                 extra = f"clients sent {fetch_s:.0f} Fetch/s, {r['cpu_per_s'] * 1e6 / max(fetch_s, 1e-9):.0f} us"
