@@ -224,7 +224,12 @@ def idle_consumers(ctx: Ctx, client: str, cp: str, t: Target, topics: list[str],
         t0 = time.monotonic()
         stable, last = 0, None
         while stable < 3:  # every partition assigned, evenly, and no assignment change for 3 status lines
-            total, lo, hi, _f, changes, *_ = status(max(1.0, 240 - (time.monotonic() - t0)))
+            try:
+                total, lo, hi, _f, changes, *_ = status(max(1.0, 240 - (time.monotonic() - t0)))
+            except RuntimeError as e:
+                if time.monotonic() - t0 < 239:
+                    raise
+                raise RuntimeError(f"the group did not settle within 240 s (last: {last}); {e}") from None
             key = (total, lo, hi, changes)
             ok = total == npart and hi - lo <= 1 and lo > 0
             stable = stable + 1 if ok and key == last else 0
