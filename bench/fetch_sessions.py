@@ -11,7 +11,9 @@
     consumers (one session each: 100 sessions holding the 1,000 partitions), kbroker only.
 
 librdkafka's mock serves neither the Java client (see JAVA_ON_PEER) nor kafka-python's group members (JoinGroup
-answered with INVALID_REQUEST), hence confluent-kafka for the comparison.
+answered with INVALID_REQUEST), hence confluent-kafka for the comparison. The --peers (Apache Kafka, Tansu) get
+every row: the same topics, loaded the same way, and both clients; their broker CPU is their process's CPU-time
+clock, as kbroker's, and each idle row's note gives every broker's CPU per Fetch the clients sent.
 bench/FetchSessionBench.java is compiled with javac once per run against the jars tests/java uses (found by
 tests/java/test_java_client.find_jar_dir), with the SLF4J stderr binding from tests/java. --quick: 100k messages,
 20 consumers, a 5 s window. The idle rows run at most 2 repetitions (each ~30 s per broker and client).
@@ -28,6 +30,8 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +49,7 @@ from bench.harness import (
     payloads,
     reap,
     spawn,
+    start_peers,
     watermarks,
 )
 from bench.scale import NPART_TOPICS
@@ -219,7 +224,12 @@ def idle_consumers(ctx: Ctx, client: str, cp: str, t: Target, topics: list[str],
         t0 = time.monotonic()
         stable, last = 0, None
         while stable < 3:  # every partition assigned, evenly, and no assignment change for 3 status lines
-            total, lo, hi, _f, changes, *_ = status(max(1.0, 240 - (time.monotonic() - t0)))
+            try:
+                total, lo, hi, _f, changes, *_ = status(max(1.0, 240 - (time.monotonic() - t0)))
+            except RuntimeError as e:
+                if time.monotonic() - t0 < 239:
+                    raise
+                raise RuntimeError(f"the group did not settle within 240 s (last: {last}); {e}") from None
             key = (total, lo, hi, changes)
             ok = total == npart and hi - lo <= 1 and lo > 0
             stable = stable + 1 if ok and key == last else 0
@@ -256,6 +266,22 @@ PEER_NO_JAVA = ("the C mock cannot serve the Java client (its ApiVersions v4 err
                 "throttle; Metadata then times out): kbroker only")
 
 
+def _peer_guard(ctx: Ctx, row: Row, t: Target, is_peer: bool, rep: int,
+                fn: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    """fn(); for an Apache Kafka or Tansu peer, a failure (a group that never settles, a client that gives up) is a
+    '-' cell with a note instead of the loss of every row."""
+    if not is_peer:
+        return fn()
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        row.add(t, float("nan"))
+        row.note += f" {t.name} rep{rep + 1}: failed: {first};"
+        ctx.log(f"  [{row.workload[:40]}... {t.name} rep {rep + 1} failed: {first}]")
+        return None
+
+
 def run(ctx: Ctx) -> list[Row]:
     n = ctx.n(1_000_000, 100_000)
     nconsumers = 20 if ctx.quick else 100
@@ -266,10 +292,10 @@ def run(ctx: Ctx) -> list[Row]:
                "msg/s", target="CPU <= 0.1 us/msg (as confluent-kafka's row); one fetch session",
                check=all_of(cpu_le(0.1), lambda r: (all(sessions_ok) if sessions_ok else None)))
     krow = Row(f"idle CPU, {nconsumers} confluent-kafka consumers in one group long-polling the 1,000 partitions "
-               f"(fetch.wait.max.ms 500; librdkafka has no fetch sessions)", "% of a core", target="kbroker <= peer",
+               f"(fetch.wait.max.ms 500; librdkafka has no fetch sessions; CPU column: us per Fetch sent)", "% of a core", target="kbroker <= peer",
                check=lambda r: None if r.ratio() is None else r.ratio() <= 1.0, higher_is_better=False)
     irow = Row(f"idle CPU, {nconsumers} Java consumers in one group long-polling the 1,000 partitions "
-               f"(fetch.max.wait.ms 500)", "% of a core", target="report", higher_is_better=False)
+               f"(fetch.max.wait.ms 500; CPU column: us per Fetch sent)", "% of a core", target="report", higher_is_better=False)
     rows = [jrow, krow, irow]
     try:
         cp = java_classpath(ctx)
@@ -288,10 +314,12 @@ def run(ctx: Ctx) -> list[Row]:
     mport = free_port()
     kb, peer = KBroker(ctx.base, {"metrics.port": str(mport)}), Peer()
     hw: dict[str, dict[tuple[str, int], int]] = {}
+    others: list[Target] = []
     try:
         kb.start()
         peer.start()
-        for t in (kb, peer):
+        others = start_peers(ctx)
+        for t in (kb, peer, *others):
             t.create_topics(topics)
             secs, _left = clients.produce(t.bootstrap, tps, n, values, {}, timeout=180)
             hw[t.name] = watermarks(t.bootstrap, topics)
@@ -299,15 +327,18 @@ def run(ctx: Ctx) -> list[Row]:
             ctx.log(f"  {t.name}: loaded {loaded:,} messages over {len(tps)} partitions in {secs:.1f} s")
             if loaded != n:
                 jrow.note += f" {t.name}: {loaded} of {n} loaded;"
-        java_targets = [kb, peer] if JAVA_ON_PEER else [kb]
+        java_targets = [kb, peer, *others] if JAVA_ON_PEER else [kb, *others]
         for rep in range(ctx.reps if cp else 0):
             if ctx.out_of_time(f"fetch_sessions Java consume rep {rep + 1}"):
                 break
             for t in java_targets:
-                r = java_consume(ctx, cp, t, hw[t.name], mport if t is kb else None, f"{t.name}-{rep}")
+                r = _peer_guard(ctx, jrow, t, t in others, rep,
+                                partial(java_consume, ctx, cp, t, hw[t.name], mport if t is kb else None,
+                                        f"{t.name}-{rep}"))
+                if r is None:
+                    continue
                 ok = r["got"] >= r["want"] == n
-                (jrow.kb if t is kb else jrow.peer).append(r["got"] / r["secs"] if ok else float("nan"))
-                (jrow.kb_cpu_us if t is kb else jrow.peer_cpu_us).append(r["cpu"] * 1e6 / max(r["got"], 1))
+                jrow.add(t, r["got"] / r["secs"] if ok else float("nan"), r["cpu"] * 1e6 / max(r["got"], 1))
                 if not ok:
                     jrow.note += f" {t.name} rep{rep + 1}: read {r['got']} of {r['want']};"
                 sess = f"{r['full']} full + {r['incremental']} incremental fetch requests"
@@ -324,19 +355,24 @@ def run(ctx: Ctx) -> list[Row]:
                 ctx.log(f"  Java consume rep {rep + 1} {t.name}: {r['got'] / r['secs']:,.0f} msg/s "
                         f"({r['got']:,} in {r['secs']:.2f} s), CPU {r['cpu'] * 1e6 / max(r['got'], 1):.3f} us/msg; "
                         f"{sess}")
-        jrow.kb_rss_mb.append(kb.hwm_mb())
+        for t in (kb, *others):
+            jrow.add_rss(t)
 
         for rep in range(idle_reps):
             if ctx.out_of_time(f"fetch_sessions idle rep {rep + 1}"):
                 break
             runs = [("confluent-kafka", kb, krow), ("confluent-kafka", peer, krow)]
+            runs += [("confluent-kafka", t, krow) for t in others]
             if cp:
-                runs.append(("java", kb, irow))
+                runs += [("java", t, irow) for t in (kb, *others)]
             for client, t, row in runs:
-                r = idle_consumers(ctx, client, cp, t, topics, nconsumers, window, f"{t.name}-{rep}",
-                                   mport if t is kb else None)
-                (row.kb if t is kb else row.peer).append(100.0 * r["cpu_per_s"])
+                r = _peer_guard(ctx, row, t, t in others, rep,
+                                partial(idle_consumers, ctx, client, cp, t, topics, nconsumers, window,
+                                        f"{t.name}-{rep}", mport if t is kb else None))
+                if r is None:
+                    continue
                 fetch_s = r["client_fetch_per_s"]
+                row.add(t, 100.0 * r["cpu_per_s"], r["cpu_per_s"] * 1e6 / fetch_s if fetch_s > 0 else None)
                 extra = f"clients sent {fetch_s:.0f} Fetch/s, {r['cpu_per_s'] * 1e6 / max(fetch_s, 1e-9):.0f} us"
                 if t is kb:
                     rates = ", ".join(f"{v:.0f} {k}" for k, v in sorted(r["rates"].items(), key=lambda kv: -kv[1])
@@ -350,13 +386,17 @@ def run(ctx: Ctx) -> list[Row]:
                     row.note += f" {t.name} rep1: {extra};"
                 ctx.log(f"  idle rep {rep + 1} {client} {t.name}: {100 * r['cpu_per_s']:.2f}% of a core over "
                         f"{r['secs']:.1f} s ({nconsumers} consumers stable after {r['join_s']:.1f} s); {extra}")
-            krow.kb_rss_mb.append(kb.hwm_mb())
+            for t in (kb, *others):
+                krow.add_rss(t)
         irow.kb_rss_mb = list(krow.kb_rss_mb)
+        irow.others_rss_mb = {k: list(v) for k, v in krow.others_rss_mb.items()}
         for row in (krow, irow):
             row.note += f" CPU over {window:.0f} s once every partition is assigned and the group is stable;"
     finally:
         kb.stop()
         peer.stop()
+        for t in others:
+            t.stop()
     for r in rows:
         r.note = r.note.strip()
     return rows

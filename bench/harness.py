@@ -329,10 +329,11 @@ class Peer(Target):
 class KafkaTarget(Target):
     """Apache Kafka (bench.peers.kafka): 3.x on its own ZooKeeper, 4.x as a KRaft combined node; data on disk."""
 
-    def __init__(self, base: Path, version: str, heap: str = "1g") -> None:
+    def __init__(self, base: Path, version: str, heap: str = "1g", **kw: Any) -> None:
+        """`kw` goes to KafkaPeer (zookeeper=, broker_id=, overrides=: a node of a cluster)."""
         from bench.peers.kafka import KafkaPeer
 
-        self.peer = KafkaPeer(version, base=workdir(base, f"kafka-{version}"), heap=heap)
+        self.peer = KafkaPeer(version, base=workdir(base, f"kafka-{version}"), heap=heap, **kw)
         self.name = f"Kafka {self.peer.version}"
 
     def start(self, timeout: float = 180.0) -> float:

@@ -4,15 +4,21 @@ min.insync.replicas=2 and to replication factor 1 topics of the same cluster, al
 end-to-end latency (bench.latency's producer and consumer, one run per repetition and rate) at 10,000 and 5,000 msg/s,
 each rate on a replication factor 3 topic of its own.
 Targets (issue 13): replication factor 3 at least 0.5x the replication factor 1 throughput, p99 under 10 ms at
-10,000 msg/s (the 5,000 msg/s rows are for reference)."""
+10,000 msg/s (the 5,000 msg/s rows are for reference).
+
+With --peers kafka3.9, three Apache Kafka 3.9 brokers join the same ZooKeeper (under the chroot /kafka, so the two
+clusters do not meet), started beside the kbrokers, and every row runs on both clusters in turn (kbroker first in odd
+repetitions, Kafka first in even ones). Broker CPU per message is the sum over each cluster's three processes. Kafka
+4.x has no ZooKeeper mode and Tansu no replication: neither has a cluster here."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from bench import clients, latency
-from bench.harness import Ctx, KBroker, Row, kb_le, med, payloads, workdir
+from bench.harness import Ctx, KafkaTarget, KBroker, Row, Target, kb_le, med, payloads, workdir
 from bench.peers.zookeeper import ZooKeeperServer, zookeeper_missing
 
 NTOPICS = 4
@@ -28,6 +34,51 @@ def _cluster(ctx: Ctx) -> tuple[ZooKeeperServer, list[KBroker]]:
     for kb in brokers:
         kb.start()
     return zk, brokers
+
+
+class Cluster(Target):
+    """Three brokers measured as one: CPU summed over the processes, peak RSS the largest of them."""
+
+    def __init__(self, name: str, brokers: list[Any]) -> None:
+        self.name, self.brokers = name, brokers
+        self.bootstrap = ",".join(b.bootstrap for b in brokers)
+
+    def cpu(self) -> float:
+        return sum(b.cpu() for b in self.brokers)
+
+    def hwm_mb(self) -> float:
+        return max(b.hwm_mb() for b in self.brokers)
+
+    def stop(self) -> None:
+        for b in self.brokers:
+            b.stop()
+
+
+def _kafka_cluster(ctx: Ctx, zk: ZooKeeperServer) -> Cluster | None:
+    """Three Kafka 3.9 brokers on `zk` under /kafka, or None (noted in ctx.extra["unavailable"]) if they cannot run."""
+    peers = ctx.extra.get("peers", [])
+    for key, why in (("kafka4", "Kafka 4.x has no ZooKeeper mode"), ("tansu", "Tansu has no replication")):
+        if key in peers:
+            ctx.extra.setdefault("unavailable", {})[f"{key} (replication)"] = why
+    if "kafka3.9" not in peers:
+        return None
+    heap = ctx.extra.get("kafka_heap", "1g")
+    overrides = {"offsets.topic.replication.factor": "3", "transaction.state.log.replication.factor": "3",
+                 "transaction.state.log.min.isr": "2"}
+    nodes = [KafkaTarget(ctx.base, "3.9", heap, zookeeper=f"{zk.connect}/kafka", broker_id=i, overrides=overrides)
+             for i in (1, 2, 3)]
+    try:
+        for t in nodes:
+            t.start()
+    except Exception as e:  # noqa: BLE001 - ArtifactUnavailable, or a broker would not start
+        for t in nodes:
+            t.stop()
+        reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        ctx.extra.setdefault("unavailable", {})["Kafka 3.9 three-broker cluster"] = reason
+        ctx.log(f"  [Kafka 3.9 cluster unavailable: {reason}]")
+        return None
+    ctx.log(f"  [three Kafka {nodes[0].peer.version} brokers up on {zk.connect}/kafka]")
+    return Cluster(nodes[0].name, nodes)
 
 
 def _at_least(baseline: Row, factor: float) -> Callable[[Row], bool | None]:
@@ -83,54 +134,67 @@ def run(ctx: Ctx) -> list[Row]:
         for rate in LATENCY_RATES for q in ("50", "99")
     }
     zk, brokers = _cluster(ctx)
-    bootstrap = ",".join(kb.bootstrap for kb in brokers)
+    clusters = [Cluster("kbroker", brokers)]
     try:
+        kafka = _kafka_cluster(ctx, zk)
+        if kafka is not None:
+            clusters.append(kafka)
         for rep in range(ctx.reps):
             if ctx.out_of_time(f"replication rep {rep + 1}"):
                 break
-            runs = [(1, rf1), (3, rf3)]
-            for factor, row in runs if rep % 2 == 0 else runs[::-1]:
-                topics = [f"repl_r{rep}_rf{factor}_{k}" for k in range(NTOPICS)]
-                _create(bootstrap, topics, 4, factor, {"min.insync.replicas": "2"} if factor == 3 else {})
-                # Warm-up outside the timed run: followers start fetching new partitions within a fetch round.
-                clients.produce(bootstrap, clients.partitions_of(topics), max(n // 20, 1000), values, {"acks": "all"},
-                                timeout=60)
-                cpu0 = sum(kb.cpu() for kb in brokers)
-                secs, left = clients.produce(bootstrap, clients.partitions_of(topics), n, values, {"acks": "all"},
-                                             timeout=180)
-                cpu = sum(kb.cpu() for kb in brokers) - cpu0
-                if left:
-                    row.note += f" rep{rep + 1}: {left} undelivered;"
-                row.kb.append(n / secs if not left else float("nan"))
-                row.kb_cpu_us.append(cpu * 1e6 / n)
-                ctx.log(f"  replication rep {rep + 1} rf{factor}: {n / secs:,.0f} msg/s "
-                        f"({cpu * 1e6 / n:.2f} us CPU/msg over the three brokers)")
+            for c in clusters if rep % 2 == 0 else clusters[::-1]:
+                runs = [(1, rf1), (3, rf3)]
+                for factor, row in runs if rep % 2 == 0 else runs[::-1]:
+                    topics = [f"repl_r{rep}_rf{factor}_{k}" for k in range(NTOPICS)]
+                    _create(c.bootstrap, topics, 4, factor, {"min.insync.replicas": "2"} if factor == 3 else {})
+                    # Warm-up outside the timed run: followers start fetching new partitions within a fetch round.
+                    clients.produce(c.bootstrap, clients.partitions_of(topics), max(n // 20, 1000), values,
+                                    {"acks": "all"}, timeout=60)
+                    cpu0 = c.cpu()
+                    secs, left = clients.produce(c.bootstrap, clients.partitions_of(topics), n, values,
+                                                 {"acks": "all"}, timeout=180)
+                    cpu = c.cpu() - cpu0
+                    if left:
+                        row.note += f" {c.name} rep{rep + 1}: {left} undelivered;"
+                    row.add(c, n / secs if not left else float("nan"), cpu * 1e6 / n)
+                    ctx.log(f"  replication rep {rep + 1} {c.name} rf{factor}: {n / secs:,.0f} msg/s "
+                            f"({cpu * 1e6 / n:.2f} us CPU/msg over the three brokers)")
         if not ctx.out_of_time("replication latency"):
             topics = {rate: f"{latency.TOPIC}_{rate}" for rate in LATENCY_RATES}
-            _create(bootstrap, list(topics.values()), latency.PARTITIONS, 3, {"min.insync.replicas": "2"})
+            for c in clusters:
+                _create(c.bootstrap, list(topics.values()), latency.PARTITIONS, 3, {"min.insync.replicas": "2"})
             time.sleep(1.0)
             for rep in range(ctx.reps):
                 if rep and ctx.out_of_time(f"replication latency rep {rep + 1}"):
                     break
-                for rate in LATENCY_RATES if rep % 2 == 0 else LATENCY_RATES[::-1]:
-                    # Each run's consumer starts at offset 0: earlier runs' records fall in the first second it
-                    # excludes.
-                    lat, sent, got = latency.one_run(bootstrap, ctx.extra.get("latency_seconds", 5.0), rate,
-                                                     topics[rate])
-                    for q in ("50", "99"):
-                        lat_rows[rate, q].kb.append(latency.pct(lat, float(q) / 100))
-                    if got < sent:
-                        lat_rows[rate, "50"].note += f" rep{rep + 1}: received {got} of {sent};"
-                    ctx.log(f"  replication latency rep {rep + 1} at {rate:,} msg/s: p50 {latency.pct(lat, .5):.2f} "
-                            f"p99 {latency.pct(lat, .99):.2f} ms")
-        hwm = max(kb.hwm_mb() for kb in brokers)
+                for c in clusters if rep % 2 == 0 else clusters[::-1]:
+                    for rate in LATENCY_RATES if rep % 2 == 0 else LATENCY_RATES[::-1]:
+                        # Each run's consumer starts at offset 0: earlier runs' records fall in the first second it
+                        # excludes.
+                        cpu0 = c.cpu()
+                        lat, sent, got = latency.one_run(c.bootstrap, ctx.extra.get("latency_seconds", 5.0), rate,
+                                                         topics[rate])
+                        cpu = c.cpu() - cpu0
+                        for q in ("50", "99"):
+                            lat_rows[rate, q].add(c, latency.pct(lat, float(q) / 100),
+                                                  cpu * 1e6 / max(sent, 1) if q == "50" else None)
+                        if got < sent:
+                            lat_rows[rate, "50"].note += f" {c.name} rep{rep + 1}: received {got} of {sent};"
+                        ctx.log(f"  replication latency rep {rep + 1} {c.name} at {rate:,} msg/s: p50 "
+                                f"{latency.pct(lat, .5):.2f} p99 {latency.pct(lat, .99):.2f} ms")
         for r in (rf1, rf3, *lat_rows.values()):
-            r.kb_rss_mb.append(hwm)
+            for c in clusters:
+                r.add_rss(c)
     finally:
-        for kb in brokers:
-            kb.stop()
+        for c in clusters:
+            c.stop()
         zk.stop()
     a, b = med(rf3.kb), med(rf1.kb)
     if a is not None and b:
-        rf3.note += f" {a / b:.2f}x replication factor 1 in the same run;"
+        rf3.note += f" {a / b:.2f}x replication factor 1 in the same run"
+    for name, xs in rf3.others.items():
+        oa, ob = med(xs), med(rf1.others.get(name, []))
+        if oa is not None and ob:
+            rf3.note += f", {name} {oa / ob:.2f}x"
+    rf3.note += ";"
     return [rf1, rf3, *lat_rows.values()]

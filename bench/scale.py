@@ -1,6 +1,7 @@
 """Workload 5: scale. (a) RSS with 1,000 idle partitions (250 topics x 4, one message each); (b) produce and
 consume 100-byte messages spread over those 1,000 partitions; (c) 200 concurrent producer connections
-(200 confluent-kafka producers, each its own connection) producing 100-byte messages to 8 topics x 4 partitions."""
+(200 confluent-kafka producers, each its own connection) producing 100-byte messages to 8 topics x 4 partitions;
+kbroker, the mock and the --peers (Apache Kafka, Tansu) in turn."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from bench.harness import (
     KBroker,
     Peer,
     Row,
+    Target,
     all_of,
     cpu_le,
     kb_le,
     payloads,
     ratio_ge,
+    start_peers,
     watermark_total,
     watermarks,
 )
@@ -70,20 +73,23 @@ def run(ctx: Ctx) -> list[Row]:
     topics = [f"big_{k}" for k in range(NPART_TOPICS)]
     tps = clients.partitions_of(topics)
     kb, peer = KBroker(ctx.base), Peer()
+    others: list[Target] = []
     try:
         kb.start()
         peer.start()
-        for t in (kb, peer):
+        others = start_peers(ctx)
+        for t in (kb, peer, *others):
             t.create_topics(topics)
             clients.produce(t.bootstrap, tps, len(tps), values, {}, timeout=60)
             time.sleep(2.0)
-            (idle.kb if t is kb else idle.peer).append(t.rss_mb())
+            idle.add(t, t.rss_mb())
             ctx.log(f"  {t.name}: RSS {t.rss_mb():.1f} MB with 1,000 idle partitions")
-        idle.kb_rss_mb.append(kb.hwm_mb())
+        for t in (kb, *others):
+            idle.add_rss(t)
         for rep in range(ctx.reps):
             if ctx.out_of_time(f"scale 1,000 partitions rep {rep + 1}"):
                 break
-            for t in (kb, peer):
+            for t in (kb, peer, *others):
                 hw0 = watermarks(t.bootstrap, topics)
                 before = sum(hw0.values())
                 c0 = t.cpu()
@@ -92,8 +98,8 @@ def run(ctx: Ctx) -> list[Row]:
                 acked = watermark_total(t.bootstrap, topics) - before
                 if left or acked != n:
                     prow.note += f" {t.name} rep{rep + 1}: {acked} of {n} acked;"
-                (prow.kb if t is kb else prow.peer).append(n / secs if acked >= n else float("nan"))
-                (prow.kb_cpu_us if t is kb else prow.peer_cpu_us).append(cpu * 1e6 / n)
+                prate = n / secs if acked >= n else float("nan")
+                prow.add(t, prate, cpu * 1e6 / n)
                 # read what this rep produced
                 want = n
                 c0 = t.cpu()
@@ -101,45 +107,52 @@ def run(ctx: Ctx) -> list[Row]:
                 cpu = t.cpu() - c0
                 if got < want:
                     crow.note += f" {t.name} rep{rep + 1}: read {got} of {want};"
-                (crow.kb if t is kb else crow.peer).append(got / secs if got >= want else float("nan"))
-                (crow.kb_cpu_us if t is kb else crow.peer_cpu_us).append(cpu * 1e6 / max(got, 1))
-                ctx.log(f"  1,000 partitions rep {rep + 1} {t.name}: produce "
-                        f"{(prow.kb if t is kb else prow.peer)[-1]:,.0f} msg/s, consume "
-                        f"{(crow.kb if t is kb else crow.peer)[-1]:,.0f} msg/s ({got} messages)")
-        prow.kb_rss_mb.append(kb.hwm_mb())
-        crow.kb_rss_mb.append(kb.hwm_mb())
+                crate = got / secs if got >= want else float("nan")
+                crow.add(t, crate, cpu * 1e6 / max(got, 1))
+                ctx.log(f"  1,000 partitions rep {rep + 1} {t.name}: produce {prate:,.0f} msg/s, consume "
+                        f"{crate:,.0f} msg/s ({got} messages)")
+        for t in (kb, *others):
+            prow.add_rss(t)
+            crow.add_rss(t)
     finally:
         kb.stop()
         peer.stop()
+        for t in others:
+            t.stop()
 
     # 200 producer connections, fresh brokers
     nm = ctx.n(100_000, 20_000)
     kb, peer = KBroker(ctx.base), Peer()
+    others = []
     try:
         kb.start()
         peer.start()
+        others = start_peers(ctx)
         for rep in range(ctx.reps):
             if ctx.out_of_time(f"scale {NPRODUCERS} producers rep {rep + 1}"):
                 break
             topics = [f"m{rep}_{k}" for k in range(8)]
             tps = clients.partitions_of(topics)
-            for t in (kb, peer):
+            for t in (kb, peer, *others):
                 t.create_topics(topics)
-            for t in (kb, peer):
+            for t in (kb, peer, *others):
                 c0 = t.cpu()
                 secs, left = many_producers(t.bootstrap, tps, NPRODUCERS if not ctx.quick else 50, nm, values, 120)
                 cpu = t.cpu() - c0
                 acked = watermark_total(t.bootstrap, topics)
                 if left or acked != nm:
                     many.note += f" {t.name} rep{rep + 1}: {acked} of {nm} acked;"
-                (many.kb if t is kb else many.peer).append(nm / secs if acked >= nm else float("nan"))
-                (many.kb_cpu_us if t is kb else many.peer_cpu_us).append(cpu * 1e6 / nm)
+                rate = nm / secs if acked >= nm else float("nan")
+                many.add(t, rate, cpu * 1e6 / nm)
                 ctx.log(f"  {NPRODUCERS if not ctx.quick else 50} producers rep {rep + 1} {t.name}: "
-                        f"{(many.kb if t is kb else many.peer)[-1]:,.0f} msg/s, CPU {cpu * 1e6 / nm:.3f} us/msg")
-        many.kb_rss_mb.append(kb.hwm_mb())
+                        f"{rate:,.0f} msg/s, CPU {cpu * 1e6 / nm:.3f} us/msg")
+        for t in (kb, *others):
+            many.add_rss(t)
         if ctx.quick:
             many.workload = many.workload.replace(str(NPRODUCERS), "50 (--quick)")
     finally:
         kb.stop()
         peer.stop()
+        for t in others:
+            t.stop()
     return rows
