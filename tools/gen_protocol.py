@@ -177,7 +177,8 @@ def emit_struct(out: list[str], name: str, fields: list[dict], owner: str, inden
         if dexpr == "None":
             nullable = True
         out.append(f"{indent}    {attr}: {py_type(f, owner, nullable)} = {dexpr}")
-        ver = parse_versions(f["versions"])
+        # A tagged field may name only its taggedVersions (StreamsGroupMetadataValue.LastAssignmentConfigs of Kafka 4.4).
+        ver = parse_versions(f.get("versions", f.get("taggedVersions")))
         tag = None if f.get("tag") is None else int(f["tag"])
         tv = parse_versions(f.get("taggedVersions")) if tag is not None else None
         flex_override = parse_versions(f["flexibleVersions"]) if "flexibleVersions" in f else "inherit"
