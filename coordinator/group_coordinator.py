@@ -21,11 +21,13 @@ from typing import Any, Protocol
 
 from kbroker.coordinator import consumer_group_records as cgr
 from kbroker.coordinator import group_records as records
+from kbroker.coordinator import streams_group_records as sgr
 from kbroker.coordinator.consumer_group_migration import ConsumerGroupMigration
 from kbroker.coordinator.coordinator_loop import CoordinatorLoop
 from kbroker.coordinator.group_loader import LoadedEntry, LoadedMarker, LoadedRecord, read_entries
 from kbroker.coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata
 from kbroker.coordinator.group_offsets import GroupOffsets, validate_current_member
+from kbroker.coordinator.streams_group_manager import StreamsGroupManager
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, build_batch
 from kbroker.storage.errors import NotLeaderOrFollowerError
@@ -87,6 +89,11 @@ class GroupConfig:
     consumer_assignors: list[str] = field(default_factory=lambda: ["uniform", "range"])
     # group.consumer.migration.policy: disabled, upgrade, downgrade or bidirectional
     consumer_migration_policy: str = "bidirectional"
+    # KIP-1071 streams groups (group.streams.*)
+    streams_session_timeout_ms: int = 45000
+    streams_heartbeat_interval_ms: int = 5000
+    streams_max_size: int = 2**31 - 1
+    streams_num_standby_replicas: int = 0
 
 
 @dataclass
@@ -105,7 +112,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
+class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager, CoordinatorLoop):
     def __init__(self, host: CoordinatorHost, config: GroupConfig,
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
         """loop: an event loop run by someone else (coordinator_loop); without one, a loop of its own."""
@@ -199,6 +206,7 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
                 n = 0
             self.loading.discard(p)
             self.consumer_groups_loaded(p)
+            self.streams_groups_loaded(p)
             if n:
                 log.info("Loaded %d records of %s-%d in %.3f s", n, OFFSETS_TOPIC, p, time.monotonic() - t0)
 
@@ -226,6 +234,8 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
                 self._replay_offset(e)
             elif isinstance(e.record, cgr.ConsumerGroupRecord):
                 self.replay_consumer_record(e.record)
+            elif isinstance(e.record, sgr.StreamsGroupRecord):
+                self.replay_streams_record(e.record)
             else:
                 self._apply_loaded(e)
         except Exception:

@@ -56,9 +56,10 @@ def streams_classpath(tmp: Path, version: str = VERSIONS[0]) -> str:
 class Instance:
     """One StreamsApp JVM; its output lines are collected so the test can wait for a state."""
 
-    def __init__(self, cp: str, bootstrap: str, state_dir: Path, log: Path, standbys: int = 1, rf: int = 1) -> None:
+    def __init__(self, cp: str, bootstrap: str, state_dir: Path, log: Path, standbys: int = 1, rf: int = 1,
+                 protocol: str = "classic") -> None:
         self.args = ["java", f"-Dkcompat.log={JAVA_LOG}", "-Xmx256m", "-cp", cp, "StreamsApp", bootstrap,
-                     str(state_dir), str(standbys), str(rf)]
+                     str(state_dir), str(standbys), str(rf), protocol]
         self.log = log
         self.lines: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
@@ -169,12 +170,12 @@ def create_topics(bootstrap: str, rf: int = 1) -> None:
 
 
 def run_scenario(cp: str, bootstrap: str, work: Path, rounds: int, seed: int, rf: int = 1,
-                 disrupt: Callable[[], None] | None = None) -> None:
+                 disrupt: Callable[[], None] | None = None, protocol: str = "classic", restore: bool = True) -> None:
     create_topics(bootstrap, rf)
     data = Input(bootstrap, seed)
     data.users()
-    a = Instance(cp, bootstrap, work / "state-a", work / "a.log", rf=rf).start()
-    b = Instance(cp, bootstrap, work / "state-b", work / "b.log", rf=rf).start()
+    a = Instance(cp, bootstrap, work / "state-a", work / "a.log", rf=rf, protocol=protocol).start()
+    b = Instance(cp, bootstrap, work / "state-b", work / "b.log", rf=rf, protocol=protocol).start()
     try:
         a.wait_running()
         b.wait_running()
@@ -196,8 +197,10 @@ def run_scenario(cp: str, bootstrap: str, work: Path, rounds: int, seed: int, rf
     finally:
         a.stop()
         b.stop()
+    if not restore:
+        return
     # A new instance with nothing on disk restores the word counts from the changelog, then counts on from there.
-    c = Instance(cp, bootstrap, work / "state-c", work / "c.log", rf=rf).start()
+    c = Instance(cp, bootstrap, work / "state-c", work / "c.log", rf=rf, protocol=protocol).start()
     try:
         c.wait_running()
         data.p.produce("words-in", value="alpha")
@@ -224,6 +227,23 @@ def test_exactly_once_through_kills_and_a_restore(broker: BrokerProcess, tmp_pat
         pytest.skip("javac/java not on PATH: Kafka Streams test not run")
     cp = streams_classpath(tmp_path, version)
     run_scenario(cp, broker.bootstrap, tmp_path, rounds=2, seed=7)
+
+
+def test_streams_rebalance_protocol_through_a_kill_and_a_broker_restart(broker: BrokerProcess, tmp_path: Path) -> None:
+    """KIP-1071 (group.protocol=streams, Kafka Streams 4.4): two instances, the broker restarted under them (the
+    streams group is read back from __consumer_offsets) and one instance SIGKILLed; the output is exactly the
+    input's."""
+    if not _have_java():
+        pytest.skip("javac/java not on PATH: Kafka Streams test not run")
+    cp = streams_classpath(tmp_path, "4.4.0")
+
+    def restart() -> None:
+        broker.stop()
+        broker.start()
+
+    run_scenario(cp, broker.bootstrap, tmp_path, rounds=1, seed=5, disrupt=restart, protocol="streams",
+                 restore=False)
+    assert "Loaded streams group kbroker-streams-test" in broker.read_log()
 
 
 def test_three_brokers_replication_factor_3_with_a_broker_killed(tmp_path: Path) -> None:
