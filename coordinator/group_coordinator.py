@@ -344,6 +344,9 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
         if rebalance_timeout_ms < 0:
             rebalance_timeout_ms = session_timeout_ms
         g = self.groups.get(group_id)
+        if g is not None and g.streams is not None:
+            # A streams group (KIP-1071) takes no classic member (Kafka: "Group %s is not a classic group.").
+            return JoinResult(ErrorCode.GROUP_ID_NOT_FOUND, member_id)
         if g is not None and g.consumer is not None:
             # A KIP-848 consumer group with members serves the classic member (online migration); an empty one
             # becomes a classic group, keeping its offsets.
@@ -597,6 +600,9 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
             return (ErrorCode.REBALANCE_IN_PROGRESS if err == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS else err,
                     b"", None, None)
         g = self.groups.get(group_id)
+        if g is not None and g.streams is not None:
+            # A streams group (KIP-1071) takes no classic member (Kafka: "Group %s is not a classic group.").
+            return ErrorCode.GROUP_ID_NOT_FOUND, b"", None, None
         if g is None:
             return ErrorCode.UNKNOWN_MEMBER_ID, b"", None, None
         if g.consumer is not None:
@@ -660,6 +666,9 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
             # Kafka's handleHeartbeat answers a loading coordinator's heartbeats blindly with NONE.
             return ErrorCode.NONE if err == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS else err
         g = self.groups.get(group_id)
+        if g is not None and g.streams is not None:
+            # A streams group (KIP-1071) takes no classic member (Kafka: "Group %s is not a classic group.").
+            return ErrorCode.GROUP_ID_NOT_FOUND
         if g is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
         if g.consumer is not None:
@@ -683,6 +692,9 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
         if err is not None:
             return err, []
         g = self.groups.get(group_id)
+        if g is not None and g.streams is not None:
+            # A streams group (KIP-1071) takes no classic member (Kafka: "Group %s is not a classic group.").
+            return ErrorCode.NONE, [ErrorCode.GROUP_ID_NOT_FOUND for _ in leaving]
         if g is None:
             return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID for _ in leaving]
         if g.consumer is not None:

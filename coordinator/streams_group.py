@@ -285,7 +285,8 @@ class StreamsGroup:
     # Not persisted: the last configuration of the topology and the topics map it was computed from.
     configured: ConfiguredTopology | None = None
     configured_for: object = None
-    shutdown_requested: bool = False
+    # The member that asked the whole application to shut down (Kafka keeps it until the group is empty).
+    shutdown_requested: str | None = None
     session_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     session_deadlines: dict[str, float] = field(default_factory=dict)
     rebalance_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)

@@ -309,12 +309,13 @@ class StreamsGroupManager:
                 )
             )
         if req.shutdown_application:
-            sg.shutdown_requested = True
+            sg.shutdown_requested = req.member_id
         if sg.shutdown_requested:
             status.append(
                 (
                     SHUTDOWN_APPLICATION,
-                    f"A KafkaStreams client of group {gid} requested to shut down the application.",
+                    f"Streams group member {sg.shutdown_requested} encountered a fatal error and requested a "
+                    "shutdown for the entire application.",
                 )
             )
         return StreamsHeartbeatResult(
@@ -452,6 +453,8 @@ class StreamsGroupManager:
         holder.protocol_type = "streams"
         holder.streams.replay(r)
         empty = not holder.streams.members
+        if empty:
+            holder.streams.shutdown_requested = None
         if empty != (holder.state is GroupState.EMPTY):
             holder.state = GroupState.EMPTY if empty else GroupState.STABLE
             holder.state_timestamp_ms = _now_ms()

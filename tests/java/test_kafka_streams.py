@@ -215,7 +215,10 @@ def run_scenario(cp: str, bootstrap: str, work: Path, rounds: int, seed: int, rf
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     b = BrokerProcess(tmp_path / "broker", {"num.partitions": "3", "transaction.state.log.num.partitions": "3",
                                             "offsets.topic.num.partitions": "3",
-                                            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000"})
+                                            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+                                            # group.protocol=streams: a killed instance's tasks move within seconds
+                                            "group.streams.session.timeout.ms": "6000",
+                                            "group.streams.heartbeat.interval.ms": "1000"})
     b.start()
     yield b
     b.stop()
