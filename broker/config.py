@@ -352,6 +352,7 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("group.streams.heartbeat.interval.ms", _int, 5000, at_least(1)),
         ConfigKey("group.streams.max.size", _int, INT_MAX, at_least(1)),
         ConfigKey("group.streams.num.standby.replicas", _int, 0, at_least(0)),
+        ConfigKey("group.streams.initial.rebalance.delay.ms", _int, 3000, at_least(0)),
         # KIP-932 share groups (Kafka 4.2's GroupCoordinatorConfig / ShareGroupConfig)
         ConfigKey("group.share.session.timeout.ms", _int, 45000, at_least(1)),
         ConfigKey("group.share.min.session.timeout.ms", _int, 45000, at_least(1)),

@@ -142,6 +142,7 @@ class KafkaServer:
             streams_heartbeat_interval_ms=config["group.streams.heartbeat.interval.ms"],
             streams_max_size=config["group.streams.max.size"],
             streams_num_standby_replicas=config["group.streams.num.standby.replicas"],
+            streams_initial_rebalance_delay_ms=config["group.streams.initial.rebalance.delay.ms"],
         ), loop=self.socket_server.processors[0].loop)
         ib_listener = inter_broker_listener(config)
         self.inter_broker = InterBrokerChannel(

@@ -136,6 +136,7 @@ INCORRECTLY_PARTITIONED_TOPICS = 2
 MISSING_INTERNAL_TOPICS = 3
 STALE_TOPOLOGY = 0
 SHUTDOWN_APPLICATION = 4
+ASSIGNMENT_DELAYED = 5
 
 
 def configure_topology(topology: Any, topics: Mapping[str, Any]) -> ConfiguredTopology:
@@ -287,6 +288,8 @@ class StreamsGroup:
     configured_for: object = None
     # The member that asked the whole application to shut down (Kafka keeps it until the group is empty).
     shutdown_requested: str | None = None
+    # Loop time the initial rebalance delay ends (not persisted: a restarted coordinator assigns at once).
+    delay_until: float | None = None
     session_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     session_deadlines: dict[str, float] = field(default_factory=dict)
     rebalance_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)

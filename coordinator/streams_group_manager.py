@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 from kbroker.coordinator import streams_group_records as sgr
 from kbroker.coordinator.group_metadata import GroupMetadata, GroupState
 from kbroker.coordinator.streams_group import (
+    ASSIGNMENT_DELAYED,
     LEAVE_GROUP_MEMBER_EPOCH,
     LEAVE_GROUP_STATIC_MEMBER_EPOCH,
     SHUTDOWN_APPLICATION,
     STALE_TOPOLOGY,
+    ConfiguredTopology,
     MemberState,
     StreamsGroup,
     StreamsGroupMember,
@@ -261,28 +263,23 @@ class StreamsGroupManager:
 
         target_epoch = sg.assignment_epoch
         target = sg.target.get(updated.member_id, TasksTuple())
-        if group_epoch > sg.assignment_epoch:
+        if new_member and not sg.members and self.config.streams_initial_rebalance_delay_ms > 0:
+            # Kafka's group.streams.initial.rebalance.delay.ms: the first member of an empty group waits for the
+            # others before tasks are assigned; the assignment is computed at a new epoch when the delay ends.
+            sg.delay_until = self.loop.time() + self.config.streams_initial_rebalance_delay_ms / 1000
+            self.loop.call_at(sg.delay_until, self._streams_delay_ended, sg)
+        delayed = sg.delay_until is not None and self.loop.time() < sg.delay_until
+        if delayed:
+            # Nothing changes hands meanwhile: the member moves to the group's epoch with what it has.
+            target_epoch, target = group_epoch, updated.assigned.copy()
+            status.append(
+                (ASSIGNMENT_DELAYED, "Assignment delayed due to the configured initial rebalance delay.")
+            )
+        elif group_epoch > sg.assignment_epoch:
             members = {m.member_id: m for m in sg.members.values()}
             members[updated.member_id] = updated
-            if configured.ready:
-                num_standby = self._streams_config_int(
-                    gid, "streams.num.standby.replicas", self.config.streams_num_standby_replicas
-                )
-                result = assign_tasks(configured.tasks, members, sg.target, num_standby)
-            else:
-                result = {m: TasksTuple() for m in members}
-            for mid, t in sorted(result.items()):
-                if mid not in sg.target or sg.target[mid].clean() != t.clean():
-                    records.append(sgr.target_assignment_record(gid, mid, t))
-            records.append(sgr.target_epoch_record(gid, group_epoch, _now_ms()))
+            result = self._target_records(sg, members, configured, group_epoch, records)
             target_epoch, target = group_epoch, result[updated.member_id]
-            log.info(
-                "Streams group %s: epoch %d, new target assignment of %d tasks over %d members",
-                gid,
-                group_epoch,
-                sum(len(ps) for t in result.values() for ps in t.active.values()),
-                len(members),
-            )
 
         reconciled = self._reconcile(sg, updated, target_epoch, target, req)
         if new_member or reconciled.assignment_key() != before.assignment_key():
@@ -328,6 +325,65 @@ class StreamsGroupManager:
             status,
             dict(configured.to_create),
         )
+
+    def _target_records(
+        self,
+        sg: StreamsGroup,
+        members: dict[str, StreamsGroupMember],
+        configured: ConfiguredTopology,
+        group_epoch: int,
+        records: list[StreamsGroupRecord],
+    ) -> dict[str, TasksTuple]:
+        """A new target assignment at group_epoch (Kafka's TargetAssignmentBuilder): its changed member records and
+        the assignment epoch are appended to records. Nothing is assigned while the topology is not ready."""
+        gid = sg.group_id
+        if configured.ready:
+            num_standby = self._streams_config_int(
+                gid, "streams.num.standby.replicas", self.config.streams_num_standby_replicas
+            )
+            result = assign_tasks(configured.tasks, members, sg.target, num_standby)
+        else:
+            result = {m: TasksTuple() for m in members}
+        for mid, t in sorted(result.items()):
+            if mid not in sg.target or sg.target[mid].clean() != t.clean():
+                records.append(sgr.target_assignment_record(gid, mid, t))
+        records.append(sgr.target_epoch_record(gid, group_epoch, _now_ms()))
+        log.info(
+            "Streams group %s: epoch %d, new target assignment of %d tasks over %d members",
+            gid,
+            group_epoch,
+            sum(len(ps) for t in result.values() for ps in t.active.values()),
+            len(members),
+        )
+        return result
+
+    def _streams_delay_ended(self, sg: StreamsGroup) -> None:
+        sg.delay_until = None
+        holder = self.groups.get(sg.group_id)
+        if holder is None or holder.streams is not sg:
+            return
+        if not sg.members:
+            log.info(
+                "Streams group %s: skipping the delayed target assignment, the group is empty", sg.group_id
+            )
+            return
+        self.loop.create_task(self._compute_delayed_assignment(sg))
+
+    async def _compute_delayed_assignment(self, sg: StreamsGroup) -> None:
+        """The end of the initial rebalance delay: a new group epoch and its target assignment; members reconcile
+        on their next heartbeats."""
+        try:
+            if sg.topology is None:
+                return
+            configured = configure_topology(sg.topology, self.host.consumer_group_topics())
+            epoch = sg.group_epoch + 1
+            records = [
+                sgr.group_epoch_record(sg.group_id, epoch, configured.metadata_hash, sg.topology.epoch)
+            ]
+            self._target_records(sg, dict(sg.members), configured, epoch, records)
+            await self._streams_apply_and_flush(sg.group_id, sg, records)
+        except Exception:
+            log.exception("Could not compute the delayed target assignment of streams group %s", sg.group_id)
 
     @staticmethod
     def _check_streams_member_epoch(
