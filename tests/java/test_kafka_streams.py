@@ -218,7 +218,8 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
                                             "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
                                             # group.protocol=streams: a killed instance's tasks move within seconds
                                             "group.streams.session.timeout.ms": "6000",
-                                            "group.streams.heartbeat.interval.ms": "1000"})
+                                            "group.streams.heartbeat.interval.ms": "1000",
+                                            "group.streams.num.standby.replicas": "1"})
     b.start()
     yield b
     b.stop()
@@ -284,20 +285,29 @@ def _have_java() -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """The long kill loop: `python -m tests.java.test_kafka_streams --rounds 20 --seed 1`."""
+    """The long kill loop: `python -m tests.java.test_kafka_streams --rounds 20 --seed 1 [--protocol streams]`."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--version", choices=VERSIONS, default=VERSIONS[0])
+    ap.add_argument("--version", choices=VERSIONS, default=None)
+    ap.add_argument("--protocol", choices=["classic", "streams"], default="classic",
+                    help="the group protocol: streams is KIP-1071 (Kafka Streams 4.2+, so --version 4.4.0)")
     args = ap.parse_args(argv)
+    version = args.version or (VERSIONS[-1] if args.protocol == "streams" else VERSIONS[0])
+    if args.protocol == "streams" and version.startswith("3."):
+        ap.error("group.protocol=streams needs Kafka Streams 4.2 or later: --version 4.4.0")
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         b = BrokerProcess(work / "broker", {"num.partitions": "3", "transaction.state.log.num.partitions": "3",
-                                            "offsets.topic.num.partitions": "3"}).start()
+                                            "offsets.topic.num.partitions": "3",
+                                            "group.streams.session.timeout.ms": "6000",
+                                            "group.streams.heartbeat.interval.ms": "1000",
+                                            "group.streams.num.standby.replicas": "1"}).start()
         try:
-            run_scenario(streams_classpath(work, args.version), b.bootstrap, work, args.rounds, args.seed)
+            run_scenario(streams_classpath(work, version), b.bootstrap, work, args.rounds, args.seed,
+                         protocol=args.protocol)
         finally:
             b.stop()
     print(f"exactly-once held through {args.rounds} kills")
