@@ -295,6 +295,7 @@ class StreamsGroupManager:
                 updated.process_id,
             )
         self._schedule_streams_session_timeout(sg, reconciled.member_id)
+        self._maybe_schedule_streams_rebalance_timeout(sg, before, reconciled)
         if configured.status is not None:
             status.append(configured.status)
         if sg.topology is not None and req.topology is not None and req.topology.epoch < sg.topology.epoch:
@@ -468,6 +469,7 @@ class StreamsGroupManager:
         records.append(sgr.group_epoch_record(gid, sg.group_epoch + 1, sg.metadata_hash, topology_epoch))
         await self._streams_apply_and_flush(gid, sg, records)
         self._cancel_streams_session_timeout(sg, member.member_id)
+        self._cancel_streams_rebalance_timeout(sg, member.member_id)
         log.info(
             "Member %s %s streams group %s; group epoch %d, %d members left",
             member.member_id,
@@ -493,6 +495,8 @@ class StreamsGroupManager:
         holder = self.groups.get(r.group_id)
         if r.type is sgr.RecordType.METADATA and r.value is None:
             if holder is not None and holder.streams is not None:
+                for mid in list(holder.streams.rebalance_timers):
+                    self._cancel_streams_rebalance_timeout(holder.streams, mid)
                 for mid in list(holder.streams.session_timers):
                     self._cancel_streams_session_timeout(holder.streams, mid)
                 holder.streams = None
@@ -548,15 +552,59 @@ class StreamsGroupManager:
         sg.session_deadlines.pop(member_id, None)
         self.loop.create_task(self._fence_streams_quietly(sg, member_id))
 
-    async def _fence_streams_quietly(self, sg: StreamsGroup, member_id: str) -> None:
+    async def _fence_streams_quietly(
+        self, sg: StreamsGroup, member_id: str, why: str = "session timeout"
+    ) -> None:
         m = sg.members.get(member_id)
         holder = self.groups.get(sg.group_id)
         if m is None or holder is None or holder.streams is not sg:
             return
         try:
-            await self._fence_streams_member(sg, m, "fenced (session timeout) from")
+            await self._fence_streams_member(sg, m, f"fenced ({why}) from")
         except Exception:
             log.exception("Could not fence member %s of streams group %s", member_id, sg.group_id)
+
+    def _maybe_schedule_streams_rebalance_timeout(
+        self, sg: StreamsGroup, before: StreamsGroupMember, after: StreamsGroupMember
+    ) -> None:
+        """Kafka: a member asked to revoke tasks must do so within its rebalance timeout, or be fenced."""
+        if after.state is not MemberState.UNREVOKED_TASKS:
+            self._cancel_streams_rebalance_timeout(sg, after.member_id)
+            return
+        if (
+            before.state is MemberState.UNREVOKED_TASKS
+            and before.member_epoch == after.member_epoch
+            and after.member_id in sg.rebalance_timers
+        ):
+            return
+        self._cancel_streams_rebalance_timeout(sg, after.member_id)
+        sg.rebalance_timers[after.member_id] = self.loop.call_later(
+            max(after.rebalance_timeout_ms, 0) / 1000,
+            self._streams_rebalance_expired,
+            sg,
+            after.member_id,
+            after.member_epoch,
+        )
+
+    def _streams_rebalance_expired(self, sg: StreamsGroup, member_id: str, epoch: int) -> None:
+        sg.rebalance_timers.pop(member_id, None)
+        m = sg.members.get(member_id)
+        holder = self.groups.get(sg.group_id)
+        if holder is None or holder.streams is not sg or m is None:
+            return
+        if m.state is MemberState.UNREVOKED_TASKS and m.member_epoch == epoch:
+            log.info(
+                "Member %s of streams group %s did not revoke its tasks within %d ms",
+                member_id,
+                sg.group_id,
+                m.rebalance_timeout_ms,
+            )
+            self.loop.create_task(self._fence_streams_quietly(sg, member_id, "rebalance timeout"))
+
+    def _cancel_streams_rebalance_timeout(self, sg: StreamsGroup, member_id: str) -> None:
+        timer = sg.rebalance_timers.pop(member_id, None)
+        if timer is not None:
+            timer.cancel()
 
     def _cancel_streams_session_timeout(self, sg: StreamsGroup, member_id: str) -> None:
         sg.session_deadlines.pop(member_id, None)

@@ -49,7 +49,7 @@ def heartbeat(raw: RawClient, **fields: Any) -> Any:
     return raw.request(88, 1, req)
 
 
-def join(raw: RawClient, group: str, member: str, topo: Any) -> Any:
+def join(raw: RawClient, group: str, member: str, topo: Any, rebalance_timeout_ms: int = 30000) -> Any:
     """Retried while the coordinator loads or moves (COORDINATOR_LOAD_IN_PROGRESS, NOT_COORDINATOR, ...)."""
     deadline = time.monotonic() + 30
     while True:
@@ -58,7 +58,7 @@ def join(raw: RawClient, group: str, member: str, topo: Any) -> Any:
             group_id=group,
             member_id=member,
             member_epoch=0,
-            rebalance_timeout_ms=30000,
+            rebalance_timeout_ms=rebalance_timeout_ms,
             topology=topo,
             active_tasks=[],
             standby_tasks=[],

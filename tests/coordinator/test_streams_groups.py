@@ -5,16 +5,28 @@ compared with Apache Kafka 4.4.0's answers to the same requests (tests/coordinat
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import ApiVersionsRequest
 
 from tests.broker_process import BrokerProcess
 from tests.clients import RawClient
-from tests.coordinator.streams_heartbeat_scenario import kafka_answers, run
+from tests.coordinator.streams_heartbeat_scenario import (
+    HB,
+    heartbeat,
+    join,
+    kafka_answers,
+    run,
+    tasks,
+    topology,
+    wait_coordinator,
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +65,52 @@ def test_streams_apis_advertised_only_when_the_protocol_is_on(broker: BrokerProc
         assert not {88, 89} & set(advertised(off.bootstrap))
     finally:
         off.stop()
+
+
+def test_a_member_that_does_not_revoke_is_fenced_after_its_rebalance_timeout(broker: BrokerProcess) -> None:
+    """m1 owns both tasks; m2 joins: one task moves, withheld from m2 while m1 still owns it. m1 never reports it
+    revoked: after its rebalance timeout (1 s) it is fenced, and m2 gets both tasks."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("revoke-src", 2, 1)])["revoke-src"].result(30)
+    group = "revoke-app"
+    both = [HB.TaskIds(subtopology_id="0", partitions=[0, 1])]
+    with RawClient(broker.bootstrap, timeout=30) as raw:
+        wait_coordinator(raw, group)
+        j = join(raw, group, "m1", topology("revoke-src", group), rebalance_timeout_ms=1000)
+        assert j.error_code == 0
+        e1 = j.member_epoch
+
+        def beat(member: str, epoch: int, owned: list[Any]) -> Any:
+            return heartbeat(
+                raw,
+                group_id=group,
+                member_id=member,
+                member_epoch=epoch,
+                active_tasks=owned,
+                standby_tasks=[],
+                warmup_tasks=[],
+            )
+
+        deadline = time.monotonic() + 20
+        while True:
+            r = beat("m1", e1, [])
+            e1 = r.member_epoch
+            if tasks(r.active_tasks) == {"0": [0, 1]}:
+                break
+            assert time.monotonic() < deadline, r
+            time.sleep(0.3)
+        j2 = join(raw, group, "m2", topology("revoke-src", group))
+        assert (j2.error_code, tasks(j2.active_tasks)) == (0, {})  # its task is still m1's
+        r = beat("m1", e1, both)
+        assert r.error_code == 0 and r.member_epoch == e1  # revoking: the epoch waits for the revocation
+        kept = tasks(r.active_tasks)
+        assert kept is not None and len(kept["0"]) == 1
+        time.sleep(1.5)
+        assert beat("m1", e1, both).error_code == ErrorCode.UNKNOWN_MEMBER_ID
+        e2, got = j2.member_epoch, None
+        deadline = time.monotonic() + 10
+        while got != {"0": [0, 1]}:
+            r = beat("m2", e2, [])
+            assert r.error_code == 0 and time.monotonic() < deadline, r
+            e2, got = r.member_epoch, tasks(r.active_tasks) if r.active_tasks is not None else got
+            time.sleep(0.2)
