@@ -18,6 +18,8 @@ from kbroker.broker.handlers.groups import (
     _client_host,
     _group_denied,
 )
+from kbroker.broker.security.acls import AclOperation, ResourceType
+from kbroker.coordinator.streams_group import MISSING_INTERNAL_TOPICS
 from kbroker.coordinator.streams_group_manager import StreamsHeartbeat
 from kbroker.coordinator.streams_group_records import Tasks
 from kbroker.protocol.errors import ErrorCode, KafkaError
@@ -32,16 +34,28 @@ from kbroker.protocol.messages import (
 log = logging.getLogger("kbroker.group")
 
 
-def _create_internal_topics(ctx: RequestContext, wanted: dict[str, tuple[int, int, dict[str, str]]]) -> None:
+def _create_internal_topics(
+    ctx: RequestContext, wanted: dict[str, tuple[int, int, dict[str, str]]]
+) -> str | None:
+    """Kafka's KafkaApis.streamsGroupHeartbeat: the internal topics are created when the member may CREATE them
+    (on the cluster or on each topic); otherwise the status says so. Returns that status detail, or None."""
+    names = sorted(n for n in wanted if n not in ctx.server.metadata.topics)
+    if ctx.server.authorizer is not None and not ctx.authorized(
+        AclOperation.CREATE, ResourceType.CLUSTER, log_denied=False
+    ):
+        allowed = ctx.authorized_names(AclOperation.CREATE, ResourceType.TOPIC, names)
+        denied = [n for n in names if n not in allowed]
+        if denied:
+            return f"Unauthorized to CREATE on topics {', '.join(denied)}."
     admin = ctx.server.admin
-    for name, (partitions, rf, configs) in sorted(wanted.items()):
-        if name in ctx.server.metadata.topics:
-            continue
+    for name in names:
+        partitions, rf, configs = wanted[name]
         try:
             admin.create_topic(name, partitions, rf if rf > 0 else -1, configs)
         except KafkaError as e:
             if e.code != ErrorCode.TOPIC_ALREADY_EXISTS:
-                log.warning("Could not create internal topic %s of a streams group: %s", name, e)
+                log.warning("Could not create internal topic %s of a streams group: %s", name, e.message or e)
+    return None
 
 
 async def handle_streams_group_heartbeat(
@@ -57,8 +71,11 @@ async def handle_streams_group_heartbeat(
     )
     if r.error:
         return R(error_code=r.error, error_message=r.message)
+    status = list(r.status)
     if r.to_create:
-        _create_internal_topics(ctx, r.to_create)
+        denied = _create_internal_topics(ctx, r.to_create)
+        if denied is not None:
+            status = [(c, f"{d} {denied}" if c == MISSING_INTERNAL_TOPICS else d) for c, d in status]
 
     def ids(t: Tasks) -> list[StreamsGroupHeartbeatResponse.TaskIds]:
         return [R.TaskIds(subtopology_id=s, partitions=sorted(ps)) for s, ps in sorted(t.items()) if ps]
@@ -72,7 +89,7 @@ async def handle_streams_group_heartbeat(
         task_offset_interval_ms=60000,
         acceptable_recovery_lag_legacy=10000,
         acceptable_recovery_lag=10000,
-        status=[R.Status(status_code=c, status_detail=d) for c, d in r.status],
+        status=[R.Status(status_code=c, status_detail=d) for c, d in status],
         active_tasks=None if a is None else ids(a.active),
         standby_tasks=None if a is None else ids(a.standby),
         warmup_tasks=None if a is None else ids(a.warmup),
