@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import ApiVersionsRequest
 
@@ -114,3 +122,39 @@ def test_a_member_that_does_not_revoke_is_fenced_after_its_rebalance_timeout(bro
             assert r.error_code == 0 and time.monotonic() < deadline, r
             e2, got = r.member_epoch, tasks(r.active_tasks) if r.active_tasks is not None else got
             time.sleep(0.2)
+
+
+def test_internal_topics_need_create_permission(tmp_path: Path) -> None:
+    """With an authorizer, a member that may not CREATE the changelog topic (on the cluster or the topic) gets
+    MISSING_INTERNAL_TOPICS naming it, and the topic is not created (Kafka's KafkaApis.streamsGroupHeartbeat)."""
+    b = BrokerProcess(
+        tmp_path / "acl",
+        {
+            "authorizer.class.name": "kafka.security.authorizer.AclAuthorizer",
+            "allow.everyone.if.no.acl.found": "true",
+            "offsets.topic.num.partitions": "1",
+        },
+    ).start()
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic("acl-src", 2, 1)])["acl-src"].result(30)
+        deny = [
+            AclBinding(
+                rtype, name, pattern, "User:ANONYMOUS", "*", AclOperation.CREATE, AclPermissionType.DENY
+            )
+            for rtype, name, pattern in (
+                (ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL),
+                (ResourceType.TOPIC, "acl-app-", ResourcePatternType.PREFIXED),
+            )
+        ]
+        for f in admin.create_acls(deny).values():
+            f.result(30)
+        with RawClient(b.bootstrap, timeout=30) as raw:
+            wait_coordinator(raw, "acl-app")
+            r = join(raw, "acl-app", "m1", topology("acl-src", "acl-app"))
+        assert r.error_code == 0
+        missing = [s.status_detail for s in r.status if s.status_code == 3]
+        assert len(missing) == 1 and "Unauthorized to CREATE on topics acl-app-store-changelog" in missing[0]
+        assert "acl-app-store-changelog" not in admin.list_topics(timeout=10).topics
+    finally:
+        b.stop()
