@@ -211,8 +211,11 @@ class StreamsGroupManager:
 
         bump = new_member
         if req.topology is not None:
-            if sg.topology is None or sg.topology.epoch < req.topology.epoch and not sg.members:
-                records.append(sgr.topology_record(gid, _topology_value(req.topology)))
+            offered = _topology_value(req.topology)
+            # The first member of an empty group (re)initializes the topology: a redeployed application may
+            # bring a changed one.
+            if sg.topology is None or (not sg.members and offered != sg.topology):
+                records.append(sgr.topology_record(gid, offered))
                 log.info(
                     "Streams group %s: member %s initialized the topology with epoch %d (%d subtopologies)",
                     gid,

@@ -21,7 +21,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from kbroker.protocol.errors import ErrorCode
-from kbroker.protocol.messages import ApiVersionsRequest
+from kbroker.protocol.messages import ApiVersionsRequest, StreamsGroupDescribeRequest
 
 from tests.broker_process import BrokerProcess
 from tests.clients import RawClient
@@ -158,3 +158,27 @@ def test_internal_topics_need_create_permission(tmp_path: Path) -> None:
         assert "acl-app-store-changelog" not in admin.list_topics(timeout=10).topics
     finally:
         b.stop()
+
+
+def test_an_empty_group_takes_the_next_members_topology(broker: BrokerProcess) -> None:
+    """A redeployed application may change its topology: the first member of the empty group brings it."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for f in admin.create_topics([NewTopic("topo-a", 1, 1), NewTopic("topo-b", 1, 1)]).values():
+        f.result(30)
+    group = "topo-app"
+    with RawClient(broker.bootstrap, timeout=30) as raw:
+        wait_coordinator(raw, group)
+
+        def sources() -> list[str]:
+            d = raw.request(89, 0, StreamsGroupDescribeRequest(group_ids=[group]))
+            return [t for s in d.groups[0].topology.subtopologies for t in s.source_topics]
+
+        j = join(raw, group, "m1", topology("topo-a", group))
+        assert j.error_code == 0 and sources() == ["topo-a"]
+        # A second member's topology does not replace the group's while it has members.
+        assert join(raw, group, "m2", topology("topo-b", group)).error_code == 0
+        assert sources() == ["topo-a"]
+        for m in ("m1", "m2"):
+            assert heartbeat(raw, group_id=group, member_id=m, member_epoch=-1).error_code == 0
+        assert join(raw, group, "m3", topology("topo-b", group)).error_code == 0
+        assert sources() == ["topo-b"]
