@@ -1,4 +1,4 @@
-"""KIP-1071 streams group APIs: StreamsGroupHeartbeat (88) v0-1 and StreamsGroupDescribe (89) v0.
+"""KIP-1071 streams group APIs: StreamsGroupHeartbeat (88) v0-1 and StreamsGroupDescribe (89) v0-1.
 
 The state machine is coordinator.StreamsGroupManager on the group coordinator's loop; the handler creates the
 internal topics (repartition, changelog) the coordinator asks for, as Kafka's KafkaApis does with the
@@ -189,6 +189,10 @@ async def handle_streams_group_describe(
                 topology=topology,
                 members=members,
                 authorized_operations=ops,
+                # v1 (KIP-1331): no topology description is stored (none is asked of members), so NOT_STORED (1)
+                # when one is requested; the assignor is Kafka's default, `sticky`.
+                topology_description_status=1 if req.include_topology_description else 0,
+                assignor_name="sticky",
             )
         )
     return R(groups=out)
@@ -196,5 +200,5 @@ async def handle_streams_group_describe(
 
 HANDLERS = [
     ApiHandler(88, 0, 1, handle_streams_group_heartbeat),
-    ApiHandler(89, 0, 0, handle_streams_group_describe),
+    ApiHandler(89, 0, 1, handle_streams_group_describe),
 ]

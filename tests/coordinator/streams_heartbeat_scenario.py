@@ -174,6 +174,10 @@ def run(bootstrap: str, source: str, group: str) -> list[tuple[Any, ...]]:
                 [(m.member_id, tasks(m.assignment.active_tasks)) for m in mine.members],
             )
         )
+        d1 = raw.request(
+            89, 1, StreamsGroupDescribeRequest(group_ids=[group], include_topology_description=True)
+        )
+        out.append(("describe v1", d1.groups[0].topology_description_status, d1.groups[0].assignor_name))
         lg = raw.request(16, 5, ListGroupsRequest(states_filter=[], types_filter=["streams"]))
         out.append(
             (
@@ -205,6 +209,7 @@ def kafka_answers(group: str) -> list[tuple[Any, ...]]:
         ("join owning tasks", 42, "ActiveTasks must be empty when (re-)joining."),
         ("missing source topic", 0, [1, 5]),
         ("describe", sorted([(group, 0), ("no-such-streams-group", 69)]), [("m1", {"0": [0, 1]})]),
+        ("describe v1", 1, "sticky"),  # TopologyDescriptionStatus NOT_STORED
         ("list", [(group, "streams", "streams")]),
         ("leave", 0, -1),
         ("after leave", 25),

@@ -65,7 +65,7 @@ def advertised(bootstrap: str) -> dict[int, tuple[int, int]]:
 
 def test_streams_apis_advertised_only_when_the_protocol_is_on(broker: BrokerProcess, tmp_path: Path) -> None:
     on = advertised(broker.bootstrap)
-    assert (on[88], on[89]) == ((0, 1), (0, 0))
+    assert (on[88], on[89]) == ((0, 1), (0, 1))
     off = BrokerProcess(
         tmp_path / "off", {"group.coordinator.rebalance.protocols": "classic,consumer"}
     ).start()
