@@ -85,7 +85,7 @@ class GroupOffsets:
         def replay_consumer_record(self, r: cgr.ConsumerGroupRecord, cg: ConsumerGroup | None = None) -> None: ...
         def replay_streams_record(self, r: sgr.StreamsGroupRecord, sg: Any = None) -> None: ...
         def validate_streams_offset_commit(self, sg: Any, member_id: str, member_epoch: int, transactional: bool,
-                                           api_version: int) -> ErrorCode | None: ...
+                                           api_version: int, partitions: Any = ()) -> ErrorCode | None: ...
         @staticmethod
         def validate_consumer_offset_commit(cg: ConsumerGroup, member_id: str, member_epoch: int,
                                             transactional: bool, api_version: int) -> ErrorCode | None: ...
@@ -106,7 +106,8 @@ class GroupOffsets:
             return all_(err)
         g = self.groups.get(group_id)
         if g is not None and g.streams is not None:
-            err = self.validate_streams_offset_commit(g.streams, member_id, generation_id, False, api_version)
+            err = self.validate_streams_offset_commit(g.streams, member_id, generation_id, False, api_version,
+                                                      list(offsets))
             if err is not None:
                 return all_(err)
         elif g is not None and g.consumer is not None:
@@ -183,7 +184,7 @@ class GroupOffsets:
         # A transactional commit creates a missing group as an empty ("simple") one, as Kafka does; it is
         # only registered once the commit is accepted.
         candidate = g if g is not None else GroupMetadata(group_id, state_timestamp_ms=_now_ms())
-        err = self._validate_txn_member(candidate, generation_id, member_id, instance_id)
+        err = self._validate_txn_member(candidate, generation_id, member_id, instance_id, list(offsets))
         if err is not None:
             return all_(err)
         results, accepted = self._check_offsets(offsets)
@@ -230,13 +231,15 @@ class GroupOffsets:
 
     @staticmethod
     def _validate_txn_member(g: GroupMetadata, generation_id: int, member_id: str,
-                             instance_id: str | None) -> ErrorCode | None:
+                             instance_id: str | None, partitions: list[TopicPartition] | None = None
+                             ) -> ErrorCode | None:
         """Kafka's validateOffsetCommit for transactional commits (KIP-447): without a generation, member id
         or instance id the commit is not tied to a member and skips the checks."""
         if g.state is GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if g.streams is not None:
-            return StreamsGroupManager.validate_streams_offset_commit_static(g.streams, member_id, generation_id)
+            return StreamsGroupManager.validate_streams_offset_commit_static(g.streams, member_id, generation_id,
+                                                                             partitions=partitions or ())
         if g.consumer is not None:
             return ConsumerGroupManager.validate_consumer_offset_commit(g.consumer, member_id, generation_id, True, 9)
         if generation_id < 0 and (g.state is GroupState.EMPTY or (not member_id and instance_id is None)):

@@ -56,6 +56,8 @@ class StreamsGroupMember:
     client_tags: dict[str, str] = field(default_factory=dict)
     assigned: TasksTuple = field(default_factory=TasksTuple)
     pending: TasksTuple = field(default_factory=TasksTuple)
+    # (subtopology, partition) -> the epoch its active task was assigned to this member at
+    active_epochs: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def metadata_key(self) -> tuple[Any, ...]:
         return (
@@ -98,6 +100,7 @@ class StreamsGroupMember:
             self.state,
             self.assigned.clean(),
             self.pending.clean(),
+            sorted(self.active_epochs.items()),
         )
 
     def assignment_record(self, group_id: str) -> StreamsGroupRecord:
@@ -109,6 +112,7 @@ class StreamsGroupMember:
             state=int(self.state),
             assigned=self.assigned,
             pending=self.pending,
+            active_epochs=self.active_epochs,
         )
 
 
@@ -367,6 +371,7 @@ class StreamsGroup:
         if v is None:
             m.member_epoch = m.previous_member_epoch = LEAVE_GROUP_MEMBER_EPOCH
             m.state = MemberState.STABLE
+            m.active_epochs = {}
             self._set_owned(m, TasksTuple(), TasksTuple())
             return
         m.member_epoch = v.member_epoch
@@ -375,6 +380,9 @@ class StreamsGroup:
             m.state = MemberState(v.state)
         except ValueError:
             m.state = MemberState.UNKNOWN
+        m.active_epochs = sgr.to_epochs(v.active_tasks, v.member_epoch) | sgr.to_epochs(
+            v.active_tasks_pending_revocation, v.member_epoch
+        )
         self._set_owned(
             m,
             TasksTuple(

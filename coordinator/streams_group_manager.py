@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -197,7 +197,12 @@ class StreamsGroupManager:
             member = StreamsGroupMember(req.member_id)
         elif req.member_epoch != 0:
             self._check_streams_member_epoch(member, req.member_epoch, _owned(req.active_tasks))
-        before = replace(member, assigned=member.assigned.copy(), pending=member.pending.copy())
+        before = replace(
+            member,
+            assigned=member.assigned.copy(),
+            pending=member.pending.copy(),
+            active_epochs=dict(member.active_epochs),
+        )
         if req.member_epoch == 0 and not new_member:
             # A known member rejoining owns nothing now.
             member = replace(
@@ -207,6 +212,7 @@ class StreamsGroupManager:
                 state=MemberState.STABLE,
                 assigned=TasksTuple(),
                 pending=TasksTuple(),
+                active_epochs={},
             )
 
         bump = new_member
@@ -422,7 +428,7 @@ class StreamsGroupManager:
                 return m
             if any(tasks_and(r, p) for r, p in zip(reported, m.pending.parts(), strict=True)):  # type: ignore[arg-type]
                 return m
-            m = replace(m, pending=TasksTuple())
+            m = replace(m, pending=TasksTuple(), active_epochs=_epochs_of(m.active_epochs, m.assigned.active))
         elif m.member_epoch == target_epoch and m.state is MemberState.STABLE:
             return m
         revoke = [tasks_minus(a, t) for a, t in zip(m.assigned.parts(), target.parts(), strict=True)]
@@ -430,7 +436,13 @@ class StreamsGroupManager:
             kept = TasksTuple(
                 *(tasks_and(a, t) for a, t in zip(m.assigned.parts(), target.parts(), strict=True))
             )
-            return replace(m, state=MemberState.UNREVOKED_TASKS, assigned=kept, pending=TasksTuple(*revoke))
+            return replace(
+                m,
+                state=MemberState.UNREVOKED_TASKS,
+                assigned=kept,
+                pending=TasksTuple(*revoke),
+                active_epochs=dict(m.active_epochs),
+            )
         active = {
             s: {p for p in ps if sg.active_owners.get((s, p), m.member_id) == m.member_id}
             for s, ps in target.active.items()
@@ -448,6 +460,14 @@ class StreamsGroupManager:
                 {s: set(ps) for s, ps in target.warmup.items()},
             ),
             pending=TasksTuple(),
+            # A task the member keeps keeps its assignment epoch; a new one is assigned at the target epoch.
+            active_epochs={
+                (s, p): m.active_epochs.get((s, p), target_epoch)
+                if p in m.assigned.active.get(s, ())
+                else target_epoch
+                for s, ps in active.items()
+                for p in ps
+            },
         )
 
     # ------------------------------------------------------------ leave and fencing
@@ -650,10 +670,16 @@ class StreamsGroupManager:
         return out
 
     def validate_streams_offset_commit(
-        self, sg: StreamsGroup, member_id: str, member_epoch: int, transactional: bool, api_version: int
+        self,
+        sg: StreamsGroup,
+        member_id: str,
+        member_epoch: int,
+        transactional: bool,
+        api_version: int,
+        partitions: Iterable[tuple[str, int]] = (),
     ) -> ErrorCode | None:
         err = self.validate_streams_offset_commit_static(
-            sg, member_id, member_epoch, transactional, api_version
+            sg, member_id, member_epoch, transactional, api_version, partitions
         )
         if err is None and member_id in sg.members:
             self._schedule_streams_session_timeout(sg, member_id)
@@ -661,10 +687,18 @@ class StreamsGroupManager:
 
     @staticmethod
     def validate_streams_offset_commit_static(
-        sg: StreamsGroup, member_id: str, member_epoch: int, transactional: bool = True, api_version: int = 9
+        sg: StreamsGroup,
+        member_id: str,
+        member_epoch: int,
+        transactional: bool = True,
+        api_version: int = 9,
+        partitions: Iterable[tuple[str, int]] = (),
     ) -> ErrorCode | None:
         """Kafka's StreamsGroup.validateOffsetCommit: epoch -1 only on an empty group, a known member, OffsetCommit
-        v9+ outside transactions, and the member's current epoch."""
+        v9+ outside transactions, and the member's epoch. An older epoch is accepted (Kafka 4.4) when every
+        partition committed belongs to an active task the member still owns (assigned or being revoked) since that
+        epoch or before: its commit raced a heartbeat that moved it to a new epoch, not the task to another
+        member."""
         if member_epoch < 0 and not sg.members:
             return None
         member = sg.members.get(member_id)
@@ -672,9 +706,24 @@ class StreamsGroupManager:
             return ErrorCode.UNKNOWN_MEMBER_ID
         if not transactional and api_version < 9:
             return ErrorCode.UNSUPPORTED_VERSION
-        if member_epoch != member.member_epoch:
+        if member_epoch == member.member_epoch:
+            return None
+        if member_epoch > member.member_epoch or member_epoch < 0 or sg.topology is None:
             return ErrorCode.STALE_MEMBER_EPOCH
-        return None
+        subtopology_of: dict[str, str] = {}
+        for s in sg.topology.subtopologies:
+            for t in [*s.source_topics, *(ti.name for ti in s.repartition_source_topics)]:
+                subtopology_of[t] = s.subtopology_id
+        wanted = list(partitions)
+        for topic, p in wanted:
+            sub = subtopology_of.get(topic)
+            if sub is None or not (
+                p in member.assigned.active.get(sub, ()) or p in member.pending.active.get(sub, ())
+            ):
+                return ErrorCode.STALE_MEMBER_EPOCH
+            if member.active_epochs.get((sub, p), member.member_epoch) > member_epoch:
+                return ErrorCode.STALE_MEMBER_EPOCH
+        return None if wanted else ErrorCode.STALE_MEMBER_EPOCH
 
     @staticmethod
     def validate_streams_offset_fetch(
@@ -688,6 +737,10 @@ class StreamsGroupManager:
         if member_epoch != member.member_epoch:
             return ErrorCode.STALE_MEMBER_EPOCH
         return None
+
+
+def _epochs_of(epochs: dict[tuple[str, int], int], tasks: sgr.Tasks) -> dict[tuple[str, int], int]:
+    return {(s, p): e for (s, p), e in epochs.items() if p in tasks.get(s, ())}
 
 
 def _validate_topology(topology: Any) -> None:

@@ -136,6 +136,20 @@ def to_tasks(lst: list[Any] | None) -> Tasks:
     return {t.subtopology_id: set(t.partitions) for t in lst or [] if t.partitions}
 
 
+def to_epochs(lst: list[Any] | None, default: int) -> dict[tuple[str, int], int]:
+    """The tasks' assignment epochs; `default` (the member epoch) where a record has none."""
+    out: dict[tuple[str, int], int] = {}
+    for t in lst or []:
+        epochs = (
+            t.assignment_epochs
+            if t.assignment_epochs and len(t.assignment_epochs) == len(t.partitions)
+            else None
+        )
+        for i, p in enumerate(t.partitions):
+            out[(t.subtopology_id, p)] = epochs[i] if epochs is not None else default
+    return out
+
+
 def group_epoch_record(
     group_id: str, epoch: int, metadata_hash: int, validated_topology_epoch: int
 ) -> StreamsGroupRecord:
@@ -194,12 +208,21 @@ def current_assignment_record(
     state: int,
     assigned: TasksTuple,
     pending: TasksTuple,
+    active_epochs: dict[tuple[str, int], int] | None = None,
 ) -> StreamsGroupRecord:
+    """active_epochs: the epoch each active task was assigned to the member at (Kafka 4.4's AssignmentEpochs, a
+    tagged field beside the active tasks' partitions)."""
     V = StreamsGroupCurrentMemberAssignmentValue
 
-    def ids(t: Tasks) -> list[Any]:
+    def ids(t: Tasks, epochs: dict[tuple[str, int], int] | None = None) -> list[Any]:
         return [
-            V.TaskIds(subtopology_id=s, partitions=sorted(ps), assignment_epochs=None)
+            V.TaskIds(
+                subtopology_id=s,
+                partitions=sorted(ps),
+                assignment_epochs=None
+                if epochs is None
+                else [epochs.get((s, p), member_epoch) for p in sorted(ps)],
+            )
             for s, ps in sorted(t.items())
             if ps
         ]
@@ -212,10 +235,10 @@ def current_assignment_record(
             member_epoch=member_epoch,
             previous_member_epoch=previous_member_epoch,
             state=state,
-            active_tasks=ids(assigned.active),
+            active_tasks=ids(assigned.active, active_epochs),
             standby_tasks=ids(assigned.standby),
             warmup_tasks=ids(assigned.warmup),
-            active_tasks_pending_revocation=ids(pending.active),
+            active_tasks_pending_revocation=ids(pending.active, active_epochs),
             standby_tasks_pending_revocation=ids(pending.standby),
             warmup_tasks_pending_revocation=ids(pending.warmup),
         ),

@@ -9,6 +9,7 @@ from typing import Any
 from kbroker.protocol.messages import (
     FindCoordinatorRequest,
     ListGroupsRequest,
+    OffsetCommitRequest,
     StreamsGroupDescribeRequest,
     StreamsGroupHeartbeatRequest,
 )
@@ -127,6 +128,33 @@ def run(bootstrap: str, source: str, group: str) -> list[tuple[Any, ...]]:
             warmup_tasks=[],
         )
         out.append(("steady", r.error_code, r.member_epoch == epoch))
+
+        def commit(member: str, member_epoch: int, version: int = 9) -> int:
+            OC = OffsetCommitRequest
+            req = OC(
+                group_id=group,
+                generation_id_or_member_epoch=member_epoch,
+                member_id=member,
+                topics=[
+                    OC.OffsetCommitRequestTopic(
+                        name=source,
+                        partitions=[OC.OffsetCommitRequestPartition(partition_index=0, committed_offset=0)],
+                    )
+                ],
+            )
+            return int(raw.request(8, version, req).topics[0].partitions[0].error_code)
+
+        # Offset commits of a streams member: its epoch; an older one only for tasks it had by then.
+        out.append(
+            (
+                "commit",
+                commit("m1", epoch),
+                commit("m1", epoch + 1),
+                commit("m1", epoch - 1),
+                commit("nobody", epoch),
+                commit("m1", epoch, version=8),
+            )
+        )
         r = heartbeat(raw, group_id=group, member_id="nobody", member_epoch=epoch)
         out.append(("unknown member", r.error_code))
         r = heartbeat(raw, group_id=group, member_id="m1", member_epoch=epoch + 10)
@@ -199,6 +227,9 @@ def kafka_answers(group: str) -> list[tuple[Any, ...]]:
         ("join", 0, True, [3, 5]),
         ("assigned", {"0": [0, 1]}),
         ("steady", 0, True),
+        # the member's epoch; a greater one and one older than the tasks' assignment: STALE_MEMBER_EPOCH;
+        # an unknown member; OffsetCommit v8: UNSUPPORTED_VERSION
+        ("commit", 0, 113, 113, 25, 35),
         ("unknown member", 25),  # UNKNOWN_MEMBER_ID
         ("greater epoch", 110),  # FENCED_MEMBER_EPOCH
         ("unknown group", 69),  # GROUP_ID_NOT_FOUND
