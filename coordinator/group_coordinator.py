@@ -345,9 +345,14 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
         if rebalance_timeout_ms < 0:
             rebalance_timeout_ms = session_timeout_ms
         g = self.groups.get(group_id)
+        if g is not None and g.streams is not None and not g.streams.members:
+            # An empty streams group becomes a classic group keeping its offsets (an application going back to
+            # group.protocol=classic), as Kafka converts it.
+            await self.convert_empty_streams_group(group_id)
+            g = self.groups.get(group_id)
         if g is not None and g.streams is not None:
-            # A streams group (KIP-1071) takes no classic member (Kafka: "Group %s is not a classic group.").
-            return JoinResult(ErrorCode.GROUP_ID_NOT_FOUND, member_id)
+            # A streams group (KIP-1071) with members takes no classic member, as Kafka answers.
+            return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
         if g is not None and g.consumer is not None:
             # A KIP-848 consumer group with members serves the classic member (online migration); an empty one
             # becomes a classic group, keeping its offsets.
@@ -602,8 +607,8 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
                     b"", None, None)
         g = self.groups.get(group_id)
         if g is not None and g.streams is not None:
-            # A streams group (KIP-1071) takes no classic member (Kafka: "Group %s is not a classic group.").
-            return ErrorCode.GROUP_ID_NOT_FOUND, b"", None, None
+            # A streams group (KIP-1071) has no classic members, as Kafka answers.
+            return ErrorCode.UNKNOWN_MEMBER_ID, b"", None, None
         if g is None:
             return ErrorCode.UNKNOWN_MEMBER_ID, b"", None, None
         if g.consumer is not None:
@@ -668,8 +673,8 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
             return ErrorCode.NONE if err == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS else err
         g = self.groups.get(group_id)
         if g is not None and g.streams is not None:
-            # A streams group (KIP-1071) takes no classic member (Kafka: "Group %s is not a classic group.").
-            return ErrorCode.GROUP_ID_NOT_FOUND
+            # A streams group (KIP-1071) has no classic members, as Kafka answers.
+            return ErrorCode.UNKNOWN_MEMBER_ID
         if g is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
         if g.consumer is not None:
@@ -694,8 +699,8 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
             return err, []
         g = self.groups.get(group_id)
         if g is not None and g.streams is not None:
-            # A streams group (KIP-1071) takes no classic member (Kafka: "Group %s is not a classic group.").
-            return ErrorCode.NONE, [ErrorCode.GROUP_ID_NOT_FOUND for _ in leaving]
+            # A streams group (KIP-1071) has no classic members, as Kafka answers.
+            return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID for _ in leaving]
         if g is None:
             return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID for _ in leaving]
         if g.consumer is not None:

@@ -542,6 +542,17 @@ class StreamsGroupManager:
             holder.state = GroupState.EMPTY if empty else GroupState.STABLE
             holder.state_timestamp_ms = _now_ms()
 
+    async def convert_empty_streams_group(self, group_id: str) -> None:
+        """A classic JoinGroup for an empty streams group: its records go and it becomes an empty classic group
+        keeping its offsets (Kafka: "Converted the empty streams group to a classic group.")."""
+        holder = self.groups.get(group_id)
+        if holder is None or holder.streams is None or holder.streams.members:
+            return
+        await self._streams_apply_and_flush(group_id, holder.streams, sgr.group_tombstones(group_id, []))
+        if group_id not in self.groups:
+            self.groups[group_id] = GroupMetadata(group_id, state_timestamp_ms=_now_ms())
+        log.info("Converted the empty streams group %s to a classic group", group_id)
+
     def streams_group_tombstones(self, g: GroupMetadata) -> list[tuple[bytes, bytes | None]]:
         if g.streams is None:
             return []

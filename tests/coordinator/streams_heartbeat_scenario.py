@@ -8,10 +8,14 @@ from typing import Any
 
 from kbroker.protocol.messages import (
     FindCoordinatorRequest,
+    HeartbeatRequest,
+    JoinGroupRequest,
+    LeaveGroupRequest,
     ListGroupsRequest,
     OffsetCommitRequest,
     StreamsGroupDescribeRequest,
     StreamsGroupHeartbeatRequest,
+    SyncGroupRequest,
 )
 
 from tests.clients import RawClient
@@ -155,6 +159,26 @@ def run(bootstrap: str, source: str, group: str) -> list[tuple[Any, ...]]:
                 commit("m1", epoch, version=8),
             )
         )
+        jg = JoinGroupRequest(
+            group_id=group,
+            session_timeout_ms=10000,
+            rebalance_timeout_ms=10000,
+            member_id="",
+            protocol_type="consumer",
+            protocols=[JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"")],
+        )
+        sg = SyncGroupRequest(group_id=group, generation_id=1, member_id="m1", assignments=[])
+        hbc = HeartbeatRequest(group_id=group, generation_id=1, member_id="m1")
+        lv = LeaveGroupRequest(group_id=group, members=[LeaveGroupRequest.MemberIdentity(member_id="x")])
+        out.append(
+            (
+                "classic apis",
+                raw.request(11, 5, jg).error_code,
+                raw.request(14, 3, sg).error_code,
+                raw.request(12, 3, hbc).error_code,
+                raw.request(13, 3, lv).error_code,
+            )
+        )
         r = heartbeat(raw, group_id=group, member_id="nobody", member_epoch=epoch)
         out.append(("unknown member", r.error_code))
         r = heartbeat(raw, group_id=group, member_id="m1", member_epoch=epoch + 10)
@@ -230,6 +254,8 @@ def kafka_answers(group: str) -> list[tuple[Any, ...]]:
         # the member's epoch; a greater one and one older than the tasks' assignment: STALE_MEMBER_EPOCH;
         # an unknown member; OffsetCommit v8: UNSUPPORTED_VERSION
         ("commit", 0, 113, 113, 25, 35),
+        # JoinGroup INCONSISTENT_GROUP_PROTOCOL, SyncGroup and Heartbeat UNKNOWN_MEMBER_ID, LeaveGroup NONE
+        ("classic apis", 23, 25, 25, 0),
         ("unknown member", 25),  # UNKNOWN_MEMBER_ID
         ("greater epoch", 110),  # FENCED_MEMBER_EPOCH
         ("unknown group", 69),  # GROUP_ID_NOT_FOUND

@@ -21,7 +21,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from kbroker.protocol.errors import ErrorCode
-from kbroker.protocol.messages import ApiVersionsRequest, StreamsGroupDescribeRequest
+from kbroker.protocol.messages import ApiVersionsRequest, ListGroupsRequest, StreamsGroupDescribeRequest
 
 from tests.broker_process import BrokerProcess
 from tests.clients import RawClient
@@ -182,3 +182,30 @@ def test_an_empty_group_takes_the_next_members_topology(broker: BrokerProcess) -
             assert heartbeat(raw, group_id=group, member_id=m, member_epoch=-1).error_code == 0
         assert join(raw, group, "m3", topology("topo-b", group)).error_code == 0
         assert sources() == ["topo-b"]
+
+
+def test_an_empty_streams_group_becomes_classic_for_a_classic_member(broker: BrokerProcess) -> None:
+    """An application going back to group.protocol=classic: the empty streams group is converted, as in Kafka."""
+    from confluent_kafka import Consumer
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("conv-src", 2, 1)])["conv-src"].result(30)
+    group = "conv-app"
+    with RawClient(broker.bootstrap, timeout=30) as raw:
+        wait_coordinator(raw, group)
+        assert join(raw, group, "m1", topology("conv-src", group)).error_code == 0
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "session.timeout.ms": 6000})
+        try:
+            assert heartbeat(raw, group_id=group, member_id="m1", member_epoch=-1).error_code == 0
+            c.subscribe(["conv-src"])
+            deadline = time.monotonic() + 30
+            while not c.assignment():
+                assert time.monotonic() < deadline, "the classic member got no partitions"
+                c.poll(0.2)
+            assert sorted(tp.partition for tp in c.assignment()) == [0, 1]
+        finally:
+            c.close()
+        lg = raw.request(16, 5, ListGroupsRequest(states_filter=[], types_filter=[]))
+        assert [(g.group_type, g.protocol_type) for g in lg.groups if g.group_id == group] == [
+            ("classic", "consumer")
+        ]
