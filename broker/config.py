@@ -347,6 +347,12 @@ KEYS: dict[str, ConfigKey] = {
         # Online migration between classic and consumer groups; Kafka 4.0's default (3.9's was `disabled`).
         ConfigKey("group.consumer.migration.policy", _lower, "bidirectional",
                   one_of("disabled", "upgrade", "downgrade", "bidirectional")),
+        # KIP-1071 streams groups (group.protocol=streams; Kafka 4.2's GroupCoordinatorConfig)
+        ConfigKey("group.streams.session.timeout.ms", _int, 45000, at_least(1)),
+        ConfigKey("group.streams.heartbeat.interval.ms", _int, 5000, at_least(1)),
+        ConfigKey("group.streams.max.size", _int, INT_MAX, at_least(1)),
+        ConfigKey("group.streams.num.standby.replicas", _int, 0, at_least(0)),
+        ConfigKey("group.streams.initial.rebalance.delay.ms", _int, 3000, at_least(0)),
         # KIP-932 share groups (Kafka 4.2's GroupCoordinatorConfig / ShareGroupConfig)
         ConfigKey("group.share.session.timeout.ms", _int, 45000, at_least(1)),
         ConfigKey("group.share.min.session.timeout.ms", _int, 45000, at_least(1)),
@@ -394,8 +400,9 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("max.incremental.fetch.session.cache.slots", _int, 1000, at_least(0)),
         ConfigKey("quota.window.num", _int, 11, at_least(1)),
         ConfigKey("quota.window.size.seconds", _int, 1, at_least(1)),
-        ConfigKey("group.coordinator.rebalance.protocols", _list, ["classic", "consumer"],
-                  one_of("classic", "consumer")),
+        # Kafka 4.2+: the streams rebalance protocol (KIP-1071) is on by default.
+        ConfigKey("group.coordinator.rebalance.protocols", _list, ["classic", "consumer", "streams"],
+                  one_of("classic", "consumer", "streams")),
         # kbroker's own: Prometheus metrics over HTTP (unset = off), where Kafka would run the JMX exporter agent.
         ConfigKey("metrics.port", _int, None, between(0, 65535)),
         # Unset: the host of the first listener (a broker on loopback keeps its metrics there too).

@@ -68,6 +68,7 @@ def segment_file_budget() -> int:
 
 
 CONSUMER_GROUP_APIS = (68, 69)
+STREAMS_GROUP_APIS = (88, 89)
 
 
 class KafkaServer:
@@ -119,7 +120,8 @@ class KafkaServer:
         self.apis = KafkaApis(self, [
             h for h in all_handlers()
             # ConsumerGroupHeartbeat / ConsumerGroupDescribe exist only with the consumer rebalance protocol on.
-            if h.api_key not in CONSUMER_GROUP_APIS or "consumer" in config["group.coordinator.rebalance.protocols"]
+            if (h.api_key not in CONSUMER_GROUP_APIS or "consumer" in config["group.coordinator.rebalance.protocols"])
+            and (h.api_key not in STREAMS_GROUP_APIS or "streams" in config["group.coordinator.rebalance.protocols"])
         ])
         self.socket_server = SocketServer(config, self.apis, listener_security(config, self.scram_credentials))
         self.group_coordinator = GroupCoordinator(self, GroupConfig(
@@ -136,6 +138,11 @@ class KafkaServer:
             consumer_max_size=config["group.consumer.max.size"],
             consumer_assignors=[CLASS_NAMES.get(a, a) for a in config["group.consumer.assignors"]],
             consumer_migration_policy=config["group.consumer.migration.policy"],
+            streams_session_timeout_ms=config["group.streams.session.timeout.ms"],
+            streams_heartbeat_interval_ms=config["group.streams.heartbeat.interval.ms"],
+            streams_max_size=config["group.streams.max.size"],
+            streams_num_standby_replicas=config["group.streams.num.standby.replicas"],
+            streams_initial_rebalance_delay_ms=config["group.streams.initial.rebalance.delay.ms"],
         ), loop=self.socket_server.processors[0].loop)
         ib_listener = inter_broker_listener(config)
         self.inter_broker = InterBrokerChannel(

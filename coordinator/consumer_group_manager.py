@@ -203,6 +203,8 @@ class ConsumerGroupManager:
         holder = self.groups.get(group_id)
         if holder is not None and holder.consumer is not None:
             return holder.consumer
+        if holder is not None and holder.streams is not None:
+            raise ConsumerGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a consumer group.")
         if holder is not None and (holder.members or holder.state is not GroupState.EMPTY):
             if create and upgrades is not None:
                 upgrade = self.upgrade_classic_group(holder)

@@ -21,11 +21,13 @@ from typing import Any, Protocol
 
 from kbroker.coordinator import consumer_group_records as cgr
 from kbroker.coordinator import group_records as records
+from kbroker.coordinator import streams_group_records as sgr
 from kbroker.coordinator.consumer_group_migration import ConsumerGroupMigration
 from kbroker.coordinator.coordinator_loop import CoordinatorLoop
 from kbroker.coordinator.group_loader import LoadedEntry, LoadedMarker, LoadedRecord, read_entries
 from kbroker.coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata
 from kbroker.coordinator.group_offsets import GroupOffsets, validate_current_member
+from kbroker.coordinator.streams_group_manager import StreamsGroupManager
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, build_batch
 from kbroker.storage.errors import NotLeaderOrFollowerError
@@ -87,6 +89,12 @@ class GroupConfig:
     consumer_assignors: list[str] = field(default_factory=lambda: ["uniform", "range"])
     # group.consumer.migration.policy: disabled, upgrade, downgrade or bidirectional
     consumer_migration_policy: str = "bidirectional"
+    # KIP-1071 streams groups (group.streams.*)
+    streams_session_timeout_ms: int = 45000
+    streams_heartbeat_interval_ms: int = 5000
+    streams_max_size: int = 2**31 - 1
+    streams_num_standby_replicas: int = 0
+    streams_initial_rebalance_delay_ms: int = 3000
 
 
 @dataclass
@@ -105,7 +113,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
+class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager, CoordinatorLoop):
     def __init__(self, host: CoordinatorHost, config: GroupConfig,
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
         """loop: an event loop run by someone else (coordinator_loop); without one, a loop of its own."""
@@ -199,6 +207,7 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
                 n = 0
             self.loading.discard(p)
             self.consumer_groups_loaded(p)
+            self.streams_groups_loaded(p)
             if n:
                 log.info("Loaded %d records of %s-%d in %.3f s", n, OFFSETS_TOPIC, p, time.monotonic() - t0)
 
@@ -226,6 +235,8 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
                 self._replay_offset(e)
             elif isinstance(e.record, cgr.ConsumerGroupRecord):
                 self.replay_consumer_record(e.record)
+            elif isinstance(e.record, sgr.StreamsGroupRecord):
+                self.replay_streams_record(e.record)
             else:
                 self._apply_loaded(e)
         except Exception:
@@ -334,6 +345,14 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
         if rebalance_timeout_ms < 0:
             rebalance_timeout_ms = session_timeout_ms
         g = self.groups.get(group_id)
+        if g is not None and g.streams is not None and not g.streams.members:
+            # An empty streams group becomes a classic group keeping its offsets (an application going back to
+            # group.protocol=classic), as Kafka converts it.
+            await self.convert_empty_streams_group(group_id)
+            g = self.groups.get(group_id)
+        if g is not None and g.streams is not None:
+            # A streams group (KIP-1071) with members takes no classic member, as Kafka answers.
+            return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
         if g is not None and g.consumer is not None:
             # A KIP-848 consumer group with members serves the classic member (online migration); an empty one
             # becomes a classic group, keeping its offsets.
@@ -587,6 +606,9 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
             return (ErrorCode.REBALANCE_IN_PROGRESS if err == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS else err,
                     b"", None, None)
         g = self.groups.get(group_id)
+        if g is not None and g.streams is not None:
+            # A streams group (KIP-1071) has no classic members, as Kafka answers.
+            return ErrorCode.UNKNOWN_MEMBER_ID, b"", None, None
         if g is None:
             return ErrorCode.UNKNOWN_MEMBER_ID, b"", None, None
         if g.consumer is not None:
@@ -650,6 +672,9 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
             # Kafka's handleHeartbeat answers a loading coordinator's heartbeats blindly with NONE.
             return ErrorCode.NONE if err == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS else err
         g = self.groups.get(group_id)
+        if g is not None and g.streams is not None:
+            # A streams group (KIP-1071) has no classic members, as Kafka answers.
+            return ErrorCode.UNKNOWN_MEMBER_ID
         if g is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
         if g.consumer is not None:
@@ -673,6 +698,9 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, CoordinatorLoop):
         if err is not None:
             return err, []
         g = self.groups.get(group_id)
+        if g is not None and g.streams is not None:
+            # A streams group (KIP-1071) has no classic members, as Kafka answers.
+            return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID for _ in leaving]
         if g is None:
             return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID for _ in leaving]
         if g.consumer is not None:

@@ -11,6 +11,7 @@ from kbroker.storage.manager import TopicPartition
 
 if TYPE_CHECKING:
     from kbroker.coordinator.consumer_group import ConsumerGroup
+    from kbroker.coordinator.streams_group import StreamsGroup
 
 
 class GroupState(Enum):
@@ -100,6 +101,8 @@ class GroupMetadata:
     # Set for a KIP-848 consumer group (group.protocol=consumer): its membership lives there, and this object
     # keeps only the offsets (shared with the classic paths) and a classic view of its state (Empty / Stable).
     consumer: ConsumerGroup | None = None
+    # Set for a KIP-1071 streams group (group.protocol=streams), the same way.
+    streams: StreamsGroup | None = None
 
     def transition(self, to: GroupState, now_ms: int) -> None:
         if self.state not in VALID_PREVIOUS[to]:

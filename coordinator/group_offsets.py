@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from kbroker.coordinator import consumer_group_records as cgr
 from kbroker.coordinator import group_records as records
+from kbroker.coordinator import streams_group_records as sgr
 from kbroker.coordinator.consumer_group_manager import ConsumerGroupManager
 from kbroker.coordinator.group_loader import LoadedRecord
 from kbroker.coordinator.group_metadata import GroupMetadata, GroupState, OffsetAndMetadata, TopicPartition
+from kbroker.coordinator.streams_group_manager import StreamsGroupManager
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.records import NO_PRODUCER_ID
 
@@ -81,6 +83,9 @@ class GroupOffsets:
         def _touch_member(self, g: GroupMetadata, member_id: str) -> None: ...
         def _schedule_session_timeout(self, cg: ConsumerGroup, member_id: str) -> None: ...
         def replay_consumer_record(self, r: cgr.ConsumerGroupRecord, cg: ConsumerGroup | None = None) -> None: ...
+        def replay_streams_record(self, r: sgr.StreamsGroupRecord, sg: Any = None) -> None: ...
+        def validate_streams_offset_commit(self, sg: Any, member_id: str, member_epoch: int, transactional: bool,
+                                           api_version: int, partitions: Any = ()) -> ErrorCode | None: ...
         @staticmethod
         def validate_consumer_offset_commit(cg: ConsumerGroup, member_id: str, member_epoch: int,
                                             transactional: bool, api_version: int) -> ErrorCode | None: ...
@@ -100,7 +105,12 @@ class GroupOffsets:
         if err is not None:
             return all_(err)
         g = self.groups.get(group_id)
-        if g is not None and g.consumer is not None:
+        if g is not None and g.streams is not None:
+            err = self.validate_streams_offset_commit(g.streams, member_id, generation_id, False, api_version,
+                                                      list(offsets))
+            if err is not None:
+                return all_(err)
+        elif g is not None and g.consumer is not None:
             err = self.validate_consumer_offset_commit(g.consumer, member_id, generation_id, False, api_version)
             if err is not None:
                 return all_(err)
@@ -174,7 +184,7 @@ class GroupOffsets:
         # A transactional commit creates a missing group as an empty ("simple") one, as Kafka does; it is
         # only registered once the commit is accepted.
         candidate = g if g is not None else GroupMetadata(group_id, state_timestamp_ms=_now_ms())
-        err = self._validate_txn_member(candidate, generation_id, member_id, instance_id)
+        err = self._validate_txn_member(candidate, generation_id, member_id, instance_id, list(offsets))
         if err is not None:
             return all_(err)
         results, accepted = self._check_offsets(offsets)
@@ -221,11 +231,15 @@ class GroupOffsets:
 
     @staticmethod
     def _validate_txn_member(g: GroupMetadata, generation_id: int, member_id: str,
-                             instance_id: str | None) -> ErrorCode | None:
+                             instance_id: str | None, partitions: list[TopicPartition] | None = None
+                             ) -> ErrorCode | None:
         """Kafka's validateOffsetCommit for transactional commits (KIP-447): without a generation, member id
         or instance id the commit is not tied to a member and skips the checks."""
         if g.state is GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if g.streams is not None:
+            return StreamsGroupManager.validate_streams_offset_commit_static(g.streams, member_id, generation_id,
+                                                                             partitions=partitions or ())
         if g.consumer is not None:
             return ConsumerGroupManager.validate_consumer_offset_commit(g.consumer, member_id, generation_id, True, 9)
         if generation_id < 0 and (g.state is GroupState.EMPTY or (not member_id and instance_id is None)):
@@ -299,6 +313,10 @@ class GroupOffsets:
         if err is not None:
             return err, {}
         g = self.groups.get(group_id)
+        if g is not None and g.streams is not None:
+            err = StreamsGroupManager.validate_streams_offset_fetch(g.streams, member_id, member_epoch)
+            if err is not None:
+                return err, {}
         if g is not None and g.consumer is not None:
             err = ConsumerGroupManager.validate_consumer_offset_fetch(g.consumer, member_id, member_epoch)
             if err is not None:
@@ -345,15 +363,21 @@ class GroupOffsets:
                       and g.pending_txn_partitions() <= gone)
         entries: list[tuple[bytes, bytes | None]] = [(records.offset_key(g.group_id, t, p), None) for t, p in tps]
         consumer_tombstones = []
+        streams_tombstones: list[sgr.StreamsGroupRecord] = []
         if drop_group:
             if g.consumer is not None:
                 consumer_tombstones = cgr.group_tombstones(g.group_id, list(g.consumer.members))
                 entries += [r.entry() for r in consumer_tombstones]
+            elif g.streams is not None:
+                streams_tombstones = sgr.group_tombstones(g.group_id, list(g.streams.members))
+                entries += [r.entry() for r in streams_tombstones]
             else:
                 entries.append((records.group_key(g.group_id), None))
         lg, info = self._write(g.group_id, entries)
         for r in consumer_tombstones:
             self.replay_consumer_record(r)
+        for sr in streams_tombstones:
+            self.replay_streams_record(sr)
         g.remove_offsets(tps)
         if drop_group:
             g.transition(GroupState.DEAD, _now_ms())

@@ -7409,6 +7409,492 @@ class DescribeShareGroupOffsetsResponse:
 
 
 @dataclass(slots=True)
+class StreamsGroupDescribeRequest:
+    API_KEY: ClassVar[int | None] = 89
+    KIND: ClassVar[str] = 'request'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 1)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
+
+    group_ids: list[str] = field(default_factory=list)
+    include_authorized_operations: bool = False
+    include_topology_description: bool = False
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('group_ids', '[]string', (0, 32767), None, None, None, [], INHERIT),
+        FieldSpec('include_authorized_operations', 'bool', (0, 32767), None, None, None, False, INHERIT),
+        FieldSpec('include_topology_description', 'bool', (1, 32767), None, None, None, False, INHERIT),
+    )
+
+
+
+@dataclass(slots=True)
+class StreamsGroupDescribeResponse:
+    API_KEY: ClassVar[int | None] = 89
+    KIND: ClassVar[str] = 'response'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 1)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
+
+    throttle_time_ms: int = 0
+    groups: list[StreamsGroupDescribeResponse.DescribedGroup] = field(default_factory=list)
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('throttle_time_ms', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('groups', '[]DescribedGroup', (0, 32767), None, None, None, [], INHERIT),
+    )
+
+    @dataclass(slots=True)
+    class DescribedGroup:
+        error_code: int = 0
+        error_message: str | None = None
+        group_id: str = ''
+        group_state: str = ''
+        group_epoch: int = 0
+        assignment_epoch: int = 0
+        topology: StreamsGroupDescribeResponse.Topology | None = None
+        members: list[StreamsGroupDescribeResponse.Member] = field(default_factory=list)
+        authorized_operations: int = -2147483648
+        topology_description: StreamsGroupDescribeResponse.TopologyDescription | None = None
+        topology_description_status: int = 0
+        assignor_name: str | None = None
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('error_code', 'int16', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('error_message', 'string', (0, 32767), (0, 32767), None, None, None, INHERIT),
+            FieldSpec('group_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('group_state', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('group_epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('assignment_epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('topology', 'Topology', (0, 32767), (0, 32767), None, None, None, INHERIT),
+            FieldSpec('members', '[]Member', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('authorized_operations', 'int32', (0, 32767), None, None, None, -2147483648, INHERIT),
+            FieldSpec('topology_description', 'TopologyDescription', (1, 32767), (1, 32767), None, None, None, INHERIT),
+            FieldSpec('topology_description_status', 'int8', (1, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('assignor_name', 'string', (1, 32767), (1, 32767), None, None, None, INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class Topology:
+        epoch: int = 0
+        subtopologies: list[StreamsGroupDescribeResponse.Subtopology] | None = None
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('subtopologies', '[]Subtopology', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class Subtopology:
+        subtopology_id: str = ''
+        source_topics: list[str] = field(default_factory=list)
+        repartition_sink_topics: list[str] = field(default_factory=list)
+        state_changelog_topics: list[StreamsGroupDescribeResponse.TopicInfo] = field(default_factory=list)
+        repartition_source_topics: list[StreamsGroupDescribeResponse.TopicInfo] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('subtopology_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('source_topics', '[]string', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('repartition_sink_topics', '[]string', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('state_changelog_topics', '[]TopicInfo', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('repartition_source_topics', '[]TopicInfo', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class TopicInfo:
+        name: str = ''
+        partitions: int = 0
+        replication_factor: int = 0
+        topic_configs: list[StreamsGroupDescribeResponse.KeyValue] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('name', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('partitions', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('replication_factor', 'int16', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('topic_configs', '[]KeyValue', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class KeyValue:
+        key: str = ''
+        value: str = ''
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('key', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('value', 'string', (0, 32767), None, None, None, '', INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class Member:
+        member_id: str = ''
+        member_epoch: int = 0
+        instance_id: str | None = None
+        rack_id: str | None = None
+        client_id: str = ''
+        client_host: str = ''
+        topology_epoch: int = 0
+        process_id: str = ''
+        user_endpoint: StreamsGroupDescribeResponse.Endpoint | None = None
+        client_tags: list[StreamsGroupDescribeResponse.KeyValue] = field(default_factory=list)
+        task_offsets: list[StreamsGroupDescribeResponse.TaskOffset] = field(default_factory=list)
+        task_end_offsets: list[StreamsGroupDescribeResponse.TaskOffset] = field(default_factory=list)
+        assignment: StreamsGroupDescribeResponse.Assignment = field(default_factory=lambda: StreamsGroupDescribeResponse.Assignment())
+        target_assignment: StreamsGroupDescribeResponse.Assignment = field(default_factory=lambda: StreamsGroupDescribeResponse.Assignment())
+        is_classic: bool = False
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('member_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('member_epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('instance_id', 'string', (0, 32767), (0, 32767), None, None, None, INHERIT),
+            FieldSpec('rack_id', 'string', (0, 32767), (0, 32767), None, None, None, INHERIT),
+            FieldSpec('client_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('client_host', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('topology_epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('process_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('user_endpoint', 'Endpoint', (0, 32767), (0, 32767), None, None, None, INHERIT),
+            FieldSpec('client_tags', '[]KeyValue', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('task_offsets', '[]TaskOffset', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('task_end_offsets', '[]TaskOffset', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('assignment', 'Assignment', (0, 32767), None, None, None, NEW_STRUCT, INHERIT),
+            FieldSpec('target_assignment', 'Assignment', (0, 32767), None, None, None, NEW_STRUCT, INHERIT),
+            FieldSpec('is_classic', 'bool', (0, 32767), None, None, None, False, INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class Endpoint:
+        host: str = ''
+        port: int = 0
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('host', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('port', 'uint16', (0, 32767), None, None, None, 0, INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class TaskOffset:
+        subtopology_id: str = ''
+        partition: int = 0
+        offset: int = 0
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('subtopology_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('partition', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('offset', 'int64', (0, 32767), None, None, None, 0, INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class Assignment:
+        active_tasks: list[StreamsGroupDescribeResponse.TaskIds] = field(default_factory=list)
+        standby_tasks: list[StreamsGroupDescribeResponse.TaskIds] = field(default_factory=list)
+        warmup_tasks: list[StreamsGroupDescribeResponse.TaskIds] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('active_tasks', '[]TaskIds', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('standby_tasks', '[]TaskIds', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('warmup_tasks', '[]TaskIds', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class TaskIds:
+        subtopology_id: str = ''
+        partitions: list[int] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('subtopology_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('partitions', '[]int32', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class TopologyDescription:
+        subtopologies: list[StreamsGroupDescribeResponse.TopologyDescriptionSubtopology] = field(default_factory=list)
+        global_stores: list[StreamsGroupDescribeResponse.TopologyDescriptionGlobalStore] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('subtopologies', '[]TopologyDescriptionSubtopology', (1, 32767), None, None, None, [], INHERIT),
+            FieldSpec('global_stores', '[]TopologyDescriptionGlobalStore', (1, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class TopologyDescriptionSubtopology:
+        subtopology_id: str = ''
+        nodes: list[StreamsGroupDescribeResponse.TopologyDescriptionNode] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('subtopology_id', 'string', (1, 32767), None, None, None, '', INHERIT),
+            FieldSpec('nodes', '[]TopologyDescriptionNode', (1, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class TopologyDescriptionNode:
+        name: str = ''
+        node_type: int = 0
+        source_topics: list[str] = field(default_factory=list)
+        sink_topic: str | None = None
+        stores: list[str] = field(default_factory=list)
+        successors: list[str] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('name', 'string', (1, 32767), None, None, None, '', INHERIT),
+            FieldSpec('node_type', 'int8', (1, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('source_topics', '[]string', (1, 32767), None, None, None, [], INHERIT),
+            FieldSpec('sink_topic', 'string', (1, 32767), (1, 32767), None, None, None, INHERIT),
+            FieldSpec('stores', '[]string', (1, 32767), None, None, None, [], INHERIT),
+            FieldSpec('successors', '[]string', (1, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class TopologyDescriptionGlobalStore:
+        source: StreamsGroupDescribeResponse.TopologyDescriptionNode = field(default_factory=lambda: StreamsGroupDescribeResponse.TopologyDescriptionNode())
+        processor: StreamsGroupDescribeResponse.TopologyDescriptionNode = field(default_factory=lambda: StreamsGroupDescribeResponse.TopologyDescriptionNode())
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('source', 'TopologyDescriptionNode', (1, 32767), None, None, None, NEW_STRUCT, INHERIT),
+            FieldSpec('processor', 'TopologyDescriptionNode', (1, 32767), None, None, None, NEW_STRUCT, INHERIT),
+        )
+
+
+
+@dataclass(slots=True)
+class StreamsGroupHeartbeatRequest:
+    API_KEY: ClassVar[int | None] = 88
+    KIND: ClassVar[str] = 'request'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 1)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
+
+    group_id: str = ''
+    member_id: str = ''
+    member_epoch: int = 0
+    endpoint_information_epoch: int = 0
+    instance_id: str | None = None
+    rack_id: str | None = None
+    rebalance_timeout_ms: int = -1
+    topology: StreamsGroupHeartbeatRequest.Topology | None = None
+    active_tasks: list[StreamsGroupHeartbeatRequest.TaskIds] | None = None
+    standby_tasks: list[StreamsGroupHeartbeatRequest.TaskIds] | None = None
+    warmup_tasks: list[StreamsGroupHeartbeatRequest.TaskIds] | None = None
+    process_id: str | None = None
+    user_endpoint: StreamsGroupHeartbeatRequest.Endpoint | None = None
+    client_tags: list[StreamsGroupHeartbeatRequest.KeyValue] | None = None
+    task_offsets: list[StreamsGroupHeartbeatRequest.TaskOffset] | None = None
+    task_end_offsets: list[StreamsGroupHeartbeatRequest.TaskOffset] | None = None
+    shutdown_application: bool = False
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('group_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+        FieldSpec('member_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+        FieldSpec('member_epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('endpoint_information_epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('instance_id', 'string', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('rack_id', 'string', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('rebalance_timeout_ms', 'int32', (0, 32767), None, None, None, -1, INHERIT),
+        FieldSpec('topology', 'Topology', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('active_tasks', '[]TaskIds', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('standby_tasks', '[]TaskIds', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('warmup_tasks', '[]TaskIds', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('process_id', 'string', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('user_endpoint', 'Endpoint', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('client_tags', '[]KeyValue', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('task_offsets', '[]TaskOffset', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('task_end_offsets', '[]TaskOffset', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('shutdown_application', 'bool', (0, 32767), None, None, None, False, INHERIT),
+    )
+
+    @dataclass(slots=True)
+    class Topology:
+        epoch: int = 0
+        subtopologies: list[StreamsGroupHeartbeatRequest.Subtopology] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('subtopologies', '[]Subtopology', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class Subtopology:
+        subtopology_id: str = ''
+        source_topics: list[str] = field(default_factory=list)
+        source_topic_regex: list[str] = field(default_factory=list)
+        state_changelog_topics: list[StreamsGroupHeartbeatRequest.TopicInfo] = field(default_factory=list)
+        repartition_sink_topics: list[str] = field(default_factory=list)
+        repartition_source_topics: list[StreamsGroupHeartbeatRequest.TopicInfo] = field(default_factory=list)
+        copartition_groups: list[StreamsGroupHeartbeatRequest.CopartitionGroup] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('subtopology_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('source_topics', '[]string', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('source_topic_regex', '[]string', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('state_changelog_topics', '[]TopicInfo', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('repartition_sink_topics', '[]string', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('repartition_source_topics', '[]TopicInfo', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('copartition_groups', '[]CopartitionGroup', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class TopicInfo:
+        name: str = ''
+        partitions: int = 0
+        replication_factor: int = 0
+        topic_configs: list[StreamsGroupHeartbeatRequest.KeyValue] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('name', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('partitions', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('replication_factor', 'int16', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('topic_configs', '[]KeyValue', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class KeyValue:
+        key: str = ''
+        value: str = ''
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('key', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('value', 'string', (0, 32767), None, None, None, '', INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class CopartitionGroup:
+        source_topics: list[int] = field(default_factory=list)
+        source_topic_regex: list[int] = field(default_factory=list)
+        repartition_source_topics: list[int] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('source_topics', '[]int16', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('source_topic_regex', '[]int16', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('repartition_source_topics', '[]int16', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class TaskIds:
+        subtopology_id: str = ''
+        partitions: list[int] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('subtopology_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('partitions', '[]int32', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class Endpoint:
+        host: str = ''
+        port: int = 0
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('host', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('port', 'uint16', (0, 32767), None, None, None, 0, INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class TaskOffset:
+        subtopology_id: str = ''
+        partition: int = 0
+        offset: int = 0
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('subtopology_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('partition', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('offset', 'int64', (0, 32767), None, None, None, 0, INHERIT),
+        )
+
+
+
+@dataclass(slots=True)
+class StreamsGroupHeartbeatResponse:
+    API_KEY: ClassVar[int | None] = 88
+    KIND: ClassVar[str] = 'response'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 1)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
+
+    throttle_time_ms: int = 0
+    error_code: int = 0
+    error_message: str | None = None
+    member_id: str = ''
+    member_epoch: int = 0
+    heartbeat_interval_ms: int = 0
+    acceptable_recovery_lag_legacy: int = 0
+    task_offset_interval_ms: int = 0
+    acceptable_recovery_lag: int = -1
+    status: list[StreamsGroupHeartbeatResponse.Status] | None = field(default_factory=list)
+    active_tasks: list[StreamsGroupHeartbeatResponse.TaskIds] | None = None
+    standby_tasks: list[StreamsGroupHeartbeatResponse.TaskIds] | None = None
+    warmup_tasks: list[StreamsGroupHeartbeatResponse.TaskIds] | None = None
+    topology_description_required: bool = False
+    endpoint_information_epoch: int = 0
+    partitions_by_user_endpoint: list[StreamsGroupHeartbeatResponse.EndpointToPartitions] | None = None
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('throttle_time_ms', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('error_code', 'int16', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('error_message', 'string', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('member_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+        FieldSpec('member_epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('heartbeat_interval_ms', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('acceptable_recovery_lag_legacy', 'int32', (0, 0), None, None, None, 0, INHERIT),
+        FieldSpec('task_offset_interval_ms', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('acceptable_recovery_lag', 'int64', (1, 32767), None, None, None, -1, INHERIT),
+        FieldSpec('status', '[]Status', (0, 32767), (0, 32767), None, None, [], INHERIT),
+        FieldSpec('active_tasks', '[]TaskIds', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('standby_tasks', '[]TaskIds', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('warmup_tasks', '[]TaskIds', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('topology_description_required', 'bool', (1, 32767), None, None, None, False, INHERIT),
+        FieldSpec('endpoint_information_epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('partitions_by_user_endpoint', '[]EndpointToPartitions', (0, 32767), (0, 32767), None, None, None, INHERIT),
+    )
+
+    @dataclass(slots=True)
+    class Status:
+        status_code: int = 0
+        status_detail: str = ''
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('status_code', 'int8', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('status_detail', 'string', (0, 32767), None, None, None, '', INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class TaskIds:
+        subtopology_id: str = ''
+        partitions: list[int] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('subtopology_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('partitions', '[]int32', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class EndpointToPartitions:
+        user_endpoint: StreamsGroupHeartbeatResponse.Endpoint = field(default_factory=lambda: StreamsGroupHeartbeatResponse.Endpoint())
+        active_partitions: list[StreamsGroupHeartbeatResponse.TopicPartition] = field(default_factory=list)
+        standby_partitions: list[StreamsGroupHeartbeatResponse.TopicPartition] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('user_endpoint', 'Endpoint', (0, 32767), None, None, None, NEW_STRUCT, INHERIT),
+            FieldSpec('active_partitions', '[]TopicPartition', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('standby_partitions', '[]TopicPartition', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class Endpoint:
+        host: str = ''
+        port: int = 0
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('host', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('port', 'uint16', (0, 32767), None, None, None, 0, INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class TopicPartition:
+        topic: str = ''
+        partitions: list[int] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('topic', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('partitions', '[]int32', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+
+
+@dataclass(slots=True)
 class ConsumerGroupCurrentMemberAssignmentKey:
     API_KEY: ClassVar[int | None] = None
     KIND: ClassVar[str] = 'data'
@@ -8016,6 +8502,350 @@ class ShareSnapshotValue:
 
 
 
+@dataclass(slots=True)
+class StreamsGroupCurrentMemberAssignmentKey:
+    API_KEY: ClassVar[int | None] = 22
+    KIND: ClassVar[str] = 'coordinator-key'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = None
+
+    group_id: str = ''
+    member_id: str = ''
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('group_id', 'string', (0, 0), None, None, None, '', INHERIT),
+        FieldSpec('member_id', 'string', (0, 0), None, None, None, '', INHERIT),
+    )
+
+
+
+@dataclass(slots=True)
+class StreamsGroupCurrentMemberAssignmentValue:
+    API_KEY: ClassVar[int | None] = 22
+    KIND: ClassVar[str] = 'coordinator-value'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
+
+    member_epoch: int = 0
+    previous_member_epoch: int = 0
+    state: int = 0
+    active_tasks: list[StreamsGroupCurrentMemberAssignmentValue.TaskIds] = field(default_factory=list)
+    standby_tasks: list[StreamsGroupCurrentMemberAssignmentValue.TaskIds] = field(default_factory=list)
+    warmup_tasks: list[StreamsGroupCurrentMemberAssignmentValue.TaskIds] = field(default_factory=list)
+    active_tasks_pending_revocation: list[StreamsGroupCurrentMemberAssignmentValue.TaskIds] = field(default_factory=list)
+    standby_tasks_pending_revocation: list[StreamsGroupCurrentMemberAssignmentValue.TaskIds] = field(default_factory=list)
+    warmup_tasks_pending_revocation: list[StreamsGroupCurrentMemberAssignmentValue.TaskIds] = field(default_factory=list)
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('member_epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('previous_member_epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('state', 'int8', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('active_tasks', '[]TaskIds', (0, 32767), None, None, None, [], INHERIT),
+        FieldSpec('standby_tasks', '[]TaskIds', (0, 32767), None, None, None, [], INHERIT),
+        FieldSpec('warmup_tasks', '[]TaskIds', (0, 32767), None, None, None, [], INHERIT),
+        FieldSpec('active_tasks_pending_revocation', '[]TaskIds', (0, 32767), None, None, None, [], INHERIT),
+        FieldSpec('standby_tasks_pending_revocation', '[]TaskIds', (0, 32767), None, None, None, [], INHERIT),
+        FieldSpec('warmup_tasks_pending_revocation', '[]TaskIds', (0, 32767), None, None, None, [], INHERIT),
+    )
+
+    @dataclass(slots=True)
+    class TaskIds:
+        subtopology_id: str = ''
+        partitions: list[int] = field(default_factory=list)
+        assignment_epochs: list[int] | None = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('subtopology_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('partitions', '[]int32', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('assignment_epochs', '[]int32', (0, 32767), (0, 32767), 0, (0, 32767), [], INHERIT),
+        )
+
+
+
+@dataclass(slots=True)
+class StreamsGroupMemberMetadataKey:
+    API_KEY: ClassVar[int | None] = 19
+    KIND: ClassVar[str] = 'coordinator-key'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = None
+
+    group_id: str = ''
+    member_id: str = ''
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('group_id', 'string', (0, 0), None, None, None, '', INHERIT),
+        FieldSpec('member_id', 'string', (0, 0), None, None, None, '', INHERIT),
+    )
+
+
+
+@dataclass(slots=True)
+class StreamsGroupMemberMetadataValue:
+    API_KEY: ClassVar[int | None] = 19
+    KIND: ClassVar[str] = 'coordinator-value'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
+
+    instance_id: str | None = ''
+    rack_id: str | None = ''
+    client_id: str = ''
+    client_host: str = ''
+    rebalance_timeout_ms: int = -1
+    topology_epoch: int = 0
+    process_id: str = ''
+    user_endpoint: StreamsGroupMemberMetadataValue.Endpoint | None = None
+    client_tags: list[StreamsGroupMemberMetadataValue.KeyValue] = field(default_factory=list)
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('instance_id', 'string', (0, 32767), (0, 32767), None, None, '', INHERIT),
+        FieldSpec('rack_id', 'string', (0, 32767), (0, 32767), None, None, '', INHERIT),
+        FieldSpec('client_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+        FieldSpec('client_host', 'string', (0, 32767), None, None, None, '', INHERIT),
+        FieldSpec('rebalance_timeout_ms', 'int32', (0, 32767), None, None, None, -1, INHERIT),
+        FieldSpec('topology_epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('process_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+        FieldSpec('user_endpoint', 'Endpoint', (0, 32767), (0, 32767), None, None, None, INHERIT),
+        FieldSpec('client_tags', '[]KeyValue', (0, 32767), None, None, None, [], INHERIT),
+    )
+
+    @dataclass(slots=True)
+    class Endpoint:
+        host: str = ''
+        port: int = 0
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('host', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('port', 'uint16', (0, 32767), None, None, None, 0, INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class KeyValue:
+        key: str = ''
+        value: str = ''
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('key', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('value', 'string', (0, 32767), None, None, None, '', INHERIT),
+        )
+
+
+
+@dataclass(slots=True)
+class StreamsGroupMetadataKey:
+    API_KEY: ClassVar[int | None] = 17
+    KIND: ClassVar[str] = 'coordinator-key'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = None
+
+    group_id: str = ''
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('group_id', 'string', (0, 0), None, None, None, '', INHERIT),
+    )
+
+
+
+@dataclass(slots=True)
+class StreamsGroupMetadataValue:
+    API_KEY: ClassVar[int | None] = 17
+    KIND: ClassVar[str] = 'coordinator-value'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
+
+    epoch: int = 0
+    metadata_hash: int = 0
+    validated_topology_epoch: int = -1
+    last_assignment_configs: list[StreamsGroupMetadataValue.LastAssignmentConfig] | None = field(default_factory=list)
+    stored_description_topology_epoch: int = -1
+    failed_description_topology_epoch: int = -1
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('metadata_hash', 'int64', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('validated_topology_epoch', 'int32', (0, 32767), None, 0, (0, 32767), -1, INHERIT),
+        FieldSpec('last_assignment_configs', '[]LastAssignmentConfig', (0, 32767), (0, 32767), 1, (0, 32767), [], INHERIT),
+        FieldSpec('stored_description_topology_epoch', 'int32', (0, 32767), None, 2, (0, 32767), -1, INHERIT),
+        FieldSpec('failed_description_topology_epoch', 'int32', (0, 32767), None, 3, (0, 32767), -1, INHERIT),
+    )
+
+    @dataclass(slots=True)
+    class LastAssignmentConfig:
+        key: str = ''
+        value: str = ''
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('key', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('value', 'string', (0, 32767), None, None, None, '', INHERIT),
+        )
+
+
+
+@dataclass(slots=True)
+class StreamsGroupTargetAssignmentMemberKey:
+    API_KEY: ClassVar[int | None] = 21
+    KIND: ClassVar[str] = 'coordinator-key'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = None
+
+    group_id: str = ''
+    member_id: str = ''
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('group_id', 'string', (0, 0), None, None, None, '', INHERIT),
+        FieldSpec('member_id', 'string', (0, 0), None, None, None, '', INHERIT),
+    )
+
+
+
+@dataclass(slots=True)
+class StreamsGroupTargetAssignmentMemberValue:
+    API_KEY: ClassVar[int | None] = 21
+    KIND: ClassVar[str] = 'coordinator-value'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
+
+    active_tasks: list[StreamsGroupTargetAssignmentMemberValue.TaskIds] = field(default_factory=list)
+    standby_tasks: list[StreamsGroupTargetAssignmentMemberValue.TaskIds] = field(default_factory=list)
+    warmup_tasks: list[StreamsGroupTargetAssignmentMemberValue.TaskIds] = field(default_factory=list)
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('active_tasks', '[]TaskIds', (0, 32767), None, None, None, [], INHERIT),
+        FieldSpec('standby_tasks', '[]TaskIds', (0, 32767), None, None, None, [], INHERIT),
+        FieldSpec('warmup_tasks', '[]TaskIds', (0, 32767), None, None, None, [], INHERIT),
+    )
+
+    @dataclass(slots=True)
+    class TaskIds:
+        subtopology_id: str = ''
+        partitions: list[int] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('subtopology_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('partitions', '[]int32', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+
+
+@dataclass(slots=True)
+class StreamsGroupTargetAssignmentMetadataKey:
+    API_KEY: ClassVar[int | None] = 20
+    KIND: ClassVar[str] = 'coordinator-key'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = None
+
+    group_id: str = ''
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('group_id', 'string', (0, 0), None, None, None, '', INHERIT),
+    )
+
+
+
+@dataclass(slots=True)
+class StreamsGroupTargetAssignmentMetadataValue:
+    API_KEY: ClassVar[int | None] = 20
+    KIND: ClassVar[str] = 'coordinator-value'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
+
+    assignment_epoch: int = 0
+    assignment_timestamp: int = 0
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('assignment_epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('assignment_timestamp', 'int64', (0, 32767), None, 0, (0, 32767), 0, INHERIT),
+    )
+
+
+
+@dataclass(slots=True)
+class StreamsGroupTopologyKey:
+    API_KEY: ClassVar[int | None] = 23
+    KIND: ClassVar[str] = 'coordinator-key'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = None
+
+    group_id: str = ''
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('group_id', 'string', (0, 0), None, None, None, '', INHERIT),
+    )
+
+
+
+@dataclass(slots=True)
+class StreamsGroupTopologyValue:
+    API_KEY: ClassVar[int | None] = 23
+    KIND: ClassVar[str] = 'coordinator-value'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
+
+    epoch: int = 0
+    subtopologies: list[StreamsGroupTopologyValue.Subtopology] = field(default_factory=list)
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('subtopologies', '[]Subtopology', (0, 32767), None, None, None, [], INHERIT),
+    )
+
+    @dataclass(slots=True)
+    class Subtopology:
+        subtopology_id: str = ''
+        source_topics: list[str] = field(default_factory=list)
+        source_topic_regex: list[str] = field(default_factory=list)
+        state_changelog_topics: list[StreamsGroupTopologyValue.TopicInfo] = field(default_factory=list)
+        repartition_sink_topics: list[str] = field(default_factory=list)
+        repartition_source_topics: list[StreamsGroupTopologyValue.TopicInfo] = field(default_factory=list)
+        copartition_groups: list[StreamsGroupTopologyValue.CopartitionGroup] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('subtopology_id', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('source_topics', '[]string', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('source_topic_regex', '[]string', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('state_changelog_topics', '[]TopicInfo', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('repartition_sink_topics', '[]string', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('repartition_source_topics', '[]TopicInfo', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('copartition_groups', '[]CopartitionGroup', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class TopicInfo:
+        name: str = ''
+        partitions: int = 0
+        replication_factor: int = 0
+        topic_configs: list[StreamsGroupTopologyValue.TopicConfig] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('name', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('partitions', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('replication_factor', 'int16', (0, 32767), None, None, None, 0, INHERIT),
+            FieldSpec('topic_configs', '[]TopicConfig', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class TopicConfig:
+        key: str = ''
+        value: str = ''
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('key', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('value', 'string', (0, 32767), None, None, None, '', INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class CopartitionGroup:
+        source_topics: list[int] = field(default_factory=list)
+        source_topic_regex: list[int] = field(default_factory=list)
+        repartition_source_topics: list[int] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('source_topics', '[]int16', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('source_topic_regex', '[]int16', (0, 32767), None, None, None, [], INHERIT),
+            FieldSpec('repartition_source_topics', '[]int16', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+
+
 MESSAGES: dict[str, type] = {
     'AddOffsetsToTxnRequest': AddOffsetsToTxnRequest,
     'AddOffsetsToTxnResponse': AddOffsetsToTxnResponse,
@@ -8209,6 +9039,10 @@ MESSAGES: dict[str, type] = {
     'DeleteShareGroupOffsetsResponse': DeleteShareGroupOffsetsResponse,
     'DescribeShareGroupOffsetsRequest': DescribeShareGroupOffsetsRequest,
     'DescribeShareGroupOffsetsResponse': DescribeShareGroupOffsetsResponse,
+    'StreamsGroupDescribeRequest': StreamsGroupDescribeRequest,
+    'StreamsGroupDescribeResponse': StreamsGroupDescribeResponse,
+    'StreamsGroupHeartbeatRequest': StreamsGroupHeartbeatRequest,
+    'StreamsGroupHeartbeatResponse': StreamsGroupHeartbeatResponse,
     'ConsumerGroupCurrentMemberAssignmentKey': ConsumerGroupCurrentMemberAssignmentKey,
     'ConsumerGroupCurrentMemberAssignmentValue': ConsumerGroupCurrentMemberAssignmentValue,
     'ConsumerGroupMemberMetadataKey': ConsumerGroupMemberMetadataKey,
@@ -8235,5 +9069,17 @@ MESSAGES: dict[str, type] = {
     'TransactionLogValue': TransactionLogValue,
     'ShareSnapshotKey': ShareSnapshotKey,
     'ShareSnapshotValue': ShareSnapshotValue,
+    'StreamsGroupCurrentMemberAssignmentKey': StreamsGroupCurrentMemberAssignmentKey,
+    'StreamsGroupCurrentMemberAssignmentValue': StreamsGroupCurrentMemberAssignmentValue,
+    'StreamsGroupMemberMetadataKey': StreamsGroupMemberMetadataKey,
+    'StreamsGroupMemberMetadataValue': StreamsGroupMemberMetadataValue,
+    'StreamsGroupMetadataKey': StreamsGroupMetadataKey,
+    'StreamsGroupMetadataValue': StreamsGroupMetadataValue,
+    'StreamsGroupTargetAssignmentMemberKey': StreamsGroupTargetAssignmentMemberKey,
+    'StreamsGroupTargetAssignmentMemberValue': StreamsGroupTargetAssignmentMemberValue,
+    'StreamsGroupTargetAssignmentMetadataKey': StreamsGroupTargetAssignmentMetadataKey,
+    'StreamsGroupTargetAssignmentMetadataValue': StreamsGroupTargetAssignmentMetadataValue,
+    'StreamsGroupTopologyKey': StreamsGroupTopologyKey,
+    'StreamsGroupTopologyValue': StreamsGroupTopologyValue,
 }
 

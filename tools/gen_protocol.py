@@ -5,7 +5,9 @@ Usage: python tools/gen_protocol.py [SPEC_DIR]   (default: ../shared/kafka-messa
 A spec in tools/spec_overrides/ (coordinator records in its coordinator/ folder) replaces the one of the same file
 name, or adds a message Kafka 3.9 lacks: later versions of messages that clients need (ConsumerGroupHeartbeat v1 of
 Kafka 4.0, which librdkafka's KIP-848 consumer requires; the share-group APIs of Kafka 4.2, KIP-932, which
-KafkaShareConsumer speaks) and the records of __share_group_state.
+KafkaShareConsumer speaks) and the records of __share_group_state; the streams-group APIs and records of Kafka
+4.4 (KIP-1071, taken from the kafka-clients and kafka-group-coordinator 4.4.0 jars), which Kafka Streams speaks
+with group.protocol=streams.
 
 The output is committed, so the installed package never needs the spec files. It holds one
 dataclass per message (nested structs as inner classes) plus the schema facts the codec needs:
@@ -177,7 +179,8 @@ def emit_struct(out: list[str], name: str, fields: list[dict], owner: str, inden
         if dexpr == "None":
             nullable = True
         out.append(f"{indent}    {attr}: {py_type(f, owner, nullable)} = {dexpr}")
-        ver = parse_versions(f["versions"])
+        # A tagged field may name only its taggedVersions (StreamsGroupMetadataValue.LastAssignmentConfigs of Kafka 4.4).
+        ver = parse_versions(f.get("versions", f.get("taggedVersions")))
         tag = None if f.get("tag") is None else int(f["tag"])
         tv = parse_versions(f.get("taggedVersions")) if tag is not None else None
         flex_override = parse_versions(f["flexibleVersions"]) if "flexibleVersions" in f else "inherit"

@@ -22,12 +22,13 @@ def all_handlers() -> list[ApiHandler]:
         sasl,
         share,
         share_admin,
+        streams_groups,
         topics,
         txn,
     )
 
     out: list[ApiHandler] = []
     for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, consumer_groups, quotas, txn, replication, log_dirs,
-                   sasl, acls, share, share_admin):
+                   sasl, acls, share, share_admin, streams_groups):
         out.extend(module.HANDLERS)
     return out

@@ -308,7 +308,7 @@ async def handle_describe_groups(ctx: RequestContext, req: DescribeGroupsRequest
             ops = -(2**31)
         else:
             ops = GROUP_OPERATIONS if authz is None else ctx.authorized_operations(GROUP, gid)
-        if err or g is None or g.consumer is not None:
+        if err or g is None or g.consumer is not None or g.streams is not None:
             # A KIP-848 consumer group is not a classic group: Kafka 3.9 describes it as Dead here (clients use
             # ConsumerGroupDescribe for it).
             out.append(R.DescribedGroup(error_code=err, group_id=gid, group_state=GroupState.DEAD.value,
@@ -344,8 +344,11 @@ async def handle_list_groups(ctx: RequestContext, req: ListGroupsRequest) -> Lis
     listed = []
     for g in groups:
         # A KIP-848 group lists with its own state names and type (Kafka's ListGroups v5).
-        state = g.consumer.state.value if g.consumer is not None else g.state.value
-        group_type = "consumer" if g.consumer is not None else "classic"
+        if g.streams is not None:
+            state, group_type = g.streams.state.value, "streams"
+        else:
+            state = g.consumer.state.value if g.consumer is not None else g.state.value
+            group_type = "consumer" if g.consumer is not None else "classic"
         if (states and state.lower() not in states) or (types and group_type not in types):
             continue
         listed.append(R.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type or "", group_state=state,

@@ -56,9 +56,10 @@ def streams_classpath(tmp: Path, version: str = VERSIONS[0]) -> str:
 class Instance:
     """One StreamsApp JVM; its output lines are collected so the test can wait for a state."""
 
-    def __init__(self, cp: str, bootstrap: str, state_dir: Path, log: Path, standbys: int = 1, rf: int = 1) -> None:
+    def __init__(self, cp: str, bootstrap: str, state_dir: Path, log: Path, standbys: int = 1, rf: int = 1,
+                 protocol: str = "classic") -> None:
         self.args = ["java", f"-Dkcompat.log={JAVA_LOG}", "-Xmx256m", "-cp", cp, "StreamsApp", bootstrap,
-                     str(state_dir), str(standbys), str(rf)]
+                     str(state_dir), str(standbys), str(rf), protocol]
         self.log = log
         self.lines: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
@@ -169,12 +170,12 @@ def create_topics(bootstrap: str, rf: int = 1) -> None:
 
 
 def run_scenario(cp: str, bootstrap: str, work: Path, rounds: int, seed: int, rf: int = 1,
-                 disrupt: Callable[[], None] | None = None) -> None:
+                 disrupt: Callable[[], None] | None = None, protocol: str = "classic", restore: bool = True) -> None:
     create_topics(bootstrap, rf)
     data = Input(bootstrap, seed)
     data.users()
-    a = Instance(cp, bootstrap, work / "state-a", work / "a.log", rf=rf).start()
-    b = Instance(cp, bootstrap, work / "state-b", work / "b.log", rf=rf).start()
+    a = Instance(cp, bootstrap, work / "state-a", work / "a.log", rf=rf, protocol=protocol).start()
+    b = Instance(cp, bootstrap, work / "state-b", work / "b.log", rf=rf, protocol=protocol).start()
     try:
         a.wait_running()
         b.wait_running()
@@ -196,8 +197,10 @@ def run_scenario(cp: str, bootstrap: str, work: Path, rounds: int, seed: int, rf
     finally:
         a.stop()
         b.stop()
+    if not restore:
+        return
     # A new instance with nothing on disk restores the word counts from the changelog, then counts on from there.
-    c = Instance(cp, bootstrap, work / "state-c", work / "c.log", rf=rf).start()
+    c = Instance(cp, bootstrap, work / "state-c", work / "c.log", rf=rf, protocol=protocol).start()
     try:
         c.wait_running()
         data.p.produce("words-in", value="alpha")
@@ -212,7 +215,11 @@ def run_scenario(cp: str, bootstrap: str, work: Path, rounds: int, seed: int, rf
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     b = BrokerProcess(tmp_path / "broker", {"num.partitions": "3", "transaction.state.log.num.partitions": "3",
                                             "offsets.topic.num.partitions": "3",
-                                            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000"})
+                                            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+                                            # group.protocol=streams: a killed instance's tasks move within seconds
+                                            "group.streams.session.timeout.ms": "6000",
+                                            "group.streams.heartbeat.interval.ms": "1000",
+                                            "group.streams.num.standby.replicas": "1"})
     b.start()
     yield b
     b.stop()
@@ -224,6 +231,23 @@ def test_exactly_once_through_kills_and_a_restore(broker: BrokerProcess, tmp_pat
         pytest.skip("javac/java not on PATH: Kafka Streams test not run")
     cp = streams_classpath(tmp_path, version)
     run_scenario(cp, broker.bootstrap, tmp_path, rounds=2, seed=7)
+
+
+def test_streams_rebalance_protocol_through_a_kill_and_a_broker_restart(broker: BrokerProcess, tmp_path: Path) -> None:
+    """KIP-1071 (group.protocol=streams, Kafka Streams 4.4): two instances, the broker restarted under them (the
+    streams group is read back from __consumer_offsets) and one instance SIGKILLed; the output is exactly the
+    input's."""
+    if not _have_java():
+        pytest.skip("javac/java not on PATH: Kafka Streams test not run")
+    cp = streams_classpath(tmp_path, "4.4.0")
+
+    def restart() -> None:
+        broker.stop()
+        broker.start()
+
+    run_scenario(cp, broker.bootstrap, tmp_path, rounds=1, seed=5, disrupt=restart, protocol="streams",
+                 restore=False)
+    assert "Loaded streams group kbroker-streams-test" in broker.read_log()
 
 
 def test_three_brokers_replication_factor_3_with_a_broker_killed(tmp_path: Path) -> None:
@@ -261,20 +285,29 @@ def _have_java() -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """The long kill loop: `python -m tests.java.test_kafka_streams --rounds 20 --seed 1`."""
+    """The long kill loop: `python -m tests.java.test_kafka_streams --rounds 20 --seed 1 [--protocol streams]`."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--version", choices=VERSIONS, default=VERSIONS[0])
+    ap.add_argument("--version", choices=VERSIONS, default=None)
+    ap.add_argument("--protocol", choices=["classic", "streams"], default="classic",
+                    help="the group protocol: streams is KIP-1071 (Kafka Streams 4.2+, so --version 4.4.0)")
     args = ap.parse_args(argv)
+    version = args.version or (VERSIONS[-1] if args.protocol == "streams" else VERSIONS[0])
+    if args.protocol == "streams" and version.startswith("3."):
+        ap.error("group.protocol=streams needs Kafka Streams 4.2 or later: --version 4.4.0")
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         b = BrokerProcess(work / "broker", {"num.partitions": "3", "transaction.state.log.num.partitions": "3",
-                                            "offsets.topic.num.partitions": "3"}).start()
+                                            "offsets.topic.num.partitions": "3",
+                                            "group.streams.session.timeout.ms": "6000",
+                                            "group.streams.heartbeat.interval.ms": "1000",
+                                            "group.streams.num.standby.replicas": "1"}).start()
         try:
-            run_scenario(streams_classpath(work, args.version), b.bootstrap, work, args.rounds, args.seed)
+            run_scenario(streams_classpath(work, version), b.bootstrap, work, args.rounds, args.seed,
+                         protocol=args.protocol)
         finally:
             b.stop()
     print(f"exactly-once held through {args.rounds} kills")

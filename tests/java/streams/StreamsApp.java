@@ -16,7 +16,8 @@ import org.apache.kafka.streams.kstream.TimeWindows;
 /**
  * One instance of the tests' Kafka Streams application (exactly_once_v2): a word count (repartition by word, a
  * state store and its changelog), clicks counted per user in 10 s windows, and orders joined with a users table.
- * Arguments: bootstrap, state dir, standby replicas, replication factor. Prints "STATE <new state>" lines; stops
+ * Arguments: bootstrap, state dir, standby replicas, replication factor, and optionally the group protocol
+ * ("classic", the default, or "streams": KIP-1071, Kafka Streams 4.2+). Prints "STATE <new state>" lines; stops
  * cleanly on SIGTERM.
  */
 public final class StreamsApp {
@@ -32,9 +33,15 @@ public final class StreamsApp {
         p.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0);
         p.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
         p.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
-        // A killed instance's partitions move within seconds, and its open transaction is aborted soon after.
-        p.put(StreamsConfig.consumerPrefix(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG), 6000);
-        p.put(StreamsConfig.consumerPrefix(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG), 1000);
+        String protocol = a.length > 4 ? a[4] : "classic";
+        if (protocol.equals("streams")) {
+            // The session timeout is the broker's (group.streams.session.timeout.ms) with this protocol.
+            p.put("group.protocol", "streams");
+        } else {
+            // A killed instance's partitions move within seconds, and its open transaction is aborted soon after.
+            p.put(StreamsConfig.consumerPrefix(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG), 6000);
+            p.put(StreamsConfig.consumerPrefix(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG), 1000);
+        }
         p.put(StreamsConfig.producerPrefix(ProducerConfig.TRANSACTION_TIMEOUT_CONFIG), 10000);
 
         StreamsBuilder b = new StreamsBuilder();
