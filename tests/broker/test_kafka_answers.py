@@ -7,13 +7,21 @@ import time
 
 from kbroker.protocol import records as R
 from kbroker.protocol.errors import ErrorCode
-from kbroker.protocol.messages import InitProducerIdRequest, ProduceRequest, ProduceResponse
+from kbroker.protocol.messages import (
+    HeartbeatRequest,
+    InitProducerIdRequest,
+    LeaveGroupRequest,
+    ProduceRequest,
+    ProduceResponse,
+    SyncGroupRequest,
+)
 
 from kbroker_tools.wire import WireClient
 from tests.broker_process import BrokerProcess
 from tests.differential.scenarios import fetch
 
 PRODUCE, FETCH, INIT_PRODUCER_ID = 0, 1, 22
+HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 12, 13, 14
 
 
 def _produce(topic: str, batch: bytes) -> ProduceRequest:
@@ -91,3 +99,21 @@ def test_refused_sequence_carries_the_log_start_offset(broker: BrokerProcess, to
         part = missing.responses[0].partition_responses[0]
         assert part.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         assert part.log_start_offset == -1  # no partition, no offset: Kafka's -1 too
+
+
+def test_empty_group_id_is_invalid_group_id_for_membership_apis(broker: BrokerProcess) -> None:
+    # Kafka's GroupCoordinator.validateGroupStatus: only the offset, describe and delete APIs accept "".
+    with WireClient(broker.bootstrap) as c:
+        for version in (0, 4):
+            hb = c.request(HEARTBEAT, version, HeartbeatRequest(group_id="", generation_id=1, member_id="m"))
+            assert hb.error_code == ErrorCode.INVALID_GROUP_ID
+        for version in (0, 5):
+            sync = c.request(
+                SYNC_GROUP, version, SyncGroupRequest(group_id="", generation_id=1, member_id="m", assignments=[])
+            )
+            assert sync.error_code == ErrorCode.INVALID_GROUP_ID
+        leave = c.request(LEAVE_GROUP, 0, LeaveGroupRequest(group_id="", member_id="m"))
+        assert leave.error_code == ErrorCode.INVALID_GROUP_ID
+        M = LeaveGroupRequest.MemberIdentity
+        leave = c.request(LEAVE_GROUP, 5, LeaveGroupRequest(group_id="", members=[M(member_id="m")]))
+        assert (leave.error_code, leave.members) == (ErrorCode.INVALID_GROUP_ID, [])
