@@ -109,7 +109,9 @@ def test_empty_group_id_is_invalid_group_id_for_membership_apis(broker: BrokerPr
             assert hb.error_code == ErrorCode.INVALID_GROUP_ID
         for version in (0, 5):
             sync = c.request(
-                SYNC_GROUP, version, SyncGroupRequest(group_id="", generation_id=1, member_id="m", assignments=[])
+                SYNC_GROUP,
+                version,
+                SyncGroupRequest(group_id="", generation_id=1, member_id="m", assignments=[]),
             )
             assert sync.error_code == ErrorCode.INVALID_GROUP_ID
         leave = c.request(LEAVE_GROUP, 0, LeaveGroupRequest(group_id="", member_id="m"))
