@@ -8,6 +8,8 @@ import time
 from kbroker.protocol import records as R
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
+    DescribeTransactionsRequest,
+    FindCoordinatorRequest,
     HeartbeatRequest,
     InitProducerIdRequest,
     LeaveGroupRequest,
@@ -20,8 +22,8 @@ from kbroker_tools.wire import WireClient
 from tests.broker_process import BrokerProcess
 from tests.differential.scenarios import fetch
 
-PRODUCE, FETCH, INIT_PRODUCER_ID = 0, 1, 22
-HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 12, 13, 14
+PRODUCE, FETCH, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 1, 10, 22
+HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, DESCRIBE_TRANSACTIONS = 12, 13, 14, 65
 
 
 def _produce(topic: str, batch: bytes) -> ProduceRequest:
@@ -119,3 +121,19 @@ def test_empty_group_id_is_invalid_group_id_for_membership_apis(broker: BrokerPr
         M = LeaveGroupRequest.MemberIdentity
         leave = c.request(LEAVE_GROUP, 5, LeaveGroupRequest(group_id="", members=[M(member_id="m")]))
         assert (leave.error_code, leave.members) == (ErrorCode.INVALID_GROUP_ID, [])
+
+
+def test_describe_transactions_of_an_unknown_id_keeps_the_schema_defaults(broker: BrokerProcess) -> None:
+    with WireClient(broker.bootstrap) as c:
+        c.request(FIND_COORDINATOR, 3, FindCoordinatorRequest(key="diff-unknown-txn", key_type=1))
+        for _ in range(50):
+            [state] = c.request(
+                DESCRIBE_TRANSACTIONS, 0, DescribeTransactionsRequest(transactional_ids=["diff-unknown-txn"])
+            ).transaction_states
+            if state.error_code != ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+                break
+            time.sleep(0.2)
+        assert state.error_code == ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
+        # Kafka 3.9's answer: producer id, epoch and start time 0, the state "" (not kbroker's former -1s).
+        assert (state.producer_id, state.producer_epoch, state.transaction_start_time_ms) == (0, 0, 0)
+        assert state.transaction_state == ""
