@@ -415,6 +415,9 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContex
 # ---------------------------------------------------------------- ListOffsets
 
 EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -2, -1, -3, -4
+# Kafka's ReplicaManager.timestampMinSupportedVersion: the first ListOffsets version knowing each special timestamp.
+# (Kafka 3.9 refuses -1 and -2 in v0 too; kbroker keeps serving them to the 0.8-0.10 clients that send v0.)
+TIMESTAMP_MIN_VERSION = {EARLIEST: 0, LATEST: 0, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8}
 
 
 def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOffsetsResponse:
@@ -422,33 +425,43 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
     v = ctx.api_version
     allowed = (ctx.authorized_names(AclOperation.DESCRIBE, ResourceType.TOPIC, (t.name for t in req.topics))
                if ctx.server.authorizer is not None else None)
-    topics = []
+    seen: set[tuple[str, int]] = set()
+    duplicates = set()
     for t in req.topics:
-        parts = []
+        for p in t.partitions:
+            if (t.name, p.partition_index) in seen:
+                duplicates.add((t.name, p.partition_index))
+            seen.add((t.name, p.partition_index))
+    topics = []
+    # Kafka answers the authorized partitions from a map by partition: one answer per partition named (repeated
+    # ones INVALID_REQUEST), grouped by topic, and no entry for a topic that names no partition.
+    answered: dict[tuple[str, int], ListOffsetsResponse.ListOffsetsPartitionResponse] = {}
+    for t in req.topics:
+        if allowed is not None and t.name not in allowed:
+            topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=t.name, partitions=[
+                ListOffsetsResponse.ListOffsetsPartitionResponse(
+                    partition_index=p.partition_index, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                    offset=-1, timestamp=-1)
+                for p in t.partitions]))
+            continue
         for p in t.partitions:
             resp = ListOffsetsResponse.ListOffsetsPartitionResponse(partition_index=p.partition_index)
-            if allowed is not None and t.name not in allowed:
-                resp.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
-                resp.offset = -1
-                resp.timestamp = -1
-                parts.append(resp)
-                continue
+            answered[(t.name, p.partition_index)] = resp
             try:
+                if (t.name, p.partition_index) in duplicates:
+                    raise KafkaError(ErrorCode.INVALID_REQUEST, "partition named more than once")
+                if p.timestamp < 0 and TIMESTAMP_MIN_VERSION.get(p.timestamp, 99) > v:
+                    raise KafkaError(ErrorCode.UNSUPPORTED_VERSION, f"timestamp {p.timestamp} in version {v}")
                 lg = rm.get_log(t.name, p.partition_index, p.current_leader_epoch)
                 if v == 0:
                     # Offsets of segment starts, as clients of Kafka 0.8-0.10 expect from v0.
                     resp.error_code = 0
                     resp.old_style_offsets = legacy_offsets_before(lg, p.timestamp, p.max_num_offsets,
                                                                    from_consumer=req.replica_id == -1)
-                    parts.append(resp)
                     continue
                 ts = p.timestamp
                 if ts == EARLIEST_LOCAL:
                     ts = EARLIEST
-                if ts == MAX_TIMESTAMP and v < 7:
-                    raise KafkaError(ErrorCode.UNSUPPORTED_VERSION)
-                if ts < MAX_TIMESTAMP:
-                    raise KafkaError(ErrorCode.INVALID_REQUEST, f"unsupported timestamp {ts}")
                 # read_committed consumers see up to the last stable offset (Kafka's lastFetchableOffset).
                 if req.replica_id >= 0:
                     fetchable = lg.log_end_offset  # a follower's question: the whole local log
@@ -482,8 +495,10 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
                 resp.error_code = code
                 resp.offset = -1
                 resp.timestamp = -1
-            parts.append(resp)
-        topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=t.name, partitions=parts))
+    by_topic: dict[str, list[ListOffsetsResponse.ListOffsetsPartitionResponse]] = {}
+    for (name, _), resp in answered.items():
+        by_topic.setdefault(name, []).append(resp)
+    topics += [ListOffsetsResponse.ListOffsetsTopicResponse(name=n, partitions=ps) for n, ps in by_topic.items()]
     return ListOffsetsResponse(throttle_time_ms=0, topics=topics)
 
 

@@ -13,6 +13,7 @@ from kbroker.protocol.messages import (
     HeartbeatRequest,
     InitProducerIdRequest,
     LeaveGroupRequest,
+    ListOffsetsRequest,
     ProduceRequest,
     ProduceResponse,
     SyncGroupRequest,
@@ -22,7 +23,7 @@ from kbroker_tools.wire import WireClient
 from tests.broker_process import BrokerProcess
 from tests.differential.scenarios import fetch
 
-PRODUCE, FETCH, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 1, 10, 22
+PRODUCE, FETCH, LIST_OFFSETS, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 1, 2, 10, 22
 HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, DESCRIBE_TRANSACTIONS = 12, 13, 14, 65
 
 
@@ -137,3 +138,49 @@ def test_describe_transactions_of_an_unknown_id_keeps_the_schema_defaults(broker
         # Kafka 3.9's answer: producer id, epoch and start time 0, the state "" (not kbroker's former -1s).
         assert (state.producer_id, state.producer_epoch, state.transaction_start_time_ms) == (0, 0, 0)
         assert state.transaction_state == ""
+
+
+def test_list_offsets_checks_timestamps_and_repeats_before_the_partition(
+    broker: BrokerProcess, topic_name: str
+) -> None:
+    T, P = ListOffsetsRequest.ListOffsetsTopic, ListOffsetsRequest.ListOffsetsPartition
+
+    def ask(version: int, topics: list[ListOffsetsRequest.ListOffsetsTopic]) -> dict[tuple[str, int], int]:
+        resp = c.request(LIST_OFFSETS, version, ListOffsetsRequest(replica_id=-1, topics=topics))
+        return {(t.name, p.partition_index): p.error_code for t in resp.topics for p in t.partitions}
+
+    with WireClient(broker.bootstrap) as c:
+        c.create_topic(topic_name)
+        # Kafka's ReplicaManager: a special timestamp the version does not know is UNSUPPORTED_VERSION, checked
+        # before the partition exists; -3 needs v7, -4 v8, other negatives never exist.
+        got = ask(
+            6,
+            [
+                T(name=topic_name, partitions=[P(partition_index=0, timestamp=-3)]),
+                T(name="diff-nowhere", partitions=[P(partition_index=0, timestamp=-9)]),
+            ],
+        )
+        assert got == {
+            (topic_name, 0): ErrorCode.UNSUPPORTED_VERSION,
+            ("diff-nowhere", 0): ErrorCode.UNSUPPORTED_VERSION,
+        }
+        assert ask(7, [T(name=topic_name, partitions=[P(partition_index=0, timestamp=-4)])]) == {
+            (topic_name, 0): ErrorCode.UNSUPPORTED_VERSION
+        }
+        assert ask(8, [T(name=topic_name, partitions=[P(partition_index=0, timestamp=-4)])]) == {
+            (topic_name, 0): 0
+        }
+        # A partition named twice is one INVALID_REQUEST answer; a topic naming no partition gets no entry.
+        got = ask(
+            5,
+            [
+                T(name=topic_name, partitions=[P(partition_index=0, timestamp=-1)] * 2),
+                T(name="diff-empty", partitions=[]),
+            ],
+        )
+        assert got == {(topic_name, 0): ErrorCode.INVALID_REQUEST}
+        # An unknown partition is unknown whatever leader epoch the client names (not UNKNOWN_LEADER_EPOCH).
+        got = ask(
+            5, [T(name=topic_name, partitions=[P(partition_index=9, current_leader_epoch=7, timestamp=-1)])]
+        )
+        assert got == {(topic_name, 9): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
