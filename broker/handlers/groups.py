@@ -130,6 +130,10 @@ async def handle_join_group(ctx: RequestContext, req: JoinGroupRequest) -> JoinG
 
 async def handle_sync_group(ctx: RequestContext, req: SyncGroupRequest) -> SyncGroupResponse:
     gc = ctx.server.group_coordinator
+    if ctx.api_version >= 5 and (req.protocol_type is None or req.protocol_name is None):
+        # Kafka's areMandatoryProtocolTypeAndNamePresent, checked before authorization and the group.
+        return SyncGroupResponse(error_code=ErrorCode.INCONSISTENT_GROUP_PROTOCOL, protocol_type=None,
+                                 protocol_name=None, assignment=b"")
     if _group_denied(ctx, READ, req.group_id):
         return SyncGroupResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, protocol_type=None,
                                  protocol_name=None, assignment=b"")
@@ -273,10 +277,16 @@ async def handle_offset_delete(ctx: RequestContext, req: OffsetDeleteRequest) ->
     if _group_denied(ctx, DELETE, req.group_id):
         return R(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
     denied = _topics_denied(ctx, READ, [t.name for t in req.topics])
-    tps = [(t.name, p.partition_index) for t in req.topics if t.name not in denied for p in t.partitions]
+    # Kafka's handleOffsetDeleteRequest: partitions the metadata does not know are answered before the group.
+    topics = ctx.server.metadata.topics
+    unknown = {(t.name, p.partition_index) for t in req.topics if t.name not in denied for p in t.partitions
+               if (rec := topics.get(t.name)) is None or not 0 <= p.partition_index < rec.num_partitions}
+    tps = [(t.name, p.partition_index) for t in req.topics if t.name not in denied for p in t.partitions
+           if (t.name, p.partition_index) not in unknown]
     err, results = await gc.call(gc.delete_offsets, req.group_id, tps)
     if err:
         return R(error_code=err)
+    results.update(dict.fromkeys(unknown, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
     for t in req.topics:
         if t.name in denied:
             for p in t.partitions:
@@ -380,7 +390,8 @@ async def handle_delete_groups(ctx: RequestContext, req: DeleteGroupsRequest) ->
     results.update(shares)
     results.update({g: ErrorCode.GROUP_AUTHORIZATION_FAILED for g in denied})
     R = DeleteGroupsResponse
-    return R(results=[R.DeletableGroupResult(group_id=g, error_code=results[g]) for g in req.groups_names])
+    # Kafka answers from a map by group id: a repeated id is answered once.
+    return R(results=[R.DeletableGroupResult(group_id=g, error_code=results[g]) for g in dict.fromkeys(req.groups_names)])
 
 
 HANDLERS = [

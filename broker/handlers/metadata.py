@@ -161,7 +161,7 @@ def handle_describe_cluster(ctx: RequestContext, req: DescribeClusterRequest) ->
         return DescribeClusterResponse(
             error_code=ErrorCode.UNSUPPORTED_ENDPOINT_TYPE,
             error_message="kbroker serves only broker endpoints (endpoint type 1)",
-            endpoint_type=req.endpoint_type,
+            endpoint_type=1,  # Kafka's answer names the endpoint it is (brokers), not the one asked for
             cluster_id=server.metadata.cluster_id,
         )
     brokers = [

@@ -306,7 +306,8 @@ async def handle_describe_transactions(ctx: RequestContext, req: DescribeTransac
 async def handle_list_transactions(ctx: RequestContext, req: ListTransactionsRequest) -> ListTransactionsResponse:
     tc = ctx.server.txn_coordinator
     duration = req.duration_filter if ctx.api_version >= 1 else -1
-    code, unknown, states = await tc.call(tc.list_transactions, list(req.state_filters),
+    # Kafka's filters are sets: a repeated unknown state is reported once.
+    code, unknown, states = await tc.call(tc.list_transactions, list(dict.fromkeys(req.state_filters)),
                                           list(req.producer_id_filters), duration)
     if ctx.server.authorizer is not None:
         # Kafka lists only the transactional ids the principal may describe.

@@ -8,12 +8,18 @@ import time
 from kbroker.protocol import records as R
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
+    DeleteGroupsRequest,
+    DescribeClientQuotasRequest,
+    DescribeClusterRequest,
     DescribeTransactionsRequest,
     FindCoordinatorRequest,
     HeartbeatRequest,
     InitProducerIdRequest,
     LeaveGroupRequest,
     ListOffsetsRequest,
+    ListTransactionsRequest,
+    OffsetCommitRequest,
+    OffsetDeleteRequest,
     ProduceRequest,
     ProduceResponse,
     SyncGroupRequest,
@@ -114,9 +120,18 @@ def test_empty_group_id_is_invalid_group_id_for_membership_apis(broker: BrokerPr
             sync = c.request(
                 SYNC_GROUP,
                 version,
-                SyncGroupRequest(group_id="", generation_id=1, member_id="m", assignments=[]),
+                SyncGroupRequest(
+                    group_id="",
+                    generation_id=1,
+                    member_id="m",
+                    protocol_type="consumer",
+                    protocol_name="range",
+                ),
             )
             assert sync.error_code == ErrorCode.INVALID_GROUP_ID
+        # v5+: protocol type and name are mandatory, checked before the group (Kafka's KafkaApis).
+        sync = c.request(SYNC_GROUP, 5, SyncGroupRequest(group_id="diff-g", generation_id=-1, member_id=""))
+        assert sync.error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
         leave = c.request(LEAVE_GROUP, 0, LeaveGroupRequest(group_id="", member_id="m"))
         assert leave.error_code == ErrorCode.INVALID_GROUP_ID
         M = LeaveGroupRequest.MemberIdentity
@@ -184,3 +199,54 @@ def test_list_offsets_checks_timestamps_and_repeats_before_the_partition(
             5, [T(name=topic_name, partitions=[P(partition_index=9, current_leader_epoch=7, timestamp=-1)])]
         )
         assert got == {(topic_name, 9): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+
+
+def test_admin_answers_as_kafka(broker: BrokerProcess, topic_name: str) -> None:
+    with WireClient(broker.bootstrap) as c:
+        c.create_topic(topic_name)
+        # DescribeCluster refusing an endpoint type still names its own (brokers, 1).
+        dc = c.request(60, 1, DescribeClusterRequest(endpoint_type=-3))
+        assert (dc.error_code, dc.endpoint_type) == (ErrorCode.UNSUPPORTED_ENDPOINT_TYPE, 1)
+        # An unknown quota match type fails Kafka's filter construction: UNKNOWN_SERVER_ERROR.
+        C = DescribeClientQuotasRequest.ComponentData
+        dq = c.request(48, 1, DescribeClientQuotasRequest(components=[C(entity_type="user", match_type=9)]))
+        assert dq.error_code == ErrorCode.UNKNOWN_SERVER_ERROR
+        # Repeated group ids and state filters are answered once (Kafka's maps and sets).
+        dg = c.request(42, 2, DeleteGroupsRequest(groups_names=["diff-none", "diff-none"]))
+        assert [(r.group_id, r.error_code) for r in dg.results] == [
+            ("diff-none", ErrorCode.GROUP_ID_NOT_FOUND)
+        ]
+        lt = c.request(66, 0, ListTransactionsRequest(state_filters=["Bogus", "Bogus"]))
+        assert lt.unknown_state_filters == ["Bogus"]
+        # OffsetDelete: a partition the metadata does not know is UNKNOWN_TOPIC_OR_PARTITION before the group.
+        c.request(FIND_COORDINATOR, 3, FindCoordinatorRequest(key="diff-od", key_type=0))
+        T, P = OffsetDeleteRequest.OffsetDeleteRequestTopic, OffsetDeleteRequest.OffsetDeleteRequestPartition
+        req = OffsetDeleteRequest(
+            group_id="diff-od",
+            topics=[
+                T(name=topic_name, partitions=[P(partition_index=5)]),
+                T(name="diff-nowhere", partitions=[P()]),
+            ],
+        )
+        OT, OP = (
+            OffsetCommitRequest.OffsetCommitRequestTopic,
+            OffsetCommitRequest.OffsetCommitRequestPartition,
+        )
+        commit = OffsetCommitRequest(
+            group_id="diff-od",
+            generation_id_or_member_epoch=-1,
+            topics=[OT(name=topic_name, partitions=[OP(partition_index=0, committed_offset=0)])],
+        )
+        for _ in range(50):  # the group exists once it has an offset
+            if c.request(8, 8, commit).topics[0].partitions[0].error_code == 0:
+                break
+            time.sleep(0.2)
+        od = c.request(47, 0, req)
+        got = {(t.name, p.partition_index): p.error_code for t in od.topics for p in t.partitions}
+        assert (od.error_code, got) == (
+            0,
+            {
+                (topic_name, 5): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                ("diff-nowhere", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            },
+        )
