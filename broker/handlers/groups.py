@@ -68,10 +68,8 @@ def _find_one(ctx: RequestContext, key: str, key_type: int) -> tuple[ErrorCode, 
     server = ctx.server
     if key_type not in (GROUP_KEY, TRANSACTION_KEY):
         return ErrorCode.INVALID_REQUEST, f"unknown key type {key_type}", -1, "", -1
-    if key_type == GROUP_KEY and not key:
-        return ErrorCode.INVALID_GROUP_ID, None, -1, "", -1
-    if key_type == TRANSACTION_KEY and not key:
-        return ErrorCode.INVALID_REQUEST, "an empty transactional id has no coordinator", -1, "", -1
+    # An empty key has a coordinator too (Kafka's getCoordinator hashes it like any other); the APIs that use it
+    # refuse "" themselves.
     if server.authorizer is not None:
         if key_type == GROUP_KEY and not ctx.authorized(DESCRIBE, GROUP, key):
             return ErrorCode.GROUP_AUTHORIZATION_FAILED, None, -1, "", -1

@@ -250,3 +250,15 @@ def test_admin_answers_as_kafka(broker: BrokerProcess, topic_name: str) -> None:
                 ("diff-nowhere", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
             },
         )
+
+
+def test_find_coordinator_of_an_empty_key_answers_a_coordinator(broker: BrokerProcess) -> None:
+    with WireClient(broker.bootstrap) as c:
+        for _ in range(50):
+            resp = c.request(FIND_COORDINATOR, 4, FindCoordinatorRequest(key_type=0, coordinator_keys=[""]))
+            if resp.coordinators[0].error_code != ErrorCode.COORDINATOR_NOT_AVAILABLE:
+                break
+            time.sleep(0.2)
+        assert (resp.coordinators[0].error_code, resp.coordinators[0].node_id) == (0, 0)
+        old = c.request(FIND_COORDINATOR, 0, FindCoordinatorRequest(key=""))
+        assert (old.error_code, old.node_id) == (0, 0)
