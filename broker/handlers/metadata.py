@@ -82,6 +82,11 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
         return topic_metadata(rec, _topic_operations(ctx, rec.name) if include_ops else NOT_REQUESTED, live)
 
     topics: list[MetadataResponse.MetadataResponseTopic] = []
+    if v < 12 and req.topics and any(t.name is None or (v >= 10 and t.topic_id != bytes(16)) for t in req.topics):
+        # Topic ids in Metadata requests need v12 (v10-11 carry the field, not the feature). Kafka refuses the
+        # whole request (InvalidRequestException): every topic INVALID_REQUEST, no brokers, no cluster id.
+        return MetadataResponse(throttle_time_ms=0, brokers=[], cluster_id=None, controller_id=-1, topics=[
+            _error_topic(t.name or "", ErrorCode.INVALID_REQUEST, t.topic_id) for t in req.topics])
     if req.topics is None or (v == 0 and not req.topics):
         records = list(store.topics.values())
         if authz is not None:
@@ -98,10 +103,6 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
             wanted = [t.name if t.name is not None else names_by_id.get(t.topic_id) for t in req.topics]
             describable = ctx.authorized_names(AclOperation.DESCRIBE, ResourceType.TOPIC, wanted)
         for t in req.topics:
-            if v < 12 and (t.name is None or (v >= 10 and t.topic_id != bytes(16))):
-                # As Kafka: topic ids in Metadata requests need v12 (v10-11 carry the field but not the feature).
-                topics.append(_error_topic(t.name or "", ErrorCode.INVALID_REQUEST, t.topic_id))
-                continue
             if t.name is None:
                 name = names_by_id.get(t.topic_id)
                 rec = store.topics.get(name) if name is not None else None

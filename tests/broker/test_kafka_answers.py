@@ -18,6 +18,7 @@ from kbroker.protocol.messages import (
     LeaveGroupRequest,
     ListOffsetsRequest,
     ListTransactionsRequest,
+    MetadataRequest,
     OffsetCommitRequest,
     OffsetDeleteRequest,
     ProduceRequest,
@@ -262,3 +263,17 @@ def test_find_coordinator_of_an_empty_key_answers_a_coordinator(broker: BrokerPr
         assert (resp.coordinators[0].error_code, resp.coordinators[0].node_id) == (0, 0)
         old = c.request(FIND_COORDINATOR, 0, FindCoordinatorRequest(key=""))
         assert (old.error_code, old.node_id) == (0, 0)
+
+
+def test_metadata_v10_naming_a_topic_id_is_refused_whole(broker: BrokerProcess, topic_name: str) -> None:
+    T = MetadataRequest.MetadataRequestTopic
+    with WireClient(broker.bootstrap) as c:
+        c.create_topic(topic_name)
+        req = MetadataRequest(topics=[T(name=topic_name), T(name="x", topic_id=b"\x01" * 16)])
+        resp = c.request(3, 10, req)
+        # Kafka's MetadataRequest.getErrorResponse: every topic INVALID_REQUEST, no brokers, cluster id or controller.
+        assert [(t.name, t.error_code, t.partitions) for t in resp.topics] == [
+            (topic_name, ErrorCode.INVALID_REQUEST, []),
+            ("x", ErrorCode.INVALID_REQUEST, []),
+        ]
+        assert (resp.brokers, resp.cluster_id, resp.controller_id) == ([], None, -1)
