@@ -425,6 +425,16 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
     v = ctx.api_version
     allowed = (ctx.authorized_names(AclOperation.DESCRIBE, ResourceType.TOPIC, (t.name for t in req.topics))
                if ctx.server.authorizer is not None else None)
+    if req.replica_id == -1 and req.isolation_level not in (0, 1) and any(t.partitions for t in req.topics):
+        # Kafka reads a consumer's isolation level with IsolationLevel.forId, which throws: the whole request is
+        # answered UNKNOWN_SERVER_ERROR (ListOffsetsRequest.getErrorResponse).
+        return ListOffsetsResponse(throttle_time_ms=0, topics=[
+            ListOffsetsResponse.ListOffsetsTopicResponse(name=t.name, partitions=[
+                ListOffsetsResponse.ListOffsetsPartitionResponse(
+                    partition_index=p.partition_index, error_code=ErrorCode.UNKNOWN_SERVER_ERROR, offset=-1,
+                    timestamp=-1)
+                for p in t.partitions])
+            for t in req.topics])
     seen: set[tuple[str, int]] = set()
     duplicates = set()
     for t in req.topics:
@@ -433,9 +443,6 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
                 duplicates.add((t.name, p.partition_index))
             seen.add((t.name, p.partition_index))
     topics = []
-    # Kafka answers the authorized partitions from a map by partition: one answer per partition named (repeated
-    # ones INVALID_REQUEST), grouped by topic, and no entry for a topic that names no partition.
-    answered: dict[tuple[str, int], ListOffsetsResponse.ListOffsetsPartitionResponse] = {}
     for t in req.topics:
         if allowed is not None and t.name not in allowed:
             topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=t.name, partitions=[
@@ -444,11 +451,13 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
                     offset=-1, timestamp=-1)
                 for p in t.partitions]))
             continue
+        parts = []
+        topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=t.name, partitions=parts))
         for p in t.partitions:
             resp = ListOffsetsResponse.ListOffsetsPartitionResponse(partition_index=p.partition_index)
-            answered[(t.name, p.partition_index)] = resp
+            parts.append(resp)
             try:
-                if (t.name, p.partition_index) in duplicates:
+                if (t.name, p.partition_index) in duplicates:  # each time it is named, as Kafka answers
                     raise KafkaError(ErrorCode.INVALID_REQUEST, "partition named more than once")
                 if p.timestamp < 0 and TIMESTAMP_MIN_VERSION.get(p.timestamp, 99) > v:
                     raise KafkaError(ErrorCode.UNSUPPORTED_VERSION, f"timestamp {p.timestamp} in version {v}")
@@ -495,10 +504,6 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
                 resp.error_code = code
                 resp.offset = -1
                 resp.timestamp = -1
-    by_topic: dict[str, list[ListOffsetsResponse.ListOffsetsPartitionResponse]] = {}
-    for (name, _), resp in answered.items():
-        by_topic.setdefault(name, []).append(resp)
-    topics += [ListOffsetsResponse.ListOffsetsTopicResponse(name=n, partitions=ps) for n, ps in by_topic.items()]
     return ListOffsetsResponse(throttle_time_ms=0, topics=topics)
 
 

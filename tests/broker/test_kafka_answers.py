@@ -186,15 +186,31 @@ def test_list_offsets_checks_timestamps_and_repeats_before_the_partition(
         assert ask(8, [T(name=topic_name, partitions=[P(partition_index=0, timestamp=-4)])]) == {
             (topic_name, 0): 0
         }
-        # A partition named twice is one INVALID_REQUEST answer; a topic naming no partition gets no entry.
-        got = ask(
+        # A partition named twice is INVALID_REQUEST each time; a topic naming no partition is answered empty.
+        resp = c.request(
+            LIST_OFFSETS,
             5,
-            [
-                T(name=topic_name, partitions=[P(partition_index=0, timestamp=-1)] * 2),
-                T(name="diff-empty", partitions=[]),
-            ],
+            ListOffsetsRequest(
+                replica_id=-1,
+                topics=[
+                    T(name=topic_name, partitions=[P(partition_index=0, timestamp=-1)] * 2),
+                    T(name="diff-e"),
+                ],
+            ),
         )
-        assert got == {(topic_name, 0): ErrorCode.INVALID_REQUEST}
+        got = [(t.name, [p.error_code for p in t.partitions]) for t in resp.topics]
+        assert got == [(topic_name, [ErrorCode.INVALID_REQUEST] * 2), ("diff-e", [])]
+        # A consumer's unknown isolation level fails Kafka's IsolationLevel.forId: UNKNOWN_SERVER_ERROR throughout.
+        resp = c.request(
+            LIST_OFFSETS,
+            7,
+            ListOffsetsRequest(
+                replica_id=-1,
+                isolation_level=9,
+                topics=[T(name=topic_name, partitions=[P(partition_index=0)])],
+            ),
+        )
+        assert resp.topics[0].partitions[0].error_code == ErrorCode.UNKNOWN_SERVER_ERROR
         # An unknown partition is unknown whatever leader epoch the client names (not UNKNOWN_LEADER_EPOCH).
         got = ask(
             5, [T(name=topic_name, partitions=[P(partition_index=9, current_leader_epoch=7, timestamp=-1)])]
