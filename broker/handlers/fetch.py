@@ -514,20 +514,19 @@ def handle_offset_for_leader_epoch(ctx: RequestContext, req: OffsetForLeaderEpoc
     rm = ctx.server.replica_manager
     R = OffsetForLeaderEpochResponse
     allowed: set[str] | None = None
-    cluster_denied = False
-    if ctx.server.authorizer is not None:
-        if ctx.api_version >= 3 and req.replica_id >= 0:
-            cluster_denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
-        else:
-            allowed = ctx.authorized_names(AclOperation.DESCRIBE, ResourceType.TOPIC, (t.topic for t in req.topics))
+    if ctx.server.authorizer is not None and not ctx.authorized(
+        AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER, log_denied=False
+    ):
+        # Kafka: a broker (CLUSTER_ACTION) sees every topic, anyone else the topics it may describe, whatever
+        # replica id the request names.
+        allowed = ctx.authorized_names(AclOperation.DESCRIBE, ResourceType.TOPIC, (t.topic for t in req.topics))
     topics = []
     for t in req.topics:
         parts = []
         for p in t.partitions:
             out = R.EpochEndOffset(partition=p.partition, leader_epoch=-1, end_offset=-1)
-            if cluster_denied or (allowed is not None and t.topic not in allowed):
-                out.error_code = (ErrorCode.CLUSTER_AUTHORIZATION_FAILED if cluster_denied
-                                  else ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+            if allowed is not None and t.topic not in allowed:
+                out.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 parts.append(out)
                 continue
             try:

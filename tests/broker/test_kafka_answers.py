@@ -4,14 +4,17 @@ giving otherwise; each asserted over a real socket against a real broker process
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from kbroker.protocol import records as R
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     DeleteGroupsRequest,
+    DeleteRecordsRequest,
     DescribeClientQuotasRequest,
     DescribeClusterRequest,
     DescribeTransactionsRequest,
+    DescribeUserScramCredentialsRequest,
     FindCoordinatorRequest,
     HeartbeatRequest,
     InitProducerIdRequest,
@@ -21,6 +24,7 @@ from kbroker.protocol.messages import (
     MetadataRequest,
     OffsetCommitRequest,
     OffsetDeleteRequest,
+    OffsetForLeaderEpochRequest,
     ProduceRequest,
     ProduceResponse,
     SyncGroupRequest,
@@ -293,3 +297,64 @@ def test_metadata_v10_naming_a_topic_id_is_refused_whole(broker: BrokerProcess, 
             ("x", ErrorCode.INVALID_REQUEST, []),
         ]
         assert (resp.brokers, resp.cluster_id, resp.controller_id) == ([], None, -1)
+
+
+def test_produce_and_delete_records_answer_by_topic(broker: BrokerProcess, topic_name: str) -> None:
+    with WireClient(broker.bootstrap) as c:
+        c.create_topic(topic_name)
+        P = ProduceRequest.TopicProduceData
+        req = _produce(topic_name, R.build_batch([(None, b"v", [], int(time.time() * 1000))]))
+        req.topic_data = [P(name="diff-empty"), *req.topic_data, P(name=topic_name)]
+        resp = c.request(PRODUCE, 9, req)
+        # Kafka answers from a map by partition: no entry for a topic naming no partition, one per topic.
+        assert [(t.name, [p.error_code for p in t.partition_responses]) for t in resp.responses] == [
+            (topic_name, [0])
+        ]
+        T, DP = DeleteRecordsRequest.DeleteRecordsTopic, DeleteRecordsRequest.DeleteRecordsPartition
+        dr = c.request(
+            21,
+            2,
+            DeleteRecordsRequest(
+                topics=[
+                    T(name="diff-empty"),
+                    T(name=topic_name, partitions=[DP(partition_index=0, offset=0)]),
+                    T(name=topic_name, partitions=[DP(partition_index=0, offset=1)]),
+                ],
+                timeout_ms=5000,
+            ),
+        )
+        assert [(t.name, [(p.partition_index, p.error_code) for p in t.partitions]) for t in dr.topics] == [
+            (topic_name, [(0, 0)])
+        ]
+
+
+def test_denied_principal_answers_as_kafka(tmp_path: Path) -> None:
+    # ANONYMOUS with Kafka's ACL authorizer and no ACLs: denied everything.
+    b = BrokerProcess(tmp_path, {"authorizer.class.name": "kafka.security.authorizer.AclAuthorizer"})
+    b.start()
+    try:
+        with WireClient(b.bootstrap) as c:
+            # OffsetForLeaderEpoch: CLUSTER_ACTION or DESCRIBE per topic, whatever replica id is named.
+            T, P = (
+                OffsetForLeaderEpochRequest.OffsetForLeaderTopic,
+                OffsetForLeaderEpochRequest.OffsetForLeaderPartition,
+            )
+            for replica_id in (-1, 3):
+                resp = c.request(
+                    23,
+                    4,
+                    OffsetForLeaderEpochRequest(
+                        replica_id=replica_id,
+                        topics=[T(topic="diff-a", partitions=[P(partition=0, leader_epoch=0)])],
+                    ),
+                )
+                assert resp.topics[0].partitions[0].error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            # DescribeUserScramCredentials: Kafka's getErrorResponse has one result per user named (name unset).
+            U = DescribeUserScramCredentialsRequest.UserName
+            resp = c.request(50, 0, DescribeUserScramCredentialsRequest(users=[U(name="a"), U(name="b")]))
+            assert resp.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            assert [(r.user, r.error_code) for r in resp.results] == [
+                ("", ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+            ] * 2
+    finally:
+        b.stop()
