@@ -180,8 +180,12 @@ async def handle_txn_offset_commit(ctx: RequestContext, req: TxnOffsetCommitRequ
     elif _denied(ctx, READ, GROUP, req.group_id):
         refused = ErrorCode.GROUP_AUTHORIZATION_FAILED
     if refused is not None:
-        results, offsets = {tp: refused for tp in offsets}, {}
-    elif ctx.server.authorizer is not None:
+        # Kafka's getErrorResponse: the request's topics and partitions as named, each with the error.
+        R = TxnOffsetCommitResponse
+        return R(throttle_time_ms=0, topics=[R.TxnOffsetCommitResponseTopic(name=t.name, partitions=[
+            R.TxnOffsetCommitResponsePartition(partition_index=p.partition_index, error_code=refused)
+            for p in t.partitions]) for t in req.topics])
+    if ctx.server.authorizer is not None:
         topics = {t for t, _ in offsets}
         denied = topics - ctx.authorized_names(READ, TOPIC, topics)
         results = {tp: ErrorCode.TOPIC_AUTHORIZATION_FAILED for tp in offsets if tp[0] in denied}
@@ -297,8 +301,7 @@ async def handle_describe_transactions(ctx: RequestContext, req: DescribeTransac
             allowed = ctx.authorized_names(DESCRIBE, TOPIC, (t.topic for t in state.topics), log_denied=False)
             state.topics = [t for t in state.topics if t.topic in allowed]
     states += [R.TransactionState(error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, transactional_id=i,
-                                  transaction_state="", transaction_timeout_ms=0, transaction_start_time_ms=-1,
-                                  producer_id=-1, producer_epoch=-1, topics=[])
+                                  topics=[])  # the schema's defaults, as Kafka leaves them
                for i in ids if i in denied]
     return R(throttle_time_ms=0, transaction_states=states)
 

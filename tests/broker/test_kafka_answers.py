@@ -28,6 +28,7 @@ from kbroker.protocol.messages import (
     ProduceRequest,
     ProduceResponse,
     SyncGroupRequest,
+    TxnOffsetCommitRequest,
 )
 
 from kbroker_tools.wire import WireClient
@@ -349,6 +350,35 @@ def test_denied_principal_answers_as_kafka(tmp_path: Path) -> None:
                     ),
                 )
                 assert resp.topics[0].partitions[0].error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            # DescribeTransactions refused: the schema's defaults beside the error.
+            [st] = c.request(65, 0, DescribeTransactionsRequest(transactional_ids=["tx"])).transaction_states
+            assert (st.error_code, st.producer_id, st.producer_epoch, st.transaction_start_time_ms) == (
+                ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                0,
+                0,
+                0,
+            )
+            # TxnOffsetCommit refused: the request's topics as named, a topic naming no partition included.
+            TT = TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic
+            TP = TxnOffsetCommitRequest.TxnOffsetCommitRequestPartition
+            resp = c.request(
+                28,
+                3,
+                TxnOffsetCommitRequest(
+                    transactional_id="tx",
+                    group_id="g",
+                    producer_id=1,
+                    producer_epoch=0,
+                    topics=[
+                        TT(name="a"),
+                        TT(name="b", partitions=[TP(partition_index=0, committed_offset=1)]),
+                    ],
+                ),
+            )
+            assert [(t.name, [p.error_code for p in t.partitions]) for t in resp.topics] == [
+                ("a", []),
+                ("b", [ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED]),
+            ]
             # DescribeUserScramCredentials: Kafka's getErrorResponse has one result per user named (name unset).
             U = DescribeUserScramCredentialsRequest.UserName
             resp = c.request(50, 0, DescribeUserScramCredentialsRequest(users=[U(name="a"), U(name="b")]))
