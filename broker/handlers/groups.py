@@ -289,12 +289,14 @@ async def handle_offset_delete(ctx: RequestContext, req: OffsetDeleteRequest) ->
         if t.name in denied:
             for p in t.partitions:
                 results[(t.name, p.partition_index)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    # Kafka answers from a map by partition: one entry per topic and partition, none for a topic naming none.
+    by_topic: dict[str, dict[int, ErrorCode]] = {}
+    for (name, partition), code in results.items():
+        by_topic.setdefault(name, {})[partition] = code
     return R(error_code=0, topics=[
-        R.OffsetDeleteResponseTopic(name=t.name, partitions=[
-            R.OffsetDeleteResponsePartition(partition_index=p.partition_index,
-                                            error_code=results[(t.name, p.partition_index)])
-            for p in t.partitions])
-        for t in req.topics])
+        R.OffsetDeleteResponseTopic(name=name, partitions=[
+            R.OffsetDeleteResponsePartition(partition_index=p, error_code=code) for p, code in parts.items()])
+        for name, parts in by_topic.items()])
 
 
 # ---------------------------------------------------------------- admin

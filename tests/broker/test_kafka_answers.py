@@ -248,6 +248,7 @@ def test_admin_answers_as_kafka(broker: BrokerProcess, topic_name: str) -> None:
             topics=[
                 T(name=topic_name, partitions=[P(partition_index=5)]),
                 T(name="diff-nowhere", partitions=[P()]),
+                T(name="diff-empty"),
             ],
         )
         OT, OP = (
@@ -265,6 +266,9 @@ def test_admin_answers_as_kafka(broker: BrokerProcess, topic_name: str) -> None:
             time.sleep(0.2)
         od = c.request(47, 0, req)
         got = {(t.name, p.partition_index): p.error_code for t in od.topics for p in t.partitions}
+        assert sorted(t.name for t in od.topics) == sorted(
+            [topic_name, "diff-nowhere"]
+        )  # none for diff-empty
         assert (od.error_code, got) == (
             0,
             {
@@ -388,3 +392,17 @@ def test_denied_principal_answers_as_kafka(tmp_path: Path) -> None:
             ] * 2
     finally:
         b.stop()
+
+
+def test_init_producer_id_with_half_an_identity_is_invalid_request(broker: BrokerProcess) -> None:
+    with WireClient(broker.bootstrap) as c:
+        for pid, epoch in ((-454503, -1), (-1, 3)):
+            req = InitProducerIdRequest(transactional_id=None, transaction_timeout_ms=60000)
+            req.producer_id, req.producer_epoch = pid, epoch
+            resp = c.request(INIT_PRODUCER_ID, 5, req)
+            # Kafka's KafkaApis: an id without an epoch (or the reverse) is INVALID_REQUEST.
+            assert (resp.error_code, resp.producer_id, resp.producer_epoch) == (
+                ErrorCode.INVALID_REQUEST,
+                -1,
+                -1,
+            )
