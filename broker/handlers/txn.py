@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
+from kbroker.broker.admin_manager import validate_topic_name
 from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.replica_manager import error_of
 from kbroker.broker.security.acls import AclOperation, ResourceType
@@ -260,7 +261,13 @@ def handle_describe_producers(ctx: RequestContext, req: DescribeProducersRequest
     topics = []
     for t in req.topics:
         parts = []
+        # Kafka's checkValidTopic comes before authorization: an illegal name is INVALID_TOPIC_EXCEPTION.
+        illegal = validate_topic_name(t.name) is not None
         for p in t.partition_indexes:
+            if illegal:
+                parts.append(R.PartitionResponse(partition_index=p, error_code=ErrorCode.INVALID_TOPIC_EXCEPTION,
+                                                 active_producers=[]))
+                continue
             if t.name in denied:
                 parts.append(R.PartitionResponse(partition_index=p, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
                                                  active_producers=[]))

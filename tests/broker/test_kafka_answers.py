@@ -13,6 +13,7 @@ from kbroker.protocol.messages import (
     DeleteRecordsRequest,
     DescribeClientQuotasRequest,
     DescribeClusterRequest,
+    DescribeProducersRequest,
     DescribeTransactionsRequest,
     DescribeUserScramCredentialsRequest,
     FindCoordinatorRequest,
@@ -406,3 +407,26 @@ def test_init_producer_id_with_half_an_identity_is_invalid_request(broker: Broke
                 -1,
                 -1,
             )
+
+
+def test_describe_producers_of_an_illegal_topic_name(broker: BrokerProcess) -> None:
+    T = DescribeProducersRequest.TopicRequest
+    with WireClient(broker.bootstrap) as c:
+        resp = c.request(
+            61,
+            0,
+            DescribeProducersRequest(
+                topics=[
+                    T(name="", partition_indexes=[0]),
+                    T(name="bad/name", partition_indexes=[1]),
+                    T(name="diff-nowhere", partition_indexes=[0]),
+                ]
+            ),
+        )
+        got = [(t.name, [p.error_code for p in t.partitions]) for t in resp.topics]
+        # Kafka's checkValidTopic first: INVALID_TOPIC_EXCEPTION for illegal names, then the metadata.
+        assert got == [
+            ("", [ErrorCode.INVALID_TOPIC_EXCEPTION]),
+            ("bad/name", [ErrorCode.INVALID_TOPIC_EXCEPTION]),
+            ("diff-nowhere", [ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]),
+        ]
