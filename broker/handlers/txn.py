@@ -101,6 +101,14 @@ async def handle_add_partitions_to_txn(ctx: RequestContext, req: AddPartitionsTo
     v = ctx.api_version
     if v <= 3:
         tps = [(t.name, p) for t in req.v3_and_below_topics for p in t.partitions]
+        if ctx.server.authorizer is not None and not ctx.authorized(WRITE, TXN_ID, req.v3_and_below_transactional_id):
+            # Kafka's errorResponseForTransaction: the request's topics and partitions as named, repeats included.
+            return APR(throttle_time_ms=0, results_by_topic_v3_and_below=[
+                APR.AddPartitionsToTxnTopicResult(name=t.name, results_by_partition=[
+                    APR.AddPartitionsToTxnPartitionResult(
+                        partition_index=p, partition_error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+                    for p in t.partitions])
+                for t in req.v3_and_below_topics])
         refused = _unwritable_partitions(ctx, req.v3_and_below_transactional_id, tps)
         if refused is not None:
             return APR(throttle_time_ms=0, results_by_topic_v3_and_below=_topic_results(refused))

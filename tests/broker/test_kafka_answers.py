@@ -9,6 +9,7 @@ from pathlib import Path
 from kbroker.protocol import records as R
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
+    AddPartitionsToTxnRequest,
     DeleteGroupsRequest,
     DeleteRecordsRequest,
     DescribeClientQuotasRequest,
@@ -384,6 +385,23 @@ def test_denied_principal_answers_as_kafka(tmp_path: Path) -> None:
                 ("a", []),
                 ("b", [ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED]),
             ]
+            # AddPartitionsToTxn v3 refused for its transactional id: the request's topics as named, repeats kept.
+            AT = AddPartitionsToTxnRequest.AddPartitionsToTxnTopic
+            resp = c.request(
+                24,
+                3,
+                AddPartitionsToTxnRequest(
+                    v3_and_below_transactional_id="tx",
+                    v3_and_below_producer_id=1,
+                    v3_and_below_producer_epoch=0,
+                    v3_and_below_topics=[AT(name="a"), AT(name="b", partitions=[2, 2])],
+                ),
+            )
+            denied_txn = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            assert [
+                (t.name, [(p.partition_index, p.partition_error_code) for p in t.results_by_partition])
+                for t in resp.results_by_topic_v3_and_below
+            ] == [("a", []), ("b", [(2, denied_txn), (2, denied_txn)])]
             # DescribeUserScramCredentials: Kafka's getErrorResponse has one result per user named (name unset).
             U = DescribeUserScramCredentialsRequest.UserName
             resp = c.request(50, 0, DescribeUserScramCredentialsRequest(users=[U(name="a"), U(name="b")]))
