@@ -87,6 +87,10 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
         # whole request (InvalidRequestException): every topic INVALID_REQUEST, no brokers, no cluster id.
         return MetadataResponse(throttle_time_ms=0, brokers=[], cluster_id=None, controller_id=-1, topics=[
             _error_topic(t.name or "", ErrorCode.INVALID_REQUEST, t.topic_id) for t in req.topics])
+    if v >= 12 and req.topics and any(t.topic_id != bytes(16) for t in req.topics):
+        # Kafka: once any topic id is named, the request is by topic id alone (names and zero ids are ignored).
+        ids = dict.fromkeys(t.topic_id for t in req.topics if t.topic_id != bytes(16))
+        req.topics = [MetadataRequest.MetadataRequestTopic(topic_id=i, name=None) for i in ids]
     if req.topics is None or (v == 0 and not req.topics):
         records = list(store.topics.values())
         if authz is not None:

@@ -448,3 +448,17 @@ def test_describe_producers_of_an_illegal_topic_name(broker: BrokerProcess) -> N
             ("bad/name", [ErrorCode.INVALID_TOPIC_EXCEPTION]),
             ("diff-nowhere", [ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]),
         ]
+
+
+def test_metadata_v12_by_topic_id_ignores_names(broker: BrokerProcess, topic_name: str) -> None:
+    T = MetadataRequest.MetadataRequestTopic
+    with WireClient(broker.bootstrap) as c:
+        c.create_topic(topic_name)
+        unknown = b"\x01" * 16
+        resp = c.request(
+            3, 12, MetadataRequest(topics=[T(name=topic_name), T(name=topic_name, topic_id=unknown)])
+        )
+        # Kafka: any topic id makes the request one by ids; the names beside them are not looked at.
+        assert [(t.name, t.error_code, t.topic_id) for t in resp.topics] == [
+            (None, ErrorCode.UNKNOWN_TOPIC_ID, unknown)
+        ]
