@@ -91,6 +91,10 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
         # Kafka: once any topic id is named, the request is by topic id alone (names and zero ids are ignored).
         ids = dict.fromkeys(t.topic_id for t in req.topics if t.topic_id != bytes(16))
         req.topics = [MetadataRequest.MetadataRequestTopic(topic_id=i, name=None) for i in ids]
+    elif req.topics:
+        # Kafka reads the names as a set: a topic named twice is answered once.
+        if all(t.name is not None for t in req.topics):
+            req.topics = list({t.name: t for t in req.topics}.values())
     if req.topics is None or (v == 0 and not req.topics):
         records = list(store.topics.values())
         if authz is not None:

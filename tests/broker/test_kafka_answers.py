@@ -462,3 +462,12 @@ def test_metadata_v12_by_topic_id_ignores_names(broker: BrokerProcess, topic_nam
         assert [(t.name, t.error_code, t.topic_id) for t in resp.topics] == [
             (None, ErrorCode.UNKNOWN_TOPIC_ID, unknown)
         ]
+
+
+def test_metadata_answers_a_repeated_topic_once(broker: BrokerProcess, topic_name: str) -> None:
+    T = MetadataRequest.MetadataRequestTopic
+    with WireClient(broker.bootstrap) as c:
+        c.create_topic(topic_name)
+        for version in (1, 12):
+            resp = c.request(3, version, MetadataRequest(topics=[T(name=topic_name), T(name=topic_name)]))
+            assert [t.name for t in resp.topics] == [topic_name]  # Kafka's set of names
