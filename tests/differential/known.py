@@ -37,6 +37,9 @@ GENERATED: dict[str, str] = {
     "UNKNOWN_TOPIC_OR_PARTITION); kbroker keeps no ZooKeeper offsets and answers v0 from __consumer_offsets",
     "ConsumerGroupHeartbeat, ConsumerGroupDescribe": "KIP-848 groups are served; Kafka 3.9 in ZooKeeper mode "
     "answers UNSUPPORTED_VERSION",
+    "Metadata (auto-created topics)": "Kafka 3.9 in ZooKeeper mode creates an auto-created topic asynchronously and "
+    "answers LEADER_NOT_AVAILABLE without partitions until the controller has elected its leaders; kbroker creates it "
+    "before answering, so the client gets its partitions at once",
     "ApiVersions v3 finalized_features_epoch": "0 in Kafka (its ZooKeeper feature znode), -1 in a standalone kbroker "
     "with no finalized features",
 }
