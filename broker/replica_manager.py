@@ -131,8 +131,8 @@ class ReplicaManager:
 
     def get_log(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Log:
         """The local log of a partition this broker leads, or KafkaError with Kafka's code. A client that names a
-        leader epoch (>= 0) other than this replica's gets FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH first, as
-        Kafka's Partition checks it before leadership; one lookup answers both."""
+        leader epoch (>= 0) other than this replica's gets FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH before
+        leadership (Kafka's Partition checks it first), after the partition's existence; one lookup answers both."""
         self._check_online(topic, partition)
         p = self.partitions.get((topic, partition))
         if p is not None:
@@ -141,8 +141,7 @@ class ReplicaManager:
             return p.leader_log()
         rec = self.server.metadata.topics.get(topic)
         if rec is None or not 0 <= partition < len(rec.partitions):
-            if current_leader_epoch >= 0:
-                check_leader_epoch(current_leader_epoch, LEADER_EPOCH)
+            # Kafka's getPartitionOrException: a partition nobody has is unknown, whatever epoch the client names.
             raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         if current_leader_epoch >= 0:
             check_leader_epoch(current_leader_epoch, rec.partitions[partition].leader_epoch)

@@ -599,6 +599,8 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
     async def sync_group(self, group_id: str, generation_id: int, member_id: str, instance_id: str | None,
                          protocol_type: str | None, protocol_name: str | None,
                          assignments: dict[str, bytes]) -> tuple[ErrorCode, bytes, str | None, str | None]:
+        if not group_id:
+            return ErrorCode.INVALID_GROUP_ID, b"", None, None
         err = self.coordinator_error(group_id)
         if err is not None:
             # Loading lost the rebalance in flight: the member rejoins without looking for its coordinator again
@@ -667,6 +669,8 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
     # ------------------------------------------------------------ heartbeat / leave
 
     async def heartbeat(self, group_id: str, generation_id: int, member_id: str, instance_id: str | None) -> ErrorCode:
+        if not group_id:  # Kafka's validateGroupStatus: only offset and describe/delete APIs accept ""
+            return ErrorCode.INVALID_GROUP_ID
         err = self.coordinator_error(group_id)
         if err is not None:
             # Kafka's handleHeartbeat answers a loading coordinator's heartbeats blindly with NONE.
@@ -694,6 +698,8 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
         return ErrorCode.NONE
 
     async def leave_group(self, group_id: str, leaving: list[tuple[str, str | None]]) -> tuple[ErrorCode, list[ErrorCode]]:
+        if not group_id:
+            return ErrorCode.INVALID_GROUP_ID, []
         err = self.coordinator_error(group_id)
         if err is not None:
             return err, []

@@ -780,9 +780,8 @@ class TransactionCoordinator(CoordinatorLoop):
         return [self._describe(tid) for tid in transactional_ids]
 
     def _describe(self, tid: str) -> DescribeTransactionsResponse.TransactionState:
-        out = DescribeTransactionsResponse.TransactionState(transactional_id=tid, producer_id=NO_PRODUCER_ID,
-                                                            producer_epoch=NO_PRODUCER_EPOCH,
-                                                            transaction_start_time_ms=-1)
+        # An answer in error keeps the schema's defaults (0), as Kafka's handleDescribeTransactions leaves them.
+        out = DescribeTransactionsResponse.TransactionState(transactional_id=tid)
         if not self.active:
             out.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
             return out

@@ -415,6 +415,9 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContex
 # ---------------------------------------------------------------- ListOffsets
 
 EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -2, -1, -3, -4
+# Kafka's ReplicaManager.timestampMinSupportedVersion: the first ListOffsets version knowing each special timestamp.
+# (Kafka 3.9 refuses -1 and -2 in v0 too; kbroker keeps serving them to the 0.8-0.10 clients that send v0.)
+TIMESTAMP_MIN_VERSION = {EARLIEST: 0, LATEST: 0, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8}
 
 
 def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOffsetsResponse:
@@ -422,33 +425,52 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
     v = ctx.api_version
     allowed = (ctx.authorized_names(AclOperation.DESCRIBE, ResourceType.TOPIC, (t.name for t in req.topics))
                if ctx.server.authorizer is not None else None)
+    if req.replica_id == -1 and req.isolation_level not in (0, 1) and any(t.partitions for t in req.topics):
+        # Kafka reads a consumer's isolation level with IsolationLevel.forId, which throws: the whole request is
+        # answered UNKNOWN_SERVER_ERROR (ListOffsetsRequest.getErrorResponse).
+        return ListOffsetsResponse(throttle_time_ms=0, topics=[
+            ListOffsetsResponse.ListOffsetsTopicResponse(name=t.name, partitions=[
+                ListOffsetsResponse.ListOffsetsPartitionResponse(
+                    partition_index=p.partition_index, error_code=ErrorCode.UNKNOWN_SERVER_ERROR, offset=-1,
+                    timestamp=-1)
+                for p in t.partitions])
+            for t in req.topics])
+    seen: set[tuple[str, int]] = set()
+    duplicates = set()
+    for t in req.topics:
+        for p in t.partitions:
+            if (t.name, p.partition_index) in seen:
+                duplicates.add((t.name, p.partition_index))
+            seen.add((t.name, p.partition_index))
     topics = []
     for t in req.topics:
+        if allowed is not None and t.name not in allowed:
+            topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=t.name, partitions=[
+                ListOffsetsResponse.ListOffsetsPartitionResponse(
+                    partition_index=p.partition_index, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                    offset=-1, timestamp=-1)
+                for p in t.partitions]))
+            continue
         parts = []
+        topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=t.name, partitions=parts))
         for p in t.partitions:
             resp = ListOffsetsResponse.ListOffsetsPartitionResponse(partition_index=p.partition_index)
-            if allowed is not None and t.name not in allowed:
-                resp.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
-                resp.offset = -1
-                resp.timestamp = -1
-                parts.append(resp)
-                continue
+            parts.append(resp)
             try:
+                if (t.name, p.partition_index) in duplicates:  # each time it is named, as Kafka answers
+                    raise KafkaError(ErrorCode.INVALID_REQUEST, "partition named more than once")
+                if p.timestamp < 0 and TIMESTAMP_MIN_VERSION.get(p.timestamp, 99) > v:
+                    raise KafkaError(ErrorCode.UNSUPPORTED_VERSION, f"timestamp {p.timestamp} in version {v}")
                 lg = rm.get_log(t.name, p.partition_index, p.current_leader_epoch)
                 if v == 0:
                     # Offsets of segment starts, as clients of Kafka 0.8-0.10 expect from v0.
                     resp.error_code = 0
                     resp.old_style_offsets = legacy_offsets_before(lg, p.timestamp, p.max_num_offsets,
                                                                    from_consumer=req.replica_id == -1)
-                    parts.append(resp)
                     continue
                 ts = p.timestamp
                 if ts == EARLIEST_LOCAL:
                     ts = EARLIEST
-                if ts == MAX_TIMESTAMP and v < 7:
-                    raise KafkaError(ErrorCode.UNSUPPORTED_VERSION)
-                if ts < MAX_TIMESTAMP:
-                    raise KafkaError(ErrorCode.INVALID_REQUEST, f"unsupported timestamp {ts}")
                 # read_committed consumers see up to the last stable offset (Kafka's lastFetchableOffset).
                 if req.replica_id >= 0:
                     fetchable = lg.log_end_offset  # a follower's question: the whole local log
@@ -482,8 +504,6 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
                 resp.error_code = code
                 resp.offset = -1
                 resp.timestamp = -1
-            parts.append(resp)
-        topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=t.name, partitions=parts))
     return ListOffsetsResponse(throttle_time_ms=0, topics=topics)
 
 
@@ -494,20 +514,19 @@ def handle_offset_for_leader_epoch(ctx: RequestContext, req: OffsetForLeaderEpoc
     rm = ctx.server.replica_manager
     R = OffsetForLeaderEpochResponse
     allowed: set[str] | None = None
-    cluster_denied = False
-    if ctx.server.authorizer is not None:
-        if ctx.api_version >= 3 and req.replica_id >= 0:
-            cluster_denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
-        else:
-            allowed = ctx.authorized_names(AclOperation.DESCRIBE, ResourceType.TOPIC, (t.topic for t in req.topics))
+    if ctx.server.authorizer is not None and not ctx.authorized(
+        AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER, log_denied=False
+    ):
+        # Kafka: a broker (CLUSTER_ACTION) sees every topic, anyone else the topics it may describe, whatever
+        # replica id the request names.
+        allowed = ctx.authorized_names(AclOperation.DESCRIBE, ResourceType.TOPIC, (t.topic for t in req.topics))
     topics = []
     for t in req.topics:
         parts = []
         for p in t.partitions:
             out = R.EpochEndOffset(partition=p.partition, leader_epoch=-1, end_offset=-1)
-            if cluster_denied or (allowed is not None and t.topic not in allowed):
-                out.error_code = (ErrorCode.CLUSTER_AUTHORIZATION_FAILED if cluster_denied
-                                  else ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+            if allowed is not None and t.topic not in allowed:
+                out.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 parts.append(out)
                 continue
             try:

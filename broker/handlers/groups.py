@@ -68,10 +68,8 @@ def _find_one(ctx: RequestContext, key: str, key_type: int) -> tuple[ErrorCode, 
     server = ctx.server
     if key_type not in (GROUP_KEY, TRANSACTION_KEY):
         return ErrorCode.INVALID_REQUEST, f"unknown key type {key_type}", -1, "", -1
-    if key_type == GROUP_KEY and not key:
-        return ErrorCode.INVALID_GROUP_ID, None, -1, "", -1
-    if key_type == TRANSACTION_KEY and not key:
-        return ErrorCode.INVALID_REQUEST, "an empty transactional id has no coordinator", -1, "", -1
+    # An empty key has a coordinator too (Kafka's getCoordinator hashes it like any other); the APIs that use it
+    # refuse "" themselves.
     if server.authorizer is not None:
         if key_type == GROUP_KEY and not ctx.authorized(DESCRIBE, GROUP, key):
             return ErrorCode.GROUP_AUTHORIZATION_FAILED, None, -1, "", -1
@@ -130,6 +128,10 @@ async def handle_join_group(ctx: RequestContext, req: JoinGroupRequest) -> JoinG
 
 async def handle_sync_group(ctx: RequestContext, req: SyncGroupRequest) -> SyncGroupResponse:
     gc = ctx.server.group_coordinator
+    if ctx.api_version >= 5 and (req.protocol_type is None or req.protocol_name is None):
+        # Kafka's areMandatoryProtocolTypeAndNamePresent, checked before authorization and the group.
+        return SyncGroupResponse(error_code=ErrorCode.INCONSISTENT_GROUP_PROTOCOL, protocol_type=None,
+                                 protocol_name=None, assignment=b"")
     if _group_denied(ctx, READ, req.group_id):
         return SyncGroupResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, protocol_type=None,
                                  protocol_name=None, assignment=b"")
@@ -273,20 +275,28 @@ async def handle_offset_delete(ctx: RequestContext, req: OffsetDeleteRequest) ->
     if _group_denied(ctx, DELETE, req.group_id):
         return R(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
     denied = _topics_denied(ctx, READ, [t.name for t in req.topics])
-    tps = [(t.name, p.partition_index) for t in req.topics if t.name not in denied for p in t.partitions]
+    # Kafka's handleOffsetDeleteRequest: partitions the metadata does not know are answered before the group.
+    topics = ctx.server.metadata.topics
+    unknown = {(t.name, p.partition_index) for t in req.topics if t.name not in denied for p in t.partitions
+               if (rec := topics.get(t.name)) is None or not 0 <= p.partition_index < rec.num_partitions}
+    tps = [(t.name, p.partition_index) for t in req.topics if t.name not in denied for p in t.partitions
+           if (t.name, p.partition_index) not in unknown]
     err, results = await gc.call(gc.delete_offsets, req.group_id, tps)
     if err:
         return R(error_code=err)
+    results.update(dict.fromkeys(unknown, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
     for t in req.topics:
         if t.name in denied:
             for p in t.partitions:
                 results[(t.name, p.partition_index)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    # Kafka answers from a map by partition: one entry per topic and partition, none for a topic naming none.
+    by_topic: dict[str, dict[int, ErrorCode]] = {}
+    for (name, partition), code in results.items():
+        by_topic.setdefault(name, {})[partition] = code
     return R(error_code=0, topics=[
-        R.OffsetDeleteResponseTopic(name=t.name, partitions=[
-            R.OffsetDeleteResponsePartition(partition_index=p.partition_index,
-                                            error_code=results[(t.name, p.partition_index)])
-            for p in t.partitions])
-        for t in req.topics])
+        R.OffsetDeleteResponseTopic(name=name, partitions=[
+            R.OffsetDeleteResponsePartition(partition_index=p, error_code=code) for p, code in parts.items()])
+        for name, parts in by_topic.items()])
 
 
 # ---------------------------------------------------------------- admin
@@ -383,7 +393,8 @@ async def handle_delete_groups(ctx: RequestContext, req: DeleteGroupsRequest) ->
     results.update(shares)
     results.update({g: ErrorCode.GROUP_AUTHORIZATION_FAILED for g in denied})
     R = DeleteGroupsResponse
-    return R(results=[R.DeletableGroupResult(group_id=g, error_code=results[g]) for g in req.groups_names])
+    # Kafka answers from a map by group id: a repeated id is answered once.
+    return R(results=[R.DeletableGroupResult(group_id=g, error_code=results[g]) for g in dict.fromkeys(req.groups_names)])
 
 
 HANDLERS = [

@@ -97,6 +97,19 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
         return tm
 
     topics: list[MetadataResponse.MetadataResponseTopic] = []
+    if v < 12 and req.topics and any(t.name is None or (v >= 10 and t.topic_id != bytes(16)) for t in req.topics):
+        # Topic ids in Metadata requests need v12 (v10-11 carry the field, not the feature). Kafka refuses the
+        # whole request (InvalidRequestException): every topic INVALID_REQUEST, no brokers, no cluster id.
+        return MetadataResponse(throttle_time_ms=0, brokers=[], cluster_id=None, controller_id=-1, topics=[
+            _error_topic(t.name or "", ErrorCode.INVALID_REQUEST, t.topic_id) for t in req.topics])
+    if v >= 12 and req.topics and any(t.topic_id != bytes(16) for t in req.topics):
+        # Kafka: once any topic id is named, the request is by topic id alone (names and zero ids are ignored).
+        ids = dict.fromkeys(t.topic_id for t in req.topics if t.topic_id != bytes(16))
+        req.topics = [MetadataRequest.MetadataRequestTopic(topic_id=i, name=None) for i in ids]
+    elif req.topics:
+        # Kafka reads the names as a set: a topic named twice is answered once.
+        if all(t.name is not None for t in req.topics):
+            req.topics = list({t.name: t for t in req.topics}.values())
     if req.topics is None or (v == 0 and not req.topics):
         records = list(store.topics.values())
         if authz is not None:
@@ -113,10 +126,6 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
             wanted = [t.name if t.name is not None else names_by_id.get(t.topic_id) for t in req.topics]
             describable = ctx.authorized_names(AclOperation.DESCRIBE, ResourceType.TOPIC, wanted)
         for t in req.topics:
-            if v < 12 and (t.name is None or (v >= 10 and t.topic_id != bytes(16))):
-                # As Kafka: topic ids in Metadata requests need v12 (v10-11 carry the field but not the feature).
-                topics.append(_error_topic(t.name or "", ErrorCode.INVALID_REQUEST, t.topic_id))
-                continue
             if t.name is None:
                 name = names_by_id.get(t.topic_id)
                 rec = store.topics.get(name) if name is not None else None
@@ -176,7 +185,7 @@ def handle_describe_cluster(ctx: RequestContext, req: DescribeClusterRequest) ->
         return DescribeClusterResponse(
             error_code=ErrorCode.UNSUPPORTED_ENDPOINT_TYPE,
             error_message="kbroker serves only broker endpoints (endpoint type 1)",
-            endpoint_type=req.endpoint_type,
+            endpoint_type=1,  # Kafka's answer names the endpoint it is (brokers), not the one asked for
             cluster_id=server.metadata.cluster_id,
         )
     brokers = [

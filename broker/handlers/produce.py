@@ -113,9 +113,20 @@ def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
 def _refuse_all(req: ProduceRequest, code: ErrorCode) -> ProduceResponse | None:
     if req.acks == 0:
         return None
-    return ProduceResponse(throttle_time_ms=0, responses=[
+    return ProduceResponse(throttle_time_ms=0, responses=_by_topic([
         ProduceResponse.TopicProduceResponse(name=t.name, partition_responses=[
-            _error(p.index, code) for p in t.partition_data]) for t in req.topic_data])
+            _error(p.index, code) for p in t.partition_data]) for t in req.topic_data]))
+
+
+def _by_topic(topics: list[ProduceResponse.TopicProduceResponse]) -> list[ProduceResponse.TopicProduceResponse]:
+    """Kafka answers from a map by partition: one entry per topic, none for a topic that named no partition."""
+    merged: dict[str, ProduceResponse.TopicProduceResponse] = {}
+    for t in topics:
+        if t.name in merged:
+            merged[t.name].partition_responses.extend(t.partition_responses)
+        elif t.partition_responses:
+            merged[t.name] = t
+    return list(merged.values())
 
 
 def _has_transactional_records(req: ProduceRequest) -> bool:
@@ -297,7 +308,7 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
     if throttle:
         # producer_byte_rate: the data is appended; the client is told to back off and its connection waits.
         ctx.conn.mute_for(throttle)
-    response = ProduceResponse(responses=topics, throttle_time_ms=throttle)
+    response = ProduceResponse(responses=_by_topic(topics), throttle_time_ms=throttle)
     if not_leader:
         _name_leaders(ctx, response)
     if acks == 0:

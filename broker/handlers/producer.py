@@ -21,6 +21,9 @@ async def handle_init_producer_id(ctx: RequestContext, req: InitProducerIdReques
         code = _authorize(ctx, req.transactional_id)
         if code != ErrorCode.NONE:
             return InitProducerIdResponse(error_code=code, producer_id=-1, producer_epoch=-1)
+    if (req.producer_id == -1) != (req.producer_epoch == -1):
+        # Kafka's KafkaApis: a producer id without an epoch, or an epoch without an id, is INVALID_REQUEST.
+        return InitProducerIdResponse(error_code=ErrorCode.INVALID_REQUEST, producer_id=-1, producer_epoch=-1)
     if req.transactional_id is not None:
         return await _init_transactional(ctx, req)
     loop = asyncio.get_running_loop()

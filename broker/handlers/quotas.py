@@ -38,8 +38,9 @@ def handle_describe_client_quotas(ctx: RequestContext, req: DescribeClientQuotas
         return R(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=None, entries=None)
     for c in req.components:
         if c.match_type not in (MATCH_EXACT, MATCH_DEFAULT, MATCH_SPECIFIED):
-            ctx.refused(ErrorCode.INVALID_REQUEST, f"unknown match type {c.match_type}")
-            return R(error_code=ErrorCode.INVALID_REQUEST, error_message=f"unknown match type {c.match_type}",
+            # Kafka 3.9 fails building the filter (IllegalArgumentException): UNKNOWN_SERVER_ERROR, not a 42.
+            ctx.refused(ErrorCode.UNKNOWN_SERVER_ERROR, f"unknown match type {c.match_type}")
+            return R(error_code=ErrorCode.UNKNOWN_SERVER_ERROR, error_message=f"unknown match type {c.match_type}",
                      entries=None)
     types = [c.entity_type for c in req.components]
     if len(set(types)) != len(types):

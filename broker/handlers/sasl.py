@@ -45,8 +45,12 @@ def handle_describe_user_scram_credentials(ctx: RequestContext, req: DescribeUse
                                            ) -> DescribeUserScramCredentialsResponse:
     R = DescribeUserScramCredentialsResponse
     if not ctx.authorized(AclOperation.DESCRIBE, ResourceType.CLUSTER):
-        return R(throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
-                 error_message="Not authorized to describe SCRAM credentials", results=[])
+        # Kafka's getErrorResponse: one result per user named, its user name left unset ("").
+        why = "Not authorized to describe SCRAM credentials"
+        return R(throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=why,
+                 results=[R.DescribeUserScramCredentialsResult(
+                     user="", error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=why)
+                     for _ in req.users or ()])
     stored = ctx.server.scram_credentials.credentials
     if not req.users:
         wanted = sorted(stored)

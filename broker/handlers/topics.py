@@ -277,7 +277,13 @@ def handle_delete_records(ctx: RequestContext, req: DeleteRecordsRequest) -> Del
                     ctx.refused(res.error_code, str(e), f"partition {t.name}-{p.partition_index}")
             parts.append(res)
         topics.append(R.DeleteRecordsTopicResult(name=t.name, partitions=parts))
-    return R(throttle_time_ms=0, topics=topics)
+    # Kafka answers from a map by partition: one entry per topic and partition, none for a topic naming none.
+    merged: dict[str, dict[int, R.DeleteRecordsPartitionResult]] = {}
+    for t in topics:
+        for p in t.partitions:
+            merged.setdefault(t.name, {})[p.partition_index] = p
+    return R(throttle_time_ms=0, topics=[R.DeleteRecordsTopicResult(name=n, partitions=list(ps.values()))
+                                         for n, ps in merged.items()])
 
 
 def _exists(ctx: RequestContext, topic: str, partition: int) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
+from kbroker.broker.admin_manager import validate_topic_name
 from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.replica_manager import error_of
 from kbroker.broker.security.acls import AclOperation, ResourceType
@@ -100,6 +101,14 @@ async def handle_add_partitions_to_txn(ctx: RequestContext, req: AddPartitionsTo
     v = ctx.api_version
     if v <= 3:
         tps = [(t.name, p) for t in req.v3_and_below_topics for p in t.partitions]
+        if ctx.server.authorizer is not None and not ctx.authorized(WRITE, TXN_ID, req.v3_and_below_transactional_id):
+            # Kafka's errorResponseForTransaction: the request's topics and partitions as named, repeats included.
+            return APR(throttle_time_ms=0, results_by_topic_v3_and_below=[
+                APR.AddPartitionsToTxnTopicResult(name=t.name, results_by_partition=[
+                    APR.AddPartitionsToTxnPartitionResult(
+                        partition_index=p, partition_error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+                    for p in t.partitions])
+                for t in req.v3_and_below_topics])
         refused = _unwritable_partitions(ctx, req.v3_and_below_transactional_id, tps)
         if refused is not None:
             return APR(throttle_time_ms=0, results_by_topic_v3_and_below=_topic_results(refused))
@@ -180,8 +189,12 @@ async def handle_txn_offset_commit(ctx: RequestContext, req: TxnOffsetCommitRequ
     elif _denied(ctx, READ, GROUP, req.group_id):
         refused = ErrorCode.GROUP_AUTHORIZATION_FAILED
     if refused is not None:
-        results, offsets = {tp: refused for tp in offsets}, {}
-    elif ctx.server.authorizer is not None:
+        # Kafka's getErrorResponse: the request's topics and partitions as named, each with the error.
+        R = TxnOffsetCommitResponse
+        return R(throttle_time_ms=0, topics=[R.TxnOffsetCommitResponseTopic(name=t.name, partitions=[
+            R.TxnOffsetCommitResponsePartition(partition_index=p.partition_index, error_code=refused)
+            for p in t.partitions]) for t in req.topics])
+    if ctx.server.authorizer is not None:
         topics = {t for t, _ in offsets}
         denied = topics - ctx.authorized_names(READ, TOPIC, topics)
         results = {tp: ErrorCode.TOPIC_AUTHORIZATION_FAILED for tp in offsets if tp[0] in denied}
@@ -256,7 +269,13 @@ def handle_describe_producers(ctx: RequestContext, req: DescribeProducersRequest
     topics = []
     for t in req.topics:
         parts = []
+        # Kafka's checkValidTopic comes before authorization: an illegal name is INVALID_TOPIC_EXCEPTION.
+        illegal = validate_topic_name(t.name) is not None
         for p in t.partition_indexes:
+            if illegal:
+                parts.append(R.PartitionResponse(partition_index=p, error_code=ErrorCode.INVALID_TOPIC_EXCEPTION,
+                                                 active_producers=[]))
+                continue
             if t.name in denied:
                 parts.append(R.PartitionResponse(partition_index=p, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
                                                  active_producers=[]))
@@ -297,8 +316,7 @@ async def handle_describe_transactions(ctx: RequestContext, req: DescribeTransac
             allowed = ctx.authorized_names(DESCRIBE, TOPIC, (t.topic for t in state.topics), log_denied=False)
             state.topics = [t for t in state.topics if t.topic in allowed]
     states += [R.TransactionState(error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, transactional_id=i,
-                                  transaction_state="", transaction_timeout_ms=0, transaction_start_time_ms=-1,
-                                  producer_id=-1, producer_epoch=-1, topics=[])
+                                  topics=[])  # the schema's defaults, as Kafka leaves them
                for i in ids if i in denied]
     return R(throttle_time_ms=0, transaction_states=states)
 
@@ -306,7 +324,8 @@ async def handle_describe_transactions(ctx: RequestContext, req: DescribeTransac
 async def handle_list_transactions(ctx: RequestContext, req: ListTransactionsRequest) -> ListTransactionsResponse:
     tc = ctx.server.txn_coordinator
     duration = req.duration_filter if ctx.api_version >= 1 else -1
-    code, unknown, states = await tc.call(tc.list_transactions, list(req.state_filters),
+    # Kafka's filters are sets: a repeated unknown state is reported once.
+    code, unknown, states = await tc.call(tc.list_transactions, list(dict.fromkeys(req.state_filters)),
                                           list(req.producer_id_filters), duration)
     if ctx.server.authorizer is not None:
         # Kafka lists only the transactional ids the principal may describe.

@@ -1,6 +1,8 @@
-"""A short seeded differential pass against Apache Kafka 3.9 in ZooKeeper mode (the long run is
-`python -m tests.differential --examples N`): ApiVersions, the stateful scenarios and one generated request per
-API and version of the APIs whose answers already match Kafka's."""
+"""A short seeded differential pass against Apache Kafka 3.9 in ZooKeeper mode (the long runs are
+`python -m tests.differential --examples N` and `python -m tests.differential.denied`): ApiVersions, the stateful
+scenarios, generated requests of the APIs whose answers already match Kafka's, and the same from a principal with no
+ACLs. Both brokers run the ACL authorizer; the setup and comparisons without ACLs use the PLAINTEXT listener, whose
+ANONYMOUS principal is a super user."""
 
 from __future__ import annotations
 
@@ -8,12 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.differential import generate, known, scenarios
+from tests.differential import denied, generate, known, scenarios
 from tests.differential.harness import Pair, Tally
 from tests.differential.session import (
     advertised,
     api_version_differences,
-    brokers,
     create_topics,
     generated,
     warm_up,
@@ -26,21 +27,25 @@ MATCHING = {25, 26, 32, 33, 44, 51, 61, 66}
 
 
 @pytest.fixture(scope="module")
-def pair() -> Iterator[Pair]:
+def pairs() -> Iterator[tuple[Pair, Pair]]:
     why = zookeeper_missing()
     if why:
         pytest.skip(why)
     from bench.peers.maven import ArtifactUnavailable
 
     try:
-        with brokers() as (kbroker, kafka):
-            p = Pair(kbroker, kafka, Tally(keep=5))
-            create_topics(p)
-            warm_up(p)
-            yield p
-            p.close()
+        with denied.denied_pairs() as (admin, user):
+            admin.tally = Tally(keep=5)
+            create_topics(admin)
+            warm_up(admin)
+            yield admin, user
     except ArtifactUnavailable as e:
         pytest.skip(f"Apache Kafka 3.9 cannot be fetched here: {e}")
+
+
+@pytest.fixture(scope="module")
+def pair(pairs: tuple[Pair, Pair]) -> Pair:
+    return pairs[0]
 
 
 def test_api_versions_match_except_the_documented(pair: Pair) -> None:
@@ -67,3 +72,48 @@ def test_generated_requests_of_matching_apis(pair: Pair) -> None:
     generated(sub, [c for c in generate.cases(ours, theirs) if c[0] in MATCHING], examples=2)
     assert tally.total_different() == 0, tally.table()
     assert sum(r.compared for r in tally.rows.values()) >= 2 * len(MATCHING)
+
+
+# APIs whose generated requests from the principal with no ACLs got the same answers from both brokers in the long
+# run (`python -m tests.differential.denied`).
+DENIED_MATCHING = {
+    2,
+    8,
+    10,
+    11,
+    12,
+    13,
+    14,
+    15,
+    16,
+    21,
+    22,
+    23,
+    25,
+    26,
+    32,
+    35,
+    42,
+    44,
+    47,
+    48,
+    49,
+    51,
+    60,
+    61,
+    65,
+    66,
+}
+
+
+def test_denied_principal_gets_kafkas_errors(pairs: tuple[Pair, Pair]) -> None:
+    admin, user = pairs
+    ours, theirs = advertised(admin)
+    tally = Tally(keep=5)
+    sub = Pair.__new__(Pair)
+    sub.ours, sub.theirs, sub.tally = user.ours, user.theirs, tally
+    generated(
+        sub, [c for c in generate.cases(ours, theirs) if c[0] in DENIED_MATCHING], examples=1, first_seed=7000
+    )
+    assert tally.total_different() == 0, tally.table()
+    assert sum(r.compared for r in tally.rows.values()) >= len(DENIED_MATCHING)
