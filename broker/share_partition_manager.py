@@ -50,6 +50,8 @@ _DURATION = re.compile(r"p(?:(\d+)d)?(?:t(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?
 class ShareSession:
     epoch: int
     partitions: set[tuple[bytes, int]] = field(default_factory=set)
+    # the connection that opened the session: its close releases what the member holds (Kafka 4.1+)
+    conn: Any = None
 
 
 def duration_ms(text: str) -> int:
@@ -165,11 +167,10 @@ class SharePartitionManager:
                 self.coordinator.expire_members()
 
     def _member_removed(self, group_id: str, member_id: str) -> None:
-        self.sessions.pop((group_id, member_id), None)
-        limit = self.delivery_limit
-        for (g, _, _), sp in self.partitions.items():
-            if g == group_id:
-                sp.release_member(member_id, limit)
+        """As Kafka: the share coordinator does not reach into share-partitions (they live on the partition
+        leaders). What the member holds stays acquired under its locks; a member fenced on a slow machine
+        rejoins with the same id and its acknowledgements still count. The member's connection closing or
+        its final-epoch request releases them sooner."""
 
     # ------------------------------------------------------------ share-partitions
 
@@ -273,6 +274,14 @@ class SharePartitionManager:
             return int(found[0]) if found is not None else int(lg.high_watermark)
         return int(lg.high_watermark)
 
+    def connection_closed(self, conn: Any) -> None:
+        """Kafka 4.1+'s connection-disconnect listener: the sessions this connection opened end, and what
+        their members hold is available again at once rather than when the locks expire."""
+        for (group_id, member_id), s in list(self.sessions.items()):
+            if s.conn is conn:
+                self.release_session(group_id, member_id)
+        self.persist_dirty()
+
     def release_session(self, group_id: str, member_id: str) -> None:
         self.sessions.pop((group_id, member_id), None)
         limit = self.delivery_limit
@@ -280,13 +289,20 @@ class SharePartitionManager:
             if g == group_id:
                 sp.release_member(member_id, limit)
 
-    def session_for(self, group_id: str, member_id: str, epoch: int) -> tuple[ShareSession | None, int]:
-        """Kafka's ShareSessionCache rules: epoch 0 opens (replacing any), -1 closes, otherwise the next epoch."""
+    def session_for(
+        self, group_id: str, member_id: str, epoch: int, conn: Any = None
+    ) -> tuple[ShareSession | None, int]:
+        """Kafka's ShareSessionCache rules: epoch 0 opens (replacing any), -1 closes, otherwise the next epoch.
+
+        Replacing a session releases nothing (Kafka's newContext only removes the old one from the cache): a
+        client that restarts its session after an error keeps its acquired records and can still acknowledge
+        them."""
         key = (group_id, member_id)
         if epoch == 0:
-            if key in self.sessions:
-                self.release_session(group_id, member_id)
-            s = self.sessions[key] = ShareSession(1)
+            s = self.sessions[key] = ShareSession(1, conn=conn)
+            if conn is not None and not getattr(conn, "_share_close_hooked", False):
+                conn._share_close_hooked = True
+                conn.close_hooks.append(lambda: self.loop.call_soon_threadsafe(self.connection_closed, conn))
             return s, ErrorCode.NONE
         s = self.sessions.get(key)
         if s is None:

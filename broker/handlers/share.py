@@ -237,7 +237,7 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
             p.acknowledgement_batches for t in req.topics for p in t.partitions
         ):
             return ErrorCode.INVALID_REQUEST, out
-        session, code = spm.session_for(group_id, member_id, req.share_session_epoch)
+        session, code = spm.session_for(group_id, member_id, req.share_session_epoch, ctx.conn)
         if session is None:
             return code, out
         _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
