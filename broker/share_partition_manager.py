@@ -261,6 +261,25 @@ class SharePartitionManager:
                     e,
                 )
 
+    def delete_state(self, group_id: str, topic: str, num_partitions: int) -> None:
+        """DeleteShareGroupOffsets: drop the share-partitions of topic and tombstone their snapshots, so neither
+        this broker nor a restarted one finds them again."""
+        now = int(time.time() * 1000)
+        for index in range(num_partitions):
+            sp = self.partitions.pop((group_id, topic, index), None) or SharePartition(
+                group_id, topic, index, 0
+            )
+            place = self._state_place(sp)
+            if place is None:
+                continue
+            part, key = place
+            if self._saved_state(sp) is None and sp.snapshot_epoch == 0:
+                continue
+            self.server.replica_manager.append(
+                SHARE_STATE_TOPIC, part, build_batch([(key, None, [], now)]), 1
+            )
+            self._snapshots.get(part, {}).pop(key, None)
+
     def _initial_offset(self, group_id: str, lg: Any) -> int:
         """Kafka's share.auto.offset.reset, applied when a share-partition is first read."""
         reset = (
