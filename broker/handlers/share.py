@@ -206,7 +206,7 @@ def _acquire(
             sp = spm.share_partition(group_id, name, partition, lg)
             limit = lg.last_stable_offset if committed else lg.high_watermark
             chunks, ranges = sp.acquire(
-                lg, member_id, max_records - acquired, max_bytes, lock_ms, spm.max_locks, limit
+                lg, member_id, max_records - acquired, max_bytes, lock_ms, spm.max_locks, limit, committed
             )
         except Exception as e:  # a storage error answers for this partition only
             code = getattr(e, "code", None)

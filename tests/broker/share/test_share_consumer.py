@@ -311,3 +311,30 @@ def test_reset_and_delete_offsets_from_the_command_line(broker: BrokerProcess, t
             92, 0, D(group_id="no-such-group", topics=[D.DeleteShareGroupOffsetsRequestTopic(topic_name)])
         )
         assert r.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+
+def test_read_committed_skips_aborted_transactions(broker: BrokerProcess, topic_name: str) -> None:
+    group = "g-" + topic_name
+    setup_topic(
+        broker.bootstrap,
+        topic_name,
+        group,
+        0,
+        {"share.auto.offset.reset": "earliest", "share.isolation.level": "read_committed"},
+        partitions=1,
+    )
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "tx-" + topic_name})
+    p.init_transactions(30)
+    for batch, commit in (("c0", True), ("a0", False), ("c1", True), ("a1", False)):
+        p.begin_transaction()
+        for i in range(5):
+            p.produce(topic_name, f"{batch}-{i}".encode(), partition=0)
+        p.flush(30)
+        p.commit_transaction(30) if commit else p.abort_transaction(30)
+    # an open transaction: not delivered either (past the last stable offset)
+    p.begin_transaction()
+    p.produce(topic_name, b"open-0", partition=0)
+    p.flush(30)
+    got = read_all(broker.bootstrap, group, topic_name, 10)
+    p.abort_transaction(30)
+    assert sorted(got) == sorted(f"c{b}-{i}" for b in range(2) for i in range(5)), got
