@@ -67,6 +67,7 @@ class SharePartition:
         self.records: dict[int, InFlight] = {}
         self.dirty = False  # changed since the last snapshot written to __share_group_state
         self.snapshot_epoch = 0
+        self.leader_epoch = -1  # of the topic partition when this share-partition was loaded
 
     def locks_held(self) -> int:
         return sum(1 for r in self.records.values() if r.state == ACQUIRED)

@@ -34,7 +34,8 @@ from kbroker.coordinator.share_records import (
     snapshot_key,
     snapshot_value,
 )
-from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.messages import WriteShareGroupStateRequest
 from kbroker.protocol.records import build_batch
 
 if TYPE_CHECKING:
@@ -161,7 +162,7 @@ class SharePartitionManager:
             limit = self.delivery_limit
             for sp in self.partitions.values():
                 sp.expire_locks(now, limit)
-            self.persist_dirty()
+            await self.persist()
             if now - last_members >= 1.0:
                 last_members = now
                 self.coordinator.expire_members()
@@ -177,9 +178,14 @@ class SharePartitionManager:
     def share_partition(self, group_id: str, topic: str, partition: int, lg: Any) -> SharePartition:
         key = (group_id, topic, partition)
         sp = self.partitions.get(key)
+        epoch = self.server.replica_manager.leader_epoch(topic, partition)
+        if sp is not None and sp.leader_epoch != epoch:
+            # leadership went away and came back: what this broker remembers may be stale
+            sp = None
         if sp is None:
             sp = SharePartition(group_id, topic, partition, 0)
-            saved = self._saved_state(sp)
+            sp.leader_epoch = epoch
+            saved = self._saved_state(sp, fresh=True)
             if saved is None:
                 sp.reset(self._initial_offset(group_id, lg))
             else:
@@ -220,20 +226,27 @@ class SharePartitionManager:
         ck = coordinator_key(sp.group_id, rec.topic_id, sp.partition)
         return partition_for(ck, state.num_partitions), snapshot_key(sp.group_id, rec.topic_id, sp.partition)
 
-    def _saved_state(self, sp: SharePartition) -> tuple[int, int, list[StateBatch]] | None:
+    def _saved_state(
+        self, sp: SharePartition, fresh: bool = False
+    ) -> tuple[int, int, list[StateBatch]] | None:
+        """The last snapshot of sp in this broker's replica of its __share_group_state partition (read again when
+        fresh: after a leader change another broker wrote it)."""
         place = self._state_place(sp)
         if place is None:
             return None
         part, key = place
         snaps = self._snapshots.get(part)
-        if snaps is None:
+        if snaps is None or fresh:
             snaps = self._snapshots[part] = load_snapshots(
                 self.server.replica_manager.get_log(SHARE_STATE_TOPIC, part)
             )
         return snaps.get(key)
 
-    def persist_dirty(self) -> None:
-        """Write a ShareSnapshot of every share-partition changed since its last one."""
+    async def persist(self) -> None:
+        """Write a ShareSnapshot of every share-partition changed since its last one to the leader of its
+        __share_group_state partition (this broker, or another through WriteShareGroupState) and wait until it
+        is replicated: an acknowledgement is answered once it survives the loss of this broker."""
+        writes = []
         for sp in self.partitions.values():
             if not sp.dirty:
                 continue
@@ -241,25 +254,138 @@ class SharePartitionManager:
                 place = self._state_place(sp)
                 if place is None:
                     continue
-                part, key = place
-                sp.snapshot_epoch += 1
-                batches = sp.state_batches()
-                value = snapshot_value(sp.snapshot_epoch, 0, sp.start, batches)
-                now = int(time.time() * 1000)
-                self.server.replica_manager.append(
-                    SHARE_STATE_TOPIC, part, build_batch([(key, value, [], now)]), 1
-                )
-                self._snapshots.setdefault(part, {})[key] = (sp.snapshot_epoch, sp.start, batches)
-                sp.dirty = False
+                rec = self.server.metadata.topics[sp.topic]
             except Exception as e:  # noqa: BLE001 - kept dirty: the next sweep tries again
-                log.warning(
-                    "Could not write the state of share-partition %s %s-%d to %s: %s",
-                    sp.group_id,
-                    sp.topic,
-                    sp.partition,
-                    SHARE_STATE_TOPIC,
-                    e,
+                self._write_failed(sp, e)
+                continue
+            sp.dirty = False
+            sp.snapshot_epoch += 1
+            writes.append(
+                (
+                    sp,
+                    self._write_state(
+                        sp.group_id,
+                        rec.topic_id,
+                        sp.partition,
+                        place[0],
+                        sp.start,
+                        sp.state_batches(),
+                        sp.leader_epoch,
+                    ),
                 )
+            )
+        for sp, write in writes:
+            try:
+                await write
+            except Exception as e:  # noqa: BLE001 - kept dirty: the next sweep tries again
+                sp.dirty = True
+                self._write_failed(sp, e)
+
+    def persist_dirty(self) -> None:
+        """persist() in the background, for callers that need not wait."""
+        self.loop.create_task(self.persist())
+
+    @staticmethod
+    def _write_failed(sp: SharePartition, e: Exception) -> None:
+        log.warning(
+            "Could not write the state of share-partition %s %s-%d to %s: %s",
+            sp.group_id,
+            sp.topic,
+            sp.partition,
+            SHARE_STATE_TOPIC,
+            e,
+        )
+
+    async def _write_state(
+        self,
+        group_id: str,
+        topic_id: bytes,
+        partition: int,
+        state_partition: int,
+        start: int,
+        batches: list[StateBatch],
+        leader_epoch: int,
+    ) -> None:
+        rm = self.server.replica_manager
+        if rm.leads(SHARE_STATE_TOPIC, state_partition) is False:
+            leader = self.server.metadata.topics[SHARE_STATE_TOPIC].leaders[state_partition]
+            W = WriteShareGroupStateRequest
+            r = await self.server.inter_broker.send(
+                leader,
+                85,
+                0,
+                W(
+                    group_id=group_id,
+                    topics=[
+                        W.WriteStateData(
+                            topic_id=topic_id,
+                            partitions=[
+                                W.PartitionData(
+                                    partition=partition,
+                                    state_epoch=0,
+                                    leader_epoch=leader_epoch,
+                                    start_offset=start,
+                                    state_batches=[
+                                        W.StateBatch(
+                                            first_offset=f,
+                                            last_offset=la,
+                                            delivery_state=st,
+                                            delivery_count=c,
+                                        )
+                                        for f, la, st, c in batches
+                                    ],
+                                )
+                            ],
+                        )
+                    ],
+                ),
+            )
+            code = r.results[0].partitions[0].error_code
+            if code:
+                raise KafkaError(code, f"WriteShareGroupState to broker {leader}")
+            return
+        code = await self.write_state(group_id, topic_id, partition, start, batches, leader_epoch)
+        if code:
+            raise KafkaError(code, "WriteShareGroupState")
+
+    async def write_state(
+        self,
+        group_id: str,
+        topic_id: bytes,
+        partition: int,
+        start: int,
+        batches: list[StateBatch],
+        leader_epoch: int,
+    ) -> int:
+        """The share coordinator's side of WriteShareGroupState: a snapshot appended to this broker's
+        __share_group_state partition and replicated (acks=all) before the answer."""
+        rm = self.server.replica_manager
+        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
+        if state is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
+        leads = rm.leads(SHARE_STATE_TOPIC, part)
+        if leads is False:
+            return ErrorCode.NOT_COORDINATOR
+        key = snapshot_key(group_id, topic_id, partition)
+        snaps = self._snapshots.get(part)
+        if snaps is None:
+            snaps = self._snapshots[part] = load_snapshots(rm.get_log(SHARE_STATE_TOPIC, part))
+        epoch = snaps[key][0] + 1 if key in snaps else 1
+        value = snapshot_value(epoch, leader_epoch, start, batches)
+        try:
+            lg, info = rm.append(
+                SHARE_STATE_TOPIC,
+                part,
+                build_batch([(key, value, [], int(time.time() * 1000))]),
+                -1 if leads else 1,
+            )
+        except KafkaError as e:
+            return e.code
+        snaps[key] = (epoch, start, batches)
+        if leads:
+            return int(await self.server.wait_replicated(lg, info.last_offset + 1))
+        return ErrorCode.NONE
 
     def delete_state(self, group_id: str, topic: str, num_partitions: int) -> None:
         """DeleteShareGroupOffsets: drop the share-partitions of topic and tombstone their snapshots, so neither
@@ -292,6 +418,13 @@ class SharePartitionManager:
             found = lg.offset_for_timestamp(ts)
             return int(found[0]) if found is not None else int(lg.high_watermark)
         return int(lg.high_watermark)
+
+    def knows_member(self, group_id: str, member_id: str) -> bool:
+        """ShareFetch's membership check, made where the group is coordinated; a partition leader elsewhere
+        knows nothing of the group's members (as in Kafka, where only the share session binds a member)."""
+        if self.server.group_coordinator.coordinator_error(group_id) is not None:
+            return bool(member_id)
+        return self.coordinator.is_member(group_id, member_id)
 
     def connection_closed(self, conn: Any) -> None:
         """Kafka 4.1+'s connection-disconnect listener: the sessions this connection opened end, and what

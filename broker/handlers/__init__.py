@@ -21,12 +21,13 @@ def all_handlers() -> list[ApiHandler]:
         sasl,
         share,
         share_admin,
+        share_state,
         topics,
         txn,
     )
 
     out: list[ApiHandler] = []
     for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, consumer_groups, quotas, txn, replication,
-                   sasl, acls, share, share_admin):
+                   sasl, acls, share, share_admin, share_state):
         out.extend(module.HANDLERS)
     return out

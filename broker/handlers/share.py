@@ -45,6 +45,9 @@ async def handle_share_group_heartbeat(
         return R(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
     spm = SharePartitionManager.of(ctx.server)
     client_id, host = ctx.client_id, _client_host(ctx)
+    not_here = ctx.server.group_coordinator.coordinator_error(req.group_id)
+    if not_here is not None:
+        return R(error_code=not_here)
 
     async def run() -> Any:
         spm.ensure_sweeper()
@@ -89,6 +92,10 @@ async def handle_share_group_describe(
         for gid in req.group_ids:
             if _group_denied(ctx, DESCRIBE, gid):
                 out.append(R.DescribedGroup(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, group_id=gid))
+                continue
+            not_here = ctx.server.group_coordinator.coordinator_error(gid)
+            if not_here is not None:
+                out.append(R.DescribedGroup(error_code=not_here, group_id=gid))
                 continue
             g = spm.coordinator.groups.get(gid)
             if g is None:
@@ -231,7 +238,7 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
 
     async def run() -> tuple[int, _Result]:
         out: _Result = {}
-        if not spm.coordinator.is_member(group_id, member_id):
+        if not spm.knows_member(group_id, member_id):
             return ErrorCode.UNKNOWN_MEMBER_ID, out
         if req.share_session_epoch == 0 and any(
             p.acknowledgement_batches for t in req.topics for p in t.partitions
@@ -243,7 +250,7 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
         _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
         if req.share_session_epoch == -1:
             spm.release_session(group_id, member_id)
-            spm.persist_dirty()
+            await spm.persist()
             return ErrorCode.NONE, out
         for t in req.topics:
             for p in t.partitions:
@@ -258,7 +265,7 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
                 break
             spm.persist_dirty()
             await asyncio.sleep(min(0.02, max(deadline - time.monotonic(), 0)))
-        spm.persist_dirty()
+        await spm.persist()
         return ErrorCode.NONE, out
 
     code, out = await spm.call(run)
@@ -316,7 +323,7 @@ async def handle_share_acknowledge(
         out: _Result = {}
         if req.share_session_epoch == 0:
             return ErrorCode.INVALID_SHARE_SESSION_EPOCH, out
-        if not spm.coordinator.is_member(group_id, member_id) and req.share_session_epoch != -1:
+        if not spm.knows_member(group_id, member_id) and req.share_session_epoch != -1:
             return ErrorCode.UNKNOWN_MEMBER_ID, out
         session, code = spm.session_for(group_id, member_id, req.share_session_epoch)
         if session is None:
@@ -324,7 +331,7 @@ async def handle_share_acknowledge(
         _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
         if req.share_session_epoch == -1:
             spm.release_session(group_id, member_id)
-        spm.persist_dirty()
+        await spm.persist()
         return ErrorCode.NONE, out
 
     code, out = await spm.call(run)

@@ -137,7 +137,7 @@ async def handle_alter_share_group_offsets(
                     partitions=parts,
                 )
             )
-        spm.persist_dirty()
+        await spm.persist()
         return R(responses=out)
 
     return await spm.call(run)
