@@ -212,17 +212,17 @@ class SharePartitionManager:
         state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
         if state is None:
             cfg = self.server.config
-            rf = (
-                int(cfg["share.coordinator.state.topic.replication.factor"])
-                if self.server.controller is not None
-                else 1
-            )
-            state = self.server.admin.create_topic(
-                SHARE_STATE_TOPIC,
-                cfg["share.coordinator.state.topic.num.partitions"],
-                rf,
-                {"cleanup.policy": "compact", "compression.type": "producer"},
-            )
+            try:
+                state = self.server.admin.create_topic(
+                    SHARE_STATE_TOPIC,
+                    cfg["share.coordinator.state.topic.num.partitions"],
+                    self.server._internal_rf("share.coordinator.state.topic.replication.factor"),
+                    {"cleanup.policy": "compact", "compression.type": "producer"},
+                )
+            except KafkaError as e:
+                if e.code != ErrorCode.TOPIC_ALREADY_EXISTS:
+                    raise
+                state = self.server._created_elsewhere(SHARE_STATE_TOPIC)
         ck = coordinator_key(sp.group_id, rec.topic_id, sp.partition)
         return partition_for(ck, state.num_partitions), snapshot_key(sp.group_id, rec.topic_id, sp.partition)
 
@@ -237,10 +237,23 @@ class SharePartitionManager:
         part, key = place
         snaps = self._snapshots.get(part)
         if snaps is None or fresh:
-            snaps = self._snapshots[part] = load_snapshots(
-                self.server.replica_manager.get_log(SHARE_STATE_TOPIC, part)
-            )
+            snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
         return snaps.get(key)
+
+    def _state_log(self, part: int) -> Any:
+        """This broker's replica of a __share_group_state partition, leader or follower: a share-partition's new
+        leader reads its state there (every broker holds a replica with the default replication factor 3 on
+        three brokers; a broker without one finds no state)."""
+        rm = self.server.replica_manager
+        replica = rm.partitions.get((SHARE_STATE_TOPIC, part))
+        if replica is not None:
+            return replica.log
+        if self.server.controller is None:
+            return rm.get_log(SHARE_STATE_TOPIC, part)
+        # a replica whose LeaderAndIsr has not come yet: retriable, as a coordinator still loading answers
+        raise KafkaError(
+            ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, f"{SHARE_STATE_TOPIC}-{part} is not here yet"
+        )
 
     async def persist(self) -> None:
         """Write a ShareSnapshot of every share-partition changed since its last one to the leader of its
@@ -370,7 +383,7 @@ class SharePartitionManager:
         key = snapshot_key(group_id, topic_id, partition)
         snaps = self._snapshots.get(part)
         if snaps is None:
-            snaps = self._snapshots[part] = load_snapshots(rm.get_log(SHARE_STATE_TOPIC, part))
+            snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
         epoch = snaps[key][0] + 1 if key in snaps else 1
         value = snapshot_value(epoch, leader_epoch, start, batches)
         try:

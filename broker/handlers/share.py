@@ -33,6 +33,8 @@ from kbroker.protocol.messages import (
     ShareGroupHeartbeatResponse,
 )
 
+# The share-partition's state is not readable yet (its __share_group_state partition is being created or moved)
+_STATE_LOADING = (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE)
 # (topic id, partition) -> (error code, acknowledge error code, records, acquired ranges)
 _Result = dict[tuple[bytes, int], list[Any]]
 
@@ -217,6 +219,8 @@ def _acquire(
             )
         except Exception as e:  # a storage error answers for this partition only
             code = getattr(e, "code", None)
+            if code in _STATE_LOADING:
+                continue  # as Kafka's share-partition still initializing: the fetch waits, no error
             entry[0] = code if isinstance(code, int) else ErrorCode.UNKNOWN_SERVER_ERROR
             continue
         entry[2].extend(chunks)
