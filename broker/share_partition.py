@@ -68,6 +68,7 @@ class SharePartition:
         self.dirty = False  # changed since the last snapshot written to __share_group_state
         self.snapshot_epoch = 0
         self.leader_epoch = -1  # of the topic partition when this share-partition was loaded
+        self.writing: Any = None  # the task writing the last snapshot to __share_group_state
 
     def locks_held(self) -> int:
         return sum(1 for r in self.records.values() if r.state == ACQUIRED)

@@ -262,6 +262,9 @@ class SharePartitionManager:
         writes = []
         for sp in self.partitions.values():
             if not sp.dirty:
+                if sp.writing is not None and not sp.writing.done():
+                    # another request's write holds this request's changes too: answer once it is replicated
+                    writes.append((sp, asyncio.shield(sp.writing)))
                 continue
             try:
                 place = self._state_place(sp)
@@ -273,33 +276,38 @@ class SharePartitionManager:
                 continue
             sp.dirty = False
             sp.snapshot_epoch += 1
-            writes.append(
-                (
-                    sp,
-                    self._write_state(
-                        sp.group_id,
-                        rec.topic_id,
-                        sp.partition,
-                        place[0],
-                        sp.start,
-                        sp.state_batches(),
-                        sp.leader_epoch,
-                    ),
+            # a task: written in request order (the snapshot is taken now), awaited by later requests too
+            sp.writing = self.loop.create_task(
+                self._write_state(
+                    sp.group_id,
+                    rec.topic_id,
+                    sp.partition,
+                    place[0],
+                    sp.start,
+                    sp.state_batches(),
+                    sp.leader_epoch,
                 )
             )
-        for sp, write in writes:
+            sp.writing.add_done_callback(lambda t, sp=sp: self._written(sp, t))
+            writes.append((sp, asyncio.shield(sp.writing)))
+        for _, write in writes:
             try:
                 await write
-            except Exception as e:  # noqa: BLE001 - kept dirty: the next sweep tries again
-                sp.dirty = True
-                self._write_failed(sp, e)
+            except Exception:  # noqa: BLE001, S110 - logged once, by _written
+                pass
+
+    def _written(self, sp: SharePartition, task: asyncio.Task[None]) -> None:
+        e = None if task.cancelled() else task.exception()
+        if e is not None:
+            sp.dirty = True  # the next sweep tries again
+            self._write_failed(sp, e)
 
     def persist_dirty(self) -> None:
         """persist() in the background, for callers that need not wait."""
         self.loop.create_task(self.persist())
 
     @staticmethod
-    def _write_failed(sp: SharePartition, e: Exception) -> None:
+    def _write_failed(sp: SharePartition, e: BaseException) -> None:
         log.warning(
             "Could not write the state of share-partition %s %s-%d to %s: %s",
             sp.group_id,
