@@ -1,11 +1,19 @@
 """Kafka 4.2's KafkaShareConsumer on three kbroker brokers (ZooKeeper, replication factor 3): the leader of a
 partition is killed with kill -9 mid-run. No record is lost, no record whose acceptance the broker confirmed is
 delivered again, and a record whose acknowledgement was lost in the failover comes back with a higher delivery
-count (the share-partition state moved to the new leader through __share_group_state)."""
+count (the share-partition state moved to the new leader through __share_group_state).
+
+The long run is a command: `python -m tests.java.test_java_share_cluster --records 100000 --consumers 5 --kills 6
+--seed 1` (seeded kill -9 of brokers, each restarted before the next, and of one consumer, with a share of the
+records released or rejected)."""
 
 from __future__ import annotations
 
+import argparse
+import random
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +36,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, Brok
     reason = zookeeper_missing()
     if reason is not None:
         pytest.skip(reason)
-    base: Path = tmp_path_factory.mktemp("share-cluster")
+    yield from three_brokers(tmp_path_factory.mktemp("share-cluster"))
+
+
+def three_brokers(base: Path) -> Iterator[dict[int, BrokerProcess]]:
     zk = ZooKeeperServer(base / "zk").start()
     common = {
         "zookeeper.connect": zk.connect,
@@ -83,68 +94,148 @@ class Consumer:
 
 
 share_classpath = single.share_classpath  # the fixture: kafka-clients 4.2 and ShareConsumerCompat compiled
-set_group_config = single.set_group_config
 
 
-def test_a_leader_killed_mid_run(
-    share_classpath: str, cluster: dict[int, BrokerProcess], topic_name: str
-) -> None:
+def value(i: int) -> str:
+    return f"v{i}" + ("-release" if i % 10 == 3 else "-reject" if i % 50 == 7 else "")
+
+
+def run_scenario(
+    classpath: str,
+    cluster: dict[int, BrokerProcess],
+    topic: str,
+    n: int,
+    consumers: int,
+    kills: int,
+    seed: int,
+) -> dict[str, int]:
+    """n records on two partitions to `consumers` share consumers while `kills` brokers are killed with kill -9
+    (the first is broker 1, partition 0's leader; each is restarted before the next kill but the last), and, with
+    more than two consumers, one consumer is killed too. Asserts the guarantees; returns counts for a report."""
+    rng = random.Random(seed)
     bootstrap = ",".join(b.bootstrap for b in cluster.values())
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics(
         [
             NewTopic(
-                topic_name,
+                topic,
                 num_partitions=2,
                 replica_assignment=[[1, 2, 3], [2, 3, 1]],
                 config={"min.insync.replicas": "2"},
             )
         ]
-    )[topic_name].result(T)
-    group = "share-" + topic_name
-    set_group_config(bootstrap, group, "share.auto.offset.reset", "earliest")
+    )[topic].result(T)
+    group = "share-" + topic
+    single.set_group_config(bootstrap, group, "share.auto.offset.reset", "earliest")
     p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
-    values = [f"v{i}" + ("-release" if i % 10 == 3 else "") for i in range(N)]
+    values = [value(i) for i in range(n)]
     for i, v in enumerate(values):
-        p.produce(topic_name, v.encode(), partition=i % 2)
+        p.produce(topic, v.encode(), partition=i % 2)
+        if i % 10_000 == 9_999:
+            p.flush(T)
     assert p.flush(T) == 0
-    # count N: a consumer stops when it has been idle 15 s, after the failover
+    want = [v for v in values if not v.endswith("-reject")]
+    # count n: a consumer stops when it has been idle 15 s, after the failovers
     cmd = [
         "java",
         "-cp",
-        share_classpath,
+        classpath,
         "ShareConsumerCompat",
         bootstrap,
-        topic_name,
+        topic,
         group,
-        str(N),
+        str(n),
         "15000",
+        "50",
+        "10",
     ]
-    consumers = [Consumer([*cmd, "20", "30"]) for _ in range(2)]
-    deadline = time.monotonic() + 90
-    while (
-        time.monotonic() < deadline
-        and sum(1 for c in consumers for w in c.lines if w and w[0] == "ACCEPT" and w[1] == "0") < N // 8
-    ):
-        time.sleep(0.05)
-    before = sum(1 for c in consumers for w in c.lines if w and w[0] == "ACCEPT" and w[1] == "0")
-    cluster[1].kill()
-    rcs = [c.wait(180) for c in consumers]
-    lines = [w for c in consumers for w in c.lines]
-    detail = [c.err[-3000:] for c in consumers] + [b.read_log()[-3000:] for b in (cluster[2], cluster[3])]
-    assert rcs == [0, 0] and all(any(w and w[0] == "DONE" for w in c.lines) for c in consumers), detail
+    procs = [Consumer(cmd) for _ in range(consumers)]
+
+    def accepted_so_far() -> int:
+        return sum(1 for c in procs for w in list(c.lines) if w and w[0] == "ACCEPT")
+
+    killed_consumer = None
+    victim = 0
+    for k in range(kills):
+        target = len(want) * (k + 1) // (kills + 2)
+        deadline = time.monotonic() + 120
+        while accepted_so_far() < target and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if k:
+            cluster[victim].start()  # the previous round's
+            wait_all_registered(list(cluster.values()), timeout=T)
+            time.sleep(2)  # its replicas catch up and rejoin the ISR before another broker goes
+        victim = 1 if k == 0 else rng.choice(sorted(cluster))
+        cluster[victim].kill()
+        if consumers > 2 and killed_consumer is None and k == kills // 2:
+            killed_consumer = rng.randrange(consumers)
+            procs[killed_consumer].proc.kill()
+    rcs = [c.wait(600) for c in procs]
+    lines = [w for c in procs for w in c.lines]
+    alive = [b for b in cluster.values() if b.proc is not None]
+    detail = [c.err[-3000:] for c in procs] + [b.read_log()[-3000:] for b in alive]
+    for i, (rc, c) in enumerate(zip(rcs, procs, strict=True)):
+        if i != killed_consumer:
+            assert rc == 0 and any(w and w[0] == "DONE" for w in c.lines), detail
     accepted = [w for w in lines if w[0] == "ACCEPT"]
-    print(
-        f"partition 0: {before} of {N // 2} accepted before the kill;",
-        f"{sum(1 for w in lines if w[0] == 'ACKFAIL')} acknowledgements refused in the failover",
-    )
     # every record, each accepted (and confirmed) exactly once: none lost, none delivered again once accepted
-    assert sorted(w[3] for w in accepted) == sorted(values), (len(accepted), detail)
-    killed_partition = [w for w in accepted if w[1] == "0"]
-    assert len(killed_partition) == N // 2
-    # an acknowledgement lost with the leader: the record came back counting that delivery
+    got = sorted(w[3] for w in accepted)
+    if got != sorted(want):
+        seen: dict[str, int] = {}
+        for v in got:
+            seen[v] = seen.get(v, 0) + 1
+        twice = [v for v, c in seen.items() if c > 1][:20]
+        missing = sorted(set(want) - set(seen))[:20]
+        raise AssertionError(
+            f"accepted {len(got)} of {len(want)}; twice {twice}; missing {missing}; {detail}"
+        )
+    assert {w[3] for w in lines if w[0] == "REJECT"} == {v for v in values if v.endswith("-reject")}
+    # an acknowledgement lost with a leader: the record came back counting that delivery
     final = {w[3]: int(w[4]) for w in accepted}
-    for w in lines:
-        if w[0] == "ACKFAIL":
-            assert final[w[3]] > int(w[4]), (w, final[w[3]])
-    assert all(final[v] >= 2 for v in values if v.endswith("-release"))
+    ackfails = [w for w in lines if w[0] == "ACKFAIL"]
+    for w in ackfails:
+        assert final[w[3]] > int(w[4]), (w, final[w[3]])
+    assert all(final[v] >= 2 for v in want if v.endswith("-release"))
+    return {"accepted": len(accepted), "ackfail": len(ackfails)}
+
+
+def test_a_leader_killed_mid_run(
+    share_classpath: str, cluster: dict[int, BrokerProcess], topic_name: str
+) -> None:
+    counts = run_scenario(share_classpath, cluster, topic_name, 600, 2, 1, seed=1)
+    assert counts["accepted"] == 600 - 12
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--consumers", type=int, default=5)
+    ap.add_argument("--kills", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    reason = zookeeper_missing()
+    if reason is not None:
+        print(f"skipped: {reason}")
+        return 0
+    jars = single.classpath("kafka-clients-4.2", single.CLIENTS)
+    with tempfile.TemporaryDirectory() as d:
+        work = Path(d)
+        cp = single.compile_compat(work / "classes", jars)
+        brokers = three_brokers(work / "cluster")
+        cluster = next(brokers)
+        started = time.monotonic()
+        try:
+            counts = run_scenario(
+                cp, cluster, "share-long", args.records, args.consumers, args.kills, args.seed
+            )
+        finally:
+            brokers.close()
+    print(
+        f"{counts['accepted']} records accepted exactly once through {args.kills} broker kills "
+        f"({counts['ackfail']} acknowledgements refused and redelivered) in {time.monotonic() - started:.0f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
