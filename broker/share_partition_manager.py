@@ -81,6 +81,8 @@ class SharePartitionManager:
         self._sweeper: asyncio.Task[None] | None = None
         # __share_group_state partition -> the latest snapshot of each share-partition in it, read once
         self._snapshots: dict[int, dict[bytes, tuple[int, int, list[StateBatch]]]] = {}
+        # share-partition snapshot key -> the highest leader epoch that wrote it through this broker
+        self._writer_epochs: dict[bytes, int] = {}
 
     @staticmethod
     def existing(server: KafkaServer) -> SharePartitionManager | None:
@@ -160,6 +162,7 @@ class SharePartitionManager:
             await asyncio.sleep(_SWEEP_S)
             now = time.monotonic()
             limit = self.delivery_limit
+            self.drop_stale()
             for sp in self.partitions.values():
                 sp.expire_locks(now, limit)
             await self.persist()
@@ -174,6 +177,19 @@ class SharePartitionManager:
         its final-epoch request releases them sooner."""
 
     # ------------------------------------------------------------ share-partitions
+
+    def leads(self, sp: SharePartition) -> bool:
+        """Whether this broker still leads sp's partition at the leader epoch sp was loaded at."""
+        rm = self.server.replica_manager
+        return rm.leads(sp.topic, sp.partition) is not False and rm.leader_epoch(sp.topic, sp.partition) == (
+            sp.leader_epoch
+        )
+
+    def drop_stale(self) -> None:
+        """Forget share-partitions whose leadership moved: their state is the new leader's now, and writing this
+        broker's stale view would overwrite it (a lock expiring here, an acknowledgement applied here)."""
+        for key in [k for k, sp in self.partitions.items() if not self.leads(sp)]:
+            del self.partitions[key]
 
     def share_partition(self, group_id: str, topic: str, partition: int, lg: Any) -> SharePartition:
         key = (group_id, topic, partition)
@@ -260,6 +276,7 @@ class SharePartitionManager:
         __share_group_state partition (this broker, or another through WriteShareGroupState) and wait until it
         is replicated: an acknowledgement is answered once it survives the loss of this broker."""
         writes = []
+        self.drop_stale()
         for sp in self.partitions.values():
             if not sp.dirty:
                 if sp.writing is not None and not sp.writing.done():
@@ -389,6 +406,11 @@ class SharePartitionManager:
         if leads is False:
             return ErrorCode.NOT_COORDINATOR
         key = snapshot_key(group_id, topic_id, partition)
+        if leader_epoch < self._writer_epochs.get(key, -1):
+            # a former leader of the share-partition still writing its stale view (Kafka's share coordinator
+            # fences it the same way)
+            return ErrorCode.FENCED_LEADER_EPOCH
+        self._writer_epochs[key] = leader_epoch
         snaps = self._snapshots.get(part)
         if snaps is None:
             snaps = self._snapshots[part] = load_snapshots(self._state_log(part))

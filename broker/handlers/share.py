@@ -173,8 +173,17 @@ def _acknowledge(
                 entry[1] = ErrorCode.UNKNOWN_TOPIC_ID
                 continue
             sp = spm.partitions.get((group_id, name, p.partition_index))
+            if sp is not None and not spm.leads(sp):
+                # leadership moved since the records were acquired: the new leader owns them now
+                del spm.partitions[(group_id, name, p.partition_index)]
+                entry[1] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                continue
             if sp is None:
-                entry[1] = ErrorCode.INVALID_RECORD_STATE
+                entry[1] = (
+                    ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    if ctx.server.replica_manager.leads(name, p.partition_index) is False
+                    else ErrorCode.INVALID_RECORD_STATE
+                )
                 continue
             for b in p.acknowledgement_batches:
                 code = sp.acknowledge(
