@@ -9,6 +9,7 @@ happen on that loop too; they are reads of the page cache of whole batches, boun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -44,6 +45,18 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger("kbroker.share")
 _SWEEP_S = 0.1
+_WRITE_RETRY_S = 25.0  # below a client's request.timeout.ms (30 s)
+_RETRIABLE_WRITE = (
+    ErrorCode.NOT_COORDINATOR,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    ErrorCode.NOT_LEADER_OR_FOLLOWER,
+    ErrorCode.NOT_ENOUGH_REPLICAS,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    ErrorCode.REQUEST_TIMED_OUT,
+    ErrorCode.NETWORK_EXCEPTION,
+    ErrorCode.BROKER_NOT_AVAILABLE,
+)
 _DURATION = re.compile(r"p(?:(\d+)d)?(?:t(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?)?")
 
 
@@ -179,11 +192,13 @@ class SharePartitionManager:
     # ------------------------------------------------------------ share-partitions
 
     def leads(self, sp: SharePartition) -> bool:
-        """Whether this broker still leads sp's partition at the leader epoch sp was loaded at."""
+        """Whether this broker still leads sp's partition. A new leader epoch while it stays the leader (the
+        controller shrinking the ISR bumps it) keeps sp: this broker's view is the newest there is."""
         rm = self.server.replica_manager
-        return rm.leads(sp.topic, sp.partition) is not False and rm.leader_epoch(sp.topic, sp.partition) == (
-            sp.leader_epoch
-        )
+        if rm.leads(sp.topic, sp.partition) is False:
+            return False
+        sp.leader_epoch = rm.leader_epoch(sp.topic, sp.partition)
+        return True
 
     def drop_stale(self) -> None:
         """Forget share-partitions whose leadership moved: their state is the new leader's now, and writing this
@@ -195,8 +210,7 @@ class SharePartitionManager:
         key = (group_id, topic, partition)
         sp = self.partitions.get(key)
         epoch = self.server.replica_manager.leader_epoch(topic, partition)
-        if sp is not None and sp.leader_epoch != epoch:
-            # leadership went away and came back: what this broker remembers may be stale
+        if sp is not None and not self.leads(sp):
             sp = None
         if sp is None:
             sp = SharePartition(group_id, topic, partition, 0)
@@ -293,16 +307,22 @@ class SharePartitionManager:
                 continue
             sp.dirty = False
             sp.snapshot_epoch += 1
-            # a task: written in request order (the snapshot is taken now), awaited by later requests too
+            # a task: the snapshot is taken now, written after the one before it (or skipped for a newer one),
+            # awaited by later requests too
             sp.writing = self.loop.create_task(
-                self._write_state(
-                    sp.group_id,
-                    rec.topic_id,
-                    sp.partition,
-                    place[0],
-                    sp.start,
-                    sp.state_batches(),
-                    sp.leader_epoch,
+                self._write_in_turn(
+                    sp,
+                    sp.writing,
+                    sp.snapshot_epoch,
+                    (
+                        sp.group_id,
+                        rec.topic_id,
+                        sp.partition,
+                        place[0],
+                        sp.start,
+                        sp.state_batches(),
+                        sp.leader_epoch,
+                    ),
                 )
             )
             sp.writing.add_done_callback(lambda t, sp=sp: self._written(sp, t))
@@ -333,6 +353,27 @@ class SharePartitionManager:
             SHARE_STATE_TOPIC,
             e,
         )
+
+    async def _write_in_turn(
+        self, sp: SharePartition, before: asyncio.Task[None] | None, epoch: int, args: tuple[Any, ...]
+    ) -> None:
+        """One snapshot write of sp, in order; retried while the __share_group_state leader is away (Kafka's
+        persister retries the same way), so an acknowledgement waits for a failover rather than being lost."""
+        if before is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(before)
+        deadline = time.monotonic() + _WRITE_RETRY_S
+        while True:
+            if sp.snapshot_epoch > epoch and sp.writing is not None and not sp.writing.done():
+                return  # a newer snapshot of sp is queued behind this one: it carries these changes
+            try:
+                await self._write_state(*args)
+                return
+            except (KafkaError, OSError) as e:
+                code = getattr(e, "code", None)
+                if (code is not None and code not in _RETRIABLE_WRITE) or time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.2)
 
     async def _write_state(
         self,

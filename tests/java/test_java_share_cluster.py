@@ -52,6 +52,8 @@ def three_brokers(base: Path) -> Iterator[dict[int, BrokerProcess]]:
         "group.share.session.timeout.ms": "6000",
         "group.share.min.session.timeout.ms": "6000",
         "controlled.shutdown.retry.backoff.ms": "200",
+        # a killed broker's leaderships move within seconds (ZooKeeper notices its session gone)
+        "zookeeper.session.timeout.ms": "6000",
     }
     bs = {b: BrokerProcess(base / f"b{b}", {**common, "broker.id": str(b)}) for b in (1, 2, 3)}
     try:
@@ -135,7 +137,8 @@ def run_scenario(
             p.flush(T)
     assert p.flush(T) == 0
     want = [v for v in values if not v.endswith("-reject")]
-    # count n: a consumer stops when it has been idle 15 s, after the failovers
+    # count n: a consumer stops when it has been idle 20 s (a failover stalls fetches and acknowledgements while
+    # the state writes wait for the new __share_group_state leader)
     cmd = [
         "java",
         "-cp",
@@ -145,7 +148,7 @@ def run_scenario(
         topic,
         group,
         str(n),
-        "15000",
+        "20000",
         "50",
         "10",
     ]
