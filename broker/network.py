@@ -19,7 +19,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Awaitable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import uvloop
@@ -188,6 +188,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.tls = False
         self.conn_id = conn_id
         self.loop = processor.loop
+        # run once when the connection is gone (a share session releases what its member holds)
+        self.close_hooks: list[Callable[[], None]] = []
         self.max_request = processor.config["socket.request.max.bytes"]
         self.transport: asyncio.Transport | None = None
         self.peer = ""
@@ -248,6 +250,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._held = 0
         self.processor.connections.pop(self.conn_id, None)
         self.processor.server_ref.connection_closed(self.peer_host)
+        for hook in self.close_hooks:
+            hook()
+        self.close_hooks.clear()
         if self._drained is not None and not self._drained.done():
             self._drained.set_exception(ConnectionResetError("connection closed"))
             self._drained.exception()  # retrieved: no sender may be waiting on it

@@ -20,6 +20,7 @@ AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED = 0, 1, 2, 4
 GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
 _BATCH_HEAD = struct.Struct(">qi")
 _CONTROL = 0x20
+_TRANSACTIONAL = 0x10
 
 
 @dataclass(slots=True)
@@ -28,6 +29,16 @@ class InFlight:
     delivery_count: int
     member: str | None = None
     deadline: float = 0.0
+
+
+def in_aborted_txn(data: bytes, pos: int, aborted: list[Any]) -> bool:
+    """Whether the batch at pos is a transactional batch of a transaction that aborted (Kafka's SharePartition
+    archives these under read_committed rather than deliver them)."""
+    if not aborted or not struct.unpack_from(">h", data, pos + 21)[0] & _TRANSACTIONAL:
+        return False
+    base = _BATCH_HEAD.unpack_from(data, pos)[0]
+    producer_id = struct.unpack_from(">q", data, pos + 43)[0]
+    return any(a.producer_id == producer_id and a.first_offset <= base <= a.last_offset for a in aborted)
 
 
 def walk_batches(data: bytes) -> list[tuple[int, int, bool, int, int]]:
@@ -56,6 +67,8 @@ class SharePartition:
         self.records: dict[int, InFlight] = {}
         self.dirty = False  # changed since the last snapshot written to __share_group_state
         self.snapshot_epoch = 0
+        self.leader_epoch = -1  # of the topic partition when this share-partition was loaded
+        self.writing: Any = None  # the task writing the last snapshot to __share_group_state
 
     def locks_held(self) -> int:
         return sum(1 for r in self.records.values() if r.state == ACQUIRED)
@@ -69,10 +82,19 @@ class SharePartition:
         return best
 
     def acquire(
-        self, lg: Any, member: str, max_records: int, max_bytes: int, lock_ms: int, max_locks: int, limit: int
+        self,
+        lg: Any,
+        member: str,
+        max_records: int,
+        max_bytes: int,
+        lock_ms: int,
+        max_locks: int,
+        limit: int,
+        read_committed: bool = False,
     ) -> tuple[list[bytes], list[tuple[int, int, int]]]:
         """Acquire up to max_records records for member below limit (the high watermark, or the LSO for
-        read_committed): the whole batches holding them and the acquired (first, last, delivery count) ranges."""
+        read_committed, where the records of aborted transactions are archived, never delivered): the whole
+        batches holding them and the acquired (first, last, delivery count) ranges."""
         if self.start < lg.log_start_offset:
             self.reset(lg.log_start_offset) if not self.records else self._move_start(lg.log_start_offset)
         budget = min(max_records, max_locks - self.locks_held())
@@ -85,14 +107,22 @@ class SharePartition:
             nxt = self._next_candidate(pos, limit)
             if nxt is None:
                 break
-            info = lg.read(nxt, max(max_bytes - size, 1), max_offset=limit, min_one_message=True)
+            info = lg.read(
+                nxt,
+                max(max_bytes - size, 1),
+                max_offset=limit,
+                min_one_message=True,
+                isolation_committed=read_committed,
+            )
             data = info.records.read_bytes() if info.records is not None and info.records.size else b""
             batches = walk_batches(data)
             if not batches:
                 break
+            aborted = list(info.aborted_transactions or []) if read_committed else []
             for base, last, control, s, e in batches:
                 if budget <= 0:
                     break
+                control = control or in_aborted_txn(data, s, aborted)
                 got: list[tuple[int, int]] = []
                 for off in range(max(base, nxt), last + 1):
                     if budget <= 0:

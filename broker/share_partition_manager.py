@@ -9,6 +9,7 @@ happen on that loop too; they are reads of the page cache of whole batches, boun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -34,7 +35,8 @@ from kbroker.coordinator.share_records import (
     snapshot_key,
     snapshot_value,
 )
-from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.errors import ErrorCode, KafkaError
+from kbroker.protocol.messages import WriteShareGroupStateRequest
 from kbroker.protocol.records import build_batch
 
 if TYPE_CHECKING:
@@ -43,6 +45,18 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger("kbroker.share")
 _SWEEP_S = 0.1
+_WRITE_RETRY_S = 25.0  # below a client's request.timeout.ms (30 s)
+_RETRIABLE_WRITE = (
+    ErrorCode.NOT_COORDINATOR,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    ErrorCode.NOT_LEADER_OR_FOLLOWER,
+    ErrorCode.NOT_ENOUGH_REPLICAS,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    ErrorCode.REQUEST_TIMED_OUT,
+    ErrorCode.NETWORK_EXCEPTION,
+    ErrorCode.BROKER_NOT_AVAILABLE,
+)
 _DURATION = re.compile(r"p(?:(\d+)d)?(?:t(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?)?")
 
 
@@ -50,6 +64,8 @@ _DURATION = re.compile(r"p(?:(\d+)d)?(?:t(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?
 class ShareSession:
     epoch: int
     partitions: set[tuple[bytes, int]] = field(default_factory=set)
+    # the connection that opened the session: its close releases what the member holds (Kafka 4.1+)
+    conn: Any = None
 
 
 def duration_ms(text: str) -> int:
@@ -78,6 +94,8 @@ class SharePartitionManager:
         self._sweeper: asyncio.Task[None] | None = None
         # __share_group_state partition -> the latest snapshot of each share-partition in it, read once
         self._snapshots: dict[int, dict[bytes, tuple[int, int, list[StateBatch]]]] = {}
+        # share-partition snapshot key -> the highest leader epoch that wrote it through this broker
+        self._writer_epochs: dict[bytes, int] = {}
 
     @staticmethod
     def existing(server: KafkaServer) -> SharePartitionManager | None:
@@ -157,28 +175,47 @@ class SharePartitionManager:
             await asyncio.sleep(_SWEEP_S)
             now = time.monotonic()
             limit = self.delivery_limit
+            self.drop_stale()
             for sp in self.partitions.values():
                 sp.expire_locks(now, limit)
-            self.persist_dirty()
+            await self.persist()
             if now - last_members >= 1.0:
                 last_members = now
                 self.coordinator.expire_members()
 
     def _member_removed(self, group_id: str, member_id: str) -> None:
-        self.sessions.pop((group_id, member_id), None)
-        limit = self.delivery_limit
-        for (g, _, _), sp in self.partitions.items():
-            if g == group_id:
-                sp.release_member(member_id, limit)
+        """As Kafka: the share coordinator does not reach into share-partitions (they live on the partition
+        leaders). What the member holds stays acquired under its locks; a member fenced on a slow machine
+        rejoins with the same id and its acknowledgements still count. The member's connection closing or
+        its final-epoch request releases them sooner."""
 
     # ------------------------------------------------------------ share-partitions
+
+    def leads(self, sp: SharePartition) -> bool:
+        """Whether this broker still leads sp's partition. A new leader epoch while it stays the leader (the
+        controller shrinking the ISR bumps it) keeps sp: this broker's view is the newest there is."""
+        rm = self.server.replica_manager
+        if rm.leads(sp.topic, sp.partition) is False:
+            return False
+        sp.leader_epoch = rm.leader_epoch(sp.topic, sp.partition)
+        return True
+
+    def drop_stale(self) -> None:
+        """Forget share-partitions whose leadership moved: their state is the new leader's now, and writing this
+        broker's stale view would overwrite it (a lock expiring here, an acknowledgement applied here)."""
+        for key in [k for k, sp in self.partitions.items() if not self.leads(sp)]:
+            del self.partitions[key]
 
     def share_partition(self, group_id: str, topic: str, partition: int, lg: Any) -> SharePartition:
         key = (group_id, topic, partition)
         sp = self.partitions.get(key)
+        epoch = self.server.replica_manager.leader_epoch(topic, partition)
+        if sp is not None and not self.leads(sp):
+            sp = None
         if sp is None:
             sp = SharePartition(group_id, topic, partition, 0)
-            saved = self._saved_state(sp)
+            sp.leader_epoch = epoch
+            saved = self._saved_state(sp, fresh=True)
             if saved is None:
                 sp.reset(self._initial_offset(group_id, lg))
             else:
@@ -205,60 +242,253 @@ class SharePartitionManager:
         state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
         if state is None:
             cfg = self.server.config
-            rf = (
-                int(cfg["share.coordinator.state.topic.replication.factor"])
-                if self.server.controller is not None
-                else 1
-            )
-            state = self.server.admin.create_topic(
-                SHARE_STATE_TOPIC,
-                cfg["share.coordinator.state.topic.num.partitions"],
-                rf,
-                {"cleanup.policy": "compact", "compression.type": "producer"},
-            )
+            try:
+                state = self.server.admin.create_topic(
+                    SHARE_STATE_TOPIC,
+                    cfg["share.coordinator.state.topic.num.partitions"],
+                    self.server._internal_rf("share.coordinator.state.topic.replication.factor"),
+                    {"cleanup.policy": "compact", "compression.type": "producer"},
+                )
+            except KafkaError as e:
+                if e.code != ErrorCode.TOPIC_ALREADY_EXISTS:
+                    raise
+                state = self.server._created_elsewhere(SHARE_STATE_TOPIC)
         ck = coordinator_key(sp.group_id, rec.topic_id, sp.partition)
         return partition_for(ck, state.num_partitions), snapshot_key(sp.group_id, rec.topic_id, sp.partition)
 
-    def _saved_state(self, sp: SharePartition) -> tuple[int, int, list[StateBatch]] | None:
+    def _saved_state(
+        self, sp: SharePartition, fresh: bool = False
+    ) -> tuple[int, int, list[StateBatch]] | None:
+        """The last snapshot of sp in this broker's replica of its __share_group_state partition (read again when
+        fresh: after a leader change another broker wrote it)."""
         place = self._state_place(sp)
         if place is None:
             return None
         part, key = place
         snaps = self._snapshots.get(part)
-        if snaps is None:
-            snaps = self._snapshots[part] = load_snapshots(
-                self.server.replica_manager.get_log(SHARE_STATE_TOPIC, part)
-            )
+        if snaps is None or fresh:
+            snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
         return snaps.get(key)
 
-    def persist_dirty(self) -> None:
-        """Write a ShareSnapshot of every share-partition changed since its last one."""
+    def _state_log(self, part: int) -> Any:
+        """This broker's replica of a __share_group_state partition, leader or follower: a share-partition's new
+        leader reads its state there (every broker holds a replica with the default replication factor 3 on
+        three brokers; a broker without one finds no state)."""
+        rm = self.server.replica_manager
+        replica = rm.partitions.get((SHARE_STATE_TOPIC, part))
+        if replica is not None:
+            return replica.log
+        if self.server.controller is None:
+            return rm.get_log(SHARE_STATE_TOPIC, part)
+        # a replica whose LeaderAndIsr has not come yet: retriable, as a coordinator still loading answers
+        raise KafkaError(
+            ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, f"{SHARE_STATE_TOPIC}-{part} is not here yet"
+        )
+
+    async def persist(self) -> None:
+        """Write a ShareSnapshot of every share-partition changed since its last one to the leader of its
+        __share_group_state partition (this broker, or another through WriteShareGroupState) and wait until it
+        is replicated: an acknowledgement is answered once it survives the loss of this broker."""
+        writes = []
+        self.drop_stale()
         for sp in self.partitions.values():
             if not sp.dirty:
+                if sp.writing is not None and not sp.writing.done():
+                    # another request's write holds this request's changes too: answer once it is replicated
+                    writes.append((sp, asyncio.shield(sp.writing)))
                 continue
             try:
                 place = self._state_place(sp)
                 if place is None:
                     continue
-                part, key = place
-                sp.snapshot_epoch += 1
-                batches = sp.state_batches()
-                value = snapshot_value(sp.snapshot_epoch, 0, sp.start, batches)
-                now = int(time.time() * 1000)
-                self.server.replica_manager.append(
-                    SHARE_STATE_TOPIC, part, build_batch([(key, value, [], now)]), 1
-                )
-                self._snapshots.setdefault(part, {})[key] = (sp.snapshot_epoch, sp.start, batches)
-                sp.dirty = False
+                rec = self.server.metadata.topics[sp.topic]
             except Exception as e:  # noqa: BLE001 - kept dirty: the next sweep tries again
-                log.warning(
-                    "Could not write the state of share-partition %s %s-%d to %s: %s",
-                    sp.group_id,
-                    sp.topic,
-                    sp.partition,
-                    SHARE_STATE_TOPIC,
-                    e,
+                self._write_failed(sp, e)
+                continue
+            sp.dirty = False
+            sp.snapshot_epoch += 1
+            # a task: the snapshot is taken now, written after the one before it (or skipped for a newer one),
+            # awaited by later requests too
+            sp.writing = self.loop.create_task(
+                self._write_in_turn(
+                    sp,
+                    sp.writing,
+                    sp.snapshot_epoch,
+                    (
+                        sp.group_id,
+                        rec.topic_id,
+                        sp.partition,
+                        place[0],
+                        sp.start,
+                        sp.state_batches(),
+                        sp.leader_epoch,
+                    ),
                 )
+            )
+            sp.writing.add_done_callback(lambda t, sp=sp: self._written(sp, t))
+            writes.append((sp, asyncio.shield(sp.writing)))
+        for _, write in writes:
+            try:
+                await write
+            except Exception:  # noqa: BLE001, S110 - logged once, by _written
+                pass
+
+    def _written(self, sp: SharePartition, task: asyncio.Task[None]) -> None:
+        e = None if task.cancelled() else task.exception()
+        if e is not None:
+            sp.dirty = True  # the next sweep tries again
+            self._write_failed(sp, e)
+
+    def persist_dirty(self) -> None:
+        """persist() in the background, for callers that need not wait."""
+        self.loop.create_task(self.persist())
+
+    @staticmethod
+    def _write_failed(sp: SharePartition, e: BaseException) -> None:
+        log.warning(
+            "Could not write the state of share-partition %s %s-%d to %s: %s",
+            sp.group_id,
+            sp.topic,
+            sp.partition,
+            SHARE_STATE_TOPIC,
+            e,
+        )
+
+    async def _write_in_turn(
+        self, sp: SharePartition, before: asyncio.Task[None] | None, epoch: int, args: tuple[Any, ...]
+    ) -> None:
+        """One snapshot write of sp, in order; retried while the __share_group_state leader is away (Kafka's
+        persister retries the same way), so an acknowledgement waits for a failover rather than being lost."""
+        if before is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(before)
+        deadline = time.monotonic() + _WRITE_RETRY_S
+        while True:
+            if sp.snapshot_epoch > epoch and sp.writing is not None and not sp.writing.done():
+                return  # a newer snapshot of sp is queued behind this one: it carries these changes
+            try:
+                await self._write_state(*args)
+                return
+            except (KafkaError, OSError) as e:
+                code = getattr(e, "code", None)
+                if (code is not None and code not in _RETRIABLE_WRITE) or time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+    async def _write_state(
+        self,
+        group_id: str,
+        topic_id: bytes,
+        partition: int,
+        state_partition: int,
+        start: int,
+        batches: list[StateBatch],
+        leader_epoch: int,
+    ) -> None:
+        rm = self.server.replica_manager
+        if rm.leads(SHARE_STATE_TOPIC, state_partition) is False:
+            leader = self.server.metadata.topics[SHARE_STATE_TOPIC].leaders[state_partition]
+            W = WriteShareGroupStateRequest
+            r = await self.server.inter_broker.send(
+                leader,
+                85,
+                0,
+                W(
+                    group_id=group_id,
+                    topics=[
+                        W.WriteStateData(
+                            topic_id=topic_id,
+                            partitions=[
+                                W.PartitionData(
+                                    partition=partition,
+                                    state_epoch=0,
+                                    leader_epoch=leader_epoch,
+                                    start_offset=start,
+                                    state_batches=[
+                                        W.StateBatch(
+                                            first_offset=f,
+                                            last_offset=la,
+                                            delivery_state=st,
+                                            delivery_count=c,
+                                        )
+                                        for f, la, st, c in batches
+                                    ],
+                                )
+                            ],
+                        )
+                    ],
+                ),
+            )
+            code = r.results[0].partitions[0].error_code
+            if code:
+                raise KafkaError(code, f"WriteShareGroupState to broker {leader}")
+            return
+        code = await self.write_state(group_id, topic_id, partition, start, batches, leader_epoch)
+        if code:
+            raise KafkaError(code, "WriteShareGroupState")
+
+    async def write_state(
+        self,
+        group_id: str,
+        topic_id: bytes,
+        partition: int,
+        start: int,
+        batches: list[StateBatch],
+        leader_epoch: int,
+    ) -> int:
+        """The share coordinator's side of WriteShareGroupState: a snapshot appended to this broker's
+        __share_group_state partition and replicated (acks=all) before the answer."""
+        rm = self.server.replica_manager
+        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
+        if state is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
+        leads = rm.leads(SHARE_STATE_TOPIC, part)
+        if leads is False:
+            return ErrorCode.NOT_COORDINATOR
+        key = snapshot_key(group_id, topic_id, partition)
+        if leader_epoch < self._writer_epochs.get(key, -1):
+            # a former leader of the share-partition still writing its stale view (Kafka's share coordinator
+            # fences it the same way)
+            return ErrorCode.FENCED_LEADER_EPOCH
+        self._writer_epochs[key] = leader_epoch
+        snaps = self._snapshots.get(part)
+        if snaps is None:
+            snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
+        epoch = snaps[key][0] + 1 if key in snaps else 1
+        value = snapshot_value(epoch, leader_epoch, start, batches)
+        try:
+            lg, info = rm.append(
+                SHARE_STATE_TOPIC,
+                part,
+                build_batch([(key, value, [], int(time.time() * 1000))]),
+                -1 if leads else 1,
+            )
+        except KafkaError as e:
+            return e.code
+        snaps[key] = (epoch, start, batches)
+        if leads:
+            return int(await self.server.wait_replicated(lg, info.last_offset + 1))
+        return ErrorCode.NONE
+
+    def delete_state(self, group_id: str, topic: str, num_partitions: int) -> None:
+        """DeleteShareGroupOffsets: drop the share-partitions of topic and tombstone their snapshots, so neither
+        this broker nor a restarted one finds them again."""
+        now = int(time.time() * 1000)
+        for index in range(num_partitions):
+            sp = self.partitions.pop((group_id, topic, index), None) or SharePartition(
+                group_id, topic, index, 0
+            )
+            place = self._state_place(sp)
+            if place is None:
+                continue
+            part, key = place
+            if self._saved_state(sp) is None and sp.snapshot_epoch == 0:
+                continue
+            self.server.replica_manager.append(
+                SHARE_STATE_TOPIC, part, build_batch([(key, None, [], now)]), 1
+            )
+            self._snapshots.get(part, {}).pop(key, None)
 
     def _initial_offset(self, group_id: str, lg: Any) -> int:
         """Kafka's share.auto.offset.reset, applied when a share-partition is first read."""
@@ -273,6 +503,21 @@ class SharePartitionManager:
             return int(found[0]) if found is not None else int(lg.high_watermark)
         return int(lg.high_watermark)
 
+    def knows_member(self, group_id: str, member_id: str) -> bool:
+        """ShareFetch's membership check, made where the group is coordinated; a partition leader elsewhere
+        knows nothing of the group's members (as in Kafka, where only the share session binds a member)."""
+        if self.server.group_coordinator.coordinator_error(group_id) is not None:
+            return bool(member_id)
+        return self.coordinator.is_member(group_id, member_id)
+
+    def connection_closed(self, conn: Any) -> None:
+        """Kafka 4.1+'s connection-disconnect listener: the sessions this connection opened end, and what
+        their members hold is available again at once rather than when the locks expire."""
+        for (group_id, member_id), s in list(self.sessions.items()):
+            if s.conn is conn:
+                self.release_session(group_id, member_id)
+        self.persist_dirty()
+
     def release_session(self, group_id: str, member_id: str) -> None:
         self.sessions.pop((group_id, member_id), None)
         limit = self.delivery_limit
@@ -280,13 +525,20 @@ class SharePartitionManager:
             if g == group_id:
                 sp.release_member(member_id, limit)
 
-    def session_for(self, group_id: str, member_id: str, epoch: int) -> tuple[ShareSession | None, int]:
-        """Kafka's ShareSessionCache rules: epoch 0 opens (replacing any), -1 closes, otherwise the next epoch."""
+    def session_for(
+        self, group_id: str, member_id: str, epoch: int, conn: Any = None
+    ) -> tuple[ShareSession | None, int]:
+        """Kafka's ShareSessionCache rules: epoch 0 opens (replacing any), -1 closes, otherwise the next epoch.
+
+        Replacing a session releases nothing (Kafka's newContext only removes the old one from the cache): a
+        client that restarts its session after an error keeps its acquired records and can still acknowledge
+        them."""
         key = (group_id, member_id)
         if epoch == 0:
-            if key in self.sessions:
-                self.release_session(group_id, member_id)
-            s = self.sessions[key] = ShareSession(1)
+            s = self.sessions[key] = ShareSession(1, conn=conn)
+            if conn is not None and not getattr(conn, "_share_close_hooked", False):
+                conn._share_close_hooked = True
+                conn.close_hooks.append(lambda: self.loop.call_soon_threadsafe(self.connection_closed, conn))
             return s, ErrorCode.NONE
         s = self.sessions.get(key)
         if s is None:

@@ -56,7 +56,8 @@ def load_snapshots(lg: Any) -> dict[bytes, tuple[int, int, list[StateBatch]]]:
     """The latest snapshot of every share-partition in lg: key -> (snapshot epoch, start offset, batches)."""
     out: dict[bytes, tuple[int, int, list[StateBatch]]] = {}
     offset = lg.log_start_offset
-    end = lg.high_watermark
+    # to the log end: a new leader's high watermark lags what its predecessor had replicated to it
+    end = lg.log_end_offset
     while offset < end:
         info = lg.read(offset, _READ_BYTES, max_offset=end)
         if info.records is None or info.records.size == 0:

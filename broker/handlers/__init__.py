@@ -22,6 +22,7 @@ def all_handlers() -> list[ApiHandler]:
         sasl,
         share,
         share_admin,
+        share_state,
         streams_groups,
         topics,
         txn,
@@ -29,6 +30,6 @@ def all_handlers() -> list[ApiHandler]:
 
     out: list[ApiHandler] = []
     for module in (api_versions, metadata, produce, producer, fetch, topics, configs, groups, consumer_groups, quotas, txn, replication, log_dirs,
-                   sasl, acls, share, share_admin, streams_groups):
+                   sasl, acls, share, share_admin, share_state, streams_groups):
         out.extend(module.HANDLERS)
     return out

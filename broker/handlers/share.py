@@ -33,6 +33,8 @@ from kbroker.protocol.messages import (
     ShareGroupHeartbeatResponse,
 )
 
+# The share-partition's state is not readable yet (its __share_group_state partition is being created or moved)
+_STATE_LOADING = (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE)
 # (topic id, partition) -> (error code, acknowledge error code, records, acquired ranges)
 _Result = dict[tuple[bytes, int], list[Any]]
 
@@ -45,6 +47,9 @@ async def handle_share_group_heartbeat(
         return R(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
     spm = SharePartitionManager.of(ctx.server)
     client_id, host = ctx.client_id, _client_host(ctx)
+    not_here = ctx.server.group_coordinator.coordinator_error(req.group_id)
+    if not_here is not None:
+        return R(error_code=not_here)
 
     async def run() -> Any:
         spm.ensure_sweeper()
@@ -89,6 +94,10 @@ async def handle_share_group_describe(
         for gid in req.group_ids:
             if _group_denied(ctx, DESCRIBE, gid):
                 out.append(R.DescribedGroup(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, group_id=gid))
+                continue
+            not_here = ctx.server.group_coordinator.coordinator_error(gid)
+            if not_here is not None:
+                out.append(R.DescribedGroup(error_code=not_here, group_id=gid))
                 continue
             g = spm.coordinator.groups.get(gid)
             if g is None:
@@ -164,8 +173,17 @@ def _acknowledge(
                 entry[1] = ErrorCode.UNKNOWN_TOPIC_ID
                 continue
             sp = spm.partitions.get((group_id, name, p.partition_index))
+            if sp is not None and not spm.leads(sp):
+                # leadership moved since the records were acquired: the new leader owns them now
+                del spm.partitions[(group_id, name, p.partition_index)]
+                entry[1] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                continue
             if sp is None:
-                entry[1] = ErrorCode.INVALID_RECORD_STATE
+                entry[1] = (
+                    ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    if ctx.server.replica_manager.leads(name, p.partition_index) is False
+                    else ErrorCode.INVALID_RECORD_STATE
+                )
                 continue
             for b in p.acknowledgement_batches:
                 code = sp.acknowledge(
@@ -206,10 +224,12 @@ def _acquire(
             sp = spm.share_partition(group_id, name, partition, lg)
             limit = lg.last_stable_offset if committed else lg.high_watermark
             chunks, ranges = sp.acquire(
-                lg, member_id, max_records - acquired, max_bytes, lock_ms, spm.max_locks, limit
+                lg, member_id, max_records - acquired, max_bytes, lock_ms, spm.max_locks, limit, committed
             )
         except Exception as e:  # a storage error answers for this partition only
             code = getattr(e, "code", None)
+            if code in _STATE_LOADING:
+                continue  # as Kafka's share-partition still initializing: the fetch waits, no error
             entry[0] = code if isinstance(code, int) else ErrorCode.UNKNOWN_SERVER_ERROR
             continue
         entry[2].extend(chunks)
@@ -231,19 +251,19 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
 
     async def run() -> tuple[int, _Result]:
         out: _Result = {}
-        if not spm.coordinator.is_member(group_id, member_id):
+        if not spm.knows_member(group_id, member_id):
             return ErrorCode.UNKNOWN_MEMBER_ID, out
         if req.share_session_epoch == 0 and any(
             p.acknowledgement_batches for t in req.topics for p in t.partitions
         ):
             return ErrorCode.INVALID_REQUEST, out
-        session, code = spm.session_for(group_id, member_id, req.share_session_epoch)
+        session, code = spm.session_for(group_id, member_id, req.share_session_epoch, ctx.conn)
         if session is None:
             return code, out
         _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
         if req.share_session_epoch == -1:
             spm.release_session(group_id, member_id)
-            spm.persist_dirty()
+            await spm.persist()
             return ErrorCode.NONE, out
         for t in req.topics:
             for p in t.partitions:
@@ -258,7 +278,7 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
                 break
             spm.persist_dirty()
             await asyncio.sleep(min(0.02, max(deadline - time.monotonic(), 0)))
-        spm.persist_dirty()
+        await spm.persist()
         return ErrorCode.NONE, out
 
     code, out = await spm.call(run)
@@ -316,7 +336,7 @@ async def handle_share_acknowledge(
         out: _Result = {}
         if req.share_session_epoch == 0:
             return ErrorCode.INVALID_SHARE_SESSION_EPOCH, out
-        if not spm.coordinator.is_member(group_id, member_id) and req.share_session_epoch != -1:
+        if not spm.knows_member(group_id, member_id) and req.share_session_epoch != -1:
             return ErrorCode.UNKNOWN_MEMBER_ID, out
         session, code = spm.session_for(group_id, member_id, req.share_session_epoch)
         if session is None:
@@ -324,7 +344,7 @@ async def handle_share_acknowledge(
         _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
         if req.share_session_epoch == -1:
             spm.release_session(group_id, member_id)
-        spm.persist_dirty()
+        await spm.persist()
         return ErrorCode.NONE, out
 
     code, out = await spm.call(run)

@@ -1,19 +1,22 @@
 """Share-group offsets admin APIs: DescribeShareGroupOffsets (90) v0-1, the share-partition start offsets and lag of
 a share group, read from the live share-partitions or their last snapshot in __share_group_state; and
-AlterShareGroupOffsets (91) v0, which sets them for a group without members."""
+AlterShareGroupOffsets (91) v0, which sets them for a group without members, and DeleteShareGroupOffsets (92) v0,
+which forgets them."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from kbroker.broker.apis import ApiHandler, RequestContext
-from kbroker.broker.handlers.groups import DESCRIBE, READ, _group_denied
+from kbroker.broker.handlers.groups import DELETE, DESCRIBE, READ, _group_denied
 from kbroker.broker.share_partition import ACKNOWLEDGED, ARCHIVED, SharePartition
 from kbroker.broker.share_partition_manager import SharePartitionManager
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     AlterShareGroupOffsetsRequest,
     AlterShareGroupOffsetsResponse,
+    DeleteShareGroupOffsetsRequest,
+    DeleteShareGroupOffsetsResponse,
     DescribeShareGroupOffsetsRequest,
     DescribeShareGroupOffsetsResponse,
 )
@@ -134,10 +137,55 @@ async def handle_alter_share_group_offsets(
                     partitions=parts,
                 )
             )
-        spm.persist_dirty()
+        await spm.persist()
         return R(responses=out)
 
     return await spm.call(run)
 
 
 HANDLERS.append(ApiHandler(91, 0, 0, handle_alter_share_group_offsets))
+
+
+async def handle_delete_share_group_offsets(
+    ctx: RequestContext, req: DeleteShareGroupOffsetsRequest
+) -> DeleteShareGroupOffsetsResponse:
+    """Forget a group's share-partition state for whole topics (Kafka 4.x's DeleteShareGroupOffsets): the group
+    must exist and have no members; the next share consumer of a topic starts by share.auto.offset.reset."""
+    R = DeleteShareGroupOffsetsResponse
+    if _group_denied(ctx, DELETE, req.group_id):
+        return R(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
+    spm = SharePartitionManager.of(ctx.server)
+    topics = ctx.server.metadata.topics
+
+    async def run() -> R:
+        group = spm.coordinator.groups.get(req.group_id)
+        if group is None:
+            return R(
+                error_code=ErrorCode.GROUP_ID_NOT_FOUND, error_message=f"Group {req.group_id} not found."
+            )
+        if group.members:
+            return R(
+                error_code=ErrorCode.NON_EMPTY_GROUP,
+                error_message="The group is not empty: stop its share consumers first.",
+            )
+        out = []
+        for t in req.topics:
+            rec = topics.get(t.topic_name)
+            if rec is None:
+                out.append(
+                    R.DeleteShareGroupOffsetsResponseTopic(
+                        topic_name=t.topic_name,
+                        topic_id=bytes(16),
+                        error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                        error_message=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION.name,
+                    )
+                )
+                continue
+            spm.delete_state(req.group_id, t.topic_name, rec.num_partitions)
+            out.append(R.DeleteShareGroupOffsetsResponseTopic(topic_name=t.topic_name, topic_id=rec.topic_id))
+        return R(responses=out)
+
+    return await spm.call(run)
+
+
+HANDLERS.append(ApiHandler(92, 0, 0, handle_delete_share_group_offsets))

@@ -38,7 +38,11 @@ def share_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
         jars = classpath("kafka-clients-4.2", CLIENTS)
     except ArtifactUnavailable as e:
         pytest.skip(f"kafka-clients 4.2 unavailable: {e}")
-    out = tmp_path_factory.mktemp("share-java")
+    return compile_compat(tmp_path_factory.mktemp("share-java"), jars)
+
+
+def compile_compat(out: Path, jars: str) -> str:
+    """ShareConsumerCompat compiled into out: the classpath to run it."""
     r = subprocess.run(
         ["javac", "-d", str(out), "-cp", jars, *map(str, SOURCES)],
         capture_output=True,

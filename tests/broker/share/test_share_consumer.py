@@ -1,7 +1,8 @@
 """confluent-kafka's ShareConsumer (librdkafka 2.16, KIP-932) against a real kbroker: implicit acknowledgement
 reads every record once; a record a consumer never acknowledges comes back after
 `share.record.lock.duration.ms`; a record released every time is archived after `group.share.delivery.count.limit`
-deliveries; ListGroups and ShareGroupDescribe see the group."""
+deliveries; ListGroups and ShareGroupDescribe see the group; `kbroker-admin share-groups --reset-offsets` and
+`--delete-offsets` (AlterShareGroupOffsets, DeleteShareGroupOffsets) move where the group reads."""
 
 from __future__ import annotations
 
@@ -21,7 +22,12 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from kbroker.protocol.errors import ErrorCode
-from kbroker.protocol.messages import DeleteGroupsRequest, ListGroupsRequest, ShareGroupDescribeRequest
+from kbroker.protocol.messages import (
+    DeleteGroupsRequest,
+    DeleteShareGroupOffsetsRequest,
+    ListGroupsRequest,
+    ShareGroupDescribeRequest,
+)
 
 from kbroker_tools.wire import WireClient
 from tests.broker_process import BrokerProcess
@@ -235,3 +241,100 @@ def test_share_group_configs_are_validated(
         ],
     )
     admin.incremental_alter_configs([ok])[ok].result(30)
+
+
+def read_all(bootstrap: str, group: str, topic: str, want: int, timeout: float = 30) -> list[str]:
+    c = consumer(bootstrap, group, explicit=False)
+    c.subscribe([topic])
+    got: list[str] = []
+    deadline = time.monotonic() + timeout
+    idle_until = None
+    try:
+        while time.monotonic() < deadline:
+            msgs = [m.value().decode() for m in c.poll(0.5) if m.error() is None]
+            got += msgs
+            if len(got) >= want:
+                # a little longer: anything more than wanted would show
+                idle_until = idle_until or time.monotonic() + 1.5
+                if time.monotonic() >= idle_until:
+                    break
+    finally:
+        c.close()
+    return got
+
+
+def admin_cli_when_empty(broker: BrokerProcess, *args: str) -> str:
+    """The group empties once the closed consumer's leave is seen: retry NON_EMPTY_GROUP for a while."""
+    deadline = time.monotonic() + 20
+    while True:
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kbroker_tools.admin",
+                "share-groups",
+                "--bootstrap-server",
+                broker.bootstrap,
+            ]
+            + list(args),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if r.returncode == 0 or "NON_EMPTY_GROUP" not in r.stderr + r.stdout or time.monotonic() > deadline:
+            return f"rc={r.returncode}\n{r.stdout}{r.stderr}"
+        time.sleep(0.5)
+
+
+def test_reset_and_delete_offsets_from_the_command_line(broker: BrokerProcess, topic_name: str) -> None:
+    group = "g-" + topic_name
+    setup_topic(
+        broker.bootstrap, topic_name, group, 10, {"share.auto.offset.reset": "earliest"}, partitions=1
+    )
+    assert sorted(read_all(broker.bootstrap, group, topic_name, 10)) == sorted(f"v{i}" for i in range(10))
+    dry = admin_cli(broker, "--reset-offsets", "--group", group, "--topic", topic_name, "--to-earliest")
+    assert dry.splitlines()[1].split() == [group, topic_name, "0", "0"]
+    out = admin_cli_when_empty(
+        broker, "--reset-offsets", "--group", group, "--topic", topic_name, "--to-offset", "6", "--execute"
+    )
+    assert out.splitlines()[0] == "rc=0" and out.splitlines()[2].split() == [group, topic_name, "0", "6"], out
+    assert sorted(read_all(broker.bootstrap, group, topic_name, 4)) == [f"v{i}" for i in range(6, 10)]
+    # DeleteShareGroupOffsets forgets the state: share.auto.offset.reset (earliest) applies again
+    out = admin_cli_when_empty(broker, "--delete-offsets", "--group", group, "--topic", topic_name)
+    assert out.splitlines()[0] == "rc=0" and out.splitlines()[2].split() == [topic_name, "Successful"], out
+    assert sorted(read_all(broker.bootstrap, group, topic_name, 10)) == sorted(f"v{i}" for i in range(10))
+    out = admin_cli_when_empty(broker, "--delete-offsets", "--group", group, "--topic", "no-such-topic")
+    assert out.splitlines()[0] == "rc=1" and "UNKNOWN_TOPIC_OR_PARTITION" in out, out
+    with WireClient(broker.bootstrap) as w:
+        D = DeleteShareGroupOffsetsRequest
+        r = w.request(
+            92, 0, D(group_id="no-such-group", topics=[D.DeleteShareGroupOffsetsRequestTopic(topic_name)])
+        )
+        assert r.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+
+def test_read_committed_skips_aborted_transactions(broker: BrokerProcess, topic_name: str) -> None:
+    group = "g-" + topic_name
+    setup_topic(
+        broker.bootstrap,
+        topic_name,
+        group,
+        0,
+        {"share.auto.offset.reset": "earliest", "share.isolation.level": "read_committed"},
+        partitions=1,
+    )
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "tx-" + topic_name})
+    p.init_transactions(30)
+    for batch, commit in (("c0", True), ("a0", False), ("c1", True), ("a1", False)):
+        p.begin_transaction()
+        for i in range(5):
+            p.produce(topic_name, f"{batch}-{i}".encode(), partition=0)
+        p.flush(30)
+        p.commit_transaction(30) if commit else p.abort_transaction(30)
+    # an open transaction: not delivered either (past the last stable offset)
+    p.begin_transaction()
+    p.produce(topic_name, b"open-0", partition=0)
+    p.flush(30)
+    got = read_all(broker.bootstrap, group, topic_name, 10)
+    p.abort_transaction(30)
+    assert sorted(got) == sorted(f"c{b}-{i}" for b in range(2) for i in range(5)), got

@@ -1,0 +1,168 @@
+"""Share sessions as Kafka's ShareSessionCache keeps them: a member that opens its session again (epoch 0) keeps the
+records it holds and can still acknowledge them; the connection that opened a session closing releases them at
+once (Kafka 4.1+), long before their acquisition locks would expire. Raw ShareFetch requests over the wire."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+from kbroker.protocol.messages import (
+    MetadataRequest,
+    ShareFetchRequest,
+    ShareGroupHeartbeatRequest,
+)
+
+from kbroker_tools.wire import WireClient
+from tests.broker_process import BrokerProcess
+
+F = ShareFetchRequest
+ACCEPT = 1
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    b = BrokerProcess(
+        tmp_path_factory.mktemp("broker"),
+        {"offsets.topic.num.partitions": "1", "share.coordinator.state.topic.num.partitions": "1"},
+    )
+    b.start()
+    yield b
+    b.stop()
+
+
+def setup(broker: BrokerProcess, topic: str, group: str, n: int) -> bytes:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    # the longest lock the broker allows: nothing in these tests comes back because a lock expired
+    configs = {"share.auto.offset.reset": "earliest", "share.record.lock.duration.ms": "60000"}
+    res = ConfigResource(
+        ResourceType.GROUP,
+        group,
+        incremental_configs=[
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()
+        ],
+    )
+    admin.incremental_alter_configs([res])[res].result(30)
+    produce(broker, topic, 0, n)
+    with WireClient(broker.bootstrap) as w:
+        md = w.request(3, 12, MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic)]))
+    return bytes(md.topics[0].topic_id)
+
+
+def produce(broker: BrokerProcess, topic: str, first: int, n: int) -> None:
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(first, first + n):
+        p.produce(topic, f"v{i}".encode(), partition=0)
+    p.flush(30)
+
+
+def join(w: WireClient, group: str, topic: str) -> str:
+    member = str(uuid.uuid4())
+    r = w.request(
+        76,
+        1,
+        ShareGroupHeartbeatRequest(
+            group_id=group, member_id=member, member_epoch=0, subscribed_topic_names=[topic]
+        ),
+    )
+    assert r.error_code == 0, r
+    return member
+
+
+def share_fetch(
+    w: WireClient,
+    group: str,
+    member: str,
+    epoch: int,
+    topic_id: bytes,
+    acks: list[tuple[int, int, int]] = (),  # type: ignore[assignment]
+    wait_ms: int = 0,
+) -> Any:
+    batches = [
+        F.AcknowledgementBatch(first_offset=f, last_offset=la, acknowledge_types=[t]) for f, la, t in acks
+    ]
+    r = w.request(
+        78,
+        1,
+        F(
+            group_id=group,
+            member_id=member,
+            share_session_epoch=epoch,
+            max_wait_ms=wait_ms,
+            min_bytes=1,
+            max_bytes=1 << 20,
+            max_records=500,
+            batch_size=500,
+            topics=[
+                F.FetchTopic(
+                    topic_id=topic_id,
+                    partitions=[F.FetchPartition(partition_index=0, acknowledgement_batches=batches)],
+                )
+            ],
+        ),
+    )
+    assert r.error_code == 0, r
+    return r
+
+
+def acquired(r: Any) -> list[tuple[int, int, int]]:
+    return [
+        (a.first_offset, a.last_offset, a.delivery_count)
+        for t in r.responses
+        for p in t.partitions
+        for a in p.acquired_records
+    ]
+
+
+def ack_errors(r: Any) -> list[int]:
+    return [p.acknowledge_error_code for t in r.responses for p in t.partitions]
+
+
+def test_a_new_session_keeps_what_the_member_holds(broker: BrokerProcess, topic_name: str) -> None:
+    group = "g-" + topic_name
+    topic_id = setup(broker, topic_name, group, 10)
+    with WireClient(broker.bootstrap) as wa, WireClient(broker.bootstrap) as wb:
+        a, b = join(wa, group, topic_name), join(wb, group, topic_name)
+        assert acquired(share_fetch(wa, group, a, 0, topic_id, wait_ms=5000)) == [(0, 9, 1)]
+        # a restarts its session (what Kafka's client does after a session error): nothing is released, so
+        # nothing comes back to a itself with a second delivery count, nor to b
+        assert acquired(share_fetch(wa, group, a, 0, topic_id)) == []
+        assert acquired(share_fetch(wb, group, b, 0, topic_id, wait_ms=300)) == []
+        # and a's acknowledgement of what it held before is still good
+        r = share_fetch(wa, group, a, 1, topic_id, acks=[(0, 9, ACCEPT)])
+        assert ack_errors(r) == [0]
+        produce(broker, topic_name, 10, 1)
+        assert acquired(share_fetch(wb, group, b, 1, topic_id, wait_ms=5000)) == [(10, 10, 1)]
+
+
+def test_closing_the_connection_releases_at_once(broker: BrokerProcess, topic_name: str) -> None:
+    group = "g-" + topic_name
+    topic_id = setup(broker, topic_name, group, 5)
+    with WireClient(broker.bootstrap) as wb:
+        b = join(wb, group, topic_name)
+        wa = WireClient(broker.bootstrap)
+        a = join(wa, group, topic_name)
+        assert acquired(share_fetch(wa, group, a, 0, topic_id, wait_ms=5000)) == [(0, 4, 1)]
+        wa.close()
+        started = time.monotonic()
+        got: list[tuple[int, int, int]] = []
+        epoch = 0
+        while not got and time.monotonic() < started + 20:
+            got = acquired(share_fetch(wb, group, b, epoch, topic_id, wait_ms=500))
+            epoch += 1
+        # the locks last 60 s: only the closed connection brought these back
+        assert got == [(0, 4, 2)]
+        assert time.monotonic() - started < 20
