@@ -285,11 +285,14 @@ class SharePartitionManager:
             ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, f"{SHARE_STATE_TOPIC}-{part} is not here yet"
         )
 
-    async def persist(self) -> None:
+    async def persist(self) -> dict[tuple[str, str, int], int]:
         """Write a ShareSnapshot of every share-partition changed since its last one to the leader of its
         __share_group_state partition (this broker, or another through WriteShareGroupState) and wait until it
-        is replicated: an acknowledgement is answered once it survives the loss of this broker."""
+        is replicated: an acknowledgement is answered once it survives the loss of this broker. Returns the
+        share-partitions (group, topic, partition) whose write failed, with the error code: their
+        acknowledgements must not be confirmed."""
         writes = []
+        failed: dict[tuple[str, str, int], int] = {}
         self.drop_stale()
         for sp in self.partitions.values():
             if not sp.dirty:
@@ -304,6 +307,7 @@ class SharePartitionManager:
                 rec = self.server.metadata.topics[sp.topic]
             except Exception as e:  # noqa: BLE001 - kept dirty: the next sweep tries again
                 self._write_failed(sp, e)
+                failed[(sp.group_id, sp.topic, sp.partition)] = ErrorCode.COORDINATOR_NOT_AVAILABLE
                 continue
             sp.dirty = False
             sp.snapshot_epoch += 1
@@ -327,11 +331,13 @@ class SharePartitionManager:
             )
             sp.writing.add_done_callback(lambda t, sp=sp: self._written(sp, t))
             writes.append((sp, asyncio.shield(sp.writing)))
-        for _, write in writes:
+        for sp, write in writes:
             try:
                 await write
-            except Exception:  # noqa: BLE001, S110 - logged once, by _written
-                pass
+            except Exception as e:  # noqa: BLE001 - logged once, by _written
+                code = e.code if isinstance(e, KafkaError) else ErrorCode.UNKNOWN_SERVER_ERROR
+                failed[(sp.group_id, sp.topic, sp.partition)] = code
+        return failed
 
     def _written(self, sp: SharePartition, task: asyncio.Task[None]) -> None:
         e = None if task.cancelled() else task.exception()

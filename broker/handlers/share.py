@@ -263,7 +263,7 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
         _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
         if req.share_session_epoch == -1:
             spm.release_session(group_id, member_id)
-            await spm.persist()
+            _unconfirmed(ctx, group_id, _acked(req.topics), out, await spm.persist())
             return ErrorCode.NONE, out
         for t in req.topics:
             for p in t.partitions:
@@ -278,7 +278,7 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
                 break
             spm.persist_dirty()
             await asyncio.sleep(min(0.02, max(deadline - time.monotonic(), 0)))
-        await spm.persist()
+        _unconfirmed(ctx, group_id, _acked(req.topics), out, await spm.persist())
         return ErrorCode.NONE, out
 
     code, out = await spm.call(run)
@@ -314,6 +314,28 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
     )
 
 
+def _unconfirmed(
+    ctx: RequestContext,
+    group_id: str,
+    acked: set[tuple[bytes, int]],
+    out: _Result,
+    failed: dict[tuple[str, str, int], int],
+) -> None:
+    """Acknowledgements whose state could not be written are answered with the write's error, not confirmed
+    (Kafka's SharePartition fails the acknowledgement when its persister write fails)."""
+    if not failed:
+        return
+    topics = ctx.server.metadata.topics
+    for (g, topic, partition), code in failed.items():
+        rec = topics.get(topic)
+        if g != group_id or rec is None:
+            continue
+        key = (bytes(rec.topic_id), partition)
+        entry = out.get(key)
+        if key in acked and entry is not None and not entry[1]:
+            entry[1] = code
+
+
 def _acked(topics: list[Any]) -> set[tuple[bytes, int]]:
     return {
         (bytes(t.topic_id), p.partition_index)
@@ -344,7 +366,7 @@ async def handle_share_acknowledge(
         _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
         if req.share_session_epoch == -1:
             spm.release_session(group_id, member_id)
-        await spm.persist()
+        _unconfirmed(ctx, group_id, _acked(req.topics), out, await spm.persist())
         return ErrorCode.NONE, out
 
     code, out = await spm.call(run)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,14 +20,20 @@ from confluent_kafka.admin import (
     NewTopic,
     ResourceType,
 )
+from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
+    AlterReplicaLogDirsRequest,
     MetadataRequest,
     ShareFetchRequest,
     ShareGroupHeartbeatRequest,
 )
 
 from kbroker_tools.wire import WireClient
+from tests.broker.test_log_dirs import _broker as log_dirs_broker
+from tests.broker.test_log_dirs import _dir_of as dir_of
+from tests.broker.test_log_dirs import _placement as placement
 from tests.broker_process import BrokerProcess
+from tests.clients import wait_until
 
 F = ShareFetchRequest
 ACCEPT = 1
@@ -118,6 +125,23 @@ def share_fetch(
     return r
 
 
+def move(bootstrap: str, topic: str, partition: int, to: Path) -> None:
+    A = AlterReplicaLogDirsRequest
+    with WireClient(bootstrap) as w:
+        r = w.request(
+            34,
+            2,
+            A(
+                dirs=[
+                    A.AlterReplicaLogDir(
+                        path=str(to), topics=[A.AlterReplicaLogDirTopic(name=topic, partitions=[partition])]
+                    )
+                ]
+            ),
+        )
+    assert r.results[0].partitions[0].error_code == 0, r
+
+
 def acquired(r: Any) -> list[tuple[int, int, int]]:
     return [
         (a.first_offset, a.last_offset, a.delivery_count)
@@ -166,3 +190,44 @@ def test_closing_the_connection_releases_at_once(broker: BrokerProcess, topic_na
         # the locks last 60 s: only the closed connection brought these back
         assert got == [(0, 4, 2)]
         assert time.monotonic() - started < 20
+
+
+def test_an_acknowledgement_whose_state_cannot_be_written_is_not_confirmed(tmp_path: Path) -> None:
+    b, dirs = log_dirs_broker(
+        tmp_path,
+        2,
+        **{
+            "offsets.topic.num.partitions": "1",
+            "share.coordinator.state.topic.num.partitions": "1",
+            "log.flush.offset.checkpoint.interval.ms": "200",
+        },
+    )
+    try:
+        topic, group = "acks", "g-acks"
+        topic_id = setup(b, topic, group, 3)
+        with WireClient(b.bootstrap) as w:
+            m = join(w, group, topic)
+            assert acquired(share_fetch(w, group, m, 0, topic_id, wait_ms=5000)) == [(0, 2, 1)]
+            state_dir = dir_of(b.bootstrap, "__share_group_state")
+            if state_dir == dir_of(b.bootstrap, topic):
+                other = next(d for d in dirs if d != state_dir)
+                move(b.bootstrap, "__share_group_state", 0, other)
+                wait_until(
+                    lambda: dir_of(b.bootstrap, "__share_group_state") == other, timeout=30, what="the move"
+                )
+                state_dir = other
+            # The state's log dir fails (replaced by a file): its snapshot write is refused, KAFKA_STORAGE_ERROR
+            state_dir.rename(state_dir.with_name("moved-away"))
+            state_dir.write_text("not a directory")
+            # the broker finds out at its next checkpoint write in that dir (the open segment still takes writes)
+            wait_until(
+                lambda: ("error", ErrorCode.KAFKA_STORAGE_ERROR) in placement(b.bootstrap).values(),
+                timeout=15,
+                what="the failed dir in DescribeLogDirs",
+            )
+            r = share_fetch(w, group, m, 1, topic_id, acks=[(0, 2, ACCEPT)])
+            # the client is not told the records are done
+            assert ack_errors(r) == [ErrorCode.KAFKA_STORAGE_ERROR]
+        assert "Could not write the state of share-partition" in b.read_log()
+    finally:
+        b.stop()
