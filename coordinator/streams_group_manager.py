@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from kbroker.coordinator import streams_group_records as sgr
+from kbroker.coordinator.consumer_group_manager import ConsumerGroupError
 from kbroker.coordinator.group_metadata import GroupMetadata, GroupState
 from kbroker.coordinator.streams_group import (
     ASSIGNMENT_DELAYED,
@@ -41,11 +42,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("kbroker.group")
 
 
-class StreamsGroupError(Exception):
-    def __init__(self, code: ErrorCode, message: str | None = None) -> None:
-        super().__init__(message or code.name)
-        self.code = code
-        self.message = message
+class StreamsGroupError(ConsumerGroupError):
+    """A streams-group heartbeat refused with Kafka's code (the consumer group's error, caught apart)."""
 
 
 @dataclass
