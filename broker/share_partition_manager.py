@@ -36,7 +36,7 @@ from kbroker.coordinator.share_records import (
     snapshot_value,
 )
 from kbroker.protocol.errors import ErrorCode, KafkaError
-from kbroker.protocol.messages import WriteShareGroupStateRequest
+from kbroker.protocol.messages import ReadShareGroupStateRequest, WriteShareGroupStateRequest
 from kbroker.protocol.records import build_batch
 
 if TYPE_CHECKING:
@@ -57,6 +57,8 @@ _RETRIABLE_WRITE = (
     ErrorCode.NETWORK_EXCEPTION,
     ErrorCode.BROKER_NOT_AVAILABLE,
 )
+# how long a new share-partition leader keeps asking the share coordinator before its fetch answers without it
+_READ_RETRY_S = 5.0
 _DURATION = re.compile(r"p(?:(\d+)d)?(?:t(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?)?")
 
 
@@ -94,8 +96,10 @@ class SharePartitionManager:
         self._sweeper: asyncio.Task[None] | None = None
         # __share_group_state partition -> the latest snapshot of each share-partition in it, read once
         self._snapshots: dict[int, dict[bytes, tuple[int, int, list[StateBatch]]]] = {}
-        # share-partition snapshot key -> the highest leader epoch that wrote it through this broker
+        # share-partition snapshot key -> the highest leader epoch that wrote or read it through this broker
         self._writer_epochs: dict[bytes, int] = {}
+        # (group, topic, partition) -> its state as the share coordinator on another broker answered it
+        self._read: dict[tuple[str, str, int], tuple[int, int, list[StateBatch]] | None] = {}
 
     @staticmethod
     def existing(server: KafkaServer) -> SharePartitionManager | None:
@@ -265,10 +269,120 @@ class SharePartitionManager:
         if place is None:
             return None
         part, key = place
+        if fresh and not self._state_here(part):
+            read_key = (sp.group_id, sp.topic, sp.partition)
+            if read_key in self._read:
+                return self._read.pop(read_key)
+            raise KafkaError(
+                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, f"reading {read_key} from its share coordinator"
+            )
         snaps = self._snapshots.get(part)
         if snaps is None or fresh:
             snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
         return snaps.get(key)
+
+    def _state_here(self, part: int) -> bool:
+        """Whether this broker is the share coordinator of a __share_group_state partition: its leader, or the
+        single node (no controller) where every partition is local."""
+        leads = self.server.replica_manager.leads(SHARE_STATE_TOPIC, part)
+        return leads is True or (leads is None and self.server.controller is None)
+
+    def _state_leader(self, part: int) -> int:
+        leaders = self.server.metadata.topics[SHARE_STATE_TOPIC].leaders
+        leader = leaders[part] if 0 <= part < len(leaders) else -1
+        if leader is None or leader < 0:
+            raise KafkaError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{SHARE_STATE_TOPIC}-{part} has no leader")
+        return int(leader)
+
+    async def prepare(self, group_id: str, topic: str, partition: int) -> None:
+        """Before a share-partition is made here: when the share coordinator of its state is another broker, ask
+        it with ReadShareGroupState (Kafka's persister reads the same way), so a leader without a replica of
+        __share_group_state resumes from the saved state. A retriable error leaves the share-partition
+        loading; the next fetch asks again."""
+        key = (group_id, topic, partition)
+        sp = self.partitions.get(key)
+        if sp is not None and self.leads(sp):
+            return
+        probe = SharePartition(group_id, topic, partition, 0)
+        place = self._state_place(probe)
+        if place is None or self._state_here(place[0]):
+            return
+        rec = self.server.metadata.topics[topic]
+        epoch = self.server.replica_manager.leader_epoch(topic, partition)
+        deadline = time.monotonic() + _READ_RETRY_S
+        while True:
+            try:
+                self._read[key] = await self._read_remote(group_id, rec.topic_id, partition, place[0], epoch)
+                return
+            except (KafkaError, OSError) as e:
+                code = getattr(e, "code", None)
+                if (code is not None and code not in _RETRIABLE_WRITE) or time.monotonic() >= deadline:
+                    log.info("Could not read the state of share-partition %s: %s", key, e)
+                    return
+                await asyncio.sleep(0.2)
+
+    async def _read_remote(
+        self, group_id: str, topic_id: bytes, partition: int, state_partition: int, leader_epoch: int
+    ) -> tuple[int, int, list[StateBatch]] | None:
+        Q = ReadShareGroupStateRequest
+        leader = self._state_leader(state_partition)
+        r = await self.server.inter_broker.send(
+            leader,
+            84,
+            0,
+            Q(
+                group_id=group_id,
+                topics=[
+                    Q.ReadStateData(
+                        topic_id=topic_id,
+                        partitions=[Q.PartitionData(partition=partition, leader_epoch=leader_epoch)],
+                    )
+                ],
+            ),
+        )
+        p = r.results[0].partitions[0]
+        if p.error_code:
+            raise KafkaError(p.error_code, f"ReadShareGroupState from broker {leader}: {p.error_message}")
+        if p.start_offset < 0:
+            return None  # never written: the share-partition starts by share.auto.offset.reset
+        return (
+            0,
+            p.start_offset,
+            [(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count) for b in p.state_batches],
+        )
+
+    async def read_state(
+        self, group_id: str, topic_id: bytes, partition: int, leader_epoch: int
+    ) -> tuple[int, int, int, list[StateBatch]]:
+        """The share coordinator's side of ReadShareGroupState: (error, state epoch, start offset, batches), start
+        offset -1 when nothing was written. A read with a newer leader epoch fences the former leader's writes,
+        as Kafka's readStateAndMaybeUpdateLeaderEpoch."""
+        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
+        if state is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, 0, -1, []
+        if partition < 0:
+            return ErrorCode.INVALID_REQUEST, 0, -1, []
+        part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
+        if not self._state_here(part):
+            return ErrorCode.NOT_COORDINATOR, 0, -1, []
+        name = self.server.topic_names_by_id().get(topic_id)
+        rec = self.server.metadata.topics.get(name) if name is not None else None
+        if rec is None or partition >= rec.num_partitions:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, 0, -1, []
+        key = snapshot_key(group_id, topic_id, partition)
+        if leader_epoch < self._writer_epochs.get(key, -1):
+            return ErrorCode.FENCED_LEADER_EPOCH, 0, -1, []
+        try:
+            # read again: a write through a former leader of this partition may have come by replication
+            snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
+        except KafkaError as e:
+            return e.code, 0, -1, []
+        if leader_epoch >= 0:
+            self._writer_epochs[key] = leader_epoch
+        saved = snaps.get(key)
+        if saved is None:
+            return ErrorCode.NONE, 0, -1, []
+        return ErrorCode.NONE, 0, saved[1], saved[2]
 
     def _state_log(self, part: int) -> Any:
         """This broker's replica of a __share_group_state partition, leader or follower: a share-partition's new
@@ -391,9 +505,8 @@ class SharePartitionManager:
         batches: list[StateBatch],
         leader_epoch: int,
     ) -> None:
-        rm = self.server.replica_manager
-        if rm.leads(SHARE_STATE_TOPIC, state_partition) is False:
-            leader = self.server.metadata.topics[SHARE_STATE_TOPIC].leaders[state_partition]
+        if not self._state_here(state_partition):
+            leader = self._state_leader(state_partition)
             W = WriteShareGroupStateRequest
             r = await self.server.inter_broker.send(
                 leader,
@@ -450,7 +563,7 @@ class SharePartitionManager:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
         leads = rm.leads(SHARE_STATE_TOPIC, part)
-        if leads is False:
+        if not self._state_here(part):
             return ErrorCode.NOT_COORDINATOR
         key = snapshot_key(group_id, topic_id, partition)
         if leader_epoch < self._writer_epochs.get(key, -1):

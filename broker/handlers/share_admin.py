@@ -126,6 +126,7 @@ async def handle_alter_share_group_offsets(
                     )
                     continue
                 lg = rm.get_log(t.topic_name, p.partition_index)
+                await spm.prepare(req.group_id, t.topic_name, p.partition_index)
                 sp = spm.share_partition(req.group_id, t.topic_name, p.partition_index, lg)
                 start = p.start_offset if p.start_offset >= 0 else lg.high_watermark
                 sp.reset(min(max(start, lg.log_start_offset), lg.high_watermark))

@@ -1,6 +1,6 @@
-"""WriteShareGroupState (85) v0, the share-state RPC a share-partition leader sends to the leader of the
-share-partition's __share_group_state partition (Kafka's share coordinator): the whole state is written as one
-ShareSnapshot and replicated before the answer."""
+"""ReadShareGroupState (84) and WriteShareGroupState (85) v0, the share-state RPCs a share-partition leader sends to
+the leader of the share-partition's __share_group_state partition (Kafka's share coordinator): a new leader reads
+the saved state there; a write is the whole state as one ShareSnapshot, replicated before the answer."""
 
 from __future__ import annotations
 
@@ -8,7 +8,12 @@ from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.security.acls import AclOperation, ResourceType
 from kbroker.broker.share_partition_manager import SharePartitionManager
 from kbroker.protocol.errors import ErrorCode
-from kbroker.protocol.messages import WriteShareGroupStateRequest, WriteShareGroupStateResponse
+from kbroker.protocol.messages import (
+    ReadShareGroupStateRequest,
+    ReadShareGroupStateResponse,
+    WriteShareGroupStateRequest,
+    WriteShareGroupStateResponse,
+)
 
 
 async def handle_write_share_group_state(
@@ -42,4 +47,40 @@ async def handle_write_share_group_state(
     return R(results=results)
 
 
-HANDLERS = [ApiHandler(85, 0, 0, handle_write_share_group_state)]
+async def handle_read_share_group_state(
+    ctx: RequestContext, req: ReadShareGroupStateRequest
+) -> ReadShareGroupStateResponse:
+    R = ReadShareGroupStateResponse
+    denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
+    spm = SharePartitionManager.of(ctx.server)
+    results = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            if denied:
+                code, epoch, start, batches = ErrorCode.CLUSTER_AUTHORIZATION_FAILED, 0, -1, []
+            else:
+                code, epoch, start, batches = await spm.call(
+                    spm.read_state, req.group_id, bytes(t.topic_id), p.partition, p.leader_epoch
+                )
+            parts.append(
+                R.PartitionResult(
+                    partition=p.partition,
+                    error_code=code,
+                    error_message=ErrorCode(code).name if code else None,
+                    state_epoch=epoch,
+                    start_offset=start,
+                    state_batches=[
+                        R.StateBatch(first_offset=f, last_offset=la, delivery_state=s, delivery_count=c)
+                        for f, la, s, c in batches
+                    ],
+                )
+            )
+        results.append(R.ReadStateResult(topic_id=t.topic_id, partitions=parts))
+    return R(results=results)
+
+
+HANDLERS = [
+    ApiHandler(84, 0, 0, handle_read_share_group_state),
+    ApiHandler(85, 0, 0, handle_write_share_group_state),
+]
