@@ -36,7 +36,11 @@ from kbroker.coordinator.share_records import (
     snapshot_value,
 )
 from kbroker.protocol.errors import ErrorCode, KafkaError
-from kbroker.protocol.messages import ReadShareGroupStateRequest, WriteShareGroupStateRequest
+from kbroker.protocol.messages import (
+    ReadShareGroupStateRequest,
+    ReadShareGroupStateSummaryRequest,
+    WriteShareGroupStateRequest,
+)
 from kbroker.protocol.records import build_batch
 
 if TYPE_CHECKING:
@@ -59,6 +63,7 @@ _RETRIABLE_WRITE = (
 )
 # how long a new share-partition leader keeps asking the share coordinator before its fetch answers without it
 _READ_RETRY_S = 5.0
+_DONE_STATES = (2, 4)  # a state batch's Acknowledged and Archived
 _DURATION = re.compile(r"p(?:(\d+)d)?(?:t(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?)?")
 
 
@@ -383,6 +388,76 @@ class SharePartitionManager:
         if saved is None:
             return ErrorCode.NONE, 0, -1, []
         return ErrorCode.NONE, 0, saved[1], saved[2]
+
+    async def read_summary(
+        self, group_id: str, topic_id: bytes, partition: int
+    ) -> tuple[int, int, int, int, int]:
+        """The share coordinator's side of ReadShareGroupStateSummary: (error, state epoch, leader epoch, start
+        offset, delivery complete count); start offset -1 when nothing was written. Fences nothing (Kafka's
+        summary is a plain read)."""
+        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
+        if state is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, 0, -1, -1, -1
+        if partition < 0:
+            return ErrorCode.INVALID_REQUEST, 0, -1, -1, -1
+        part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
+        if not self._state_here(part):
+            return ErrorCode.NOT_COORDINATOR, 0, -1, -1, -1
+        name = self.server.topic_names_by_id().get(topic_id)
+        rec = self.server.metadata.topics.get(name) if name is not None else None
+        if rec is None or partition >= rec.num_partitions:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, 0, -1, -1, -1
+        key = snapshot_key(group_id, topic_id, partition)
+        try:
+            snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
+        except KafkaError as e:
+            return e.code, 0, -1, -1, -1
+        saved = snaps.get(key)
+        if saved is None:
+            return ErrorCode.NONE, 0, -1, -1, -1
+        done = sum(la - f + 1 for f, la, st, _ in saved[2] if st in _DONE_STATES)
+        return ErrorCode.NONE, 0, self._writer_epochs.get(key, -1), saved[1], done
+
+    async def summary(self, group_id: str, topic: str, partition: int) -> tuple[int, int, int]:
+        """(error, start offset, records acknowledged or archived past it) of a share-partition's saved state, from
+        the share coordinator: this broker's log, or another broker through ReadShareGroupStateSummary (87)."""
+        sp = SharePartition(group_id, topic, partition, 0)
+        try:
+            place = self._state_place(sp)
+            if place is None:
+                return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, 0
+            if self._state_here(place[0]):
+                saved = self._saved_state(sp)
+                if saved is None:
+                    return ErrorCode.NONE, -1, 0
+                return (
+                    ErrorCode.NONE,
+                    saved[1],
+                    sum(la - f + 1 for f, la, st, _ in saved[2] if st in _DONE_STATES),
+                )
+            Q = ReadShareGroupStateSummaryRequest
+            rec = self.server.metadata.topics[topic]
+            leader = self._state_leader(place[0])
+            r = await self.server.inter_broker.send(
+                leader,
+                87,
+                1,
+                Q(
+                    group_id=group_id,
+                    topics=[
+                        Q.ReadStateSummaryData(
+                            topic_id=rec.topic_id,
+                            partitions=[Q.PartitionData(partition=partition, leader_epoch=-1)],
+                        )
+                    ],
+                ),
+            )
+        except KafkaError as e:
+            return e.code, -1, 0
+        except OSError:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1, 0
+        p = r.results[0].partitions[0]
+        return p.error_code, p.start_offset, max(p.delivery_complete_count, 0)
 
     def _state_log(self, part: int) -> Any:
         """This broker's replica of a __share_group_state partition, leader or follower: a share-partition's new

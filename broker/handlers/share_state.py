@@ -1,4 +1,4 @@
-"""ReadShareGroupState (84) and WriteShareGroupState (85) v0, the share-state RPCs a share-partition leader sends to
+"""ReadShareGroupState (84), WriteShareGroupState (85) v0 and ReadShareGroupStateSummary (87) v0-1, the share-state RPCs a share-partition leader sends to
 the leader of the share-partition's __share_group_state partition (Kafka's share coordinator): a new leader reads
 the saved state there; a write is the whole state as one ShareSnapshot, replicated before the answer."""
 
@@ -11,6 +11,8 @@ from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     ReadShareGroupStateRequest,
     ReadShareGroupStateResponse,
+    ReadShareGroupStateSummaryRequest,
+    ReadShareGroupStateSummaryResponse,
     WriteShareGroupStateRequest,
     WriteShareGroupStateResponse,
 )
@@ -80,7 +82,45 @@ async def handle_read_share_group_state(
     return R(results=results)
 
 
+async def handle_read_share_group_state_summary(
+    ctx: RequestContext, req: ReadShareGroupStateSummaryRequest
+) -> ReadShareGroupStateSummaryResponse:
+    R = ReadShareGroupStateSummaryResponse
+    denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
+    spm = SharePartitionManager.of(ctx.server)
+    results = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            if denied:
+                code, state_epoch, leader_epoch, start, done = (
+                    ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                    0,
+                    -1,
+                    -1,
+                    -1,
+                )
+            else:
+                code, state_epoch, leader_epoch, start, done = await spm.call(
+                    spm.read_summary, req.group_id, bytes(t.topic_id), p.partition
+                )
+            parts.append(
+                R.PartitionResult(
+                    partition=p.partition,
+                    error_code=code,
+                    error_message=ErrorCode(code).name if code else None,
+                    state_epoch=state_epoch,
+                    leader_epoch=leader_epoch,
+                    start_offset=start,
+                    delivery_complete_count=done,
+                )
+            )
+        results.append(R.ReadStateSummaryResult(topic_id=t.topic_id, partitions=parts))
+    return R(results=results)
+
+
 HANDLERS = [
     ApiHandler(84, 0, 0, handle_read_share_group_state),
     ApiHandler(85, 0, 0, handle_write_share_group_state),
+    ApiHandler(87, 0, 1, handle_read_share_group_state_summary),
 ]

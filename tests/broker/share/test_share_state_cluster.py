@@ -19,7 +19,12 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from kbroker.protocol.errors import ErrorCode
-from kbroker.protocol.messages import FindCoordinatorRequest, MetadataRequest, ShareGroupHeartbeatRequest
+from kbroker.protocol.messages import (
+    DescribeShareGroupOffsetsRequest,
+    FindCoordinatorRequest,
+    MetadataRequest,
+    ShareGroupHeartbeatRequest,
+)
 
 from kbroker_tools.wire import WireClient
 from tests.broker.share.test_share_sessions import ACCEPT, acquired, share_fetch
@@ -133,6 +138,24 @@ def test_new_leader_without_a_state_replica_resumes(
     with WireClient(b2.bootstrap) as w:
         # broker 2 is not the share coordinator of the state
         assert read(w, group, topic_id, 0, 5).error_code == ErrorCode.NOT_COORDINATOR
+        # DescribeShareGroupOffsets on broker 2 asks broker 3 with ReadShareGroupStateSummary
+        D = DescribeShareGroupOffsetsRequest
+        described = w.request(
+            90,
+            1,
+            D(
+                groups=[
+                    D.DescribeShareGroupOffsetsRequestGroup(
+                        group_id=group,
+                        topics=[
+                            D.DescribeShareGroupOffsetsRequestTopic(topic_name=topic_name, partitions=[0])
+                        ],
+                    )
+                ]
+            ),
+        )
+        p0 = described.groups[0].topics[0].partitions[0]
+        assert (p0.error_code, p0.start_offset, p0.lag) == (0, 5, 5)
         again = share_fetch(w, group, member, 0, topic_id, wait_ms=10_000)
         assert acquired(again) == [(5, 9, 2)]
     with WireClient(b3.bootstrap) as w:

@@ -10,6 +10,7 @@ from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     ApiVersionsRequest,
     ReadShareGroupStateRequest,
+    ReadShareGroupStateSummaryRequest,
     WriteShareGroupStateRequest,
 )
 
@@ -89,7 +90,8 @@ def test_write_then_read_and_errors(broker: BrokerProcess, topic_name: str) -> N
         versions = {
             k.api_key: (k.min_version, k.max_version) for k in w.request(18, 3, ApiVersionsRequest()).api_keys
         }
-        assert versions[84] == (0, 0) and versions[85] == (0, 0)
+        assert (versions[84], versions[85], versions[87]) == ((0, 0), (0, 0), (0, 1))
+        assert 83 not in versions and 86 not in versions
         # a share consumer's first fetch makes __share_group_state
         member = join(w, group, topic_name)
         first = share_fetch(w, group, member, 0, topic_id, wait_ms=5000)
@@ -113,6 +115,32 @@ def test_write_then_read_and_errors(broker: BrokerProcess, topic_name: str) -> N
         assert read(w, other, topic_id, 0, 3).error_code == 0
         assert read(w, other, topic_id, 0, 2).error_code == ErrorCode.FENCED_LEADER_EPOCH
         assert write(w, other, topic_id, 5, 2) == ErrorCode.FENCED_LEADER_EPOCH
+        S = ReadShareGroupStateSummaryRequest
+        summary = (
+            w.request(
+                87,
+                1,
+                S(
+                    group_id=other,
+                    topics=[
+                        S.ReadStateSummaryData(topic_id=topic_id, partitions=[S.PartitionData(partition=0)])
+                    ],
+                ),
+            )
+            .results[0]
+            .partitions[0]
+        )
+        assert (
+            summary.error_code,
+            summary.start_offset,
+            summary.leader_epoch,
+            summary.delivery_complete_count,
+        ) == (
+            0,
+            3,
+            3,
+            1,
+        )
         assert read(w, other, bytes(16), 0, 0).error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         assert read(w, other, topic_id, 7, 0).error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         assert read(w, other, topic_id, -1, 0).error_code == ErrorCode.INVALID_REQUEST
