@@ -37,6 +37,7 @@ from kbroker.coordinator.share_records import (
 )
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.messages import (
+    DeleteShareGroupStateRequest,
     ReadShareGroupStateRequest,
     ReadShareGroupStateSummaryRequest,
     WriteShareGroupStateRequest,
@@ -665,24 +666,85 @@ class SharePartitionManager:
             return int(await self.server.wait_replicated(lg, info.last_offset + 1))
         return ErrorCode.NONE
 
-    def delete_state(self, group_id: str, topic: str, num_partitions: int) -> None:
-        """DeleteShareGroupOffsets: drop the share-partitions of topic and tombstone their snapshots, so neither
-        this broker nor a restarted one finds them again."""
-        now = int(time.time() * 1000)
+    async def delete_state(self, group_id: str, topic: str, num_partitions: int) -> int:
+        """DeleteShareGroupOffsets: drop the share-partitions of topic and have their share coordinators tombstone
+        their snapshots (this broker, or another through DeleteShareGroupState, 86), so neither this broker nor
+        a new leader finds them again. Returns the first error."""
+        rec = self.server.metadata.topics.get(topic)
+        if rec is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        first = ErrorCode.NONE
         for index in range(num_partitions):
             sp = self.partitions.pop((group_id, topic, index), None) or SharePartition(
                 group_id, topic, index, 0
             )
-            place = self._state_place(sp)
-            if place is None:
-                continue
-            part, key = place
-            if self._saved_state(sp) is None and sp.snapshot_epoch == 0:
-                continue
-            self.server.replica_manager.append(
-                SHARE_STATE_TOPIC, part, build_batch([(key, None, [], now)]), 1
+            try:
+                place = self._state_place(sp)
+                if place is None:
+                    continue
+                if self._state_here(place[0]):
+                    code = await self.delete_state_of(group_id, rec.topic_id, index)
+                else:
+                    Q = DeleteShareGroupStateRequest
+                    r = await self.server.inter_broker.send(
+                        self._state_leader(place[0]),
+                        86,
+                        0,
+                        Q(
+                            group_id=group_id,
+                            topics=[
+                                Q.DeleteStateData(
+                                    topic_id=rec.topic_id, partitions=[Q.PartitionData(partition=index)]
+                                )
+                            ],
+                        ),
+                    )
+                    code = r.results[0].partitions[0].error_code
+            except KafkaError as e:
+                code = e.code
+            except OSError:
+                code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            if code and not first:
+                first = code
+        return first
+
+    async def delete_state_of(self, group_id: str, topic_id: bytes, partition: int) -> int:
+        """The share coordinator's side of DeleteShareGroupState: the snapshot tombstoned and replicated before
+        the answer; a share-partition never written is nothing to delete."""
+        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
+        if state is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if partition < 0:
+            return ErrorCode.INVALID_REQUEST
+        part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
+        if not self._state_here(part):
+            return ErrorCode.NOT_COORDINATOR
+        name = self.server.topic_names_by_id().get(topic_id)
+        rec = self.server.metadata.topics.get(name) if name is not None else None
+        if rec is None or partition >= rec.num_partitions:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        key = snapshot_key(group_id, topic_id, partition)
+        try:
+            snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
+        except KafkaError as e:
+            return e.code
+        if key not in snaps:
+            return ErrorCode.NONE
+        rm = self.server.replica_manager
+        leads = rm.leads(SHARE_STATE_TOPIC, part)
+        try:
+            lg, info = rm.append(
+                SHARE_STATE_TOPIC,
+                part,
+                build_batch([(key, None, [], int(time.time() * 1000))]),
+                -1 if leads else 1,
             )
-            self._snapshots.get(part, {}).pop(key, None)
+        except KafkaError as e:
+            return e.code
+        snaps.pop(key, None)
+        if leads:
+            return int(await self.server.wait_replicated(lg, info.last_offset + 1))
+        return ErrorCode.NONE
 
     def _initial_offset(self, group_id: str, lg: Any) -> int:
         """Kafka's share.auto.offset.reset, applied when a share-partition is first read."""

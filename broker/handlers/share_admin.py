@@ -183,8 +183,15 @@ async def handle_delete_share_group_offsets(
                     )
                 )
                 continue
-            spm.delete_state(req.group_id, t.topic_name, rec.num_partitions)
-            out.append(R.DeleteShareGroupOffsetsResponseTopic(topic_name=t.topic_name, topic_id=rec.topic_id))
+            code = await spm.delete_state(req.group_id, t.topic_name, rec.num_partitions)
+            out.append(
+                R.DeleteShareGroupOffsetsResponseTopic(
+                    topic_name=t.topic_name,
+                    topic_id=rec.topic_id,
+                    error_code=code,
+                    error_message=ErrorCode(code).name if code else None,
+                )
+            )
         return R(responses=out)
 
     return await spm.call(run)

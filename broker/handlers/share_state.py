@@ -1,4 +1,5 @@
-"""ReadShareGroupState (84), WriteShareGroupState (85) v0 and ReadShareGroupStateSummary (87) v0-1, the share-state RPCs a share-partition leader sends to
+"""ReadShareGroupState (84), WriteShareGroupState (85), DeleteShareGroupState (86) v0 and
+ReadShareGroupStateSummary (87) v0-1, the share-state RPCs a share-partition leader sends to
 the leader of the share-partition's __share_group_state partition (Kafka's share coordinator): a new leader reads
 the saved state there; a write is the whole state as one ShareSnapshot, replicated before the answer."""
 
@@ -9,6 +10,8 @@ from kbroker.broker.security.acls import AclOperation, ResourceType
 from kbroker.broker.share_partition_manager import SharePartitionManager
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
+    DeleteShareGroupStateRequest,
+    DeleteShareGroupStateResponse,
     ReadShareGroupStateRequest,
     ReadShareGroupStateResponse,
     ReadShareGroupStateSummaryRequest,
@@ -119,8 +122,34 @@ async def handle_read_share_group_state_summary(
     return R(results=results)
 
 
+async def handle_delete_share_group_state(
+    ctx: RequestContext, req: DeleteShareGroupStateRequest
+) -> DeleteShareGroupStateResponse:
+    R = DeleteShareGroupStateResponse
+    denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
+    spm = SharePartitionManager.of(ctx.server)
+    results = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            if denied:
+                code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            else:
+                code = await spm.call(spm.delete_state_of, req.group_id, bytes(t.topic_id), p.partition)
+            parts.append(
+                R.PartitionResult(
+                    partition=p.partition,
+                    error_code=code,
+                    error_message=ErrorCode(code).name if code else None,
+                )
+            )
+        results.append(R.DeleteStateResult(topic_id=t.topic_id, partitions=parts))
+    return R(results=results)
+
+
 HANDLERS = [
     ApiHandler(84, 0, 0, handle_read_share_group_state),
     ApiHandler(85, 0, 0, handle_write_share_group_state),
+    ApiHandler(86, 0, 0, handle_delete_share_group_state),
     ApiHandler(87, 0, 1, handle_read_share_group_state_summary),
 ]

@@ -1,5 +1,6 @@
-"""ReadShareGroupState (84) and WriteShareGroupState (85) over the wire, as a share-partition leader on another
-broker sends them: a round trip write -> read, a never-written share-partition, and Kafka's errors."""
+"""ReadShareGroupState (84), WriteShareGroupState (85), DeleteShareGroupState (86) and ReadShareGroupStateSummary
+(87) over the wire, as a share-partition leader or group coordinator on another broker sends them: a round trip
+write -> read -> summary -> delete, a never-written share-partition, and Kafka's errors."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     ApiVersionsRequest,
+    DeleteShareGroupStateRequest,
     ReadShareGroupStateRequest,
     ReadShareGroupStateSummaryRequest,
     WriteShareGroupStateRequest,
@@ -91,7 +93,7 @@ def test_write_then_read_and_errors(broker: BrokerProcess, topic_name: str) -> N
             k.api_key: (k.min_version, k.max_version) for k in w.request(18, 3, ApiVersionsRequest()).api_keys
         }
         assert (versions[84], versions[85], versions[87]) == ((0, 0), (0, 0), (0, 1))
-        assert 83 not in versions and 86 not in versions
+        assert versions[86] == (0, 0) and 83 not in versions
         # a share consumer's first fetch makes __share_group_state
         member = join(w, group, topic_name)
         first = share_fetch(w, group, member, 0, topic_id, wait_ms=5000)
@@ -141,6 +143,19 @@ def test_write_then_read_and_errors(broker: BrokerProcess, topic_name: str) -> N
             3,
             1,
         )
+        X = DeleteShareGroupStateRequest
+        for _ in range(2):  # the second deletes nothing, without error
+            deleted = w.request(
+                86,
+                0,
+                X(
+                    group_id=other,
+                    topics=[X.DeleteStateData(topic_id=topic_id, partitions=[X.PartitionData(partition=0)])],
+                ),
+            )
+            assert deleted.results[0].partitions[0].error_code == 0
+        gone = read(w, other, topic_id, 0, 3)
+        assert (gone.error_code, gone.start_offset, gone.state_batches) == (0, -1, [])
         assert read(w, other, bytes(16), 0, 0).error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         assert read(w, other, topic_id, 7, 0).error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         assert read(w, other, topic_id, -1, 0).error_code == ErrorCode.INVALID_REQUEST
