@@ -300,7 +300,7 @@ class SharePartitionManager:
             raise KafkaError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{SHARE_STATE_TOPIC}-{part} has no leader")
         return int(leader)
 
-    async def prepare(self, group_id: str, topic: str, partition: int) -> None:
+    async def prepare(self, group_id: str, topic: str, partition: int, until: float | None = None) -> None:
         """Before a share-partition is made here: when the share coordinator of its state is another broker, ask
         it with ReadShareGroupState (Kafka's persister reads the same way), so a leader without a replica of
         __share_group_state resumes from the saved state. A retriable error leaves the share-partition
@@ -315,7 +315,8 @@ class SharePartitionManager:
             return
         rec = self.server.metadata.topics[topic]
         epoch = self.server.replica_manager.leader_epoch(topic, partition)
-        deadline = time.monotonic() + _READ_RETRY_S
+        # retried for a few seconds, or until the fetch that needs it must answer (then its next one asks again)
+        deadline = time.monotonic() + _READ_RETRY_S if until is None else until
         while True:
             try:
                 self._read[key] = await self._read_remote(group_id, rec.topic_id, partition, place[0], epoch)

@@ -276,7 +276,7 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
             for topic_id, partition in sorted(session.partitions):
                 name = names.get(topic_id)
                 if name is not None and ctx.server.replica_manager.leads(name, partition) is not False:
-                    await spm.prepare(group_id, name, partition)
+                    await spm.prepare(group_id, name, partition, max(deadline, time.monotonic() + 0.5))
             if _acquire(ctx, spm, group_id, member_id, session, max_records, max_bytes, out) > 0:
                 break
             if any(e[0] for e in out.values()) or time.monotonic() >= deadline:
