@@ -36,7 +36,12 @@ from kbroker.coordinator.share_records import (
     snapshot_value,
 )
 from kbroker.protocol.errors import ErrorCode, KafkaError
-from kbroker.protocol.messages import WriteShareGroupStateRequest
+from kbroker.protocol.messages import (
+    DeleteShareGroupStateRequest,
+    ReadShareGroupStateRequest,
+    ReadShareGroupStateSummaryRequest,
+    WriteShareGroupStateRequest,
+)
 from kbroker.protocol.records import build_batch
 
 if TYPE_CHECKING:
@@ -57,6 +62,9 @@ _RETRIABLE_WRITE = (
     ErrorCode.NETWORK_EXCEPTION,
     ErrorCode.BROKER_NOT_AVAILABLE,
 )
+# how long a new share-partition leader keeps asking the share coordinator before its fetch answers without it
+_READ_RETRY_S = 5.0
+_DONE_STATES = (2, 4)  # a state batch's Acknowledged and Archived
 _DURATION = re.compile(r"p(?:(\d+)d)?(?:t(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?)?")
 
 
@@ -94,8 +102,10 @@ class SharePartitionManager:
         self._sweeper: asyncio.Task[None] | None = None
         # __share_group_state partition -> the latest snapshot of each share-partition in it, read once
         self._snapshots: dict[int, dict[bytes, tuple[int, int, list[StateBatch]]]] = {}
-        # share-partition snapshot key -> the highest leader epoch that wrote it through this broker
+        # share-partition snapshot key -> the highest leader epoch that wrote or read it through this broker
         self._writer_epochs: dict[bytes, int] = {}
+        # (group, topic, partition) -> its state as the share coordinator on another broker answered it
+        self._read: dict[tuple[str, str, int], tuple[int, int, list[StateBatch]] | None] = {}
 
     @staticmethod
     def existing(server: KafkaServer) -> SharePartitionManager | None:
@@ -265,10 +275,191 @@ class SharePartitionManager:
         if place is None:
             return None
         part, key = place
+        if fresh and not self._state_here(part):
+            read_key = (sp.group_id, sp.topic, sp.partition)
+            if read_key in self._read:
+                return self._read.pop(read_key)
+            raise KafkaError(
+                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, f"reading {read_key} from its share coordinator"
+            )
         snaps = self._snapshots.get(part)
         if snaps is None or fresh:
             snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
         return snaps.get(key)
+
+    def _state_here(self, part: int) -> bool:
+        """Whether this broker is the share coordinator of a __share_group_state partition: its leader, or the
+        single node (no controller) where every partition is local."""
+        leads = self.server.replica_manager.leads(SHARE_STATE_TOPIC, part)
+        return leads is True or (leads is None and self.server.controller is None)
+
+    def _state_leader(self, part: int) -> int:
+        leaders = self.server.metadata.topics[SHARE_STATE_TOPIC].leaders
+        leader = leaders[part] if 0 <= part < len(leaders) else -1
+        if leader is None or leader < 0:
+            raise KafkaError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{SHARE_STATE_TOPIC}-{part} has no leader")
+        return int(leader)
+
+    async def prepare(self, group_id: str, topic: str, partition: int, until: float | None = None) -> None:
+        """Before a share-partition is made here: when the share coordinator of its state is another broker, ask
+        it with ReadShareGroupState (Kafka's persister reads the same way), so a leader without a replica of
+        __share_group_state resumes from the saved state. A retriable error leaves the share-partition
+        loading; the next fetch asks again."""
+        key = (group_id, topic, partition)
+        sp = self.partitions.get(key)
+        if sp is not None and self.leads(sp):
+            return
+        probe = SharePartition(group_id, topic, partition, 0)
+        place = self._state_place(probe)
+        if place is None or self._state_here(place[0]):
+            return
+        rec = self.server.metadata.topics[topic]
+        epoch = self.server.replica_manager.leader_epoch(topic, partition)
+        # retried for a few seconds, or until the fetch that needs it must answer (then its next one asks again)
+        deadline = time.monotonic() + _READ_RETRY_S if until is None else until
+        while True:
+            try:
+                self._read[key] = await self._read_remote(group_id, rec.topic_id, partition, place[0], epoch)
+                return
+            except (KafkaError, OSError) as e:
+                code = getattr(e, "code", None)
+                if (code is not None and code not in _RETRIABLE_WRITE) or time.monotonic() >= deadline:
+                    log.info("Could not read the state of share-partition %s: %s", key, e)
+                    return
+                await asyncio.sleep(0.2)
+
+    async def _read_remote(
+        self, group_id: str, topic_id: bytes, partition: int, state_partition: int, leader_epoch: int
+    ) -> tuple[int, int, list[StateBatch]] | None:
+        Q = ReadShareGroupStateRequest
+        leader = self._state_leader(state_partition)
+        r = await self.server.inter_broker.send(
+            leader,
+            84,
+            0,
+            Q(
+                group_id=group_id,
+                topics=[
+                    Q.ReadStateData(
+                        topic_id=topic_id,
+                        partitions=[Q.PartitionData(partition=partition, leader_epoch=leader_epoch)],
+                    )
+                ],
+            ),
+        )
+        p = r.results[0].partitions[0]
+        if p.error_code:
+            raise KafkaError(p.error_code, f"ReadShareGroupState from broker {leader}: {p.error_message}")
+        if p.start_offset < 0:
+            return None  # never written: the share-partition starts by share.auto.offset.reset
+        return (
+            0,
+            p.start_offset,
+            [(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count) for b in p.state_batches],
+        )
+
+    async def read_state(
+        self, group_id: str, topic_id: bytes, partition: int, leader_epoch: int
+    ) -> tuple[int, int, int, list[StateBatch]]:
+        """The share coordinator's side of ReadShareGroupState: (error, state epoch, start offset, batches), start
+        offset -1 when nothing was written. A read with a newer leader epoch fences the former leader's writes,
+        as Kafka's readStateAndMaybeUpdateLeaderEpoch."""
+        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
+        if state is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, 0, -1, []
+        if partition < 0:
+            return ErrorCode.INVALID_REQUEST, 0, -1, []
+        part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
+        if not self._state_here(part):
+            return ErrorCode.NOT_COORDINATOR, 0, -1, []
+        name = self.server.topic_names_by_id().get(topic_id)
+        rec = self.server.metadata.topics.get(name) if name is not None else None
+        if rec is None or partition >= rec.num_partitions:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, 0, -1, []
+        key = snapshot_key(group_id, topic_id, partition)
+        if leader_epoch < self._writer_epochs.get(key, -1):
+            return ErrorCode.FENCED_LEADER_EPOCH, 0, -1, []
+        try:
+            # read again: a write through a former leader of this partition may have come by replication
+            snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
+        except KafkaError as e:
+            return e.code, 0, -1, []
+        if leader_epoch >= 0:
+            self._writer_epochs[key] = leader_epoch
+        saved = snaps.get(key)
+        if saved is None:
+            return ErrorCode.NONE, 0, -1, []
+        return ErrorCode.NONE, 0, saved[1], saved[2]
+
+    async def read_summary(
+        self, group_id: str, topic_id: bytes, partition: int
+    ) -> tuple[int, int, int, int, int]:
+        """The share coordinator's side of ReadShareGroupStateSummary: (error, state epoch, leader epoch, start
+        offset, delivery complete count); start offset -1 when nothing was written. Fences nothing (Kafka's
+        summary is a plain read)."""
+        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
+        if state is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, 0, -1, -1, -1
+        if partition < 0:
+            return ErrorCode.INVALID_REQUEST, 0, -1, -1, -1
+        part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
+        if not self._state_here(part):
+            return ErrorCode.NOT_COORDINATOR, 0, -1, -1, -1
+        name = self.server.topic_names_by_id().get(topic_id)
+        rec = self.server.metadata.topics.get(name) if name is not None else None
+        if rec is None or partition >= rec.num_partitions:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, 0, -1, -1, -1
+        key = snapshot_key(group_id, topic_id, partition)
+        try:
+            snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
+        except KafkaError as e:
+            return e.code, 0, -1, -1, -1
+        saved = snaps.get(key)
+        if saved is None:
+            return ErrorCode.NONE, 0, -1, -1, -1
+        done = sum(la - f + 1 for f, la, st, _ in saved[2] if st in _DONE_STATES)
+        return ErrorCode.NONE, 0, self._writer_epochs.get(key, -1), saved[1], done
+
+    async def summary(self, group_id: str, topic: str, partition: int) -> tuple[int, int, int]:
+        """(error, start offset, records acknowledged or archived past it) of a share-partition's saved state, from
+        the share coordinator: this broker's log, or another broker through ReadShareGroupStateSummary (87)."""
+        sp = SharePartition(group_id, topic, partition, 0)
+        try:
+            place = self._state_place(sp)
+            if place is None:
+                return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, 0
+            if self._state_here(place[0]):
+                saved = self._saved_state(sp)
+                if saved is None:
+                    return ErrorCode.NONE, -1, 0
+                return (
+                    ErrorCode.NONE,
+                    saved[1],
+                    sum(la - f + 1 for f, la, st, _ in saved[2] if st in _DONE_STATES),
+                )
+            Q = ReadShareGroupStateSummaryRequest
+            rec = self.server.metadata.topics[topic]
+            leader = self._state_leader(place[0])
+            r = await self.server.inter_broker.send(
+                leader,
+                87,
+                1,
+                Q(
+                    group_id=group_id,
+                    topics=[
+                        Q.ReadStateSummaryData(
+                            topic_id=rec.topic_id,
+                            partitions=[Q.PartitionData(partition=partition, leader_epoch=-1)],
+                        )
+                    ],
+                ),
+            )
+        except KafkaError as e:
+            return e.code, -1, 0
+        except OSError:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1, 0
+        p = r.results[0].partitions[0]
+        return p.error_code, p.start_offset, max(p.delivery_complete_count, 0)
 
     def _state_log(self, part: int) -> Any:
         """This broker's replica of a __share_group_state partition, leader or follower: a share-partition's new
@@ -391,9 +582,8 @@ class SharePartitionManager:
         batches: list[StateBatch],
         leader_epoch: int,
     ) -> None:
-        rm = self.server.replica_manager
-        if rm.leads(SHARE_STATE_TOPIC, state_partition) is False:
-            leader = self.server.metadata.topics[SHARE_STATE_TOPIC].leaders[state_partition]
+        if not self._state_here(state_partition):
+            leader = self._state_leader(state_partition)
             W = WriteShareGroupStateRequest
             r = await self.server.inter_broker.send(
                 leader,
@@ -450,7 +640,7 @@ class SharePartitionManager:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
         leads = rm.leads(SHARE_STATE_TOPIC, part)
-        if leads is False:
+        if not self._state_here(part):
             return ErrorCode.NOT_COORDINATOR
         key = snapshot_key(group_id, topic_id, partition)
         if leader_epoch < self._writer_epochs.get(key, -1):
@@ -477,24 +667,85 @@ class SharePartitionManager:
             return int(await self.server.wait_replicated(lg, info.last_offset + 1))
         return ErrorCode.NONE
 
-    def delete_state(self, group_id: str, topic: str, num_partitions: int) -> None:
-        """DeleteShareGroupOffsets: drop the share-partitions of topic and tombstone their snapshots, so neither
-        this broker nor a restarted one finds them again."""
-        now = int(time.time() * 1000)
+    async def delete_state(self, group_id: str, topic: str, num_partitions: int) -> int:
+        """DeleteShareGroupOffsets: drop the share-partitions of topic and have their share coordinators tombstone
+        their snapshots (this broker, or another through DeleteShareGroupState, 86), so neither this broker nor
+        a new leader finds them again. Returns the first error."""
+        rec = self.server.metadata.topics.get(topic)
+        if rec is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        first = ErrorCode.NONE
         for index in range(num_partitions):
             sp = self.partitions.pop((group_id, topic, index), None) or SharePartition(
                 group_id, topic, index, 0
             )
-            place = self._state_place(sp)
-            if place is None:
-                continue
-            part, key = place
-            if self._saved_state(sp) is None and sp.snapshot_epoch == 0:
-                continue
-            self.server.replica_manager.append(
-                SHARE_STATE_TOPIC, part, build_batch([(key, None, [], now)]), 1
+            try:
+                place = self._state_place(sp)
+                if place is None:
+                    continue
+                if self._state_here(place[0]):
+                    code = await self.delete_state_of(group_id, rec.topic_id, index)
+                else:
+                    Q = DeleteShareGroupStateRequest
+                    r = await self.server.inter_broker.send(
+                        self._state_leader(place[0]),
+                        86,
+                        0,
+                        Q(
+                            group_id=group_id,
+                            topics=[
+                                Q.DeleteStateData(
+                                    topic_id=rec.topic_id, partitions=[Q.PartitionData(partition=index)]
+                                )
+                            ],
+                        ),
+                    )
+                    code = r.results[0].partitions[0].error_code
+            except KafkaError as e:
+                code = e.code
+            except OSError:
+                code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            if code and not first:
+                first = code
+        return first
+
+    async def delete_state_of(self, group_id: str, topic_id: bytes, partition: int) -> int:
+        """The share coordinator's side of DeleteShareGroupState: the snapshot tombstoned and replicated before
+        the answer; a share-partition never written is nothing to delete."""
+        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
+        if state is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if partition < 0:
+            return ErrorCode.INVALID_REQUEST
+        part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
+        if not self._state_here(part):
+            return ErrorCode.NOT_COORDINATOR
+        name = self.server.topic_names_by_id().get(topic_id)
+        rec = self.server.metadata.topics.get(name) if name is not None else None
+        if rec is None or partition >= rec.num_partitions:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        key = snapshot_key(group_id, topic_id, partition)
+        try:
+            snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
+        except KafkaError as e:
+            return e.code
+        if key not in snaps:
+            return ErrorCode.NONE
+        rm = self.server.replica_manager
+        leads = rm.leads(SHARE_STATE_TOPIC, part)
+        try:
+            lg, info = rm.append(
+                SHARE_STATE_TOPIC,
+                part,
+                build_batch([(key, None, [], int(time.time() * 1000))]),
+                -1 if leads else 1,
             )
-            self._snapshots.get(part, {}).pop(key, None)
+        except KafkaError as e:
+            return e.code
+        snaps.pop(key, None)
+        if leads:
+            return int(await self.server.wait_replicated(lg, info.last_offset + 1))
+        return ErrorCode.NONE
 
     def _initial_offset(self, group_id: str, lg: Any) -> int:
         """Kafka's share.auto.offset.reset, applied when a share-partition is first read."""

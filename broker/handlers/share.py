@@ -271,7 +271,12 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
         for f in req.forgotten_topics_data:
             for idx in f.partitions:
                 session.partitions.discard((bytes(f.topic_id), idx))
+        names = ctx.server.topic_names_by_id()
         while True:
+            for topic_id, partition in sorted(session.partitions):
+                name = names.get(topic_id)
+                if name is not None and ctx.server.replica_manager.leads(name, partition) is not False:
+                    await spm.prepare(group_id, name, partition, max(deadline, time.monotonic() + 0.5))
             if _acquire(ctx, spm, group_id, member_id, session, max_records, max_bytes, out) > 0:
                 break
             if any(e[0] for e in out.values()) or time.monotonic() >= deadline:

@@ -9,7 +9,7 @@ from typing import Any
 
 from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.handlers.groups import DELETE, DESCRIBE, READ, _group_denied
-from kbroker.broker.share_partition import ACKNOWLEDGED, ARCHIVED, SharePartition
+from kbroker.broker.share_partition import ACKNOWLEDGED, ARCHIVED
 from kbroker.broker.share_partition_manager import SharePartitionManager
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
@@ -30,7 +30,7 @@ async def handle_describe_share_group_offsets(
     topics = ctx.server.metadata.topics
     rm = ctx.server.replica_manager
 
-    def partition(group_id: str, topic: str, index: int) -> Any:
+    async def partition(group_id: str, topic: str, index: int) -> Any:
         rec = topics.get(topic)
         if rec is None or not 0 <= index < rec.num_partitions:
             return R.DescribeShareGroupOffsetsResponsePartition(
@@ -46,10 +46,11 @@ async def handle_describe_share_group_offsets(
             start = sp.start
             done = sum(1 for r in sp.records.values() if r.state in (ACKNOWLEDGED, ARCHIVED))
         else:
-            saved = spm._saved_state(SharePartition(group_id, topic, index, 0))
-            if saved is not None:
-                start = saved[1]
-                done = sum(la - f + 1 for f, la, s, _ in saved[2] if s in (ACKNOWLEDGED, ARCHIVED))
+            code, start, done = await spm.summary(group_id, topic, index)
+            if code:
+                return R.DescribeShareGroupOffsetsResponsePartition(
+                    partition_index=index, start_offset=-1, leader_epoch=-1, lag=-1, error_code=code
+                )
         lag = -1
         if start >= 0:
             lag = max(rm.get_log(topic, index).high_watermark - start - done, 0)
@@ -81,7 +82,7 @@ async def handle_describe_share_group_offsets(
                         R.DescribeShareGroupOffsetsResponseTopic(
                             topic_name=name,
                             topic_id=topics[name].topic_id if name in topics else bytes(16),
-                            partitions=[partition(g.group_id, name, i) for i in sorted(parts)],
+                            partitions=[await partition(g.group_id, name, i) for i in sorted(parts)],
                         )
                         for name, parts in sorted(wanted.items())
                     ],
@@ -126,6 +127,7 @@ async def handle_alter_share_group_offsets(
                     )
                     continue
                 lg = rm.get_log(t.topic_name, p.partition_index)
+                await spm.prepare(req.group_id, t.topic_name, p.partition_index)
                 sp = spm.share_partition(req.group_id, t.topic_name, p.partition_index, lg)
                 start = p.start_offset if p.start_offset >= 0 else lg.high_watermark
                 sp.reset(min(max(start, lg.log_start_offset), lg.high_watermark))
@@ -181,8 +183,15 @@ async def handle_delete_share_group_offsets(
                     )
                 )
                 continue
-            spm.delete_state(req.group_id, t.topic_name, rec.num_partitions)
-            out.append(R.DeleteShareGroupOffsetsResponseTopic(topic_name=t.topic_name, topic_id=rec.topic_id))
+            code = await spm.delete_state(req.group_id, t.topic_name, rec.num_partitions)
+            out.append(
+                R.DeleteShareGroupOffsetsResponseTopic(
+                    topic_name=t.topic_name,
+                    topic_id=rec.topic_id,
+                    error_code=code,
+                    error_message=ErrorCode(code).name if code else None,
+                )
+            )
         return R(responses=out)
 
     return await spm.call(run)

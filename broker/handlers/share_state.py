@@ -1,6 +1,7 @@
-"""WriteShareGroupState (85) v0, the share-state RPC a share-partition leader sends to the leader of the
-share-partition's __share_group_state partition (Kafka's share coordinator): the whole state is written as one
-ShareSnapshot and replicated before the answer."""
+"""ReadShareGroupState (84), WriteShareGroupState (85), DeleteShareGroupState (86) v0 and
+ReadShareGroupStateSummary (87) v0-1, the share-state RPCs a share-partition leader sends to
+the leader of the share-partition's __share_group_state partition (Kafka's share coordinator): a new leader reads
+the saved state there; a write is the whole state as one ShareSnapshot, replicated before the answer."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.security.acls import AclOperation, ResourceType
 from kbroker.broker.share_partition_manager import SharePartitionManager
 from kbroker.protocol.errors import ErrorCode
-from kbroker.protocol.messages import WriteShareGroupStateRequest, WriteShareGroupStateResponse
+from kbroker.protocol.messages import (
+    DeleteShareGroupStateRequest,
+    DeleteShareGroupStateResponse,
+    ReadShareGroupStateRequest,
+    ReadShareGroupStateResponse,
+    ReadShareGroupStateSummaryRequest,
+    ReadShareGroupStateSummaryResponse,
+    WriteShareGroupStateRequest,
+    WriteShareGroupStateResponse,
+)
 
 
 async def handle_write_share_group_state(
@@ -42,4 +52,104 @@ async def handle_write_share_group_state(
     return R(results=results)
 
 
-HANDLERS = [ApiHandler(85, 0, 0, handle_write_share_group_state)]
+async def handle_read_share_group_state(
+    ctx: RequestContext, req: ReadShareGroupStateRequest
+) -> ReadShareGroupStateResponse:
+    R = ReadShareGroupStateResponse
+    denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
+    spm = SharePartitionManager.of(ctx.server)
+    results = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            if denied:
+                code, epoch, start, batches = ErrorCode.CLUSTER_AUTHORIZATION_FAILED, 0, -1, []
+            else:
+                code, epoch, start, batches = await spm.call(
+                    spm.read_state, req.group_id, bytes(t.topic_id), p.partition, p.leader_epoch
+                )
+            parts.append(
+                R.PartitionResult(
+                    partition=p.partition,
+                    error_code=code,
+                    error_message=ErrorCode(code).name if code else None,
+                    state_epoch=epoch,
+                    start_offset=start,
+                    state_batches=[
+                        R.StateBatch(first_offset=f, last_offset=la, delivery_state=s, delivery_count=c)
+                        for f, la, s, c in batches
+                    ],
+                )
+            )
+        results.append(R.ReadStateResult(topic_id=t.topic_id, partitions=parts))
+    return R(results=results)
+
+
+async def handle_read_share_group_state_summary(
+    ctx: RequestContext, req: ReadShareGroupStateSummaryRequest
+) -> ReadShareGroupStateSummaryResponse:
+    R = ReadShareGroupStateSummaryResponse
+    denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
+    spm = SharePartitionManager.of(ctx.server)
+    results = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            if denied:
+                code, state_epoch, leader_epoch, start, done = (
+                    ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                    0,
+                    -1,
+                    -1,
+                    -1,
+                )
+            else:
+                code, state_epoch, leader_epoch, start, done = await spm.call(
+                    spm.read_summary, req.group_id, bytes(t.topic_id), p.partition
+                )
+            parts.append(
+                R.PartitionResult(
+                    partition=p.partition,
+                    error_code=code,
+                    error_message=ErrorCode(code).name if code else None,
+                    state_epoch=state_epoch,
+                    leader_epoch=leader_epoch,
+                    start_offset=start,
+                    delivery_complete_count=done,
+                )
+            )
+        results.append(R.ReadStateSummaryResult(topic_id=t.topic_id, partitions=parts))
+    return R(results=results)
+
+
+async def handle_delete_share_group_state(
+    ctx: RequestContext, req: DeleteShareGroupStateRequest
+) -> DeleteShareGroupStateResponse:
+    R = DeleteShareGroupStateResponse
+    denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
+    spm = SharePartitionManager.of(ctx.server)
+    results = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            if denied:
+                code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            else:
+                code = await spm.call(spm.delete_state_of, req.group_id, bytes(t.topic_id), p.partition)
+            parts.append(
+                R.PartitionResult(
+                    partition=p.partition,
+                    error_code=code,
+                    error_message=ErrorCode(code).name if code else None,
+                )
+            )
+        results.append(R.DeleteStateResult(topic_id=t.topic_id, partitions=parts))
+    return R(results=results)
+
+
+HANDLERS = [
+    ApiHandler(84, 0, 0, handle_read_share_group_state),
+    ApiHandler(85, 0, 0, handle_write_share_group_state),
+    ApiHandler(86, 0, 0, handle_delete_share_group_state),
+    ApiHandler(87, 0, 1, handle_read_share_group_state_summary),
+]
