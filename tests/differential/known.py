@@ -43,3 +43,12 @@ GENERATED: dict[str, str] = {
     "ApiVersions v3 finalized_features_epoch": "0 in Kafka (its ZooKeeper feature znode), -1 in a standalone kbroker "
     "with no finalized features",
 }
+
+# Replayed client sessions (tests/differential/replay.py): label -> why such answers differ. The replay counts them
+# under their label instead of the API's own row.
+REPLAY: dict[str, str] = {
+    "Kafka transient": "Kafka answered a retriable error of its asynchronous start (COORDINATOR_LOAD_IN_PROGRESS, "
+    "COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, LEADER_NOT_AVAILABLE while it creates an internal or auto-created "
+    "topic); the client retried, and the replay sends the retry's first attempt to kbroker, which is ready at once",
+    "ApiVersions": "the advertised ranges of API_VERSIONS above and finalized_features_epoch of GENERATED",
+}
