@@ -18,6 +18,7 @@ from kbroker.protocol import codec
 from tests.differential.harness import CLOSED, TIMEOUT, Tally
 from tests.differential.proxy import Exchange, RecordingProxy
 
+FETCH = 1
 GENERATED_IDS = ("member_id", "leader")  # strings each coordinator generates; later requests name them
 
 
@@ -152,9 +153,13 @@ def replay(
             answer = conn.exchange(ex, frame)
             if not ex.expects_answer or ex.answer is None:
                 continue
-            tally.record(_label(ex, answer), ex.version, answer, ex.answer, _request(ex.api_key, frame))
             if not isinstance(answer, str) and answer is not None:
                 ids.learn(ex.answer, answer)
+                if ex.api_key == FETCH:
+                    ids.reverse()._walk(
+                        answer
+                    )  # the batches kbroker returns carry its producer ids (and CRCs)
+            tally.record(_label(ex, answer), ex.version, answer, ex.answer, _request(ex.api_key, frame))
     finally:
         for c in connections.values():
             c.close()
@@ -191,6 +196,12 @@ class Mapping:
                 and any(bytes(t.topic_id))
             ):
                 self.topic_ids[t.topic_id] = ours_by_name[t.name]
+
+    def reverse(self) -> Mapping:
+        """kbroker's producer ids -> Kafka's, to compare the batches kbroker returns."""
+        back = Mapping()
+        back.producer_ids = {ours: theirs for theirs, ours in self.producer_ids.items()}
+        return back
 
     def rewrite(self, frame: bytes) -> bytes:
         if not (self.strings or self.topic_ids or any(a != b for a, b in self.producer_ids.items())):
@@ -262,6 +273,13 @@ def _request(api_key: int, frame: bytes) -> Any:
     return codec.decode(codec.REQUESTS[api_key], header.request_api_version, frame, pos)[0]
 
 
+def unexplained(tally: Tally) -> int:
+    """Differences outside the rows labelled with a known.REPLAY reason."""
+    return sum(
+        r.different for (api, _), r in tally.rows.items() if not api.endswith(("(known)", "transient)"))
+    )
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.differential.replay", description=__doc__)
     parser.add_argument(
@@ -286,7 +304,7 @@ def main(argv: list[str]) -> int:
         return 2
     print(f"recorded {len(exchanges)} requests on {len({e.connection for e in exchanges})} connections")
     print(tally.table())
-    return 1 if tally.total_different() else 0
+    return 1 if unexplained(tally) else 0
 
 
 if __name__ == "__main__":
