@@ -16,7 +16,8 @@ API_VERSIONS: dict[int, str] = {
     68: "ConsumerGroupHeartbeat v1 (Kafka 4.0's) is served too, because librdkafka speaks only v1",
     75: "DescribeTopicPartitions is served (Kafka 3.9 answers it in KRaft mode only)",
     **dict.fromkeys(
-        (76, 77, 78, 79, 90, 91), "share groups (KIP-932, Kafka 4.x's specs) are served; Kafka 3.9 has none"
+        (76, 77, 78, 79, 85, 90, 91, 92),
+        "share groups (KIP-932, Kafka 4.x's specs) are served; Kafka 3.9 has none",
     ),
     **dict.fromkeys((88, 89), "streams groups (KIP-1071, Kafka 4.4's specs) are served; Kafka 3.9 has none"),
 }
@@ -42,4 +43,13 @@ GENERATED: dict[str, str] = {
     "before answering, so the client gets its partitions at once",
     "ApiVersions v3 finalized_features_epoch": "0 in Kafka (its ZooKeeper feature znode), -1 in a standalone kbroker "
     "with no finalized features",
+}
+
+# Replayed client sessions (tests/differential/replay.py): label -> why such answers differ. The replay counts them
+# under their label instead of the API's own row.
+REPLAY: dict[str, str] = {
+    "Kafka transient": "Kafka answered a retriable error of its asynchronous start (COORDINATOR_LOAD_IN_PROGRESS, "
+    "COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, LEADER_NOT_AVAILABLE while it creates an internal or auto-created "
+    "topic); the client retried, and the replay sends the retry's first attempt to kbroker, which is ready at once",
+    "ApiVersions": "the advertised ranges of API_VERSIONS above and finalized_features_epoch of GENERATED",
 }

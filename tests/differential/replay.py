@@ -1,0 +1,316 @@
+"""`python -m tests.differential.replay [--sessions a,b]`: record real client sessions (confluent-kafka) through a
+proxy in front of Apache Kafka 3.9, replay the same request bytes on the same connection layout against kbroker, and
+print the normalised comparison per API and version (exit 1 when any answer differs)."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import crc32c
+from kbroker.protocol import codec
+
+from tests.differential.harness import CLOSED, TIMEOUT, Tally
+from tests.differential.proxy import Exchange, RecordingProxy
+
+FETCH, INIT_PRODUCER_ID = 1, 22
+GENERATED_IDS = ("member_id", "leader")  # strings each coordinator generates; later requests name them
+
+
+def idempotent_produce(bootstrap: str, tag: str) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "client.id": "replay-producer"})
+    for i in range(20):
+        p.produce(f"replay-{tag}", key=b"k%d" % (i % 3), value=b"v%d" % i)
+    if p.flush(30) != 0:
+        raise RuntimeError("idempotent produce did not complete")
+
+
+def group_consume(bootstrap: str, tag: str) -> None:
+    from confluent_kafka import Consumer
+
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"replay-group-{tag}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "client.id": "replay-consumer",
+        }
+    )
+    c.subscribe([f"replay-{tag}"])
+    seen, deadline = 0, time.monotonic() + 30
+    while seen < 20 and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            seen += 1
+    c.commit(asynchronous=False)
+    c.close()
+    if seen < 20:
+        raise RuntimeError(f"the group consumed {seen} of 20 records")
+
+
+def transaction(bootstrap: str, tag: str) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": f"replay-txn-{tag}", "client.id": "replay-txn"}
+    )
+    p.init_transactions(60)
+    p.begin_transaction()
+    for i in range(5):
+        p.produce(f"replay-txn-{tag}", value=b"t%d" % i)
+    p.commit_transaction(60)
+
+
+SESSIONS: dict[str, Callable[[str, str], None]] = {
+    "idempotent-produce": idempotent_produce,
+    "group-consume": group_consume,
+    "transaction": transaction,
+}
+
+
+def record(kafka: str, names: list[str], tag: str) -> list[Exchange]:
+    """The sessions run one after another through one proxy: the group consumes what the producer wrote."""
+    with RecordingProxy(kafka) as proxy:
+        for name in names:
+            SESSIONS[name](proxy.bootstrap, tag)
+        time.sleep(0.5)  # the last answers reach the proxy after the client has returned
+        return list(proxy.exchanges)
+
+
+class _Connection:
+    def __init__(self, address: tuple[str, int], timeout: float) -> None:
+        self.sock: socket.socket | None = socket.create_connection(address, timeout=timeout)
+
+    def exchange(self, ex: Exchange, frame: bytes) -> Any:
+        if self.sock is None:
+            return CLOSED
+        try:
+            self.sock.sendall(struct.pack(">i", len(frame)) + frame)
+            if not ex.expects_answer:
+                return None
+            size = struct.unpack(">i", self._exact(4))[0]
+            return codec.decode_response(ex.api_key, ex.version, self._exact(size))[1]
+        except TimeoutError:
+            self.close()
+            return TIMEOUT
+        except (ConnectionError, OSError):
+            self.close()
+            return CLOSED
+
+    def _exact(self, n: int) -> bytes:
+        assert self.sock is not None
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("closed")
+            buf += chunk
+        return bytes(buf)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+def _generated(value: Any, out: dict[str, str]) -> None:
+    for f in getattr(type(value), "FIELDS", ()):
+        v = getattr(value, f.attr)
+        if f.attr in GENERATED_IDS and isinstance(v, str):
+            out.setdefault(f.attr, v)
+        elif isinstance(v, list):
+            for item in v:
+                _generated(item, out)
+        elif hasattr(type(v), "FIELDS"):
+            _generated(v, out)
+
+
+def replay(
+    kbroker: str, exchanges: list[Exchange], tally: Tally | None = None, timeout: float = 15.0
+) -> Tally:
+    """Send each recorded frame to kbroker in the recorded order, each on its own recorded connection, and compare
+    kbroker's answer with Kafka's. What each broker generated and later requests name (member ids, topic ids,
+    producer ids) is mapped from Kafka's value to kbroker's before the frame is sent. A request whose answer Kafka
+    had not given when the client left is sent but not compared."""
+    tally = tally or Tally()
+    host, port = kbroker.rsplit(":", 1)
+    connections: dict[int, _Connection] = {}
+    ids = Mapping()
+    try:
+        for ex in exchanges:
+            conn = connections.get(ex.connection)
+            if conn is None:
+                conn = connections[ex.connection] = _Connection((host, int(port)), timeout)
+            if ex.api_key == INIT_PRODUCER_ID and _errors(ex.answer, set()) & TRANSIENT:
+                # each InitProducerId kbroker grants bumps the epoch: a retry that only Kafka's loading caused
+                # would fence the producer's later requests, so it is not replayed
+                tally.record("InitProducerId (Kafka transient, not replayed)", ex.version, None, None)
+                continue
+            frame = ids.rewrite(ex.frame)
+            answer = conn.exchange(ex, frame)
+            if not ex.expects_answer or ex.answer is None:
+                continue
+            if not isinstance(answer, str) and answer is not None:
+                ids.learn(ex.answer, answer)
+                if ex.api_key == FETCH:
+                    ids.reverse()._walk(
+                        answer
+                    )  # the batches kbroker returns carry its producer ids (and CRCs)
+            tally.record(_label(ex, answer), ex.version, answer, ex.answer, _request(ex.api_key, frame))
+    finally:
+        for c in connections.values():
+            c.close()
+    return tally
+
+
+class Mapping:
+    """Kafka's generated values -> kbroker's, learnt from answer pairs and applied to later request frames."""
+
+    def __init__(self) -> None:
+        self.strings: dict[str, str] = {}
+        self.topic_ids: dict[Any, Any] = {}
+        self.producer_ids: dict[int, int] = {}
+
+    def learn(self, theirs: Any, ours: Any) -> None:
+        a: dict[str, str] = {}
+        b: dict[str, str] = {}
+        _generated(theirs, a)
+        _generated(ours, b)
+        for attr, value in a.items():
+            if value and b.get(attr) and value != b[attr]:
+                self.strings[value] = b[attr]
+        their_pid, our_pid = getattr(theirs, "producer_id", None), getattr(ours, "producer_id", None)
+        if isinstance(their_pid, int) and isinstance(our_pid, int) and their_pid >= 0 and our_pid >= 0:
+            self.producer_ids[their_pid] = our_pid
+        ours_by_name = {
+            t.name: t.topic_id for t in getattr(ours, "topics", None) or [] if hasattr(t, "topic_id")
+        }
+        for t in getattr(theirs, "topics", None) or []:
+            # a topic Kafka has not created yet comes with the zero Uuid, which must not be mapped
+            if (
+                getattr(t, "name", None) in ours_by_name
+                and getattr(t, "topic_id", None)
+                and any(bytes(t.topic_id))
+            ):
+                self.topic_ids[t.topic_id] = ours_by_name[t.name]
+
+    def reverse(self) -> Mapping:
+        """kbroker's producer ids -> Kafka's, to compare the batches kbroker returns."""
+        back = Mapping()
+        back.producer_ids = {ours: theirs for theirs, ours in self.producer_ids.items()}
+        return back
+
+    def rewrite(self, frame: bytes) -> bytes:
+        if not (self.strings or self.topic_ids or any(a != b for a, b in self.producer_ids.items())):
+            return frame
+        header, pos = codec.decode_request_header(frame)
+        body = codec.decode(codec.REQUESTS[header.request_api_key], header.request_api_version, frame, pos)[0]
+        self._walk(body)
+        return bytes(codec.encode_request(header, body))[4:]
+
+    def _walk(self, value: Any) -> None:
+        for f in getattr(type(value), "FIELDS", ()):
+            v = getattr(value, f.attr)
+            if isinstance(v, str) and v in self.strings:
+                setattr(value, f.attr, self.strings[v])
+            elif f.attr == "topic_id" and v in self.topic_ids:
+                setattr(value, f.attr, self.topic_ids[v])
+            elif "producer_id" in f.attr and isinstance(v, int) and v in self.producer_ids:
+                setattr(value, f.attr, self.producer_ids[v])
+            elif f.attr == "records" and v:
+                setattr(value, f.attr, self._batches(bytes(v)))
+            elif isinstance(v, list):
+                for item in v:
+                    self._walk(item)
+            elif hasattr(type(v), "FIELDS"):
+                self._walk(v)
+
+    def _batches(self, records: bytes) -> bytes:
+        """Record batches (magic 2) with their producer id mapped and their CRC-32C recomputed."""
+        out, pos = bytearray(records), 0
+        while pos + 61 <= len(out) and out[pos + 16] == 2:
+            length = struct.unpack_from(">i", out, pos + 8)[0]
+            (pid,) = struct.unpack_from(">q", out, pos + 43)
+            if pid in self.producer_ids:
+                struct.pack_into(">q", out, pos + 43, self.producer_ids[pid])
+                end = pos + 12 + length
+                struct.pack_into(">I", out, pos + 17, crc32c.crc32c(bytes(out[pos + 21 : end])))
+            pos += 12 + length
+        return bytes(out)
+
+
+TRANSIENT = frozenset({5, 14, 15, 16})
+
+
+def _errors(value: Any, out: set[int]) -> set[int]:
+    for f in getattr(type(value), "FIELDS", ()):
+        v = getattr(value, f.attr)
+        if f.attr == "error_code" and isinstance(v, int):
+            out.add(v)
+        elif isinstance(v, list):
+            for item in v:
+                _errors(item, out)
+        elif hasattr(type(v), "FIELDS"):
+            _errors(v, out)
+    return out
+
+
+def _label(ex: Exchange, answer: Any) -> str:
+    """The API's name, or the known.REPLAY label the answer pair falls under."""
+    name = codec.REQUESTS[ex.api_key].__name__.removesuffix("Request")
+    if ex.api_key == 18:
+        return f"{name} (known)"  # known.REPLAY["ApiVersions"]
+    if _errors(ex.answer, set()) & TRANSIENT and not _errors(answer, set()) & TRANSIENT:
+        return f"{name} (Kafka transient)"
+    return name
+
+
+def _request(api_key: int, frame: bytes) -> Any:
+    header, pos = codec.decode_request_header(frame)
+    return codec.decode(codec.REQUESTS[api_key], header.request_api_version, frame, pos)[0]
+
+
+def unexplained(tally: Tally) -> int:
+    """Differences outside the rows labelled with a known.REPLAY reason."""
+    return sum(
+        r.different for (api, _), r in tally.rows.items() if not api.endswith(("(known)", "transient)"))
+    )
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.differential.replay", description=__doc__)
+    parser.add_argument(
+        "--sessions", default=",".join(SESSIONS), help="comma-separated: " + ", ".join(SESSIONS)
+    )
+    parser.add_argument("--examples-shown", type=int, default=3, help="differences shown per API and version")
+    args = parser.parse_args(argv)
+    names = [n for n in args.sessions.split(",") if n]
+    unknown = [n for n in names if n not in SESSIONS]
+    if unknown:
+        print(f"unknown session(s): {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    from bench.peers.maven import ArtifactUnavailable
+    from tests.differential.session import brokers
+
+    try:
+        with brokers() as (kbroker, kafka):
+            exchanges = record(kafka, names, "cli")
+            tally = replay(kbroker, exchanges, Tally(keep=args.examples_shown))
+    except ArtifactUnavailable as e:
+        print(f"Kafka 3.9 is unavailable here: {e}", file=sys.stderr)
+        return 2
+    print(f"recorded {len(exchanges)} requests on {len({e.connection for e in exchanges})} connections")
+    print(tally.table())
+    return 1 if unexplained(tally) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
