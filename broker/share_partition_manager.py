@@ -634,12 +634,10 @@ class SharePartitionManager:
     ) -> int:
         """The share coordinator's side of WriteShareGroupState: a snapshot appended to this broker's
         __share_group_state partition and replicated (acks=all) before the answer."""
-        rm = self.server.replica_manager
         state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
         if state is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
-        leads = rm.leads(SHARE_STATE_TOPIC, part)
         if not self._state_here(part):
             return ErrorCode.NOT_COORDINATOR
         key = snapshot_key(group_id, topic_id, partition)
@@ -653,6 +651,17 @@ class SharePartitionManager:
             snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
         epoch = snaps[key][0] + 1 if key in snaps else 1
         value = snapshot_value(epoch, leader_epoch, start, batches)
+        return await self._append_state(
+            part, key, value, lambda: snaps.__setitem__(key, (epoch, start, batches))
+        )
+
+    async def _append_state(
+        self, part: int, key: bytes, value: bytes | None, appended: Callable[[], object]
+    ) -> int:
+        """Append a snapshot (or its tombstone) to __share_group_state; `appended` updates the cache once the log
+        took it; on a leader, the answer waits until it is replicated (acks=all)."""
+        rm = self.server.replica_manager
+        leads = rm.leads(SHARE_STATE_TOPIC, part)
         try:
             lg, info = rm.append(
                 SHARE_STATE_TOPIC,
@@ -662,7 +671,7 @@ class SharePartitionManager:
             )
         except KafkaError as e:
             return e.code
-        snaps[key] = (epoch, start, batches)
+        appended()
         if leads:
             return int(await self.server.wait_replicated(lg, info.last_offset + 1))
         return ErrorCode.NONE
@@ -731,21 +740,7 @@ class SharePartitionManager:
             return e.code
         if key not in snaps:
             return ErrorCode.NONE
-        rm = self.server.replica_manager
-        leads = rm.leads(SHARE_STATE_TOPIC, part)
-        try:
-            lg, info = rm.append(
-                SHARE_STATE_TOPIC,
-                part,
-                build_batch([(key, None, [], int(time.time() * 1000))]),
-                -1 if leads else 1,
-            )
-        except KafkaError as e:
-            return e.code
-        snaps.pop(key, None)
-        if leads:
-            return int(await self.server.wait_replicated(lg, info.last_offset + 1))
-        return ErrorCode.NONE
+        return await self._append_state(part, key, None, lambda: snaps.pop(key, None))
 
     def _initial_offset(self, group_id: str, lg: Any) -> int:
         """Kafka's share.auto.offset.reset, applied when a share-partition is first read."""
