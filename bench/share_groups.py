@@ -203,12 +203,12 @@ def drain(ctx: Ctx, row: Row, t: Target, n: int, values: list[bytes], rep: int) 
     members = [Member(d, i, t.bootstrap, group, topic) for i in range(CONSUMERS)]
     try:
         joined = wait(lambda: all(m.subscribed.is_set() for m in members), 60) and wait(
-            lambda: assigned_members(t.bootstrap, group) == CONSUMERS, 60, 0.2
+            lambda: assigned_members(t.bootstrap, group) == CONSUMERS, 30, 0.2
         )
         if not joined:
             row.note += (
                 f" {t.name} rep{rep + 1}: {assigned_members(t.bootstrap, group)} of {CONSUMERS} members "
-                "assigned after 60 s, drained anyway;"
+                "assigned after 30 s, drained anyway;"
             )
         c0, t0, wall0 = t.cpu(), time.monotonic(), time.time()
         members[0].go.touch()
