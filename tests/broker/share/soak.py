@@ -41,13 +41,13 @@ BROKER_CONFIG = {
 
 # One consumer process. Per batch: "D p offset delivery value" for each record received (flushed before anything
 # is acknowledged), then, once commit_sync answered, "A"/"R"/"L" (accept/reject/release confirmed) or "F ... kind
-# error" (refused: the record comes back) with the same fields. With a hold file present, the victim prints its
-# next batch and "HELD", then waits to be killed without acknowledging anything.
+# error" (refused: the record comes back) with the same fields. The victim (hold > 0) prints its hold-th batch and
+# "HELD", then waits to be killed without acknowledging anything.
 CONSUMER = r"""
 import os, sys, time
 from confluent_kafka import AcknowledgeType, KafkaException, ShareConsumer
 bootstrap, group, topic, stop, hold, pause = sys.argv[1:7]
-pause = float(pause)
+pause, hold, batches = float(pause), int(hold), 0
 KIND = {"A": AcknowledgeType.ACCEPT, "R": AcknowledgeType.REJECT, "L": AcknowledgeType.RELEASE}
 c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group, "share.acknowledgement.mode": "explicit",
                    "max.poll.records": 100, "log_level": 3})
@@ -64,7 +64,8 @@ while not os.path.exists(stop):
         batch.append((m, kind, f"{m.partition()} {m.offset()} {d} {v}"))
     out.write("".join(f"D {f}\n" for _, _, f in batch))
     out.flush()
-    if hold != "-" and os.path.exists(hold):
+    batches += 1
+    if batches == hold:
         out.write("HELD\n")
         out.flush()
         time.sleep(3600)
@@ -158,7 +159,9 @@ def run_soak(base: Path, records: int, seed: int, timeout: float | None = None) 
     reject = set(marked[int(records * RELEASE_SHARE) :])
     values = [value(i, release, reject) for i in range(records)]
     victim = rng.randrange(CONSUMERS)
-    kill_at = int(records * rng.uniform(0.25, 0.5))
+    # the victim's share of the batches (max.poll.records 100) is about records / CONSUMERS / 100: it holds one
+    # between a quarter and a half of the way through its own
+    hold = max(1, int(records / CONSUMERS / 100 * rng.uniform(0.25, 0.5)))
     timeout = timeout or max(90.0, records / 500)
     broker = BrokerProcess(base / "broker", BROKER_CONFIG).start()
     topic, group = "soak", "soak-group"
@@ -167,9 +170,9 @@ def run_soak(base: Path, records: int, seed: int, timeout: float | None = None) 
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
         set_group_config(broker.bootstrap, group, {"share.auto.offset.reset": "earliest"})
-        stop, hold = base / "stop", base / "hold"
+        stop = base / "stop"
         for i in range(CONSUMERS):
-            args = [broker.bootstrap, group, topic, str(stop), str(hold) if i == victim else "-", "0.005"]
+            args = [broker.bootstrap, group, topic, str(stop), str(hold) if i == victim else "0", "0.005"]
             procs.append(Consumer(args))
         deadline = time.monotonic() + 60
         while assigned_members(broker.bootstrap, group) < CONSUMERS:
@@ -188,7 +191,6 @@ def run_soak(base: Path, records: int, seed: int, timeout: float | None = None) 
         ends = {q: records // PARTITIONS + (1 if q < records % PARTITIONS else 0) for q in range(PARTITIONS)}
         ledger = Ledger()
         read = [0] * CONSUMERS
-        held_at: float | None = None
         killed = False
         end = started + timeout
         while True:
@@ -198,10 +200,8 @@ def run_soak(base: Path, records: int, seed: int, timeout: float | None = None) 
                     ledger.fold(lines[read[i]])
                     read[i] += 1
             now = time.monotonic()
-            if held_at is None and ledger.settled() >= kill_at:
-                hold.touch()
-                held_at = now
-            if held_at is not None and not killed and (procs[victim].held.is_set() or now - held_at > 20):
+            # kill -9 once it holds its batch (or, if the others drained everything first, at the end)
+            if not killed and (procs[victim].held.is_set() or ledger.settled() >= records):
                 procs[victim].proc.kill()
                 killed = True
             if killed and ledger.settled() >= records:
