@@ -37,6 +37,14 @@ from confluent_kafka import ShareConsumer
 bootstrap, group, topic, go, stop, out = sys.argv[1:7]
 c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group, "share.acknowledgement.mode": "implicit",
                    "log_level": 3})
+acks = [0, 0]  # offsets whose acknowledgement the broker confirmed, refused
+
+
+def on_ack(offsets, err):
+    acks[err is not None] += sum(len(o) for o in offsets.values())
+
+
+c.set_acknowledgement_commit_callback(on_ack)
 c.subscribe([topic])
 print("SUBSCRIBED", flush=True)
 while not os.path.exists(go) and not os.path.exists(stop):
@@ -53,6 +61,7 @@ while not os.path.exists(stop):
 c.commit_sync(30)
 print(f"COMMITTED {time.time()}", flush=True)
 c.close()
+print(f"ACKS {acks[0]} {acks[1]}", flush=True)
 with open(out, "w") as f:
     f.writelines(f"{p} {o}\n" for p, o in got)
 """
@@ -91,6 +100,7 @@ class Member:
         self.subscribed = threading.Event()
         self.count = 0
         self.committed = 0.0  # wall clock when its last acknowledgements were committed, after the stop
+        self.acks = (0, 0)  # acknowledgements the broker confirmed, refused (the acknowledgement callback)
         self.err = ""
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._read_err, daemon=True).start()
@@ -102,6 +112,8 @@ class Member:
                 self.subscribed.set()
             elif line.startswith("COMMITTED"):
                 self.committed = float(line.split()[1])
+            elif line.startswith("ACKS"):
+                self.acks = (int(line.split()[1]), int(line.split()[2]))
             elif line.strip().isdigit():
                 self.count = int(line)
 
@@ -246,9 +258,10 @@ def drain(ctx: Ctx, row: Row, t: Target, n: int, values: list[bytes], rep: int) 
     unique = set(got)
     per_member = [len(m.records()) for m in members]
     lost = sum(ends.values()) - len(unique)
+    confirmed, refused = sum(m.acks[0] for m in members), sum(m.acks[1] for m in members)
     row.note += (
         f" {t.name} rep{rep + 1}: {len(got) - len(unique)} duplicate deliveries, per consumer "
-        f"{'/'.join(map(str, per_member))};"
+        f"{'/'.join(map(str, per_member))}, acknowledgements {confirmed} confirmed / {refused} refused;"
     )
     if not delivered or not committed or lost:
         errs = "; ".join(m.err.strip()[-300:] for m in members if m.err.strip())
@@ -261,7 +274,8 @@ def drain(ctx: Ctx, row: Row, t: Target, n: int, values: list[bytes], rep: int) 
     row.add(t, n / secs, cpu * 1e6 / n)
     ctx.log(
         f"  share groups rep {rep + 1} {t.name}: {n / secs:,.0f} records/s, broker CPU {cpu * 1e6 / n:.2f} "
-        f"us/record, {len(got) - len(unique)} duplicates, per consumer {per_member}"
+        f"us/record, {len(got) - len(unique)} duplicates, per consumer {per_member}, acknowledgements "
+        f"{confirmed} confirmed / {refused} refused"
     )
 
 
