@@ -1,8 +1,8 @@
 """python -m bench [WORKLOAD ...] [--quick] [--reps N] ... : kbroker vs librdkafka's mock cluster.
 
 Workloads: produce, consume, transactions, authz, tls, latency, replication, sizes, scale, restart,
-fetch_sessions, rebalance, schema_registry, footprint (default: all). Results go to bench/RESULTS.md (with --quick:
-printed, and written only if --out is given).
+fetch_sessions, rebalance, schema_registry, share_groups, footprint (default: all). Results go to bench/RESULTS.md
+(with --quick: printed, and written only if --out is given).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from bench import harness, page_cache, report, round_trip
 
 WORKLOADS = ["produce", "consume", "transactions", "authz", "tls", "latency", "replication", "sizes", "scale",
-             "restart", "fetch_sessions", "rebalance", "schema_registry", "footprint"]
+             "restart", "fetch_sessions", "rebalance", "schema_registry", "share_groups", "footprint"]
 
 
 def main(argv: list[str] | None = None) -> int:
