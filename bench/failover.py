@@ -5,8 +5,9 @@ Kafka's default is 18000).
 
 Each repetition creates a topic of one partition, replication factor 3, min.insync.replicas=2, whose leader (first
 replica) is a broker that is NOT the controller: a controller's kill is another case (a new controller election
-first). An idempotent acks=all confluent-kafka producer sends 100 B records at RATE msg/s; two seconds in, the leader
-is killed with SIGKILL; the producer goes on until acknowledgements have flowed again for two seconds, then flushes.
+first). An idempotent acks=all confluent-kafka producer sends 100 B records at RATE msg/s; once acknowledgements have
+flowed for two seconds the leader is killed with SIGKILL; the producer goes on until two seconds after the first
+acknowledgement of a record sent after the kill, then flushes.
 Rows: the longest gap between successive delivery acknowledgements (the produce pause), and the time from the kill to
 the first acknowledgement after that gap. Every acknowledged record is then read back from the new leader (lost or
 duplicated ones go to the note), and the killed broker is started again (Kafka 3.9 exits with NodeExists until its
