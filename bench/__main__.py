@@ -1,6 +1,6 @@
 """python -m bench [WORKLOAD ...] [--quick] [--reps N] ... : kbroker vs librdkafka's mock cluster.
 
-Workloads: produce, consume, transactions, authz, tls, latency, replication, sizes, scale, restart,
+Workloads: produce, consume, transactions, authz, tls, latency, replication, failover, sizes, scale, restart,
 fetch_sessions, rebalance, schema_registry, share_groups, footprint (default: all). Results go to bench/RESULTS.md
 (with --quick: printed, and written only if --out is given).
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from bench import harness, page_cache, report, round_trip
 
-WORKLOADS = ["produce", "consume", "transactions", "authz", "tls", "latency", "replication", "sizes", "scale",
-             "restart", "fetch_sessions", "rebalance", "schema_registry", "share_groups", "footprint"]
+WORKLOADS = ["produce", "consume", "transactions", "authz", "tls", "latency", "replication", "failover", "sizes",
+             "scale", "restart", "fetch_sessions", "rebalance", "schema_registry", "share_groups", "footprint"]
 
 
 def main(argv: list[str] | None = None) -> int:

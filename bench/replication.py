@@ -25,12 +25,14 @@ NTOPICS = 4
 LATENCY_RATES = (latency.RATE, latency.RATE // 2)
 
 
-def _cluster(ctx: Ctx) -> tuple[ZooKeeperServer, list[KBroker]]:
+def _cluster(ctx: Ctx, overrides: dict[str, str] | None = None) -> tuple[ZooKeeperServer, list[KBroker]]:
+    """ZooKeeper and three kbrokers (broker.id 1, 2, 3) on it, `overrides` in each broker's configuration."""
     reason = zookeeper_missing()
     if reason is not None:
         raise RuntimeError(f"replication workload needs ZooKeeper: {reason}")
     zk = ZooKeeperServer(workdir(ctx.base, "zookeeper")).start()
-    brokers = [KBroker(ctx.base, {"zookeeper.connect": zk.connect, "broker.id": str(i)}) for i in (1, 2, 3)]
+    brokers = [KBroker(ctx.base, {"zookeeper.connect": zk.connect, "broker.id": str(i), **(overrides or {})})
+               for i in (1, 2, 3)]
     for kb in brokers:
         kb.start()
     return zk, brokers
@@ -54,8 +56,9 @@ class Cluster(Target):
             b.stop()
 
 
-def _kafka_cluster(ctx: Ctx, zk: ZooKeeperServer) -> Cluster | None:
-    """Three Kafka 3.9 brokers on `zk` under /kafka, or None (noted in ctx.extra["unavailable"]) if they cannot run."""
+def _kafka_cluster(ctx: Ctx, zk: ZooKeeperServer, overrides: dict[str, str] | None = None) -> Cluster | None:
+    """Three Kafka 3.9 brokers (broker.id 1, 2, 3) on `zk` under /kafka, `overrides` in each server.properties, or
+    None (noted in ctx.extra["unavailable"]) if they cannot run."""
     peers = ctx.extra.get("peers", [])
     for key, why in (("kafka4", "Kafka 4.x has no ZooKeeper mode"), ("tansu", "Tansu has no replication")):
         if key in peers:
@@ -64,7 +67,7 @@ def _kafka_cluster(ctx: Ctx, zk: ZooKeeperServer) -> Cluster | None:
         return None
     heap = ctx.extra.get("kafka_heap", "1g")
     overrides = {"offsets.topic.replication.factor": "3", "transaction.state.log.replication.factor": "3",
-                 "transaction.state.log.min.isr": "2"}
+                 "transaction.state.log.min.isr": "2", **(overrides or {})}
     nodes = [KafkaTarget(ctx.base, "3.9", heap, zookeeper=f"{zk.connect}/kafka", broker_id=i, overrides=overrides)
              for i in (1, 2, 3)]
     try:
