@@ -20,9 +20,10 @@ The steady-state maximum pause before the leave is given in the note as the nois
 librdkafka's mock cluster does not speak KIP-848 (ConsumerGroupHeartbeat). The Apache Kafka peers of --peers run
 the same three protocols after kbroker, one broker at a time (the same leave phases), with their own defaults:
 Kafka 4.x serves KIP-848 (its `consumer` group protocol is on by default since 4.0); Kafka 3.9 in ZooKeeper mode
-has no KIP-848 (the new group coordinator needs KRaft, and the broker does not advertise ConsumerGroupHeartbeat),
-so it runs the classic rows only and the KIP-848 rows say so. A peer that does not advertise ConsumerGroupHeartbeat
-is left out of the KIP-848 rows the same way.
+has no KIP-848 (the consumer protocol needs KRaft's new group coordinator; it lists ConsumerGroupHeartbeat in
+ApiVersions all the same, and KIP-848 members then wait unassigned), so it runs the classic rows only and the KIP-848
+rows say so. Another peer that does not advertise ConsumerGroupHeartbeat is left out of the KIP-848 rows the same
+way.
 Default timings matter: a classic stayer learns of the rebalance at its next heartbeat (heartbeat.interval.ms 3 s),
 a KIP-848 member of its new partitions at its next ConsumerGroupHeartbeat (group.consumer.heartbeat.interval.ms 5 s).
 Three repetitions take about two minutes per broker; --quick (or --reps 1) one.
@@ -214,7 +215,8 @@ def _run_broker(ctx: Ctx, t: Target, rows: dict[str, tuple[Row, Row]], steady: d
                 ctx.log(f"  rebalance {mode} rep {rep + 1} {t.name}: failed: {failed[mode]}")
                 # A group the broker cannot host costs a two-minute wait per try: the other modes are not tried.
                 for m in modes:
-                    failed.setdefault(m, f"not tried after the {mode} failure")
+                    if t.name not in steady[m]:
+                        failed.setdefault(m, f"not tried after the {mode} failure")
                 continue
             rows[mode][0].add(t, gap)
             rows[mode][1].add(t, flowing)
@@ -252,11 +254,15 @@ def run(ctx: Ctx) -> list[Row]:
         failed: dict[str, str] = {}
         try:
             modes = list(MODES)
-            if not _advertises(t, CONSUMER_GROUP_HEARTBEAT):
+            # Kafka 3.x on ZooKeeper lists ConsumerGroupHeartbeat in ApiVersions but never assigns a KIP-848 member
+            # (the consumer protocol needs KRaft's new group coordinator): the mode decides, not the API list.
+            if getattr(getattr(t, "peer", None), "mode", None) == "zk":
                 modes.remove(KIP848)
-                why = ("ZooKeeper mode has no KIP-848: the new group coordinator needs KRaft"
-                       if getattr(getattr(t, "peer", None), "mode", None) == "zk" else "no KIP-848")
-                notes[KIP848] += f" {t.name}: no figures, {why} (ConsumerGroupHeartbeat not advertised);"
+                notes[KIP848] += (f" {t.name}: no figures, ZooKeeper mode has no KIP-848 (the consumer protocol "
+                                  "needs KRaft's new group coordinator);")
+            elif not _advertises(t, CONSUMER_GROUP_HEARTBEAT):
+                modes.remove(KIP848)
+                notes[KIP848] += f" {t.name}: no figures, ConsumerGroupHeartbeat (KIP-848) not advertised;"
             _run_broker(ctx, t, rows, steady, modes, failed)
         except Exception as e:  # noqa: BLE001 - a peer that cannot host the group: noted, the others go on
             failed.setdefault("all", f"{type(e).__name__}: {str(e)[:200]}")
