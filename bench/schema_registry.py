@@ -10,8 +10,8 @@
 Apache Kafka has no schema registry (Confluent Schema Registry and Karapace are separate services, neither part of
 Apache Kafka nor run here), so the registration and Avro rows have no Kafka column. What is measurable on Kafka is
 the transport under the registry: the baseline row (the same bytes produced and consumed, no registry) runs on each
-Apache Kafka of --peers after kbroker's repetitions, one broker at a time (Tansu is left out), so kbroker's Avro CPU per record can be read
-against Kafka's for the same records.
+Apache Kafka of --peers after kbroker's repetitions, one broker at a time (Tansu is left out), so kbroker's Avro
+CPU per record can be read against Kafka's for the same records.
 """
 
 from __future__ import annotations
