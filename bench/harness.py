@@ -387,23 +387,30 @@ PEERS = {"kafka3.9": lambda ctx: KafkaTarget(ctx.base, "3.9", ctx.extra.get("kaf
 def start_peers(ctx: Ctx) -> list[Target]:
     """The Apache Kafka and Tansu peers chosen with --peers, started; one that cannot run is logged and noted
     (ctx.extra["unavailable"]) and left out, so the workload runs with the others."""
-    started: list[Target] = []
-    for key in ctx.extra.get("peers", []):
-        try:
-            t = PEERS[key](ctx)
-        except Exception as e:  # noqa: BLE001
-            ctx.extra.setdefault("unavailable", {})[key] = f"{type(e).__name__}: {e}"
-            continue
-        try:
-            secs = t.start()
-            ctx.log(f"  [{t.name} up in {secs:.1f} s on {t.bootstrap}]")
-            started.append(t)
-        except Exception as e:  # noqa: BLE001 - ArtifactUnavailable, or the broker would not start
-            t.stop()
-            reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-            ctx.extra.setdefault("unavailable", {})[t.name] = reason
-            ctx.log(f"  [{t.name} unavailable: {reason}]")
-    return started
+    return [t for key in ctx.extra.get("peers", []) if (t := start_peer(ctx, key)) is not None]
+
+
+def start_peer(ctx: Ctx, key: str, configure: Callable[[Target], None] | None = None,
+               label: str = "") -> Target | None:
+    """One --peers broker, started after `configure` (e.g. server.properties overrides) was applied to it; None,
+    logged and noted under its name plus `label`, when it cannot run (or `configure` refuses it)."""
+    try:
+        t = PEERS[key](ctx)
+    except Exception as e:  # noqa: BLE001
+        ctx.extra.setdefault("unavailable", {})[key + label] = f"{type(e).__name__}: {e}"
+        return None
+    try:
+        if configure is not None:
+            configure(t)
+        secs = t.start()
+        ctx.log(f"  [{t.name}{label} up in {secs:.1f} s on {t.bootstrap}]")
+        return t
+    except Exception as e:  # noqa: BLE001 - ArtifactUnavailable, or the broker would not start
+        t.stop()
+        reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        ctx.extra.setdefault("unavailable", {})[t.name + label] = reason
+        ctx.log(f"  [{t.name}{label} unavailable: {reason}]")
+        return None
 
 
 def admin_create_topics(label: str, bootstrap: str, names: list[str], partitions: int,

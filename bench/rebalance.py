@@ -16,11 +16,17 @@ and reads the stamps back:
   those that end between the leave and half a second after (a) (eager revokes every partition, so its members
   stop; cooperative and KIP-848 members keep theirs).
 
-The steady-state maximum pause before the leave is given in the note as the noise floor. kbroker only: librdkafka's
-mock cluster does not speak KIP-848 (ConsumerGroupHeartbeat), so there is no peer to compare all three with.
+The steady-state maximum pause before the leave is given in the note as the noise floor. No mock column:
+librdkafka's mock cluster does not speak KIP-848 (ConsumerGroupHeartbeat). The Apache Kafka peers of --peers run
+the same three protocols after kbroker, one broker at a time (the same leave phases), with their own defaults:
+Kafka 4.x serves KIP-848 (its `consumer` group protocol is on by default since 4.0); Kafka 3.9 in ZooKeeper mode
+has no KIP-848 (the consumer protocol needs KRaft's new group coordinator; it lists ConsumerGroupHeartbeat in
+ApiVersions all the same, and KIP-848 members then wait unassigned), so it runs the classic rows only and the KIP-848
+rows say so. Another peer that does not advertise ConsumerGroupHeartbeat is left out of the KIP-848 rows the same
+way.
 Default timings matter: a classic stayer learns of the rebalance at its next heartbeat (heartbeat.interval.ms 3 s),
 a KIP-848 member of its new partitions at its next ConsumerGroupHeartbeat (group.consumer.heartbeat.interval.ms 5 s).
-Three repetitions take about two minutes; --quick (or --reps 1) one.
+Three repetitions take about two minutes per broker; --quick (or --reps 1) one.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.harness import Ctx, KBroker, Row, reap, spawn, workdir
+from bench.harness import Ctx, KBroker, Row, Target, reap, spawn, start_peer, workdir
 
 MEMBERS, PARTITIONS, RATE = 10, 20, 2000
 # Seconds without an assignment change before the leave; at most this long watched after it (two KIP-848
@@ -41,10 +47,12 @@ MEMBERS, PARTITIONS, RATE = 10, 20, 2000
 STEADY, SETTLE = 1.5, 12.0
 PHASE = 5.0  # the longest heartbeat interval of the three (KIP-848's 5 s)
 TOPIC = "rebalance"
+KIP848 = "KIP-848 (group.protocol=consumer)"
+CONSUMER_GROUP_HEARTBEAT = 68  # the KIP-848 API key
 MODES: dict[str, dict[str, str]] = {
     "classic eager (range)": {"partition.assignment.strategy": "range"},
     "classic cooperative-sticky": {"partition.assignment.strategy": "cooperative-sticky"},
-    "KIP-848 (group.protocol=consumer)": {"group.protocol": "consumer"},
+    KIP848: {"group.protocol": "consumer"},
 }
 
 MEMBER = r"""
@@ -115,7 +123,7 @@ def _largest_gap_between(times: list[float], start: float, end: float) -> float:
     return max((b - a for a, b in zip(inside, inside[1:], strict=False)), default=0.0)
 
 
-def measure(ctx: Ctx, kb: KBroker, mode: str, conf: dict[str, str], rep: int,
+def measure(ctx: Ctx, kb: Target, mode: str, conf: dict[str, str], rep: int,
             phase: random.Random) -> tuple[float, float, float]:
     """One leave: (longest stayer gap, leave -> every partition flowing, steady-state max gap), in ms."""
     d = workdir(ctx.base, f"rebalance-{len(ctx.extra.setdefault('rebalance_runs', []))}")
@@ -181,8 +189,46 @@ def measure(ctx: Ctx, kb: KBroker, mode: str, conf: dict[str, str], rep: int,
     return stayer_gap * 1000, max(handover, resumed) * 1000, steady * 1000
 
 
+def _advertises(t: Target, api_key: int) -> bool:
+    from kbroker_tools.wire import WireClient
+
+    with WireClient(t.bootstrap, timeout=10.0, client_id="bench-rebalance") as c:
+        return any(k.api_key == api_key for k in c.api_versions().api_keys)
+
+
+def _run_broker(ctx: Ctx, t: Target, rows: dict[str, tuple[Row, Row]], steady: dict[str, dict[str, list[float]]],
+                modes: list[str], failed: dict[str, str]) -> None:
+    """Every repetition of `modes` on one started broker; after a failure on a peer, the reasons go to `failed` and
+    nothing more is tried on it (kbroker's failures fail the workload, as before)."""
+    phase = random.Random(848)  # every broker sees the same leave phases
+    t.create_topics([TOPIC], partitions=PARTITIONS)
+    for rep in range(ctx.reps):
+        for mode in modes:
+            if mode in failed or ctx.out_of_time(f"rebalance {t.name} {mode} rep {rep + 1}"):
+                continue
+            try:
+                gap, flowing, floor = measure(ctx, t, mode, MODES[mode], rep, phase)
+            except Exception as e:  # noqa: BLE001 - a peer's failure is its cells' note
+                if t.name == "kbroker":
+                    raise
+                failed[mode] = f"{type(e).__name__}: {str(e)[:200]}"
+                ctx.log(f"  rebalance {mode} rep {rep + 1} {t.name}: failed: {failed[mode]}")
+                # A group the broker cannot host costs a two-minute wait per try: the other modes are not tried.
+                for m in modes:
+                    if t.name not in steady[m]:
+                        failed.setdefault(m, f"not tried after the {mode} failure")
+                continue
+            rows[mode][0].add(t, gap)
+            rows[mode][1].add(t, flowing)
+            steady[mode].setdefault(t.name, []).append(floor)
+            ctx.log(f"  rebalance {mode} rep {rep + 1} {t.name}: stayer gap {gap:.0f} ms, all consuming again "
+                    f"{flowing:.0f} ms after the leave (steady-state max gap {floor:.0f} ms)")
+    for a, b in rows.values():
+        a.add_rss(t)
+        b.add_rss(t)
+
+
 def run(ctx: Ctx) -> list[Row]:
-    note_tail = "kbroker only (librdkafka's mock cluster does not speak KIP-848)"
     rows: dict[str, tuple[Row, Row]] = {
         mode: (Row(f"rebalance, {MEMBERS} members / {PARTITIONS} partitions, one closes: {mode}, longest gap seen "
                    "by a stayer", "ms", higher_is_better=False),
@@ -190,27 +236,50 @@ def run(ctx: Ctx) -> list[Row]:
                    "new owners)", "ms", higher_is_better=False))
         for mode in MODES
     }
-    steady: dict[str, list[float]] = {mode: [] for mode in MODES}
-    phase = random.Random(848)
+    steady: dict[str, dict[str, list[float]]] = {mode: {} for mode in MODES}
     kb = KBroker(ctx.base, {"offsets.topic.num.partitions": "4"})
     try:
         kb.start()
-        kb.create_topics([TOPIC], partitions=PARTITIONS)
-        for rep in range(ctx.reps):
-            for mode, conf in MODES.items():
-                if ctx.out_of_time(f"rebalance {mode} rep {rep + 1}"):
-                    continue
-                gap, flowing, floor = measure(ctx, kb, mode, conf, rep, phase)
-                rows[mode][0].kb.append(gap)
-                rows[mode][1].kb.append(flowing)
-                steady[mode].append(floor)
-                ctx.log(f"  rebalance {mode} rep {rep + 1}: stayer gap {gap:.0f} ms, all consuming again "
-                        f"{flowing:.0f} ms after the leave (steady-state max gap {floor:.0f} ms)")
+        _run_broker(ctx, kb, rows, steady, list(MODES), {})
     finally:
         kb.stop()
+    # Apache Kafka afterwards, one broker at a time: kbroker's figures are taken as before, with no JVM beside them.
+    notes: dict[str, str] = {mode: "" for mode in MODES}
+    for key in ctx.extra.get("peers", []):
+        if ctx.out_of_time(f"rebalance {key}"):
+            break
+        t = start_peer(ctx, key, label=" (rebalance)")
+        if t is None:
+            continue
+        failed: dict[str, str] = {}
+        try:
+            modes = list(MODES)
+            # Kafka 3.x on ZooKeeper lists ConsumerGroupHeartbeat in ApiVersions but never assigns a KIP-848 member
+            # (the consumer protocol needs KRaft's new group coordinator): the mode decides, not the API list.
+            if getattr(getattr(t, "peer", None), "mode", None) == "zk":
+                modes.remove(KIP848)
+                notes[KIP848] += (f" {t.name}: no figures, ZooKeeper mode has no KIP-848 (the consumer protocol "
+                                  "needs KRaft's new group coordinator);")
+            elif not _advertises(t, CONSUMER_GROUP_HEARTBEAT):
+                modes.remove(KIP848)
+                notes[KIP848] += f" {t.name}: no figures, ConsumerGroupHeartbeat (KIP-848) not advertised;"
+            _run_broker(ctx, t, rows, steady, modes, failed)
+        except Exception as e:  # noqa: BLE001 - a peer that cannot host the group: noted, the others go on
+            failed.setdefault("all", f"{type(e).__name__}: {str(e)[:200]}")
+            ctx.log(f"  rebalance {t.name}: failed: {failed['all']}")
+        finally:
+            t.stop()
+        for mode, why in ({"all": failed["all"]} if "all" in failed else failed).items():
+            for m in MODES if mode == "all" else [mode]:
+                notes[m] += f" {t.name}: no figures, {why};"
     out: list[Row] = []
     for mode, (a, b) in rows.items():
-        noise = f"steady-state max gap before the leave {max(steady[mode]):.0f} ms; " if steady[mode] else ""
-        a.note = noise + note_tail
+        floors = steady[mode]
+        noise = ""
+        if floors.get("kbroker"):
+            noise = f"steady-state max gap before the leave {max(floors['kbroker']):.0f} ms"
+            others = [f"{name} {max(xs):.0f} ms" for name, xs in floors.items() if name != "kbroker" and xs]
+            noise += (f" ({', '.join(others)})" if others else "") + "; "
+        a.note = noise + "no mock column (librdkafka's mock cluster does not speak KIP-848);" + notes[mode]
         out += [a, b]
     return out
