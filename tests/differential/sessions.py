@@ -109,6 +109,8 @@ def ordered(names: list[str]) -> list[str]:
 
 def seeded_subset(seed: int, clients: tuple[str, ...]) -> list[str]:
     """One session per client, picked with `seed` (the CI pass: the long run records them all)."""
-    rng = random.Random(seed)
-    picked = [rng.choice(sorted(n for n, s in SESSIONS.items() if s.client == c)) for c in clients]
+    picked = [
+        random.Random(f"{seed}/{c}").choice(sorted(n for n, s in SESSIONS.items() if s.client == c))
+        for c in clients
+    ]
     return ordered(picked)
