@@ -112,7 +112,7 @@ def replay(
             conn = connections.get(ex.connection)
             if conn is None:
                 conn = connections[ex.connection] = _Connection((host, int(port)), timeout)
-            if ex.api_key == INIT_PRODUCER_ID and _errors(ex.answer, set()) & TRANSIENT:
+            if ex.api_key == INIT_PRODUCER_ID and _errors(ex.answer, set()) & (TRANSIENT | COMPLETING):
                 # each InitProducerId kbroker grants bumps the epoch: a retry that only Kafka's loading caused
                 # would fence the producer's later requests, so it is not replayed
                 tally.record("InitProducerId (Kafka transient, not replayed)", ex.version, None, None)
@@ -229,12 +229,15 @@ class Mapping:
 
 
 TRANSIENT = frozenset({5, 14, 15, 16})
+COMPLETING = frozenset({51})  # CONCURRENT_TRANSACTIONS: known.REPLAY["Kafka completing a transaction"]
 
 
 def _errors(value: Any, out: set[int]) -> set[int]:
     for f in getattr(type(value), "FIELDS", ()):
         v = getattr(value, f.attr)
-        if f.attr == "error_code" and isinstance(v, int):
+        if f.attr.endswith("error_code") and isinstance(
+            v, int
+        ):  # partition_error_code in AddPartitionsToTxn v0-3
             out.add(v)
         elif isinstance(v, list):
             for item in v:
@@ -251,6 +254,8 @@ def _label(ex: Exchange, answer: Any) -> str:
         return f"{name} (known)"  # known.REPLAY["ApiVersions"]
     if _errors(ex.answer, set()) & TRANSIENT and not _errors(answer, set()) & TRANSIENT:
         return f"{name} (Kafka transient)"
+    if _errors(ex.answer, set()) & COMPLETING and not _errors(answer, set()) & COMPLETING:
+        return f"{name} (Kafka completing a transaction)"
     return name
 
 
@@ -265,7 +270,9 @@ def _request(api_key: int, frame: bytes) -> Any:
 def unexplained(tally: Tally) -> int:
     """Differences outside the rows labelled with a known.REPLAY reason."""
     return sum(
-        r.different for (api, _), r in tally.rows.items() if not api.endswith(("(known)", "transient)"))
+        r.different
+        for (api, _), r in tally.rows.items()
+        if not api.endswith(("(known)", "transient)", "(Kafka completing a transaction)"))
     )
 
 
