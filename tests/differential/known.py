@@ -56,4 +56,7 @@ REPLAY: dict[str, str] = {
     "InitProducerId) sent right after EndTxn: Kafka 3.9 answers EndTxn once PrepareCommit/PrepareAbort is written "
     "and sends the markers afterwards, refusing the next transaction until they are written; kbroker writes the "
     "markers before it answers EndTxn, so the client's first attempt succeeds (the client retries either way)",
+    "Kafka auto-creating": "Kafka 3.9 answered UNKNOWN_TOPIC_OR_PARTITION to a Metadata request allowing "
+    "auto-creation while its own creation of that topic was still in flight (seen under load; the client asks "
+    "again); kbroker creates the topic before answering, as under GENERATED's auto-created topics",
 }

@@ -18,7 +18,7 @@ from tests.differential.harness import CLOSED, TIMEOUT, Tally
 from tests.differential.proxy import Exchange, RecordingProxy, decode_answer
 from tests.differential.sessions import CLIENTS, SESSIONS, SessionUnavailable, ordered, seeded_subset
 
-FETCH, API_VERSIONS, INIT_PRODUCER_ID = 1, 18, 22
+FETCH, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 1, 3, 18, 22
 GENERATED_IDS = ("member_id", "leader")  # strings each coordinator generates; later requests name them
 
 
@@ -230,6 +230,11 @@ class Mapping:
 
 TRANSIENT = frozenset({5, 14, 15, 16})
 COMPLETING = frozenset({51})  # CONCURRENT_TRANSACTIONS: known.REPLAY["Kafka completing a transaction"]
+UNKNOWN_TOPIC_OR_PARTITION = (
+    3  # in Metadata while Kafka creates the topic: known.REPLAY["Kafka auto-creating"]
+)
+# the labels of rows whose differences known.REPLAY explains
+EXPLAINED = ("(known)", "transient)", "(Kafka completing a transaction)", "(Kafka auto-creating)")
 
 
 def _errors(value: Any, out: set[int]) -> set[int]:
@@ -256,6 +261,13 @@ def _label(ex: Exchange, answer: Any) -> str:
         return f"{name} (Kafka transient)"
     if _errors(ex.answer, set()) & COMPLETING and not _errors(answer, set()) & COMPLETING:
         return f"{name} (Kafka completing a transaction)"
+    if (
+        ex.api_key == METADATA
+        and UNKNOWN_TOPIC_OR_PARTITION in _errors(ex.answer, set())
+        and UNKNOWN_TOPIC_OR_PARTITION not in _errors(answer, set())
+        and getattr(_request(ex.api_key, ex.frame), "allow_auto_topic_creation", False)
+    ):
+        return f"{name} (Kafka auto-creating)"
     return name
 
 
@@ -269,11 +281,7 @@ def _request(api_key: int, frame: bytes) -> Any:
 
 def unexplained(tally: Tally) -> int:
     """Differences outside the rows labelled with a known.REPLAY reason."""
-    return sum(
-        r.different
-        for (api, _), r in tally.rows.items()
-        if not api.endswith(("(known)", "transient)", "(Kafka completing a transaction)"))
-    )
+    return sum(r.different for (api, _), r in tally.rows.items() if not api.endswith(EXPLAINED))
 
 
 def main(argv: list[str]) -> int:
