@@ -115,7 +115,7 @@ public final class ReplaySession {
         try (KafkaConsumer<byte[], byte[]> consumer =
                  new KafkaConsumer<>(c, new ByteArrayDeserializer(), new ByteArrayDeserializer())) {
             consumer.subscribe(Collections.singletonList("replay-java-" + tag));
-            long deadline = System.currentTimeMillis() + 30_000;
+            long deadline = System.currentTimeMillis() + 60_000;
             while (seen < RECORDS && System.currentTimeMillis() < deadline) {
                 ConsumerRecords<byte[], byte[]> records = consumer.poll(Duration.ofMillis(200));
                 seen += records.count();
