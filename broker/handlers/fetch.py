@@ -414,10 +414,10 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContex
 
 # ---------------------------------------------------------------- ListOffsets
 
-EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -2, -1, -3, -4
+EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4, -5
 # Kafka's ReplicaManager.timestampMinSupportedVersion: the first ListOffsets version knowing each special timestamp.
 # (Kafka 3.9 refuses -1 and -2 in v0 too; kbroker keeps serving them to the 0.8-0.10 clients that send v0.)
-TIMESTAMP_MIN_VERSION = {EARLIEST: 0, LATEST: 0, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8}
+TIMESTAMP_MIN_VERSION = {EARLIEST: 0, LATEST: 0, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8, LATEST_TIERED: 9}
 
 
 def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOffsetsResponse:
@@ -469,6 +469,11 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
                                                                    from_consumer=req.replica_id == -1)
                     continue
                 ts = p.timestamp
+                if ts == LATEST_TIERED:
+                    # KIP-1005's last tiered offset: nothing is tiered here, which Kafka 3.9 answers (no error)
+                    # with offset, timestamp and leader epoch -1 for a topic without remote storage
+                    resp.error_code, resp.offset, resp.timestamp, resp.leader_epoch = 0, -1, -1, -1
+                    continue
                 if ts == EARLIEST_LOCAL:
                     ts = EARLIEST
                 # read_committed consumers see up to the last stable offset (Kafka's lastFetchableOffset).
@@ -547,6 +552,6 @@ def handle_offset_for_leader_epoch(ctx: RequestContext, req: OffsetForLeaderEpoc
 
 HANDLERS = [
     ApiHandler(1, 0, 17, handle_fetch),
-    ApiHandler(2, 0, 8, handle_list_offsets),
+    ApiHandler(2, 0, 9, handle_list_offsets),
     ApiHandler(23, 0, 4, handle_offset_for_leader_epoch),
 ]

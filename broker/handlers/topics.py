@@ -147,12 +147,12 @@ async def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) ->
             res.error_code = e.code
             res.error_message = e.message or None
             ctx.refused(e.code, e.message, f"topic {res.name!r}")
-            res.configs = None
+            res.configs = []  # Kafka's KafkaApis resets a failed topic's configs to an empty list, not null
         except Exception as e:  # noqa: BLE001
             log.exception("CreateTopics %s failed", t.name)
             res.error_code = error_of(e)
             res.error_message = str(e)
-            res.configs = None
+            res.configs = []
     response = R(throttle_time_ms=0, topics=results)
     if _waits_for_leaders(ctx, req.validate_only, req.timeout_ms):
         waiting = [(res, None) for res in results if res.error_code == 0]

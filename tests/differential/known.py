@@ -5,7 +5,6 @@ from __future__ import annotations
 
 # ApiVersions: api key -> why kbroker's advertised range differs from Kafka 3.9's (ZooKeeper mode).
 API_VERSIONS: dict[int, str] = {
-    2: "ListOffsets v9 (KIP-1005's earliest-pending-upload timestamp -5) belongs to tiered storage, which kbroker has not",
     38: "delegation tokens are not supported",
     39: "delegation tokens are not supported",
     40: "delegation tokens are not supported",
@@ -52,4 +51,12 @@ REPLAY: dict[str, str] = {
     "COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, LEADER_NOT_AVAILABLE while it creates an internal or auto-created "
     "topic); the client retried, and the replay sends the retry's first attempt to kbroker, which is ready at once",
     "ApiVersions": "the advertised ranges of API_VERSIONS above and finalized_features_epoch of GENERATED",
+    # -- replay sessions of kafka-python, aiokafka and the Java client (kp-*, aio-*, java-* in sessions.py) --
+    "Kafka completing a transaction": "Kafka answered CONCURRENT_TRANSACTIONS to an AddPartitionsToTxn (or "
+    "InitProducerId) sent right after EndTxn: Kafka 3.9 answers EndTxn once PrepareCommit/PrepareAbort is written "
+    "and sends the markers afterwards, refusing the next transaction until they are written; kbroker writes the "
+    "markers before it answers EndTxn, so the client's first attempt succeeds (the client retries either way)",
+    "Kafka auto-creating": "Kafka 3.9 answered UNKNOWN_TOPIC_OR_PARTITION to a Metadata request allowing "
+    "auto-creation while its own creation of that topic was still in flight (seen under load; the client asks "
+    "again); kbroker creates the topic before answering, as under GENERATED's auto-created topics",
 }

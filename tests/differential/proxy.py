@@ -12,7 +12,16 @@ from typing import Any
 
 from kbroker.protocol import codec
 
-METADATA, FIND_COORDINATOR, PRODUCE = 3, 10, 0
+METADATA, FIND_COORDINATOR, PRODUCE, API_VERSIONS = 3, 10, 0, 18
+UNDECODABLE = "<undecodable answer>"
+
+
+def decode_answer(api_key: int, version: int, frame: bytes) -> tuple[int, Any]:
+    """(correlation id, body) of an answer frame. ApiVersions refusing the version asked (UNSUPPORTED_VERSION, which
+    kafka-python meets asking a newer version than Kafka 3.9's) answers in v0, as every broker and client reads it."""
+    if api_key == API_VERSIONS and len(frame) >= 6 and struct.unpack_from(">h", frame, 4)[0] != 0:
+        version = 0
+    return codec.decode_response(api_key, version, frame)
 
 
 @dataclass
@@ -25,6 +34,7 @@ class Exchange:
     frame: bytes  # without the size prefix
     answer: Any = None
     expects_answer: bool = True
+    session: str = ""  # the recorded session that sent it
 
 
 def _expects_answer(api_key: int, version: int, frame: bytes) -> bool:
@@ -111,8 +121,11 @@ class RecordingProxy:
                 size = struct.unpack(">i", await up_r.readexactly(4))[0]
                 frame = await up_r.readexactly(size)
                 ex = pending.popleft()  # Kafka answers a connection's requests in order
-                cid, ex.answer = codec.decode_response(ex.api_key, ex.version, frame)
-                if ex.api_key in (METADATA, FIND_COORDINATOR):
+                try:
+                    cid, ex.answer = decode_answer(ex.api_key, ex.version, frame)
+                except Exception:  # noqa: BLE001 - forwarded as it came; the replay shows it undecodable
+                    cid, ex.answer = 0, UNDECODABLE
+                if ex.api_key in (METADATA, FIND_COORDINATOR) and ex.answer is not UNDECODABLE:
                     self._advertise_proxy(ex.answer)
                     out = codec.encode_response(cid, ex.api_key, ex.version, ex.answer)
                 else:

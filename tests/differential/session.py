@@ -34,6 +34,9 @@ COMMON = {
     "transaction.state.log.replication.factor": "1",
     "transaction.state.log.min.isr": "1",
     "transaction.state.log.num.partitions": "50",
+    # kbroker's configs/server.properties sets it (to Kafka's default): set on both, so DescribeConfigs and
+    # CreateTopics report segment.bytes as STATIC_BROKER_CONFIG on both sides
+    "log.segment.bytes": "1073741824",
 }
 
 
