@@ -188,10 +188,6 @@ class ShareCoordinator:
             for mid in [mid for mid, m in group.members.items() if m.deadline < now]:
                 self._remove(group, mid)
 
-    def is_member(self, group_id: str, member_id: str) -> bool:
-        group = self.groups.get(group_id)
-        return group is not None and member_id in group.members
-
     def delete(self, group_id: str) -> int:
         group = self.groups.get(group_id)
         if group is None:
