@@ -117,15 +117,26 @@ class SharePartitionManager:
         return [(g.group_id, g.state) for g in self.coordinator.groups.values()]
 
     async def delete_groups(self, group_ids: list[str]) -> dict[str, int]:
-        """DeleteGroups of share groups: an empty group goes with the state of its share-partitions."""
-        out = {}
+        """DeleteGroups of share groups: an empty group goes with the state of its share-partitions, tombstoned
+        in __share_group_state by their share coordinators (Kafka's group coordinator deletes it through the
+        persister, DeleteShareGroupState, before the group): a new group of the same name starts afresh by
+        share.auto.offset.reset. A failed deletion answers its error and keeps the group, to be deleted again."""
+        out: dict[str, int] = {}
         for gid in group_ids:
-            if gid not in self.coordinator.groups:
+            group = self.coordinator.groups.get(gid)
+            if group is None:
                 continue
-            out[gid] = code = self.coordinator.delete(gid)
-            if code == ErrorCode.NONE:
-                for key in [k for k in self.partitions if k[0] == gid]:
-                    del self.partitions[key]
+            if group.members:
+                out[gid] = ErrorCode.NON_EMPTY_GROUP
+                continue
+            topics = group.topics | {k[1] for k in self.partitions if k[0] == gid}
+            code = ErrorCode.NONE
+            for name in sorted(topics):
+                rec = self.server.metadata.topics.get(name)
+                if rec is not None:
+                    deleted = await self.delete_state(gid, name, rec.num_partitions)
+                    code = code or deleted
+            out[gid] = code or self.coordinator.delete(gid)
         return out
 
     @classmethod
@@ -714,9 +725,12 @@ class SharePartitionManager:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         first = ErrorCode.NONE
         for index in range(num_partitions):
-            sp = self.partitions.pop((group_id, topic, index), None) or SharePartition(
-                group_id, topic, index, 0
-            )
+            sp = self.partitions.pop((group_id, topic, index), None)
+            if sp is not None and sp.writing is not None and not sp.writing.done():
+                # a snapshot still on its way would land after the tombstone and bring the state back
+                with contextlib.suppress(Exception):
+                    await self._settled(sp.writing)
+            sp = sp or SharePartition(group_id, topic, index, 0)
             try:
                 place = self._state_place(sp)
                 if place is None:
