@@ -222,15 +222,13 @@ class SharePartitionManager:
         sp.leader_epoch = rm.leader_epoch(sp.topic, sp.partition)
         return True
 
-    def drop_stale(self) -> list[tuple[str, str, int]]:
+    def drop_stale(self) -> None:
         """Forget share-partitions whose leadership moved: their state is the new leader's now, and writing this
-        broker's stale view would overwrite it (a lock expiring here, an acknowledgement applied here). Returns
-        the dropped ones that had changes never written: acknowledgements applied to them are not durable."""
-        lost = []
+        broker's stale view would overwrite it (a lock expiring here, an acknowledgement applied here). One
+        dropped with changes never written is marked lost: acknowledgements applied to it are not confirmed."""
         for key in [k for k, sp in self.partitions.items() if not self.leads(sp)]:
-            if self.partitions.pop(key).dirty:
-                lost.append(key)
-        return lost
+            sp = self.partitions.pop(key)
+            sp.lost = sp.dirty
 
     def share_partition(self, group_id: str, topic: str, partition: int, lg: Any) -> SharePartition:
         key = (group_id, topic, partition)
@@ -512,8 +510,8 @@ class SharePartitionManager:
         share-partitions (group, topic, partition) whose write failed, with the error code: their
         acknowledgements must not be confirmed."""
         writes = []
-        # leadership moved between an acknowledgement and its write: not durable, never confirmed
-        failed = dict.fromkeys(self.drop_stale(), ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        failed: dict[tuple[str, str, int], int] = {}
+        self.drop_stale()
         for sp in self.partitions.values():
             if not sp.dirty:
                 if sp.writing is not None and not sp.writing.done():
