@@ -10,7 +10,6 @@ records released or rejected)."""
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import subprocess
 import sys
@@ -30,13 +29,6 @@ from tests.broker_process import BrokerProcess, wait_all_registered
 from tests.clients import wait_until
 from tests.java import test_java_share_consumer as single
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
-
-# Intermittent under a loaded full suite (one full-suite run of two accepted 20 records twice after the leader's kill -9; issue 35 open): run on demand with
-# KBROKER_SHARE_CLUSTER=1 or as the module's command until that is found.
-pytestmark = pytest.mark.skipif(
-    os.environ.get("KBROKER_SHARE_CLUSTER") != "1",
-    reason="share groups across brokers: intermittent under load (one full-suite run of two accepted 20 records twice after the leader's kill -9); KBROKER_SHARE_CLUSTER=1 runs it",
-)
 
 N = 600
 T = 30

@@ -195,7 +195,7 @@ def test_delete_groups_deletes_the_share_state(broker: BrokerProcess, topic_name
         left = w.request(76, 1, ShareGroupHeartbeatRequest(group_id=group, member_id=member, member_epoch=-1))
         assert left.error_code == 0
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    admin.delete_groups([group])[group].result(30)
+    admin.delete_consumer_groups([group])[group].result(30)
     with WireClient(broker.bootstrap) as w:
         # tombstoned in __share_group_state: nothing saved for the share-partition any more
         assert summary_of(w, group, topic_id) == (0, -1, -1)
