@@ -69,6 +69,8 @@ class SharePartition:
         self.snapshot_epoch = 0
         self.leader_epoch = -1  # of the topic partition when this share-partition was loaded
         self.writing: Any = None  # the task writing the last snapshot to __share_group_state
+        # dropped for a leadership change with changes never written: its acknowledgements are not durable
+        self.lost = False
 
     def locks_held(self) -> int:
         return sum(1 for r in self.records.values() if r.state == ACQUIRED)

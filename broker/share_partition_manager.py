@@ -100,8 +100,9 @@ class SharePartitionManager:
         self.sessions: dict[tuple[str, str], ShareSession] = {}
         self._topics_cache: tuple[Any, dict[str, tuple[bytes, int]]] | None = None
         self._sweeper: asyncio.Task[None] | None = None
-        # __share_group_state partition -> the latest snapshot of each share-partition in it, read once
-        self._snapshots: dict[int, dict[bytes, tuple[int, int, list[StateBatch]]]] = {}
+        # __share_group_state partition -> (its leader epoch when read, the latest snapshot of each
+        # share-partition in it): read once per leadership, as another leader may have written it meanwhile
+        self._snapshots: dict[int, tuple[int, dict[bytes, tuple[int, int, list[StateBatch]]]]] = {}
         # share-partition snapshot key -> the highest leader epoch that wrote or read it through this broker
         self._writer_epochs: dict[bytes, int] = {}
         # (group, topic, partition) -> its state as the share coordinator on another broker answered it
@@ -116,15 +117,26 @@ class SharePartitionManager:
         return [(g.group_id, g.state) for g in self.coordinator.groups.values()]
 
     async def delete_groups(self, group_ids: list[str]) -> dict[str, int]:
-        """DeleteGroups of share groups: an empty group goes with the state of its share-partitions."""
-        out = {}
+        """DeleteGroups of share groups: an empty group goes with the state of its share-partitions, tombstoned
+        in __share_group_state by their share coordinators (Kafka's group coordinator deletes it through the
+        persister, DeleteShareGroupState, before the group): a new group of the same name starts afresh by
+        share.auto.offset.reset. A failed deletion answers its error and keeps the group, to be deleted again."""
+        out: dict[str, int] = {}
         for gid in group_ids:
-            if gid not in self.coordinator.groups:
+            group = self.coordinator.groups.get(gid)
+            if group is None:
                 continue
-            out[gid] = code = self.coordinator.delete(gid)
-            if code == ErrorCode.NONE:
-                for key in [k for k in self.partitions if k[0] == gid]:
-                    del self.partitions[key]
+            if group.members:
+                out[gid] = ErrorCode.NON_EMPTY_GROUP
+                continue
+            topics = group.topics | {k[1] for k in self.partitions if k[0] == gid}
+            code = ErrorCode.NONE
+            for name in sorted(topics):
+                rec = self.server.metadata.topics.get(name)
+                if rec is not None:
+                    deleted = await self.delete_state(gid, name, rec.num_partitions)
+                    code = code or deleted
+            out[gid] = code or self.coordinator.delete(gid)
         return out
 
     @classmethod
@@ -212,9 +224,11 @@ class SharePartitionManager:
 
     def drop_stale(self) -> None:
         """Forget share-partitions whose leadership moved: their state is the new leader's now, and writing this
-        broker's stale view would overwrite it (a lock expiring here, an acknowledgement applied here)."""
+        broker's stale view would overwrite it (a lock expiring here, an acknowledgement applied here). One
+        dropped with changes never written is marked lost: acknowledgements applied to it are not confirmed."""
         for key in [k for k, sp in self.partitions.items() if not self.leads(sp)]:
-            del self.partitions[key]
+            sp = self.partitions.pop(key)
+            sp.lost = sp.dirty
 
     def share_partition(self, group_id: str, topic: str, partition: int, lg: Any) -> SharePartition:
         key = (group_id, topic, partition)
@@ -282,10 +296,21 @@ class SharePartitionManager:
             raise KafkaError(
                 ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, f"reading {read_key} from its share coordinator"
             )
-        snaps = self._snapshots.get(part)
-        if snaps is None or fresh:
-            snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
-        return snaps.get(key)
+        return self._state_snapshots(part, fresh).get(key)
+
+    def _state_snapshots(
+        self, part: int, fresh: bool = False
+    ) -> dict[bytes, tuple[int, int, list[StateBatch]]]:
+        """The latest snapshots in this broker's replica of a __share_group_state partition: cached while its
+        leader epoch stays the same (this broker's own writes keep the cache current), read again when fresh
+        or after a leadership change (records written through another leader came by replication)."""
+        epoch = self.server.replica_manager.leader_epoch(SHARE_STATE_TOPIC, part)
+        cached = self._snapshots.get(part)
+        if cached is not None and not fresh and cached[0] == epoch:
+            return cached[1]
+        snaps = load_snapshots(self._state_log(part))
+        self._snapshots[part] = (epoch, snaps)
+        return snaps
 
     def _state_here(self, part: int) -> bool:
         """Whether this broker is the share coordinator of a __share_group_state partition: its leader, or the
@@ -309,6 +334,8 @@ class SharePartitionManager:
         sp = self.partitions.get(key)
         if sp is not None and self.leads(sp):
             return
+        # an answer read before and never used is stale by now: never load from it
+        self._read.pop(key, None)
         probe = SharePartition(group_id, topic, partition, 0)
         place = self._state_place(probe)
         if place is None or self._state_here(place[0]):
@@ -381,7 +408,7 @@ class SharePartitionManager:
             return ErrorCode.FENCED_LEADER_EPOCH, 0, -1, []
         try:
             # read again: a write through a former leader of this partition may have come by replication
-            snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
+            snaps = self._state_snapshots(part, fresh=True)
         except KafkaError as e:
             return e.code, 0, -1, []
         if leader_epoch >= 0:
@@ -411,7 +438,7 @@ class SharePartitionManager:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, 0, -1, -1, -1
         key = snapshot_key(group_id, topic_id, partition)
         try:
-            snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
+            snaps = self._state_snapshots(part, fresh=True)
         except KafkaError as e:
             return e.code, 0, -1, -1, -1
         saved = snaps.get(key)
@@ -489,7 +516,7 @@ class SharePartitionManager:
             if not sp.dirty:
                 if sp.writing is not None and not sp.writing.done():
                     # another request's write holds this request's changes too: answer once it is replicated
-                    writes.append((sp, asyncio.shield(sp.writing)))
+                    writes.append((sp, self._settled(sp.writing)))
                 continue
             try:
                 place = self._state_place(sp)
@@ -521,7 +548,7 @@ class SharePartitionManager:
                 )
             )
             sp.writing.add_done_callback(lambda t, sp=sp: self._written(sp, t))
-            writes.append((sp, asyncio.shield(sp.writing)))
+            writes.append((sp, self._settled(sp.writing)))
         for sp, write in writes:
             try:
                 await write
@@ -530,7 +557,14 @@ class SharePartitionManager:
                 failed[(sp.group_id, sp.topic, sp.partition)] = code
         return failed
 
-    def _written(self, sp: SharePartition, task: asyncio.Task[None]) -> None:
+    @staticmethod
+    async def _settled(task: asyncio.Task[Any]) -> None:
+        """Until the snapshot written by task, or by the newer write that superseded it, is replicated: a
+        skipped write is not a durable one, so its waiters follow the write that carries their changes."""
+        while task is not None:
+            task = await asyncio.shield(task)
+
+    def _written(self, sp: SharePartition, task: asyncio.Task[Any]) -> None:
         e = None if task.cancelled() else task.exception()
         if e is not None:
             sp.dirty = True  # the next sweep tries again
@@ -552,20 +586,23 @@ class SharePartitionManager:
         )
 
     async def _write_in_turn(
-        self, sp: SharePartition, before: asyncio.Task[None] | None, epoch: int, args: tuple[Any, ...]
-    ) -> None:
+        self, sp: SharePartition, before: asyncio.Task[Any] | None, epoch: int, args: tuple[Any, ...]
+    ) -> asyncio.Task[Any] | None:
         """One snapshot write of sp, in order; retried while the __share_group_state leader is away (Kafka's
-        persister retries the same way), so an acknowledgement waits for a failover rather than being lost."""
+        persister retries the same way), so an acknowledgement waits for a failover rather than being lost.
+        Returns None once written, or the newer write that superseded this one without writing it: the
+        changes are durable only when that one is (`_settled` follows it)."""
         if before is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(before)
         deadline = time.monotonic() + _WRITE_RETRY_S
         while True:
-            if sp.snapshot_epoch > epoch and sp.writing is not None and not sp.writing.done():
-                return  # a newer snapshot of sp is queued behind this one: it carries these changes
+            newer = sp.writing
+            if sp.snapshot_epoch > epoch and newer is not None and not newer.done():
+                return newer  # a newer snapshot of sp is queued behind this one: it carries these changes
             try:
                 await self._write_state(*args)
-                return
+                return None
             except (KafkaError, OSError) as e:
                 code = getattr(e, "code", None)
                 if (code is not None and code not in _RETRIABLE_WRITE) or time.monotonic() >= deadline:
@@ -646,9 +683,10 @@ class SharePartitionManager:
             # fences it the same way)
             return ErrorCode.FENCED_LEADER_EPOCH
         self._writer_epochs[key] = leader_epoch
-        snaps = self._snapshots.get(part)
-        if snaps is None:
-            snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
+        try:
+            snaps = self._state_snapshots(part)
+        except KafkaError as e:
+            return e.code
         epoch = snaps[key][0] + 1 if key in snaps else 1
         value = snapshot_value(epoch, leader_epoch, start, batches)
         return await self._append_state(
@@ -685,9 +723,12 @@ class SharePartitionManager:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         first = ErrorCode.NONE
         for index in range(num_partitions):
-            sp = self.partitions.pop((group_id, topic, index), None) or SharePartition(
-                group_id, topic, index, 0
-            )
+            sp = self.partitions.pop((group_id, topic, index), None)
+            if sp is not None and sp.writing is not None and not sp.writing.done():
+                # a snapshot still on its way would land after the tombstone and bring the state back
+                with contextlib.suppress(Exception):
+                    await self._settled(sp.writing)
+            sp = sp or SharePartition(group_id, topic, index, 0)
             try:
                 place = self._state_place(sp)
                 if place is None:
@@ -735,7 +776,7 @@ class SharePartitionManager:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         key = snapshot_key(group_id, topic_id, partition)
         try:
-            snaps = self._snapshots[part] = load_snapshots(self._state_log(part))
+            snaps = self._state_snapshots(part, fresh=True)
         except KafkaError as e:
             return e.code
         if key not in snaps:
@@ -755,12 +796,14 @@ class SharePartitionManager:
             return int(found[0]) if found is not None else int(lg.high_watermark)
         return int(lg.high_watermark)
 
-    def knows_member(self, group_id: str, member_id: str) -> bool:
-        """ShareFetch's membership check, made where the group is coordinated; a partition leader elsewhere
-        knows nothing of the group's members (as in Kafka, where only the share session binds a member)."""
-        if self.server.group_coordinator.coordinator_error(group_id) is not None:
-            return bool(member_id)
-        return self.coordinator.is_member(group_id, member_id)
+    @staticmethod
+    def knows_member(group_id: str, member_id: str) -> bool:
+        """ShareFetch's and ShareAcknowledge's member check: a member id is required, but, as in Kafka, the
+        share-partition leader does not ask the group coordinator whether it is a member (only the share
+        session binds it). Checking it here where this broker coordinates the group raced the group's own
+        creation: a broker that had not yet heard of __consumer_offsets took itself for the coordinator and
+        refused a member the real coordinator had just admitted."""
+        return bool(member_id)
 
     def connection_closed(self, conn: Any) -> None:
         """Kafka 4.1+'s connection-disconnect listener: the sessions this connection opened end, and what

@@ -39,6 +39,9 @@ class ShareGroup:
     group_epoch: int = 0
     assignment_epoch: int = 0
     members: dict[str, ShareMember] = field(default_factory=dict)
+    # every topic a member subscribed to (Kafka keeps the initialized ones in its ShareGroupStatePartitionMetadata
+    # record): the share-partitions whose state DeleteGroups deletes with the group
+    topics: set[str] = field(default_factory=set)
 
     @property
     def state(self) -> str:
@@ -146,6 +149,7 @@ class ShareCoordinator:
         if subscribed is not None and sorted(subscribed) != sorted(member.subscribed):
             member.subscribed = list(subscribed)
             self._bump(group)
+        group.topics.update(member.subscribed)
         if rack_id is not None:
             member.rack_id = rack_id
         topics = self._topics()
@@ -188,11 +192,8 @@ class ShareCoordinator:
             for mid in [mid for mid, m in group.members.items() if m.deadline < now]:
                 self._remove(group, mid)
 
-    def is_member(self, group_id: str, member_id: str) -> bool:
-        group = self.groups.get(group_id)
-        return group is not None and member_id in group.members
-
     def delete(self, group_id: str) -> int:
+        """DeleteGroups of an empty share group (its share-partitions' state is the caller's to delete first)."""
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.GROUP_ID_NOT_FOUND

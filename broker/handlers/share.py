@@ -20,6 +20,7 @@ from kbroker.broker.handlers.groups import (
     _client_host,
     _group_denied,
 )
+from kbroker.broker.share_partition import SharePartition
 from kbroker.broker.share_partition_manager import SharePartitionManager, ShareSession
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
@@ -157,8 +158,10 @@ def _acknowledge(
     member_id: str,
     topics: list[Any],
     out: _Result,
-) -> None:
-    """Apply the acknowledgement batches of a ShareFetch or ShareAcknowledge; their codes go into out."""
+) -> dict[tuple[bytes, int], SharePartition]:
+    """Apply the acknowledgement batches of a ShareFetch or ShareAcknowledge; their codes go into out. Returns
+    the share-partitions acknowledged, for `_unconfirmed`."""
+    applied: dict[tuple[bytes, int], SharePartition] = {}
     names = ctx.server.topic_names_by_id()
     limit = spm.delivery_limit
     lock_ms = spm.lock_ms(group_id)
@@ -185,12 +188,14 @@ def _acknowledge(
                     else ErrorCode.INVALID_RECORD_STATE
                 )
                 continue
+            applied[key] = sp
             for b in p.acknowledgement_batches:
                 code = sp.acknowledge(
                     member_id, b.first_offset, b.last_offset, list(b.acknowledge_types), limit, lock_ms
                 )
                 if code:
                     entry[1] = code
+    return applied
 
 
 def _acquire(
@@ -260,10 +265,10 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
         session, code = spm.session_for(group_id, member_id, req.share_session_epoch, ctx.conn)
         if session is None:
             return code, out
-        _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
+        applied = _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
         if req.share_session_epoch == -1:
             spm.release_session(group_id, member_id)
-            _unconfirmed(ctx, group_id, _acked(req.topics), out, await spm.persist())
+            _unconfirmed(ctx, group_id, applied, out, await spm.persist())
             return ErrorCode.NONE, out
         for t in req.topics:
             for p in t.partitions:
@@ -283,7 +288,7 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
                 break
             spm.persist_dirty()
             await asyncio.sleep(min(0.02, max(deadline - time.monotonic(), 0)))
-        _unconfirmed(ctx, group_id, _acked(req.topics), out, await spm.persist())
+        _unconfirmed(ctx, group_id, applied, out, await spm.persist())
         return ErrorCode.NONE, out
 
     code, out = await spm.call(run)
@@ -322,12 +327,17 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
 def _unconfirmed(
     ctx: RequestContext,
     group_id: str,
-    acked: set[tuple[bytes, int]],
+    acked: dict[tuple[bytes, int], SharePartition],
     out: _Result,
     failed: dict[tuple[str, str, int], int],
 ) -> None:
     """Acknowledgements whose state could not be written are answered with the write's error, not confirmed
-    (Kafka's SharePartition fails the acknowledgement when its persister write fails)."""
+    (Kafka's SharePartition fails the acknowledgement when its persister write fails); those applied to a
+    share-partition dropped for a leadership change before its write answer NOT_LEADER_OR_FOLLOWER."""
+    for key, sp in acked.items():
+        entry = out.get(key)
+        if sp.lost and entry is not None and not entry[1]:
+            entry[1] = ErrorCode.NOT_LEADER_OR_FOLLOWER
     if not failed:
         return
     topics = ctx.server.metadata.topics
@@ -368,10 +378,10 @@ async def handle_share_acknowledge(
         session, code = spm.session_for(group_id, member_id, req.share_session_epoch)
         if session is None:
             return code, out
-        _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
+        applied = _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
         if req.share_session_epoch == -1:
             spm.release_session(group_id, member_id)
-        _unconfirmed(ctx, group_id, _acked(req.topics), out, await spm.persist())
+        _unconfirmed(ctx, group_id, applied, out, await spm.persist())
         return ErrorCode.NONE, out
 
     code, out = await spm.call(run)

@@ -10,7 +10,6 @@ records released or rejected)."""
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import subprocess
 import sys
@@ -23,17 +22,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from kbroker.protocol.messages import DescribeShareGroupOffsetsRequest
 
+from kbroker_tools.wire import WireClient
 from tests.broker_process import BrokerProcess, wait_all_registered
+from tests.clients import wait_until
 from tests.java import test_java_share_consumer as single
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
-
-# Intermittent under a loaded full suite (one full-suite run of two accepted 20 records twice after the leader's kill -9; issue 35 open): run on demand with
-# KBROKER_SHARE_CLUSTER=1 or as the module's command until that is found.
-pytestmark = pytest.mark.skipif(
-    os.environ.get("KBROKER_SHARE_CLUSTER") != "1",
-    reason="share groups across brokers: intermittent under load (one full-suite run of two accepted 20 records twice after the leader's kill -9); KBROKER_SHARE_CLUSTER=1 runs it",
-)
 
 N = 600
 T = 30
@@ -189,32 +184,59 @@ def run_scenario(
         if i != killed_consumer:
             assert rc == 0 and any(w and w[0] == "DONE" for w in c.lines), detail
     accepted = [w for w in lines if w[0] == "ACCEPT"]
-    # every record, each accepted (and confirmed) exactly once: none lost, none delivered again once accepted
-    got = sorted(w[3] for w in accepted)
-    if got != sorted(want):
-        seen: dict[str, int] = {}
-        for v in got:
-            seen[v] = seen.get(v, 0) + 1
-        twice = [v for v, c in seen.items() if c > 1][:20]
-        missing = sorted(set(want) - set(seen))[:20]
-        raise AssertionError(
-            f"accepted {len(got)} of {len(want)}; twice {twice}; missing {missing}; {detail}"
-        )
-    assert {w[3] for w in lines if w[0] == "REJECT"} == {v for v in values if v.endswith("-reject")}
-    # an acknowledgement lost with a leader: the record came back counting that delivery
-    final = {w[3]: int(w[4]) for w in accepted}
     ackfails = [w for w in lines if w[0] == "ACKFAIL"]
+    # no record whose acceptance the broker confirmed is delivered again; a record never accepted had an
+    # acknowledgement the broker did not confirm (its answer lost with the leader: applied or not, as in Kafka)
+    seen: dict[str, int] = {}
+    for w in accepted:
+        seen[w[3]] = seen.get(w[3], 0) + 1
+    twice = sorted(v for v, c in seen.items() if c > 1)
+    unconfirmed = sorted(set(want) - set(seen) - {w[3] for w in ackfails})
+    assert not twice and not unconfirmed and set(seen) <= set(want), (
+        f"accepted {len(accepted)} of {len(want)}; twice {twice[:20]}; never acknowledged {unconfirmed[:20]}; "
+        f"{detail}"
+    )
+    # none lost: every record is acknowledged or archived in the share-partitions' state
+    survivor = next(b for b in cluster.values() if b.alive())
+    wait_until(lambda: lags(survivor.bootstrap, group, topic) == [0, 0], timeout=T, what="no lag")
+    assert {w[3] for w in lines if w[0] == "REJECT"} == {v for v in values if v.endswith("-reject")}
+    # an acknowledgement lost with a leader and not applied: the record came back counting that delivery
+    final = {w[3]: int(w[4]) for w in accepted}
     for w in ackfails:
-        assert final[w[3]] > int(w[4]), (w, final[w[3]])
-    assert all(final[v] >= 2 for v in want if v.endswith("-release"))
-    return {"accepted": len(accepted), "ackfail": len(ackfails)}
+        assert w[3] not in final or final[w[3]] > int(w[4]), (w, final[w[3]])
+    assert all(final[v] >= 2 for v in want if v.endswith("-release") and v in final)
+    return {
+        "accepted": len(accepted),
+        "ackfail": len(ackfails),
+        "applied_unconfirmed": len(set(want) - set(seen)),
+    }
+
+
+def lags(bootstrap: str, group: str, topic: str) -> list[int]:
+    """The group's lag on each partition of topic (DescribeShareGroupOffsets): 0 once every record is done."""
+    D = DescribeShareGroupOffsetsRequest
+    with WireClient(bootstrap) as w:
+        r = w.request(
+            90,
+            1,
+            D(
+                groups=[
+                    D.DescribeShareGroupOffsetsRequestGroup(
+                        group_id=group,
+                        topics=[D.DescribeShareGroupOffsetsRequestTopic(topic_name=topic, partitions=[0, 1])],
+                    )
+                ]
+            ),
+        )
+    return [p.lag if not p.error_code else -1 for p in r.groups[0].topics[0].partitions]
 
 
 def test_a_leader_killed_mid_run(
     share_classpath: str, cluster: dict[int, BrokerProcess], topic_name: str
 ) -> None:
     counts = run_scenario(share_classpath, cluster, topic_name, 600, 2, 1, seed=1)
-    assert counts["accepted"] == 600 - 12
+    # left unconfirmed yet applied: at most what each consumer was acknowledging (max.poll.records) at the kill
+    assert counts["applied_unconfirmed"] <= 2 * 10, counts
 
 
 def main(argv: list[str]) -> int:
@@ -243,7 +265,8 @@ def main(argv: list[str]) -> int:
             brokers.close()
     print(
         f"{counts['accepted']} records accepted exactly once through {args.kills} broker kills "
-        f"({counts['ackfail']} acknowledgements refused and redelivered) in {time.monotonic() - started:.0f} s"
+        f"({counts['ackfail']} acknowledgements unconfirmed, {counts['applied_unconfirmed']} of them applied "
+        f"all the same) in {time.monotonic() - started:.0f} s"
     )
     return 0
 

@@ -4,7 +4,6 @@ after a leadership change: acknowledged records stay done, held ones come back c
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,13 +32,6 @@ from tests.broker.share.test_share_state_rpcs import read
 from tests.broker_process import BrokerProcess, wait_all_registered
 from tests.clients import wait_until
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
-
-# Intermittent under a loaded full suite (one full-suite run of two answered the first ShareFetch UNKNOWN_MEMBER_ID; issue 35 open): run on demand with
-# KBROKER_SHARE_CLUSTER=1 or as the module's command until that is found.
-pytestmark = pytest.mark.skipif(
-    os.environ.get("KBROKER_SHARE_CLUSTER") != "1",
-    reason="share groups across brokers: intermittent under load (one full-suite run of two answered the first ShareFetch UNKNOWN_MEMBER_ID); KBROKER_SHARE_CLUSTER=1 runs it",
-)
 
 T = 30
 

@@ -1,23 +1,26 @@
 """ReadShareGroupState (84), WriteShareGroupState (85), DeleteShareGroupState (86) and ReadShareGroupStateSummary
 (87) over the wire, as a share-partition leader or group coordinator on another broker sends them: a round trip
-write -> read -> summary -> delete, a never-written share-partition, and Kafka's errors."""
+write -> read -> summary -> delete, a never-written share-partition, and Kafka's errors; DeleteGroups of a share
+group deleting its share-partitions' state."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+from confluent_kafka.admin import AdminClient
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     ApiVersionsRequest,
     DeleteShareGroupStateRequest,
     ReadShareGroupStateRequest,
     ReadShareGroupStateSummaryRequest,
+    ShareGroupHeartbeatRequest,
     WriteShareGroupStateRequest,
 )
 
 from kbroker_tools.wire import WireClient
-from tests.broker.share.test_share_sessions import join, setup, share_fetch
+from tests.broker.share.test_share_sessions import ACCEPT, ack_errors, acquired, join, setup, share_fetch
 from tests.broker_process import BrokerProcess
 
 Q = ReadShareGroupStateRequest
@@ -83,6 +86,25 @@ def write(w: WireClient, group: str, topic_id: bytes, start: int, leader_epoch: 
         ),
     )
     return int(r.results[0].partitions[0].error_code)
+
+
+def summary_of(w: WireClient, group: str, topic_id: bytes) -> tuple[int, int, int]:
+    """(error, start offset, delivery complete count) of partition 0's saved state: a plain read, fencing
+    nobody."""
+    S = ReadShareGroupStateSummaryRequest
+    p = (
+        w.request(
+            87,
+            1,
+            S(
+                group_id=group,
+                topics=[S.ReadStateSummaryData(topic_id=topic_id, partitions=[S.PartitionData(partition=0)])],
+            ),
+        )
+        .results[0]
+        .partitions[0]
+    )
+    return p.error_code, p.start_offset, p.delivery_complete_count
 
 
 def test_write_then_read_and_errors(broker: BrokerProcess, topic_name: str) -> None:
@@ -159,3 +181,26 @@ def test_write_then_read_and_errors(broker: BrokerProcess, topic_name: str) -> N
         assert read(w, other, bytes(16), 0, 0).error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         assert read(w, other, topic_id, 7, 0).error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         assert read(w, other, topic_id, -1, 0).error_code == ErrorCode.INVALID_REQUEST
+
+
+def test_delete_groups_deletes_the_share_state(broker: BrokerProcess, topic_name: str) -> None:
+    group = "g-" + topic_name
+    topic_id = setup(broker, topic_name, group, 5)
+    with WireClient(broker.bootstrap) as w:
+        member = join(w, group, topic_name)
+        assert acquired(share_fetch(w, group, member, 0, topic_id, wait_ms=5000)) == [(0, 4, 1)]
+        assert ack_errors(share_fetch(w, group, member, 1, topic_id, acks=[(0, 2, ACCEPT)])) == [0]
+        # 0..2 accepted and written; 3..4 held
+        assert summary_of(w, group, topic_id) == (0, 3, 0)
+        left = w.request(76, 1, ShareGroupHeartbeatRequest(group_id=group, member_id=member, member_epoch=-1))
+        assert left.error_code == 0
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.delete_consumer_groups([group])[group].result(30)
+    with WireClient(broker.bootstrap) as w:
+        # tombstoned in __share_group_state: nothing saved for the share-partition any more
+        assert summary_of(w, group, topic_id) == (0, -1, -1)
+        gone = read(w, group, topic_id, 0, 0)
+        assert (gone.error_code, gone.start_offset, gone.state_batches) == (0, -1, [])
+        # a new group of the same name starts by share.auto.offset.reset (earliest): every record, first delivery
+        again = join(w, group, topic_name)
+        assert acquired(share_fetch(w, group, again, 0, topic_id, wait_ms=5000)) == [(0, 4, 1)]

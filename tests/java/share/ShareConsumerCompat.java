@@ -8,7 +8,8 @@ import org.apache.kafka.common.serialization.StringDeserializer;
 /**
  * A KafkaShareConsumer 4.2 (explicit acknowledgement) reading a share group until `count` distinct records
  * are accepted. Records whose value ends in "release" are released on their first delivery and "reject" are
- * rejected; prints "ACCEPT p offset value delivery" per accepted record whose acknowledgement the broker confirmed,
+ * rejected; prints "ACCEPT p offset value delivery" per accepted record whose acknowledgement the broker confirmed
+ * (commitSync's result names its partition without an error),
  * "REJECT ..." per rejection, "ACKFAIL p offset value delivery error" per acknowledgement the broker refused (the
  * record comes back: delivery is at least once), then DONE.
  * Args: bootstrap topic group count idleMs maxPollRecords pauseMs (a pause per poll, a slow worker)
@@ -49,12 +50,14 @@ public class ShareConsumerCompat {
                     }
                 }
                 Map<TopicIdPartition, Optional<KafkaException>> results = c.commitSync();
+                // a partition missing from the result was never confirmed (the client could not send it):
+                // only an explicit success counts as accepted
                 Map<Integer, String> failed = new HashMap<>();
-                results.forEach((tp, err) -> err.ifPresent(e -> failed.put(tp.partition(), e.toString())));
+                results.forEach((tp, err) -> failed.put(tp.partition(), err.map(e -> e.toString()).orElse(null)));
                 for (ConsumerRecord<String, String> r : pending) {
                     String line = r.partition() + " " + r.offset() + " " + r.value() + " "
                         + r.deliveryCount().orElse((short) -1);
-                    String err = failed.get(r.partition());
+                    String err = failed.containsKey(r.partition()) ? failed.get(r.partition()) : "no result";
                     if (err == null) {
                         accepted.add(r.value());
                         System.out.println("ACCEPT " + line);
