@@ -62,7 +62,7 @@ def plain_records(version: int, records: Any) -> bool:
 def decode_py(frame: Any, pos: int, version: int) -> DecodedProduce | None:
     """The reference of _produce.decode: the generated decoder's request as tuples, None for anything but the
     common case (a refused or transactional partition, a null name or records, bytes that do not decode)."""
-    if not MIN_VERSION <= version <= MAX_VERSION:
+    if not MIN_VERSION <= version <= MAX_VERSION or not 0 <= pos <= len(frame):
         return None
     try:
         req, _ = codec.py_decoder(ProduceRequest, version)(frame, pos)
