@@ -25,7 +25,7 @@ compiled = pytest.mark.skipif(
 )
 pytestmark = compiled
 
-_SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 _record = st.tuples(st.none() | st.binary(max_size=8), st.binary(max_size=40), st.just(()), st.just(NOW))
 
 
