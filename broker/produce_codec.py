@@ -29,6 +29,9 @@ _compiled = accelerators.load("_produce")
 COMPILED = _compiled is not None
 IMPLEMENTATION = accelerators.describe("_produce", _compiled)
 
+_Topic = ProduceResponse.TopicProduceResponse
+_Part = ProduceResponse.PartitionProduceResponse
+_Err = ProduceResponse.BatchIndexAndErrorMessage
 _MAGIC = 16
 _TXN_BYTE = 22  # the low byte of the attributes (int16 at 21)
 _SIZE = struct.Struct(">i")
@@ -83,32 +86,26 @@ def decode_py(frame: Any, pos: int, version: int) -> DecodedProduce | None:
 
 def response_of(answers: TopicAnswers, throttle_ms: int, current_leader: Any) -> ProduceResponse:
     """The message the answers stand for; current_leader: the tagged field's default object."""
-    Part = ProduceResponse.PartitionProduceResponse
-    Err = ProduceResponse.BatchIndexAndErrorMessage
-    return ProduceResponse(
-        throttle_time_ms=throttle_ms,
-        responses=[
-            ProduceResponse.TopicProduceResponse(
-                name=name,
-                partition_responses=[
-                    Part(
-                        index=index,
-                        error_code=code,
-                        base_offset=base,
-                        log_append_time_ms=append_time,
-                        log_start_offset=log_start,
-                        error_message=message,
-                        current_leader=current_leader,
-                        record_errors=[
-                            Err(batch_index=i, batch_index_error_message=m) for i, m in errors or ()
-                        ],
-                    )
-                    for index, code, base, append_time, log_start, message, errors in parts
-                ],
+    topics = []
+    for name, parts in answers:
+        responses = []
+        for index, code, base, append_time, log_start, message, errors in parts:
+            responses.append(
+                _Part(
+                    index=index,
+                    error_code=code,
+                    base_offset=base,
+                    log_append_time_ms=append_time,
+                    log_start_offset=log_start,
+                    error_message=message,
+                    current_leader=current_leader,
+                    record_errors=[_Err(batch_index=i, batch_index_error_message=m) for i, m in errors]
+                    if errors
+                    else [],
+                )
             )
-            for name, parts in answers
-        ],
-    )
+        topics.append(_Topic(name=name, partition_responses=responses))
+    return ProduceResponse(throttle_time_ms=throttle_ms, responses=topics)
 
 
 def encode_response_py(

@@ -259,7 +259,9 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
                 guards: dict[tuple[str, int], VerificationGuard] | None) -> Any:
     """Append what passed the checks. guards: the partitions whose transaction the coordinator confirmed for this
     request (None when verification is off: transactional batches are then not checked against it)."""
-    topics = [(t.name, [(p.index, p.records) for p in t.partition_data]) for t in req.topic_data]
+    topics = []
+    for t in req.topic_data:
+        topics.append((t.name, [(p.index, p.records) for p in t.partition_data]))
     return _append(ctx, topics, req.acks, req.timeout_ms, failed, guards)
 
 
