@@ -105,6 +105,10 @@ def api_name(api_key: int) -> str:
 
 
 HandlerFn = Callable[[RequestContext, Any], Any]
+# A handler's direct path: (ctx, frame, body position) -> what a handler returns, or an encoded Response, or
+# NOT_DIRECT when the request is not the case it serves (the body is then decoded and given to the handler).
+DirectFn = Callable[[RequestContext, bytes | bytearray, int], Any]
+NOT_DIRECT: Any = object()
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,7 @@ class ApiHandler:
     min_version: int
     max_version: int
     fn: HandlerFn
+    direct: DirectFn | None = None
 
 
 def _set_throttle(body: Any, throttle: int) -> None:
@@ -142,6 +147,14 @@ class KafkaApis:
         handler = self.handlers.get(api_key)
         if handler is None or not handler.min_version <= version <= handler.max_version:
             return self._unsupported(conn, header)
+        ctx = RequestContext(self.server, conn, header)
+        # A direct path answers its common requests without the message objects; its Response is already
+        # encoded, so a request quota (which sets the body's throttle) sends requests the general way.
+        if handler.direct is not None and not self.server.request_quota.quotas():
+            started = time.perf_counter()
+            result = handler.direct(ctx, frame, pos)
+            if result is not NOT_DIRECT:
+                return self._finish(conn, header, started, result)
         try:
             request, end = codec.decode(codec.REQUESTS[api_key], version, frame, pos)
         except codec.DecodeError as e:
@@ -151,9 +164,19 @@ class KafkaApis:
         # Trailing bytes are ignored, as Kafka's request parser does: librdkafka 2.x sends three extra
         # bytes after an all-topics MetadataRequest v12, and Kafka serves it.
         del end
-        ctx = RequestContext(self.server, conn, header)
         started = time.perf_counter()
-        result = handler.fn(ctx, request)
+        return self._finish(conn, header, started, handler.fn(ctx, request))
+
+    def _finish(self, conn: KafkaConnection, header: RequestHeader, started: float, result: Any
+                ) -> Response | DelayedResponse | Awaitable[Response | None] | None:
+        """Account a handled request and encode its answer (or wrap what completes it later)."""
+        api_key = header.request_api_key
+        if type(result) is Response:  # encoded by a direct path, which counted its failed partitions
+            shard = metrics.shard()
+            elapsed = time.perf_counter() - started
+            shard.busy_s += elapsed
+            shard.request_done(api_key, elapsed)
+            return result
         if isinstance(result, DelayedResponse):
             busy = time.perf_counter() - started
             metrics.shard().busy_s += busy

@@ -94,6 +94,17 @@ class Shard:
                         c = self.failed[name or ""] = [0, 0]
                     c[which] += 1
 
+    def answered_produce(self, answers: Any) -> None:
+        """answered() for the direct Produce path's answers: [(topic, [(partition, error_code, ...)])]."""
+        for name, parts in answers:
+            for part in parts:
+                code = part[1]
+                if code and code not in _EXPECTED_PRODUCE_ERRORS:
+                    c = self.failed.get(name)
+                    if c is None:
+                        c = self.failed[name] = [0, 0]
+                    c[0] += 1
+
     def produced(self, topic: str, messages: int, nbytes: int) -> None:
         c = self.topic_in.get(topic)
         if c is None:

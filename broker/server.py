@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from kbroker.broker import produce_codec
 from kbroker.broker.admin_manager import AdminManager
 from kbroker.broker.apis import KafkaApis
 from kbroker.broker.config import KafkaConfig
@@ -275,9 +276,10 @@ class KafkaServer:
         await loop.run_in_executor(None, self.metadata.register_broker, self.advertised_endpoints())
         log.info(
             "kbroker %d started in %.2f s: cluster %s, %d topics, advertised %s:%d, codec %s, record walk %s, "
-            "batch scan %s",
+            "batch scan %s, produce path %s",
             self.broker_id, time.monotonic() - t0, self.metadata.cluster_id, len(self.metadata.topics), host, port,
             codec.IMPLEMENTATION, record_walk.IMPLEMENTATION, records.SCAN_IMPLEMENTATION,
+            produce_codec.IMPLEMENTATION,
         )
 
     def _claim_first_producer_id_block(self) -> None:

@@ -11,12 +11,13 @@ import logging
 import struct
 from typing import Any
 
-from kbroker.broker import metrics
+from kbroker.broker import metrics, produce_codec
 from kbroker.broker.admin_manager import INTERNAL_TOPICS
-from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.apis import NOT_DIRECT, ApiHandler, RequestContext
 from kbroker.broker.leader_hints import PRODUCE_VERSION as HINTS_VERSION
 from kbroker.broker.leader_hints import LeaderHints
-from kbroker.broker.network import DelayedResponse
+from kbroker.broker.network import DelayedResponse, Response
+from kbroker.broker.produce_codec import PartitionAnswer, TopicAnswers
 from kbroker.broker.produce_validation import ONE_BATCH_VERSION, Refusal, validate_records
 from kbroker.broker.replica_manager import error_of
 from kbroker.broker.security.acls import AclOperation, ResourceType
@@ -108,6 +109,30 @@ def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
             return _append_all(ctx, req, {**failed, **_verification_failures(unverified, ctx.api_version)},
                                _guards(to_verify[0], to_verify[2], unverified))
     return _append_all(ctx, req, failed, {})
+
+
+def handle_produce_direct(ctx: RequestContext, frame: bytes | bytearray, pos: int) -> Any:
+    """handle_produce for the common request, decoded into tuples and answered by the direct encoder
+    (broker/produce_codec.py); NOT_DIRECT for any other request, which handle_produce then serves."""
+    server = ctx.server
+    if server.authorizer is not None:
+        return NOT_DIRECT
+    header = ctx.header
+    version = header.request_api_version
+    decoded = produce_codec.decode(frame, pos, version)
+    if decoded is None:
+        return NOT_DIRECT
+    # What handle_produce checks before appending finds nothing in this request: every partition holds one batch
+    # that validateRecords passes and no transactional batch, so there is no transactional id to authorize, no
+    # second transaction and nothing for the coordinator to verify.
+    guards: dict[tuple[str, int], VerificationGuard] | None = (
+        {} if server.config["transaction.partition.verification.enable"] else None)
+    result = _append(ctx, decoded[3], decoded[1], decoded[2], {}, guards, direct=True)
+    if type(result) is not tuple:
+        return result
+    answers, throttle = result
+    metrics.shard().answered_produce(answers)
+    return Response(produce_codec.encode_response(header.correlation_id, version, throttle, answers))
 
 
 def _refuse_all(req: ProduceRequest, code: ErrorCode) -> ProduceResponse | None:
@@ -234,90 +259,101 @@ def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str
                 guards: dict[tuple[str, int], VerificationGuard] | None) -> Any:
     """Append what passed the checks. guards: the partitions whose transaction the coordinator confirmed for this
     request (None when verification is off: transactional batches are then not checked against it)."""
+    topics = []
+    for t in req.topic_data:
+        topics.append((t.name, [(p.index, p.records) for p in t.partition_data]))
+    return _append(ctx, topics, req.acks, req.timeout_ms, failed, guards)
+
+
+def _failure(index: int, code: ErrorCode, message: str | None = None,
+             record_errors: list[RecordError] | None = None, log_start_offset: int = -1) -> PartitionAnswer:
+    return (index, code, -1, -1, log_start_offset, message,
+            [(e.batch_index, e.message) for e in record_errors] if record_errors else None)
+
+
+def _append(ctx: RequestContext, topics: list[tuple[str, list[tuple[int, Any]]]], acks: int, timeout_ms: int,
+            failed: dict[tuple[str, int], Refusal], guards: dict[tuple[str, int], VerificationGuard] | None,
+            direct: bool = False) -> Any:
+    """_append_all over (topic, [(partition, records)]). direct: answers that need nothing more (no leader hints,
+    no fsync or replication to wait for) come back as (answers, throttle) for the direct encoder."""
     rm = ctx.server.replica_manager
-    acks = req.acks
     counters = metrics.shard()
     to_flush: list[tuple[Any, int]] = []
     # acks=all partitions whose high watermark has not reached the batch yet: (topic, partition, required offset)
     delayed: list[tuple[str, int, int]] = []
     sequenced = False  # a batch with a producer id (idempotent or transactional) was appended
     not_leader = False  # a partition answered NOT_LEADER_OR_FOLLOWER: the response names its leader (KIP-951)
-    topics: list[ProduceResponse.TopicProduceResponse] = []
-    for t in req.topic_data:
-        parts: list[PartitionResponse] = []
-        for p in t.partition_data:
+    # Kafka answers from a map by partition: one entry per topic, none for a topic that named no partition.
+    answers: dict[str, list[PartitionAnswer]] = {}
+    for name, partitions in topics:
+        parts: list[PartitionAnswer] = []
+        for index, records in partitions:
             if failed:
-                refusal = failed.get((t.name, p.index))
+                refusal = failed.get((name, index))
                 if refusal is not None:
-                    parts.append(_error(p.index, *refusal))
+                    parts.append(_failure(index, *refusal))
                     continue
             if acks not in (0, 1, -1):
-                parts.append(_error(p.index, ErrorCode.INVALID_REQUIRED_ACKS))
+                parts.append(_failure(index, ErrorCode.INVALID_REQUIRED_ACKS))
                 continue
-            if t.name in INTERNAL_TOPICS:
+            if name in INTERNAL_TOPICS:
                 # Only the broker's coordinators write there: a forged record would rewrite a group's offsets or
                 # a transaction's state (Kafka's ReplicaManager refuses it the same way).
-                parts.append(_error(p.index, ErrorCode.INVALID_TOPIC_EXCEPTION,
-                                    f"Cannot append to internal topic {t.name}"))
+                parts.append(_failure(index, ErrorCode.INVALID_TOPIC_EXCEPTION, f"Cannot append to internal topic {name}"))
                 continue
-            if p.records is None or len(p.records) == 0:  # Produce v0-v2 (v3+ refused it above)
-                parts.append(_error(p.index, ErrorCode.CORRUPT_MESSAGE, "empty record set"))
+            if records is None or len(records) == 0:  # Produce v0-v2 (v3+ refused it above)
+                parts.append(_failure(index, ErrorCode.CORRUPT_MESSAGE, "empty record set"))
                 continue
-            magic = first_magic(p.records)
-            guard = None if guards is None else guards.get((t.name, p.index), _NO_GUARD)
+            magic = first_magic(records)
+            guard = None if guards is None else guards.get((name, index), _NO_GUARD)
             try:
-                lg, info = rm.append(t.name, p.index, p.records, acks, guard)
+                lg, info = rm.append(name, index, records, acks, guard)
             except Exception as e:  # noqa: BLE001 - every failure becomes this partition's error code
                 code = error_of(e)
                 not_leader = not_leader or code == ErrorCode.NOT_LEADER_OR_FOLLOWER
                 if code == ErrorCode.UNKNOWN_SERVER_ERROR:
-                    log.exception("Produce to %s-%d failed", t.name, p.index)
+                    log.exception("Produce to %s-%d failed", name, index)
                 elif code in _PRODUCER_STATE_ERRORS:
                     # Rare, and what makes an idempotent client bump its epoch: worth a line each.
-                    log.info("Produce to %s-%d refused with %s: %s", t.name, p.index, code.name, e)
+                    log.info("Produce to %s-%d refused with %s: %s", name, index, code.name, e)
                 # Records refused one by one (v8+): the client fails just those and retries nothing else.
                 record_errors = e.record_errors if isinstance(e, RecordValidationError) else None
-                failure = _error(p.index, code, str(e) or None, record_errors)
-                if code not in _NO_LOG_START_ERRORS:
-                    failure.log_start_offset = _log_start_offset(rm, t.name, p.index)
-                parts.append(failure)
+                log_start = -1 if code in _NO_LOG_START_ERRORS else _log_start_offset(rm, name, index)
+                parts.append(_failure(index, code, str(e) or None, record_errors, log_start))
                 continue
-            counters.produced(t.name, info.num_records, len(p.records))
-            if magic == 2 and len(p.records) >= BATCH_HEADER_SIZE and p.records[_PRODUCER_ID] != 0xFF:
+            counters.produced(name, info.num_records, len(records))
+            if magic == 2 and len(records) >= BATCH_HEADER_SIZE and records[_PRODUCER_ID] != 0xFF:
                 sequenced = True
             if rm.needs_flush(lg):
                 to_flush.append((lg, info.last_offset))
             if acks == -1 and info.last_offset >= lg.high_watermark:
-                delayed.append((t.name, p.index, info.last_offset + 1))
-            parts.append(
-                PartitionResponse(
-                    index=p.index,
-                    error_code=0,
-                    base_offset=info.first_offset,
-                    log_append_time_ms=info.log_append_time,
-                    log_start_offset=info.log_start_offset,
-                    current_leader=_NO_LEADER,
-                )
-            )
-        topics.append(ProduceResponse.TopicProduceResponse(name=t.name, partition_responses=parts))
+                delayed.append((name, index, info.last_offset + 1))
+            parts.append((index, 0, info.first_offset, info.log_append_time, info.log_start_offset, None, None))
+        if name in answers:
+            answers[name].extend(parts)
+        elif parts:
+            answers[name] = parts
     throttle = 0
     quota = ctx.server.produce_quota
     if quota.quota_for(ctx.client_id) is not None:  # most clients have none: skip the byte count
-        nbytes = sum(len(p.records) for t in req.topic_data for p in t.partition_data if p.records is not None)
+        nbytes = sum(len(records) for _, partitions in topics for _, records in partitions if records is not None)
         throttle = quota.record_and_get_throttle_ms(ctx.client_id, nbytes)
     if throttle:
         # producer_byte_rate: the data is appended; the client is told to back off and its connection waits.
         ctx.conn.mute_for(throttle)
-    response = ProduceResponse(responses=_by_topic(topics), throttle_time_ms=throttle)
-    if not_leader:
-        _name_leaders(ctx, response)
     if acks == 0:
         if to_flush:
             rm.flush_in_background(to_flush)
         return None
+    answered: TopicAnswers = list(answers.items())
+    if direct and not (not_leader or delayed or to_flush):
+        return answered, throttle
+    response = produce_codec.response_of(answered, throttle, _NO_LEADER)
+    if not_leader:
+        _name_leaders(ctx, response)
     if not delayed and not to_flush:
         return response
-    pending = (_after_replication(ctx, to_flush, delayed, response, req.timeout_ms) if delayed
+    pending = (_after_replication(ctx, to_flush, delayed, response, timeout_ms) if delayed
                else _after_flush(rm, to_flush, response))
     if sequenced:
         # Idempotent and transactional producers keep Kafka's one-request-at-a-time: their sequence bookkeeping
@@ -383,4 +419,5 @@ def _name_leaders(ctx: RequestContext, response: ProduceResponse) -> None:
     response.node_endpoints = hints.endpoints(ProduceResponse.NodeEndpoint)
 
 
-HANDLERS = [ApiHandler(0, 0, 11, handle_produce)]
+HANDLERS = [ApiHandler(0, 0, 11, handle_produce,
+                       direct=handle_produce_direct if produce_codec.COMPILED else None)]

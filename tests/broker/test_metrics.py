@@ -169,8 +169,14 @@ def test_health_metrics_of_a_single_node(metrics_broker):
 
     refused = P(transactional_id=None, acks=2, timeout_ms=1000, topic_data=[P.TopicProduceData(
         name="health", partition_data=[P.PartitionProduceData(index=0, records=b"")])])
+    # A valid batch with acks=2 takes the direct Produce path (broker/produce_codec.py), which counts it too.
+    from kbroker.protocol.records import build_batch
+
+    bad_acks = P(transactional_id=None, acks=2, timeout_ms=1000, topic_data=[P.TopicProduceData(
+        name="health", partition_data=[P.PartitionProduceData(index=0, records=build_batch([(None, b"v", (), 0)]))])])
     with WireClient(b.bootstrap) as c:
         assert c.request(0, 9, refused).responses[0].partition_responses[0].error_code == 87
+        assert c.request(0, 9, bad_acks).responses[0].partition_responses[0].error_code == 21
     s = scrape(port)
     # sum(activecontrollercount) == 1: the single node is its own controller
     assert value(s, "kafka_controller_kafkacontroller_activecontrollercount") == 1
@@ -179,7 +185,7 @@ def test_health_metrics_of_a_single_node(metrics_broker):
     assert value(s, "kafka_server_replicamanager_underminisrpartitioncount") == 0
     assert ("kafka_server_replicamanager_isrshrinks_total", ()) in s
     assert ("kafka_server_replicamanager_isrexpands_total", ()) in s
-    assert value(s, "kafka_server_brokertopicmetrics_failedproducerequests_total", topic="health") == 1
+    assert value(s, "kafka_server_brokertopicmetrics_failedproducerequests_total", topic="health") == 2
     assert ("kafka_server_brokertopicmetrics_failedfetchrequests_total", (("topic", "health"),)) in s
     # RequestQueueTimeMs counts every request once (those not queued behind another in its first bucket)
     assert value(s, "kafka_network_requestmetrics_requestqueuetimems_count", request="Produce") == \

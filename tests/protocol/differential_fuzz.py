@@ -3,7 +3,8 @@
 protocol/_codec.c against codec.py's generated functions (encode every request and response at every version the
 broker advertises, then decode mutated encodings with both) and protocol/_record_walk.c against
 record_walk.walk_records_py (record bodies with any varint widths, then mutated) and protocol/_batch_scan.c against
-records.scan_batches_py (batch sets with mutated headers, CRCs mended or not): the two must agree on every
+records.scan_batches_py (batch sets with mutated headers, CRCs mended or not) and protocol/_produce.c against
+broker/produce_codec.py's references (Produce requests, then mutated, and their answers): the two must agree on every
 accept/refuse and on what they return. Run by tools/sanitize_build.py on ASan/UBSan builds of the accelerators
 (the point: a memory error in C shows up there, not as a wrong answer), and importable for a plain run.
 """
@@ -18,8 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from crc32c import crc32c as ext_crc
+from kbroker.broker import produce_codec
 from kbroker.protocol import codec, record_walk
 from kbroker.protocol import records as R
+from kbroker.protocol.messages import ProduceRequest, RequestHeader
 
 from tests.protocol.test_codec import CASES, _cls, filled, normalize
 from tests.protocol.test_record_walk import NOW, VARINT_FIELDS, record_with_widths
@@ -161,6 +164,63 @@ def scan_round(rng: random.Random) -> None:
     assert ext is not None and ext.crc32c(data) == ext.crc32c(data, True) == ext_crc(data)
 
 
+def _produce_frame(rng: random.Random, version: int) -> tuple[bytes, int]:
+    P = ProduceRequest
+    topics = []
+    for t in range(rng.randint(0, 3)):
+        parts = []
+        for i in range(rng.randint(0, 3)):
+            batch = R.build_batch(
+                [(None, rng.randbytes(rng.randint(0, 30)), (), NOW) for _ in range(rng.randint(1, 3))],
+                producer_id=rng.choice([-1, 5]),
+                producer_epoch=0,
+                base_sequence=0,
+                is_transactional=rng.random() < 0.1,
+            )
+            parts.append(P.PartitionProduceData(index=i, records=batch * rng.choice([1, 1, 1, 2])))
+        topics.append(P.TopicProduceData(name=f"t{t}", partition_data=parts))
+    req = P(
+        transactional_id=rng.choice([None, "tx"]), acks=rng.choice([-1, 1]), timeout_ms=100, topic_data=topics
+    )
+    header = RequestHeader(request_api_key=0, request_api_version=version, correlation_id=1, client_id="c")
+    frame = bytes(codec.encode_request(header, req)[4:])
+    return frame, codec.decode_request_header(frame)[1]
+
+
+def _produce_both(frame: bytes, pos: int, version: int) -> None:
+    for buf in (frame, bytearray(frame)):
+        c = produce_codec._compiled.decode(buf, pos, version)  # type: ignore[union-attr]
+        assert c == produce_codec.decode_py(buf, pos, version), (version, frame.hex())
+
+
+def produce_round(rng: random.Random) -> None:
+    version = rng.randint(3, 11)
+    frame, pos = _produce_frame(rng, version)
+    _produce_both(frame, pos, version)
+    for _ in range(8):
+        _produce_both(frame[:pos] + _mutate(rng, frame[pos:]), pos, version)
+    answers = [
+        (
+            f"t{t}",
+            [
+                (
+                    i,
+                    rng.choice([0, 2, 87]),
+                    rng.randint(-1, 2**40),
+                    -1,
+                    rng.randint(-1, 9),
+                    rng.choice([None, "m"]),
+                    rng.choice([None, [(rng.randint(0, 9), rng.choice([None, "k"]))]]),
+                )
+                for i in range(rng.randint(0, 3))
+            ],
+        )
+        for t in range(rng.randint(0, 3))
+    ]
+    c = produce_codec._compiled.encode_response(3, version, 0, answers)  # type: ignore[union-attr]
+    assert c == produce_codec.encode_response_py(3, version, 0, answers), (version, answers)
+
+
 class _Evil:
     """A bool field's value that changes the list holding its struct while it is being encoded."""
 
@@ -195,12 +255,13 @@ ROUNDS: list[tuple[str, Callable[[random.Random], None], int]] = [
     ("record walk", walk_round, 3),
     ("encode hazard", encode_hazard_round, 1),
     ("batch scan", scan_round, 2),
+    ("produce", produce_round, 2),
 ]
 
 
 def run(seconds: float, seed: int = 0) -> dict[str, int]:
     """Rounds until `seconds` have passed (at least one of each); the same seed replays the same inputs."""
-    if not (codec.COMPILED and record_walk.COMPILED and R.SCAN_COMPILED):
+    if not (codec.COMPILED and record_walk.COMPILED and R.SCAN_COMPILED and produce_codec.COMPILED):
         raise RuntimeError("the compiled accelerators are not loaded (python setup.py build_ext --inplace)")
     rng = random.Random(seed)
     done = {name: 0 for name, _, _ in ROUNDS}

@@ -1,0 +1,128 @@
+"""The Produce request's direct decode and response encode (protocol/_produce.c) and their Python references.
+
+The common Produce request (v3+, every partition one valid non-transactional batch) is decoded straight into the
+tuples the handler needs and answered by a direct encoder, skipping the message objects, the per-partition checks
+of handle_produce (which could find nothing in it) and the generic response build and encode. The references below
+define what the compiled functions must return (tests/broker/test_produce_codec.py compares them); the broker uses
+the direct path only when the C module is loaded, and the general path (messages, checks, codec) otherwise.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from kbroker.broker.produce_validation import validate_records
+from kbroker.protocol import accelerators, codec
+from kbroker.protocol.messages import ProduceRequest, ProduceResponse
+from kbroker.protocol.records import ATTR_TRANSACTIONAL, BATCH_HEADER_SIZE, LOG_OVERHEAD
+
+MIN_VERSION, MAX_VERSION = 3, 11
+
+# (index, error_code, base_offset, log_append_time_ms, log_start_offset, error_message, record_errors)
+PartitionAnswer = tuple[int, int, int, int, int, "str | None", "list[tuple[int, str | None]] | None"]
+TopicAnswers = list[tuple[str, list[PartitionAnswer]]]
+# (transactional_id, acks, timeout_ms, [(name, [(index, records)])])
+DecodedProduce = tuple["str | None", int, int, list[tuple[str, list[tuple[int, Any]]]]]
+
+_compiled = accelerators.load("_produce")
+COMPILED = _compiled is not None
+IMPLEMENTATION = accelerators.describe("_produce", _compiled)
+
+_Topic = ProduceResponse.TopicProduceResponse
+_Part = ProduceResponse.PartitionProduceResponse
+_Err = ProduceResponse.BatchIndexAndErrorMessage
+_MAGIC = 16
+_TXN_BYTE = 22  # the low byte of the attributes (int16 at 21)
+_SIZE = struct.Struct(">i")
+_PY_DECODE_ERRORS = (codec.DecodeError, struct.error, IndexError, OverflowError, MemoryError, ValueError)
+
+
+def transactional_headers(records: Any) -> list[int]:
+    """Positions of the batch headers handle_produce's transactional scan reads as transactional: it steps by
+    each batch's length while a whole header remains, as Kafka's ReplicaManager reads producer ids."""
+    found = []
+    pos, end = 0, len(records)
+    while end - pos >= BATCH_HEADER_SIZE:
+        if records[pos + _MAGIC] == 2 and records[pos + _TXN_BYTE] & ATTR_TRANSACTIONAL:
+            found.append(pos)
+        (size,) = _SIZE.unpack_from(records, pos + 8)
+        if size <= 0:
+            break
+        pos += size + LOG_OVERHEAD
+    return found
+
+
+def plain_records(version: int, records: Any) -> bool:
+    """Records the general path would append as they are: validateRecords passes, nothing transactional."""
+    return (
+        records is not None
+        and validate_records(version, records) is None
+        and not transactional_headers(records)
+    )
+
+
+def decode_py(frame: Any, pos: int, version: int) -> DecodedProduce | None:
+    """The reference of _produce.decode: the generated decoder's request as tuples, None for anything but the
+    common case (a refused or transactional partition, a null name or records, bytes that do not decode)."""
+    if not MIN_VERSION <= version <= MAX_VERSION or not 0 <= pos <= len(frame):
+        return None
+    try:
+        req, _ = codec.py_decoder(ProduceRequest, version)(frame, pos)
+    except _PY_DECODE_ERRORS:
+        return None
+    topics = []
+    for t in req.topic_data:
+        if t.name is None:
+            return None
+        parts = []
+        for p in t.partition_data:
+            if not plain_records(version, p.records):
+                return None
+            parts.append((p.index, p.records))
+        topics.append((t.name, parts))
+    return req.transactional_id, req.acks, req.timeout_ms, topics
+
+
+def response_of(answers: TopicAnswers, throttle_ms: int, current_leader: Any) -> ProduceResponse:
+    """The message the answers stand for; current_leader: the tagged field's default object."""
+    topics = []
+    for name, parts in answers:
+        responses = []
+        for index, code, base, append_time, log_start, message, errors in parts:
+            responses.append(
+                _Part(
+                    index=index,
+                    error_code=code,
+                    base_offset=base,
+                    log_append_time_ms=append_time,
+                    log_start_offset=log_start,
+                    error_message=message,
+                    current_leader=current_leader,
+                    record_errors=[_Err(batch_index=i, batch_index_error_message=m) for i, m in errors]
+                    if errors
+                    else [],
+                )
+            )
+        topics.append(_Topic(name=name, partition_responses=responses))
+    return ProduceResponse(throttle_time_ms=throttle_ms, responses=topics)
+
+
+def encode_response_py(
+    correlation_id: int, version: int, throttle_ms: int, answers: TopicAnswers
+) -> bytearray:
+    """The reference of _produce.encode_response: the generated encoder's frame for the same response."""
+    if not MIN_VERSION <= version <= MAX_VERSION:
+        raise ValueError(f"encode_response: Produce v{version} is not encoded here")
+    body = response_of(answers, throttle_ms, codec.tagged_default(ProduceResponse.LeaderIdAndEpoch))
+    out = bytearray(8)
+    struct.pack_into(">i", out, 4, correlation_id)
+    if version >= 9:
+        out.append(0)
+    codec.py_encoder(ProduceResponse, version)(body, out, None)
+    struct.pack_into(">i", out, 0, len(out) - 4)
+    return out
+
+
+decode = _compiled.decode if _compiled is not None else decode_py
+encode_response = _compiled.encode_response if _compiled is not None else encode_response_py
