@@ -174,15 +174,12 @@ async def handle_end_txn(ctx: RequestContext, req: EndTxnRequest) -> EndTxnRespo
 
 
 async def handle_txn_offset_commit(ctx: RequestContext, req: TxnOffsetCommitRequest) -> TxnOffsetCommitResponse:
+    """Kafka 3.9's order: Write on the transactional id and Read on the group (the whole request refused), each
+    topic's Read and existence (per partition as named), then the coordinator for the distinct partitions left:
+    group id and ownership, the group created if missing, the transaction verified, the member checked, the write."""
     server = ctx.server
     gc = server.group_coordinator
-    now = int(time.time() * 1000)
-    offsets: dict[TopicPartition, OffsetAndMetadata] = {}
-    for t in req.topics:
-        for p in t.partitions:
-            offsets[(t.name, p.partition_index)] = OffsetAndMetadata(
-                p.committed_offset, p.committed_leader_epoch, p.committed_metadata or "", now, None)
-    results: dict[TopicPartition, ErrorCode] = {}
+    R = TxnOffsetCommitResponse
     refused: ErrorCode | None = None
     if _denied(ctx, WRITE, TXN_ID, req.transactional_id):
         refused = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
@@ -190,33 +187,58 @@ async def handle_txn_offset_commit(ctx: RequestContext, req: TxnOffsetCommitRequ
         refused = ErrorCode.GROUP_AUTHORIZATION_FAILED
     if refused is not None:
         # Kafka's getErrorResponse: the request's topics and partitions as named, each with the error.
-        R = TxnOffsetCommitResponse
         return R(throttle_time_ms=0, topics=[R.TxnOffsetCommitResponseTopic(name=t.name, partitions=[
             R.TxnOffsetCommitResponsePartition(partition_index=p.partition_index, error_code=refused)
             for p in t.partitions]) for t in req.topics])
-    if ctx.server.authorizer is not None:
-        topics = {t for t, _ in offsets}
-        denied = topics - ctx.authorized_names(READ, TOPIC, topics)
-        results = {tp: ErrorCode.TOPIC_AUTHORIZATION_FAILED for tp in offsets if tp[0] in denied}
-        offsets = {tp: o for tp, o in offsets.items() if tp[0] not in denied}
+    denied: set[str] = set()
+    if server.authorizer is not None:
+        names = {t.name for t in req.topics}
+        denied = names - ctx.authorized_names(READ, TOPIC, names)
+    now = int(time.time() * 1000)
+    answered: dict[str, list[R.TxnOffsetCommitResponsePartition]] = {}  # one entry per topic, as Kafka's builder
+    offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+    for t in req.topics:
+        topic_error = (ErrorCode.TOPIC_AUTHORIZATION_FAILED if t.name in denied
+                       else None if t.name in server.metadata.topics else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        if topic_error is not None:
+            answered.setdefault(t.name, []).extend(
+                R.TxnOffsetCommitResponsePartition(partition_index=p.partition_index, error_code=topic_error)
+                for p in t.partitions)
+            continue
+        for p in t.partitions:
+            if not server.topic_partition_exists(t.name, p.partition_index):
+                answered.setdefault(t.name, []).append(R.TxnOffsetCommitResponsePartition(
+                    partition_index=p.partition_index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                continue
+            offsets[(t.name, p.partition_index)] = OffsetAndMetadata(
+                p.committed_offset, p.committed_leader_epoch, p.committed_metadata or "", now, None)
     if offsets:
-        code = await _verify_offsets_partition(ctx, req)
-        if code != ErrorCode.NONE:
-            results.update({tp: code for tp in offsets})
+        code = await gc.call(gc.open_txn_commit, req.group_id) or await _verify_offsets_partition(ctx, req)
+        if code:
+            results = {tp: code for tp in offsets}
         else:
-            results.update(await gc.call(gc.txn_commit_offsets, req.group_id, req.producer_id, req.producer_epoch,
-                                         req.generation_id, req.member_id, req.group_instance_id, offsets))
-    by_topic: dict[str, list[TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition]] = defaultdict(list)
-    for (topic, partition), code in results.items():
-        code = abortable_error(code, ctx.api_version, 4)
-        if ctx.api_version < 3 and code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID,
-                                            ErrorCode.UNKNOWN_MEMBER_ID):
-            # Version 3 added these; Kafka answers older clients with the generic commit failure.
-            code = ErrorCode.UNKNOWN_SERVER_ERROR
-        by_topic[topic].append(TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition(
-            partition_index=partition, error_code=code))
-    return TxnOffsetCommitResponse(throttle_time_ms=0, topics=[
-        TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
+            results = await gc.call(gc.txn_commit_offsets, req.group_id, req.producer_id, req.producer_epoch,
+                                    req.generation_id, req.member_id, req.group_instance_id, offsets)
+        for (topic, partition), code in results.items():
+            answered.setdefault(topic, []).append(
+                R.TxnOffsetCommitResponsePartition(partition_index=partition, error_code=code))
+    for parts in answered.values():
+        for p in parts:
+            p.error_code = _txn_commit_error(ErrorCode(p.error_code), ctx.api_version)
+    return R(throttle_time_ms=0, topics=[R.TxnOffsetCommitResponseTopic(name=name, partitions=parts)
+                                         for name, parts in answered.items()])
+
+
+def _txn_commit_error(code: ErrorCode, version: int) -> ErrorCode:
+    code = abortable_error(code, version, 4)
+    if version < 3 and code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID,
+                                ErrorCode.UNKNOWN_MEMBER_ID):
+        # Version 3 added these; Kafka answers older clients with the generic commit failure.
+        return ErrorCode.UNKNOWN_SERVER_ERROR
+    if version < 2 and code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+        # KafkaApis: 0.11-2.0 producers did not expect the loading error (KAFKA-7296).
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    return code
 
 
 async def _verify_offsets_partition(ctx: RequestContext, req: TxnOffsetCommitRequest) -> ErrorCode:
