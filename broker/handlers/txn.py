@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from typing import Any
 
-from kbroker.broker.admin_manager import validate_topic_name
+from kbroker.broker.admin_manager import INTERNAL_TOPICS, validate_topic_name
 from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.replica_manager import error_of
 from kbroker.broker.security.acls import AclOperation, ResourceType
@@ -46,19 +47,20 @@ def _denied(ctx: RequestContext, op: AclOperation, rtype: ResourceType, name: st
     return ctx.server.authorizer is not None and not ctx.authorized(op, rtype, name)
 
 
-def _unwritable_partitions(ctx: RequestContext, transactional_id: str, tps: list[TopicPartition]
-                           ) -> dict[TopicPartition, ErrorCode] | None:
+def _unwritable_partitions(ctx: RequestContext, transactional_id: str, tps: list[TopicPartition],
+                           from_client: bool = False) -> dict[TopicPartition, ErrorCode] | None:
     """Kafka's AddPartitionsToTxn checks: Write on the transactional id (else every partition fails), Write on
     each topic and the partition's existence (else those partitions fail and the others are not attempted, so the
     producer never starts a transaction whose markers would go to a partition that is not there). None when every
-    partition passes."""
+    partition passes. A client (v0-3) may not add an internal topic at all: Kafka leaves them out of the topics it
+    authorizes, so they fail TOPIC_AUTHORIZATION_FAILED with or without an authorizer."""
     server = ctx.server
-    denied: set[str] = set()
+    denied: set[str] = {t for t, _ in tps if t in INTERNAL_TOPICS} if from_client else set()
     if server.authorizer is not None:
         if not ctx.authorized(WRITE, TXN_ID, transactional_id):
             return {tp: ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED for tp in tps}
-        topics = [t for t, _ in tps]
-        denied = set(topics) - ctx.authorized_names(WRITE, TOPIC, topics)
+        topics = [t for t, _ in tps if t not in denied]
+        denied |= set(topics) - ctx.authorized_names(WRITE, TOPIC, topics)
     errors: dict[TopicPartition, ErrorCode] = {}
     for t, p in tps:
         if t in denied:
@@ -93,6 +95,19 @@ def _topic_results(results: dict[TopicPartition, ErrorCode]) -> list[APR.AddPart
     return [APR.AddPartitionsToTxnTopicResult(name=t, results_by_partition=ps) for t, ps in by_topic.items()]
 
 
+def _coordinator_results(topics: Any, results: dict[TopicPartition, ErrorCode]
+                         ) -> list[APR.AddPartitionsToTxnTopicResult]:
+    """The coordinator's one answer for the whole transaction, on the request's topics and partitions as named
+    (Kafka's errorResponseForTransaction, used for success too)."""
+    codes = set(results.values())
+    if len(codes) != 1:
+        return _topic_results(results)
+    (code,) = codes
+    return [APR.AddPartitionsToTxnTopicResult(name=t.name, results_by_partition=[
+        APR.AddPartitionsToTxnPartitionResult(partition_index=p, partition_error_code=code) for p in t.partitions])
+        for t in topics]
+
+
 # ---------------------------------------------------------------- AddPartitionsToTxn
 
 
@@ -109,13 +124,14 @@ async def handle_add_partitions_to_txn(ctx: RequestContext, req: AddPartitionsTo
                         partition_index=p, partition_error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
                     for p in t.partitions])
                 for t in req.v3_and_below_topics])
-        refused = _unwritable_partitions(ctx, req.v3_and_below_transactional_id, tps)
+        refused = _unwritable_partitions(ctx, req.v3_and_below_transactional_id, tps, from_client=True)
         if refused is not None:
             return APR(throttle_time_ms=0, results_by_topic_v3_and_below=_topic_results(refused))
         results = await tc.call(tc.add_partitions, req.v3_and_below_transactional_id, req.v3_and_below_producer_id,
                                 req.v3_and_below_producer_epoch, tps, False)
         results = {tp: fenced_error(code, v, 2) for tp, code in results.items()}
-        return APR(throttle_time_ms=0, results_by_topic_v3_and_below=_topic_results(results))
+        return APR(throttle_time_ms=0,
+                   results_by_topic_v3_and_below=_coordinator_results(req.v3_and_below_topics, results))
     # v4+: brokers verifying (KIP-890) or adding partitions for several transactions in one request.
     if ctx.server.authorizer is not None and not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER):
         return APR(throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, results_by_transaction=[])
@@ -131,7 +147,8 @@ async def handle_add_partitions_to_txn(ctx: RequestContext, req: AddPartitionsTo
                                 txn.verify_only)
         results = {tp: abortable_error(code, v, 5) for tp, code in results.items()}
         out.append(APR.AddPartitionsToTxnResult(transactional_id=txn.transactional_id,
-                                                topic_results=_topic_results(results)))
+                                                topic_results=_topic_results(results) if txn.verify_only
+                                                else _coordinator_results(txn.topics, results)))
     return APR(throttle_time_ms=0, error_code=0, results_by_transaction=out)
 
 

@@ -12,6 +12,7 @@ import pytest
 from kbroker.protocol import records as R
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
+    AddPartitionsToTxnRequest,
     CreateAclsRequest,
     DeleteAclsRequest,
     DescribeAclsRequest,
@@ -30,7 +31,7 @@ from tests.differential.harness import CLOSED, Target
 from tests.differential.scenarios import fetch
 
 PRODUCE, FETCH, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, DESCRIBE_GROUPS = 0, 1, 8, 9, 10, 15
-TXN_OFFSET_COMMIT, DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 28, 29, 30, 31
+ADD_PARTITIONS_TO_TXN, TXN_OFFSET_COMMIT, DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 24, 28, 29, 30, 31
 UNKNOWN = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
@@ -205,6 +206,41 @@ def test_txn_offset_commit_creates_the_group_before_its_checks(
     # No transaction of that producer: refused by the verification, after the group was created.
     assert codes[(topic_name, 0)] not in (ErrorCode.NONE, UNKNOWN)
     assert _group_state(target, "txn-oc-group") == "Empty"
+
+
+def test_add_partitions_to_txn_refuses_internal_topics_and_names_the_request_topics(
+    broker: BrokerProcess, target: Target, topic_name: str
+) -> None:
+    with WireClient(broker.bootstrap) as c:
+        c.create_topic(topic_name)
+    T = AddPartitionsToTxnRequest.AddPartitionsToTxnTopic
+
+    def add(*topics: tuple[str, list[int]]) -> Any:
+        req = AddPartitionsToTxnRequest(
+            v3_and_below_transactional_id="aptt-unknown",
+            v3_and_below_producer_id=4242,
+            v3_and_below_producer_epoch=0,
+            v3_and_below_topics=[T(name=n, partitions=ps) for n, ps in topics],
+        )
+        return target.send(ADD_PARTITIONS_TO_TXN, 3, req).results_by_topic_v3_and_below
+
+    # A client may not add an internal topic: TOPIC_AUTHORIZATION_FAILED even without an authorizer.
+    results = add(("__consumer_offsets", [0]), (topic_name, [0]))
+    assert {
+        (t.name, p.partition_index): p.partition_error_code for t in results for p in t.results_by_partition
+    } == {
+        ("__consumer_offsets", 0): ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+        (topic_name, 0): ErrorCode.OPERATION_NOT_ATTEMPTED,
+    }
+    # The coordinator's answer (no such producer) goes on the request's topics as named, empty ones included.
+    results = add((topic_name, [0]), ("other", []))
+    assert [
+        (t.name, [(p.partition_index, p.partition_error_code) for p in t.results_by_partition])
+        for t in results
+    ] == [
+        (topic_name, [(0, ErrorCode.INVALID_PRODUCER_ID_MAPPING)]),
+        ("other", []),
+    ]
 
 
 def test_offset_fetch_answers_a_partition_named_twice_once(
