@@ -138,11 +138,11 @@ def _group_state(target: Target, group: str) -> str:
     return str(resp.groups[0].group_state)
 
 
-def _coordinator(target: Target, *groups: str) -> None:
+def _coordinator(target: Target, *groups: str, key_type: int = 0) -> None:
     deadline = time.monotonic() + 30
     while True:
         resp = target.send(
-            FIND_COORDINATOR, 4, FindCoordinatorRequest(key_type=0, coordinator_keys=list(groups))
+            FIND_COORDINATOR, 4, FindCoordinatorRequest(key_type=key_type, coordinator_keys=list(groups))
         )
         if all(c.error_code == 0 for c in resp.coordinators) or time.monotonic() > deadline:
             return
@@ -213,6 +213,7 @@ def test_add_partitions_to_txn_refuses_internal_topics_and_names_the_request_top
 ) -> None:
     with WireClient(broker.bootstrap) as c:
         c.create_topic(topic_name)
+    _coordinator(target, "aptt-unknown", key_type=1)
     T = AddPartitionsToTxnRequest.AddPartitionsToTxnTopic
 
     def add(*topics: tuple[str, list[int]]) -> Any:
