@@ -13,6 +13,8 @@ from kbroker.protocol import records as R
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     AddPartitionsToTxnRequest,
+    AlterClientQuotasRequest,
+    AlterUserScramCredentialsRequest,
     CreateAclsRequest,
     DeleteAclsRequest,
     DescribeAclsRequest,
@@ -31,6 +33,7 @@ from tests.differential.harness import CLOSED, Target
 from tests.differential.scenarios import fetch
 
 PRODUCE, FETCH, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, DESCRIBE_GROUPS = 0, 1, 8, 9, 10, 15
+ALTER_CLIENT_QUOTAS, ALTER_USER_SCRAM_CREDENTIALS = 49, 51
 ADD_PARTITIONS_TO_TXN, TXN_OFFSET_COMMIT, DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 24, 28, 29, 30, 31
 UNKNOWN = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
@@ -354,3 +357,34 @@ def test_acl_requests_kafka_cannot_parse_close_the_connection(broker: BrokerProc
         permission_type=0,
     )
     assert send(DELETE_ACLS, 1, DeleteAclsRequest(filters=[flt])) == CLOSED  # UNKNOWN permission type
+
+
+def test_alter_user_scram_credentials_an_upsertion_error_comes_first(target: Target) -> None:
+    A = AlterUserScramCredentialsRequest
+    req = A(
+        deletions=[A.ScramCredentialDeletion(name="scram-user", mechanism=99)],
+        upsertions=[
+            A.ScramCredentialUpsertion(
+                name="scram-user", mechanism=1, iterations=10, salt=b"s", salted_password=b"p"
+            )
+        ],
+    )
+    results = target.send(ALTER_USER_SCRAM_CREDENTIALS, 0, req).results
+    assert [(r.user, r.error_code) for r in results] == [("scram-user", ErrorCode.UNACCEPTABLE_CREDENTIAL)]
+
+
+def test_alter_client_quotas_answers_an_entity_as_a_map(target: Target) -> None:
+    Q = AlterClientQuotasRequest
+    twice = [
+        Q.EntityData(entity_type="client-id", entity_name="a"),
+        Q.EntityData(entity_type="client-id", entity_name="b"),
+    ]
+    op = Q.OpData(key="producer_byte_rate", value=1024.0, remove=False)
+    req = Q(
+        entries=[Q.EntryData(entity=twice, ops=[op]), Q.EntryData(entity=twice[1:], ops=[op])],
+        validate_only=True,
+    )
+    entries = target.send(ALTER_CLIENT_QUOTAS, 1, req).entries
+    assert [([(e.entity_type, e.entity_name) for e in x.entity], x.error_code) for x in entries] == [
+        ([("client-id", "b")], ErrorCode.NONE)
+    ]
