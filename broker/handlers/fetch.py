@@ -564,6 +564,10 @@ def handle_offset_for_leader_epoch(ctx: RequestContext, req: OffsetForLeaderEpoc
                     # A log written before leader epochs were recorded: all of it is epoch 0's.
                     if 0 <= p.leader_epoch <= LEADER_EPOCH:
                         out.leader_epoch, out.end_offset = LEADER_EPOCH, lg.log_end_offset
+                    elif p.leader_epoch < -1:
+                        # Older than the one epoch there is: Kafka's LeaderEpochFileCache answers the requested epoch
+                        # and the start of the first known one.
+                        out.leader_epoch, out.end_offset = p.leader_epoch, lg.log_start_offset
                 else:
                     out.leader_epoch, out.end_offset = lg.end_offset_for_epoch(p.leader_epoch)
                 out.error_code = 0

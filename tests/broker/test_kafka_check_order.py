@@ -23,6 +23,7 @@ from kbroker.protocol.messages import (
     FindCoordinatorRequest,
     OffsetCommitRequest,
     OffsetFetchRequest,
+    OffsetForLeaderEpochRequest,
     ProduceRequest,
     TxnOffsetCommitRequest,
 )
@@ -388,3 +389,24 @@ def test_alter_client_quotas_answers_an_entity_as_a_map(target: Target) -> None:
     assert [([(e.entity_type, e.entity_name) for e in x.entity], x.error_code) for x in entries] == [
         ([("client-id", "b")], ErrorCode.NONE)
     ]
+
+
+def test_offset_for_leader_epoch_older_than_any_epoch(
+    broker: BrokerProcess, target: Target, topic_name: str
+) -> None:
+    with WireClient(broker.bootstrap) as c:
+        c.create_topic(topic_name)
+    E = OffsetForLeaderEpochRequest
+    req = E(
+        topics=[
+            E.OffsetForLeaderTopic(
+                topic=topic_name,
+                partitions=[
+                    E.OffsetForLeaderPartition(partition=0, current_leader_epoch=-1, leader_epoch=-5)
+                ],
+            )
+        ]
+    )
+    part = target.send(23, 2, req).topics[0].partitions[0]
+    # Kafka's LeaderEpochFileCache: the requested epoch and the start offset of the first epoch it knows.
+    assert (part.error_code, part.leader_epoch, part.end_offset) == (0, -5, 0)
