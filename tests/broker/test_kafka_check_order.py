@@ -331,7 +331,7 @@ def test_acl_requests_kafka_cannot_parse_close_the_connection(broker: BrokerProc
     # No authorizer here: a request Kafka parses is answered SECURITY_DISABLED.
     assert send(DESCRIBE_ACLS, 1, _describe_acls(pattern=1)).error_code == ErrorCode.SECURITY_DISABLED
     assert send(DESCRIBE_ACLS, 0, _describe_acls(pattern=1)).error_code == ErrorCode.SECURITY_DISABLED
-    assert send(DESCRIBE_ACLS, 0, _describe_acls(pattern=4)) == CLOSED  # v0: LITERAL (or ANY) only
+    assert send(DESCRIBE_ACLS, 0, _describe_acls(pattern=3, operation=0)) == CLOSED  # UNKNOWN operation
     assert send(DESCRIBE_ACLS, 1, _describe_acls(pattern=1, operation=0)) == CLOSED  # UNKNOWN operation
     creation = CreateAclsRequest.AclCreation(
         resource_type=2,
