@@ -105,6 +105,20 @@ class _FetchPlan:
         return any(cp.topic is not None and cp.topic not in self.denied
                    and server.topic_partition_exists(cp.topic, cp.partition) for cp in self.parts)
 
+    def unnamed_partition_not_last(self) -> bool:
+        """Kafka 3.9 builds a v13+ response in one pass comparing each partition's topic name with the previous
+        one's (FetchResponse.toMessage): a partition of an unknown topic id (no name) followed by any other throws
+        a NullPointerException, and the whole request fails. Its response lists the partitions read first, then
+        those refused before the read: a consumer's unknown topic ids first, the rest in the request's order."""
+        if len(self.parts) < 2 or all(cp.topic is not None for cp in self.parts):
+            return False
+        server = self.ctx.server
+        refused = [cp for cp in self.parts if cp.topic is None or cp.topic in self.denied
+                   or not server.topic_partition_exists(cp.topic, cp.partition)]
+        if self.replica_id < 0:
+            refused.sort(key=lambda cp: cp.topic is not None)  # stable: request order within each kind
+        return any(cp.topic is None for cp in refused[:-1])
+
     def keys(self) -> list[tuple[str, int]]:
         """What a long poll watches: every partition read, so data on any partition of a session wakes it."""
         return [(cp.topic, cp.partition) for cp in self.parts if cp.topic is not None]
@@ -325,6 +339,8 @@ def handle_fetch(ctx: RequestContext, req: FetchRequest) -> Any:
         # Kafka reads the isolation level (IsolationLevel.forId, which throws) only when a partition is to be read:
         # the whole request is answered UNKNOWN_SERVER_ERROR (FetchRequest.getErrorResponse).
         return _whole_request_error(ctx, req)
+    if by_id and not isinstance(context, IncrementalFetchContext) and plan.unnamed_partition_not_last():
+        return _whole_request_error(ctx, req)
     generation = ctx.server.replica_manager.purgatory.generation
     first = plan.read()
     results, nbytes, has_error = first
@@ -340,7 +356,7 @@ def _whole_request_error(ctx: RequestContext, req: FetchRequest) -> FetchRespons
     responses = [] if ctx.api_version >= 13 else [
         FetchResponse.FetchableTopicResponse(topic=t.topic, topic_id=t.topic_id, partitions=[
             PartitionData(partition_index=p.partition, error_code=code, high_watermark=-1, last_stable_offset=-1,
-                          log_start_offset=-1, records=b"", aborted_transactions=[])
+                          log_start_offset=-1, records=None, aborted_transactions=[])
             for p in t.partitions])
         for t in req.topics]
     return FetchResponse(throttle_time_ms=0, error_code=code, session_id=req.session_id, responses=responses)

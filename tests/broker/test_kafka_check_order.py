@@ -410,3 +410,20 @@ def test_offset_for_leader_epoch_older_than_any_epoch(
     part = target.send(23, 2, req).topics[0].partitions[0]
     # Kafka's LeaderEpochFileCache: the requested epoch and the start offset of the first epoch it knows.
     assert (part.error_code, part.leader_epoch, part.end_offset) == (0, -5, 0)
+
+
+def test_fetch_v13_unknown_topic_id_followed_by_another_partition_fails_the_request(
+    broker: BrokerProcess, target: Target, topic_name: str
+) -> None:
+    unknown = b"\x07" * 16
+    req = fetch("", 0, 0)
+    req.topics[0].topic_id = unknown
+    alone = target.send(FETCH, 13, req)
+    assert alone.error_code == ErrorCode.NONE
+    assert [p.error_code for t in alone.responses for p in t.partitions] == [ErrorCode.UNKNOWN_TOPIC_ID]
+    # A second partition after it: Kafka's FetchResponse.toMessage compares the first one's (null) topic name.
+    req.topics[0].partitions.append(
+        FetchRequest.FetchPartition(partition=1, fetch_offset=0, partition_max_bytes=1024)
+    )
+    both = target.send(FETCH, 13, req)
+    assert (both.error_code, both.responses) == (ErrorCode.UNKNOWN_SERVER_ERROR, [])
