@@ -80,7 +80,7 @@ def validate_scram_alterations(req: AlterUserScramCredentialsRequest,
                                stored: dict[str, dict[str, scram.ScramCredential]]
                                ) -> tuple[dict[str, tuple[ErrorCode, str]], CredentialChanges]:
     """Kafka's ZkAdminManager.alterUserScramCredentials checks, in its order: (errors by user, changes of the valid
-    users). Illegal upsertions and deletions first (an upsertion's error wins for a user with both), then a user
+    users). Illegal upsertions and deletions first (a user's last; an upsertion's wins over a deletion's), then a user
     credential named twice among the rest, then deletions of credentials that do not exist."""
     def illegal(user: str, mechanism_id: int, iterations: int | None) -> tuple[ErrorCode, str] | None:
         if not user:
@@ -97,12 +97,12 @@ def validate_scram_alterations(req: AlterUserScramCredentialsRequest,
     for u in req.upsertions:
         e = illegal(u.name, u.mechanism, u.iterations)
         if e is not None:
-            by_upsertion.setdefault(u.name, e)  # first encountered wins
+            by_upsertion[u.name] = e  # Kafka maps user -> error: the last one wins
     by_deletion: dict[str, tuple[ErrorCode, str]] = {}
     for d in req.deletions:
         e = illegal(d.name, d.mechanism, None)
         if e is not None:
-            by_deletion.setdefault(d.name, e)
+            by_deletion[d.name] = e
     errors: dict[str, tuple[ErrorCode, str]] = {**by_deletion, **by_upsertion}
     pairs = Counter([(u.name, u.mechanism) for u in req.upsertions if u.name not in errors]
                     + [(d.name, d.mechanism) for d in req.deletions if d.name not in errors])

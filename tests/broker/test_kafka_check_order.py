@@ -365,9 +365,13 @@ def test_alter_user_scram_credentials_an_upsertion_error_comes_first(target: Tar
     req = A(
         deletions=[A.ScramCredentialDeletion(name="scram-user", mechanism=99)],
         upsertions=[
+            # The user's last illegal upsertion decides (too few iterations), and wins over the deletion's.
+            A.ScramCredentialUpsertion(
+                name="scram-user", mechanism=77, iterations=8192, salt=b"s", salted_password=b"p"
+            ),
             A.ScramCredentialUpsertion(
                 name="scram-user", mechanism=1, iterations=10, salt=b"s", salted_password=b"p"
-            )
+            ),
         ],
     )
     results = target.send(ALTER_USER_SCRAM_CREDENTIALS, 0, req).results
