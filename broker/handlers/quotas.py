@@ -64,16 +64,19 @@ def handle_alter_client_quotas(ctx: RequestContext, req: AlterClientQuotasReques
     # Kafka reads an entity as a map by entity type (a type named twice: the last name) and answers a map by
     # entity, so an entity altered twice in one request is answered once, with its last outcome.
     out: dict[frozenset[tuple[str, str | None]], AlterClientQuotasResponse.EntryData] = {}
+    refused: list[AlterClientQuotasResponse.EntryData] = []
     for entry in req.entries:
         entity = {e.entity_type: e.entity_name for e in entry.entity}
         entity_data = [R.EntityData(entity_type=t, entity_name=n) for t, n in entity.items()]
         result = R.EntryData(error_code=0, error_message=None, entity=entity_data)
+        if not allowed:
+            # Kafka's getErrorResponse: every entry as named (only its entity read as a map).
+            result.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            refused.append(result)
+            continue
         key = frozenset(entity.items())
         out.pop(key, None)
         out[key] = result
-        if not allowed:
-            result.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-            continue
         if len(entity) != 1 or CLIENT_ID not in entity:
             result.error_code = ErrorCode.INVALID_REQUEST
             result.error_message = "kbroker supports quotas for client-id entities only"
@@ -106,7 +109,7 @@ def handle_alter_client_quotas(ctx: RequestContext, req: AlterClientQuotasReques
             except Exception as e:  # noqa: BLE001 - e.g. ZooKeeper unreachable
                 result.error_code = getattr(e, "code", ErrorCode.UNKNOWN_SERVER_ERROR)
                 result.error_message = str(e)
-    return R(throttle_time_ms=0, entries=list(out.values()))
+    return R(throttle_time_ms=0, entries=refused + list(out.values()))
 
 
 HANDLERS = [
