@@ -45,6 +45,16 @@ INVALID_SESSION_ID = 0
 INITIAL_EPOCH = 0
 FINAL_EPOCH = -1
 INT32_MAX = 2**31 - 1
+# Kafka 3.8+ shards its fetch session cache by session id (FetchSessionCache.getCacheShard: id / range, truncated);
+# an id whose shard does not exist fails the whole Fetch with UNKNOWN_SERVER_ERROR before the session is looked up.
+SESSION_ID_SHARDS = 8
+SESSION_ID_RANGE = INT32_MAX // SESSION_ID_SHARDS
+
+
+def session_id_has_no_shard(session_id: int) -> bool:
+    """Whether Kafka 3.9 would fail a Fetch naming this session id (negative ids of a whole range or more, and the
+    few ids past the last shard)."""
+    return session_id <= -SESSION_ID_RANGE or session_id >= SESSION_ID_SHARDS * SESSION_ID_RANGE
 # Kafka's KafkaServer.MIN_INCREMENTAL_FETCH_SESSION_EVICTION_MS: a session this long unused is stale and may be
 # evicted by anyone; a session younger than this is safe from eviction by a larger one.
 MIN_INCREMENTAL_FETCH_SESSION_EVICTION_MS = 120_000
@@ -246,7 +256,7 @@ class FetchSessionCache:
 
     def new_session_id(self) -> int:
         while True:
-            sid = random.randint(1, INT32_MAX)
+            sid = random.randint(1, SESSION_ID_SHARDS * SESSION_ID_RANGE - 1)
             if sid not in self.sessions:
                 return sid
 

@@ -85,3 +85,37 @@ def validate_records(version: int, records: bytes | bytearray | memoryview | Non
     except _Corrupt as e:
         return ErrorCode.CORRUPT_MESSAGE, str(e)
     return None
+
+
+# Kafka's DefaultRecordBatch reads the producer id at offset 43 of the batch whatever the batch's stated size: a
+# magic-2 entry shorter than that makes its request handler fail (IndexOutOfBoundsException, UNKNOWN_SERVER_ERROR).
+SHORTEST_PRODUCER_BATCH = 51
+
+
+def first_entry_corrupt(records: bytes | bytearray | memoryview | None) -> str | None:
+    """Why Kafka's batch iterator fails on the first entry of a partition's records (RequestUtils.flag reads it
+    before anything else is checked), or None."""
+    if not records:
+        return None
+    try:
+        _next_batch_size(records, 0)
+    except _Corrupt as e:
+        return str(e)
+    return None
+
+
+def scan_entries(records: bytes | bytearray | memoryview) -> ErrorCode | None:
+    """Kafka's ReplicaManager.handleProduceAppend walks every entry of each partition to be appended (looking for
+    transactional batches) before it appends anything: a corrupt entry fails the whole request with
+    CORRUPT_MESSAGE, a magic-2 entry too short to hold a producer id with UNKNOWN_SERVER_ERROR."""
+    pos = 0
+    try:
+        while True:
+            size = _next_batch_size(records, pos)
+            if size is None:
+                return None
+            if records[pos + _MAGIC_OFFSET] == _CURRENT_MAGIC and size < SHORTEST_PRODUCER_BATCH:
+                return ErrorCode.UNKNOWN_SERVER_ERROR
+            pos += size
+    except _Corrupt:
+        return ErrorCode.CORRUPT_MESSAGE

@@ -99,8 +99,8 @@ class GroupOffsets:
         def all_(code: ErrorCode) -> dict[TopicPartition, ErrorCode]:
             return {tp: code for tp in offsets}
 
-        if not group_id:
-            return all_(ErrorCode.INVALID_GROUP_ID)
+        # An empty group id is allowed here (Kafka's isValidGroupId keeps it for OffsetCommit, OffsetFetch,
+        # DescribeGroups and DeleteGroups, for old clients that commit without a group).
         err = self.coordinator_error(group_id)
         if err is not None:
             return all_(err)
@@ -166,6 +166,17 @@ class GroupOffsets:
         return results, accepted
 
     # ------------------------------------------------------------ TxnOffsetCommit
+
+    async def open_txn_commit(self, group_id: str) -> ErrorCode | None:
+        """Kafka's handleTxnCommitOffsets before the transaction is verified: the group id and this coordinator's
+        ownership are checked, and a missing group is created empty (it stays whatever the commit's outcome)."""
+        if not group_id:
+            return ErrorCode.INVALID_GROUP_ID
+        err = self.coordinator_error(group_id)
+        if err is not None:
+            return err
+        self._group(group_id, create=True)
+        return None
 
     async def txn_commit_offsets(self, group_id: str, producer_id: int, producer_epoch: int, generation_id: int,
                                  member_id: str, instance_id: str | None,

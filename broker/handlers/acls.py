@@ -10,6 +10,7 @@ import asyncio
 from collections import defaultdict
 
 from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.network import CloseConnection
 from kbroker.broker.security.acls import (
     AccessControlEntry,
     AclBindingFilter,
@@ -37,6 +38,21 @@ NO_AUTHORIZER = "No Authorizer is configured."
 NOT_AUTHORIZED = "Request is not authorized for this cluster operation."
 
 
+# Kafka's UNKNOWN code of ResourceType, PatternType, AclOperation and AclPermissionType; ANY and LITERAL patterns.
+_UNKNOWN, _ANY, _LITERAL = 0, 1, 3
+
+
+def _refuse_unparsable(version: int, patterns: list[int], others: list[int], what: str) -> None:
+    """Kafka validates ACL requests while parsing them (CreateAclsRequest.validate, DeleteAclsRequest and
+    DescribeAclsRequest.normalizeAndValidate): v0 takes only LITERAL patterns (ANY too in a filter, read as LITERAL),
+    and no version takes an UNKNOWN (0) code. A request failing that cannot be parsed, so its connection is closed
+    before authorization or the authorizer's absence are looked at."""
+    if version == 0 and any(p != _LITERAL for p in patterns):
+        raise CloseConnection(f"{what} v0 only supports literal resource pattern types")
+    if _UNKNOWN in patterns or _UNKNOWN in others:
+        raise CloseConnection(f"{what} contains UNKNOWN elements")
+
+
 def _filter(rtype: int, name: str | None, ptype: int, principal: str | None, host: str | None, op: int,
             perm: int) -> AclBindingFilter:
     return AclBindingFilter(resource_type(rtype), name, pattern_type(ptype), principal, host, operation(op),
@@ -45,6 +61,10 @@ def _filter(rtype: int, name: str | None, ptype: int, principal: str | None, hos
 
 def handle_describe_acls(ctx: RequestContext, req: DescribeAclsRequest) -> DescribeAclsResponse:
     R = DescribeAclsResponse
+    if ctx.api_version == 0 and req.pattern_type_filter == _ANY:
+        req.pattern_type_filter = _LITERAL
+    _refuse_unparsable(ctx.api_version, [req.pattern_type_filter],
+                       [req.resource_type_filter, req.operation, req.permission_type], "DescribeAclsRequest")
     if not ctx.authorized(AclOperation.DESCRIBE, ResourceType.CLUSTER):
         return R(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=NOT_AUTHORIZED, resources=[])
     authz = ctx.server.authorizer
@@ -74,6 +94,9 @@ def handle_describe_acls(ctx: RequestContext, req: DescribeAclsRequest) -> Descr
 
 async def handle_create_acls(ctx: RequestContext, req: CreateAclsRequest) -> CreateAclsResponse:
     R = CreateAclsResponse
+    _refuse_unparsable(ctx.api_version, [c.resource_pattern_type for c in req.creations],
+                       [v for c in req.creations for v in (c.resource_type, c.operation, c.permission_type)],
+                       "CreateAclsRequest")
     if not ctx.authorized(AclOperation.ALTER, ResourceType.CLUSTER):
         return R(results=[R.AclCreationResult(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
                                                error_message=NOT_AUTHORIZED) for _ in req.creations])
@@ -112,6 +135,13 @@ async def handle_create_acls(ctx: RequestContext, req: CreateAclsRequest) -> Cre
 
 async def handle_delete_acls(ctx: RequestContext, req: DeleteAclsRequest) -> DeleteAclsResponse:
     R = DeleteAclsResponse
+    if ctx.api_version == 0:
+        for f in req.filters:
+            if f.pattern_type_filter == _ANY:
+                f.pattern_type_filter = _LITERAL
+    _refuse_unparsable(ctx.api_version, [f.pattern_type_filter for f in req.filters],
+                       [v for f in req.filters for v in (f.resource_type_filter, f.operation, f.permission_type)],
+                       "DeleteAclsRequest")
     if not ctx.authorized(AclOperation.ALTER, ResourceType.CLUSTER):
         return R(filter_results=[R.DeleteAclsFilterResult(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
                                                           error_message=NOT_AUTHORIZED, matching_acls=[])

@@ -23,6 +23,7 @@ from kbroker.broker.fetch_session import (
     SessionlessFetchContext,
     not_quiet,
     quiet_holds,
+    session_id_has_no_shard,
 )
 from kbroker.broker.leader_hints import FETCH_VERSION as HINTS_VERSION
 from kbroker.broker.leader_hints import LeaderHints
@@ -96,6 +97,27 @@ class _FetchPlan:
                     self.denied = names
             else:
                 self.denied = names - ctx.authorized_names(AclOperation.READ, ResourceType.TOPIC, names)
+
+    def any_to_read(self) -> bool:
+        """Whether a partition passes Kafka's checks before the read (topic id known, topic readable, partition in
+        the metadata): Kafka's `interesting` partitions, the only ones that reach ReplicaManager.fetchMessages."""
+        server = self.ctx.server
+        return any(cp.topic is not None and cp.topic not in self.denied
+                   and server.topic_partition_exists(cp.topic, cp.partition) for cp in self.parts)
+
+    def unnamed_partition_not_last(self) -> bool:
+        """Kafka 3.9 builds a v13+ response in one pass comparing each partition's topic name with the previous
+        one's (FetchResponse.toMessage): a partition of an unknown topic id (no name) followed by any other throws
+        a NullPointerException, and the whole request fails. Its response lists the partitions read first, then
+        those refused before the read: a consumer's unknown topic ids first, the rest in the request's order."""
+        if len(self.parts) < 2 or all(cp.topic is not None for cp in self.parts):
+            return False
+        server = self.ctx.server
+        refused = [cp for cp in self.parts if cp.topic is None or cp.topic in self.denied
+                   or not server.topic_partition_exists(cp.topic, cp.partition)]
+        if self.replica_id < 0:
+            refused.sort(key=lambda cp: cp.topic is not None)  # stable: request order within each kind
+        return any(cp.topic is None for cp in refused[:-1])
 
     def keys(self) -> list[tuple[str, int]]:
         """What a long poll watches: every partition read, so data on any partition of a session wakes it."""
@@ -228,7 +250,9 @@ class _FetchPlan:
         cp.follower_quiet = NOT_QUIET
         part = rm.get_partition(name, p.partition)
         if part is None:
-            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+            # Kafka answers a follower's partition the metadata does not know before any read.
+            exists = self.ctx.server.topic_partition_exists(name, p.partition)
+            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER if exists else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         # The epoch first, as Kafka's localLogWithEpochOrThrow: a new leader that has not applied its LeaderAndIsr
         # yet answers a follower already told of it UNKNOWN_LEADER_EPOCH, which it retries at once.
         leader_epoch = part.leader_epoch
@@ -300,6 +324,8 @@ def handle_fetch(ctx: RequestContext, req: FetchRequest) -> Any:
     replica_id = _replica_id(ctx, req)
     context: FetchContext
     if ctx.api_version >= 7:
+        if req.session_id != INVALID_SESSION_ID and session_id_has_no_shard(req.session_id):
+            return _whole_request_error(ctx, req)
         context = ctx.server.fetch_manager.new_context(ctx.api_version, req.session_id, req.session_epoch,
                                                        replica_id >= 0, fetch_data, _forgotten(req, by_id),
                                                        topic_names)
@@ -309,12 +335,31 @@ def handle_fetch(ctx: RequestContext, req: FetchRequest) -> Any:
         context = SessionlessFetchContext(fetch_data)
     plan = _FetchPlan(ctx, req, context.partitions(), by_id, replica_id,
                       context.session if replica_id >= 0 and isinstance(context, IncrementalFetchContext) else None)
+    if req.isolation_level not in (0, 1) and plan.any_to_read():
+        # Kafka reads the isolation level (IsolationLevel.forId, which throws) only when a partition is to be read:
+        # the whole request is answered UNKNOWN_SERVER_ERROR (FetchRequest.getErrorResponse).
+        return _whole_request_error(ctx, req)
+    if by_id and not isinstance(context, IncrementalFetchContext) and plan.unnamed_partition_not_last():
+        return _whole_request_error(ctx, req)
     generation = ctx.server.replica_manager.purgatory.generation
     first = plan.read()
     results, nbytes, has_error = first
     if nbytes >= req.min_bytes or req.max_wait_ms <= 0 or has_error or not plan.has_keys():
         return _respond(ctx, plan, context, results, nbytes, has_error)
     return _long_poll(ctx, plan, context, req.max_wait_ms / 1000.0, req.min_bytes, first, generation)
+
+
+def _whole_request_error(ctx: RequestContext, req: FetchRequest) -> FetchResponse:
+    """What Kafka answers when its handler throws (FetchRequest.getErrorResponse): UNKNOWN_SERVER_ERROR at the top
+    (v7+) and, before v13, in every partition the request names, as named."""
+    code = ErrorCode.UNKNOWN_SERVER_ERROR
+    responses = [] if ctx.api_version >= 13 else [
+        FetchResponse.FetchableTopicResponse(topic=t.topic, topic_id=t.topic_id, partitions=[
+            PartitionData(partition_index=p.partition, error_code=code, high_watermark=-1, last_stable_offset=-1,
+                          log_start_offset=-1, records=None, aborted_transactions=[])
+            for p in t.partitions])
+        for t in req.topics]
+    return FetchResponse(throttle_time_ms=0, error_code=code, session_id=req.session_id, responses=responses)
 
 
 def _respond(ctx: RequestContext, plan: _FetchPlan, context: FetchContext,
@@ -540,6 +585,10 @@ def handle_offset_for_leader_epoch(ctx: RequestContext, req: OffsetForLeaderEpoc
                     # A log written before leader epochs were recorded: all of it is epoch 0's.
                     if 0 <= p.leader_epoch <= LEADER_EPOCH:
                         out.leader_epoch, out.end_offset = LEADER_EPOCH, lg.log_end_offset
+                    elif p.leader_epoch < -1:
+                        # Older than the one epoch there is: Kafka's LeaderEpochFileCache answers the requested epoch
+                        # and the start of the first known one.
+                        out.leader_epoch, out.end_offset = p.leader_epoch, lg.log_start_offset
                 else:
                     out.leader_epoch, out.end_offset = lg.end_offset_for_epoch(p.leader_epoch)
                 out.error_code = 0

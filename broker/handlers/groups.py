@@ -173,6 +173,10 @@ async def handle_leave_group(ctx: RequestContext, req: LeaveGroupRequest) -> Lea
 
 
 async def handle_offset_commit(ctx: RequestContext, req: OffsetCommitRequest) -> OffsetCommitResponse:
+    """Kafka 3.9's KafkaApis.handleOffsetCommitRequest: the group's Read first (every partition as named), then each
+    topic's Read and existence (TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PARTITION per partition as named), and
+    only the partitions left go to the coordinator, which answers each distinct partition once. Nothing left: the
+    coordinator is not asked, so no group is created and the group id is not checked."""
     gc = ctx.server.group_coordinator
     R = OffsetCommitResponse
     if _group_denied(ctx, READ, req.group_id):
@@ -181,31 +185,35 @@ async def handle_offset_commit(ctx: RequestContext, req: OffsetCommitRequest) ->
                                             error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
             for p in t.partitions]) for t in req.topics])
     denied = _topics_denied(ctx, READ, [t.name for t in req.topics])
+    answered: dict[str, list[R.OffsetCommitResponsePartition]] = {}  # Kafka's response builder: one entry per topic
     now = int(time.time() * 1000)
     offsets: dict[tuple[str, int], OffsetAndMetadata] = {}
     for t in req.topics:
-        if t.name in denied:
+        refused = (ErrorCode.TOPIC_AUTHORIZATION_FAILED if t.name in denied
+                   else None if t.name in ctx.server.metadata.topics else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        if refused is not None:
+            answered.setdefault(t.name, []).extend(
+                R.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=refused)
+                for p in t.partitions)
             continue
         for p in t.partitions:
+            if not ctx.server.topic_partition_exists(t.name, p.partition_index):
+                answered.setdefault(t.name, []).append(R.OffsetCommitResponsePartition(
+                    partition_index=p.partition_index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                continue
             ts = p.commit_timestamp if ctx.api_version == 1 and p.commit_timestamp >= 0 else now
             offsets[(t.name, p.partition_index)] = OffsetAndMetadata(
                 p.committed_offset, p.committed_leader_epoch, p.committed_metadata or "", ts)
-    generation = req.generation_id_or_member_epoch if ctx.api_version >= 1 else -1
-    results: dict[tuple[str, int], ErrorCode] = {}
-    if offsets or not denied:
+    if offsets:
+        # v0 is the ZooKeeper-era commit, which Kafka 3.9 writes to ZooKeeper without asking the group; kbroker keeps
+        # it in __consumer_offsets like a v1 commit without generation (docs/differences-from-kafka.md).
+        generation = req.generation_id_or_member_epoch if ctx.api_version >= 1 else -1
         results = await gc.call(gc.commit_offsets, req.group_id, generation, req.member_id, req.group_instance_id,
                                 offsets, ctx.api_version)
-    for t in req.topics:
-        if t.name in denied:
-            for p in t.partitions:
-                results[(t.name, p.partition_index)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
-    return R(topics=[
-        R.OffsetCommitResponseTopic(name=t.name, partitions=[
-            R.OffsetCommitResponsePartition(partition_index=p.partition_index,
-                                            error_code=results[(t.name, p.partition_index)])
-            for p in t.partitions])
-        for t in req.topics
-    ])
+        for (topic, partition), code in results.items():
+            answered.setdefault(topic, []).append(
+                R.OffsetCommitResponsePartition(partition_index=partition, error_code=code))
+    return R(topics=[R.OffsetCommitResponseTopic(name=name, partitions=parts) for name, parts in answered.items()])
 
 
 async def _fetch_group(ctx: RequestContext, group_id: str, topics: list[tuple[str, list[int]]] | None,
@@ -221,7 +229,9 @@ async def _fetch_group(ctx: RequestContext, group_id: str, topics: list[tuple[st
         return err, []
     by_topic: dict[str, list[tuple[int, int, int, str, ErrorCode]]] = {}
     if topics is not None:
-        order = [(t, p) for t, ps in topics for p in ps]
+        # Kafka's coordinator answers from a map by partition: a partition named twice once, one entry per topic,
+        # none for a topic naming no partition; refused topics follow, as the request named them.
+        order = list(dict.fromkeys((t, p) for t, ps in topics if t not in denied for p in ps))
     else:
         order = sorted(found)
         if ctx.server.authorizer is not None:
@@ -229,9 +239,6 @@ async def _fetch_group(ctx: RequestContext, group_id: str, topics: list[tuple[st
             allowed = ctx.authorized_names(DESCRIBE, TOPIC, {t for t, _ in order}, log_denied=False)
             order = [(t, p) for t, p in order if t in allowed]
     for t, p in order:
-        if t in denied:
-            by_topic.setdefault(t, []).append((p, -1, -1, "", ErrorCode.TOPIC_AUTHORIZATION_FAILED))
-            continue
         o = found.get((t, p))
         if o is None:
             by_topic.setdefault(t, []).append((p, -1, -1, "", ErrorCode.NONE))
@@ -240,7 +247,9 @@ async def _fetch_group(ctx: RequestContext, group_id: str, topics: list[tuple[st
             by_topic.setdefault(t, []).append((p, -1, -1, "", o))
         else:
             by_topic.setdefault(t, []).append((p, o.offset, o.leader_epoch, o.metadata, ErrorCode.NONE))
-    return ErrorCode.NONE, list(by_topic.items())
+    refused = [(t, [(p, -1, -1, "", ErrorCode.TOPIC_AUTHORIZATION_FAILED) for p in ps])
+               for t, ps in topics or [] if t in denied]
+    return ErrorCode.NONE, list(by_topic.items()) + refused
 
 
 async def handle_offset_fetch(ctx: RequestContext, req: OffsetFetchRequest) -> OffsetFetchResponse:

@@ -18,7 +18,14 @@ from kbroker.broker.leader_hints import PRODUCE_VERSION as HINTS_VERSION
 from kbroker.broker.leader_hints import LeaderHints
 from kbroker.broker.network import DelayedResponse, Response
 from kbroker.broker.produce_codec import PartitionAnswer, TopicAnswers
-from kbroker.broker.produce_validation import ONE_BATCH_VERSION, Refusal, validate_records
+from kbroker.broker.produce_validation import (
+    ONE_BATCH_VERSION,
+    SHORTEST_PRODUCER_BATCH,
+    Refusal,
+    first_entry_corrupt,
+    scan_entries,
+    validate_records,
+)
 from kbroker.broker.replica_manager import error_of
 from kbroker.broker.security.acls import AclOperation, ResourceType
 from kbroker.protocol import codec
@@ -80,35 +87,73 @@ def _log_start_offset(rm: Any, topic: str, partition: int) -> int:
 
 
 def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
+    """Kafka 3.9's order (KafkaApis.handleProduceRequest, ReplicaManager.handleProduceAppend and appendRecords): the
+    first entry of each partition (corrupt: the whole request fails; transactional: the transactional id must be
+    writable), then per partition the topic's Write, its existence and (v3+) validateRecords; with nothing left to
+    append the answer goes out at once, whatever the acks. Then every entry to append is walked (corrupt: the whole
+    request fails), one producer per transaction, the acks, and the appends. A partition named twice is answered
+    once and its last record set appended, as Kafka's maps by partition do."""
     txn_id = req.transactional_id
-    if _has_transactional_records(req) and (txn_id is None or not ctx.authorized(
+    transactional = False
+    for t in req.topic_data:
+        for p in t.partition_data:
+            if first_entry_corrupt(p.records) is not None:
+                return _refuse_all(req, ErrorCode.CORRUPT_MESSAGE)
+            if p.records is not None and _is_transactional(p.records):
+                transactional = True
+                break
+        if transactional:
+            break
+    if transactional and (txn_id is None or not ctx.authorized(
             AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, txn_id)):
-        # Kafka's KafkaApis.handleProduceRequest: transactional records (judged by each partition's first batch)
-        # need the request's transactional id and Write on it, else the whole request fails.
+        # Transactional records (judged by each partition's first batch) need the request's transactional id and
+        # Write on it, else the whole request fails.
         return _refuse_all(req, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     failed: dict[tuple[str, int], Refusal] = {}
+    allowed = None
     if ctx.server.authorizer is not None:
         allowed = ctx.authorized_names(AclOperation.WRITE, ResourceType.TOPIC, (t.name for t in req.topic_data))
-        for t in req.topic_data:
-            if t.name not in allowed:
-                for p in t.partition_data:
-                    failed[(t.name, p.index)] = (ErrorCode.TOPIC_AUTHORIZATION_FAILED, None)
-    if ctx.api_version >= ONE_BATCH_VERSION:
-        _validate_records(ctx, req, failed)
-    if len(_transactional_producers(req, failed)) > 1:
-        # Kafka's ReplicaManager.handleProduceAppend: one request, one transaction.
-        return _refuse_all(req, ErrorCode.INVALID_PRODUCER_ID_MAPPING)
-    if not ctx.server.config["transaction.partition.verification.enable"]:
-        return _append_all(ctx, req, failed, None)
+    to_append: dict[tuple[str, int], Any] = {}
+    for t in req.topic_data:
+        for p in t.partition_data:
+            tp = (t.name, p.index)
+            if allowed is not None and t.name not in allowed:
+                failed[tp] = (ErrorCode.TOPIC_AUTHORIZATION_FAILED, None)
+            elif not _exists(ctx, tp):
+                failed[tp] = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, None)
+            else:
+                refusal = validate_records(ctx.api_version, p.records) if ctx.api_version >= ONE_BATCH_VERSION \
+                    else None
+                if refusal is not None:
+                    failed[tp] = refusal
+                else:
+                    to_append[tp] = p.records
+    if to_append:
+        one_batch = ctx.api_version >= ONE_BATCH_VERSION  # validate_records has walked it: one whole entry
+        for records in to_append.values():
+            if not records:
+                continue
+            code = scan_entries(records) if not one_batch or len(records) < SHORTEST_PRODUCER_BATCH else None
+            if code is not None:
+                return _refuse_all(req, code)
+        if len(_transactional_producers(to_append)) > 1:
+            # Kafka's ReplicaManager.handleProduceAppend: one request, one transaction.
+            return _refuse_all(req, ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+        if req.acks not in (0, 1, -1):
+            # ReplicaManager.appendRecords refuses what would be appended; the other partitions keep their answers.
+            failed = {**{tp: (ErrorCode.INVALID_REQUIRED_ACKS, None) for tp in to_append}, **failed}
+            to_append = {}
+    if not to_append or not ctx.server.config["transaction.partition.verification.enable"]:
+        return _append_all(ctx, req, to_append, failed, None)
     if txn_id is not None:
-        to_verify = _first_transactional_batches(ctx, req, failed)
+        to_verify = _first_transactional_batches(ctx, to_append)
         if to_verify is not None:
             unverified = ctx.server.txn_verifier.verify_now(txn_id, *to_verify)
             if unverified is None:
-                return _verify_then_append(ctx, req, failed, *to_verify)
-            return _append_all(ctx, req, {**failed, **_verification_failures(unverified, ctx.api_version)},
+                return _verify_then_append(ctx, req, to_append, failed, *to_verify)
+            return _append_all(ctx, req, to_append, {**failed, **_verification_failures(unverified, ctx.api_version)},
                                _guards(to_verify[0], to_verify[2], unverified))
-    return _append_all(ctx, req, failed, {})
+    return _append_all(ctx, req, to_append, failed, {})
 
 
 def handle_produce_direct(ctx: RequestContext, frame: bytes | bytearray, pos: int) -> Any:
@@ -120,8 +165,8 @@ def handle_produce_direct(ctx: RequestContext, frame: bytes | bytearray, pos: in
     header = ctx.header
     version = header.request_api_version
     decoded = produce_codec.decode(frame, pos, version)
-    if decoded is None:
-        return NOT_DIRECT
+    if decoded is None or decoded[1] not in (0, 1, -1) or _named_twice(decoded[3]):
+        return NOT_DIRECT  # handle_produce answers these in Kafka's order
     # What handle_produce checks before appending finds nothing in this request: every partition holds one batch
     # that validateRecords passes and no transactional batch, so there is no transactional id to authorize, no
     # second transaction and nothing for the coordinator to verify.
@@ -136,11 +181,16 @@ def handle_produce_direct(ctx: RequestContext, frame: bytes | bytearray, pos: in
 
 
 def _refuse_all(req: ProduceRequest, code: ErrorCode) -> ProduceResponse | None:
+    """Kafka's ProduceRequest.getErrorResponse: every partition the request names, once."""
     if req.acks == 0:
         return None
-    return ProduceResponse(throttle_time_ms=0, responses=_by_topic([
-        ProduceResponse.TopicProduceResponse(name=t.name, partition_responses=[
-            _error(p.index, code) for p in t.partition_data]) for t in req.topic_data]))
+    topics: dict[str, dict[int, PartitionResponse]] = {}
+    for t in req.topic_data:
+        for p in t.partition_data:
+            topics.setdefault(t.name, {})[p.index] = _error(p.index, code)
+    return ProduceResponse(throttle_time_ms=0, responses=[
+        ProduceResponse.TopicProduceResponse(name=name, partition_responses=list(parts.values()))
+        for name, parts in topics.items()])
 
 
 def _by_topic(topics: list[ProduceResponse.TopicProduceResponse]) -> list[ProduceResponse.TopicProduceResponse]:
@@ -154,25 +204,6 @@ def _by_topic(topics: list[ProduceResponse.TopicProduceResponse]) -> list[Produc
     return list(merged.values())
 
 
-def _has_transactional_records(req: ProduceRequest) -> bool:
-    return any(p.records is not None and _is_transactional(p.records) for t in req.topic_data
-               for p in t.partition_data)
-
-
-def _validate_records(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], Refusal]) -> None:
-    """Kafka's ProduceRequest.validateRecords for each partition not refused yet; a partition that does not exist
-    answers that first, as Kafka looks it up before the records."""
-    version = ctx.api_version
-    for t in req.topic_data:
-        for p in t.partition_data:
-            tp = (t.name, p.index)
-            if tp in failed:
-                continue
-            refusal = validate_records(version, p.records)
-            if refusal is not None:
-                failed[tp] = refusal if _exists(ctx, tp) else (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, None)
-
-
 def _exists(ctx: RequestContext, tp: tuple[str, int]) -> bool:
     if tp in ctx.server.replica_manager.partitions:
         return True
@@ -180,46 +211,43 @@ def _exists(ctx: RequestContext, tp: tuple[str, int]) -> bool:
     return rec is not None and 0 <= tp[1] < len(rec.partitions)
 
 
-def _transactional_producers(req: ProduceRequest, failed: dict[tuple[str, int], Refusal]) -> set[tuple[int, int]]:
-    """(producer id, epoch) of every transactional batch of the partitions still to append."""
+def _transactional_producers(to_append: dict[tuple[str, int], Any]) -> set[tuple[int, int]]:
+    """(producer id, epoch) of every transactional batch of the partitions to append."""
     producers: set[tuple[int, int]] = set()
-    for t in req.topic_data:
-        for p in t.partition_data:
-            records = p.records
-            if records is None or (t.name, p.index) in failed:
-                continue
-            pos, end = 0, len(records)
-            while end - pos >= BATCH_HEADER_SIZE:
-                if records[pos + _MAGIC] == 2 and records[pos + _ATTRIBUTES_LOW_BYTE] & ATTR_TRANSACTIONAL:
-                    producers.add(_PRODUCER.unpack_from(records, pos + _PRODUCER_ID))
-                size = _BATCH_LENGTH.unpack_from(records, pos + 8)[0]
-                if size <= 0:
-                    break
-                pos += size + LOG_OVERHEAD
+    for records in to_append.values():
+        if records is None:
+            continue
+        pos, end = 0, len(records)
+        while end - pos >= BATCH_HEADER_SIZE:
+            if records[pos + _MAGIC] == 2 and records[pos + _ATTRIBUTES_LOW_BYTE] & ATTR_TRANSACTIONAL:
+                producers.add(_PRODUCER.unpack_from(records, pos + _PRODUCER_ID))
+            size = _BATCH_LENGTH.unpack_from(records, pos + 8)[0]
+            if size <= 0:
+                break
+            pos += size + LOG_OVERHEAD
     return producers
 
 
-def _first_transactional_batches(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], Refusal]
+def _first_transactional_batches(ctx: RequestContext, to_append: dict[tuple[str, int], Any]
                                  ) -> tuple[int, int, list[tuple[str, int]]] | None:
     """(producer id, epoch, partitions) whose transactional batches would open the producer's transaction
     there, so the coordinator must confirm them first (KIP-890); None when every partition already has it."""
     rm = ctx.server.replica_manager
     tps: list[tuple[str, int]] = []
     producer = (-1, -1)
-    for t in req.topic_data:
-        for p in t.partition_data:
-            if not p.records or len(p.records) < BATCH_HEADER_SIZE or (t.name, p.index) in failed:
-                continue
-            h = parse_batch_header(p.records)
-            if not h.is_transactional:
-                continue
-            try:
-                lg = rm.get_log(t.name, p.index)
-            except Exception:  # noqa: BLE001 - the append answers this partition's error
-                continue
-            if not lg.has_ongoing_transaction(h.producer_id, h.producer_epoch):
-                tps.append((t.name, p.index))
-                producer = (h.producer_id, h.producer_epoch)
+    for tp, records in to_append.items():
+        if not records or len(records) < BATCH_HEADER_SIZE:
+            continue
+        h = parse_batch_header(records)
+        if not h.is_transactional:
+            continue
+        try:
+            lg = rm.get_log(*tp)
+        except Exception:  # noqa: BLE001 - the append answers this partition's error
+            continue
+        if not lg.has_ongoing_transaction(h.producer_id, h.producer_epoch):
+            tps.append(tp)
+            producer = (h.producer_id, h.producer_epoch)
     return (*producer, tps) if tps else None
 
 
@@ -235,11 +263,12 @@ def _verification_failures(unverified: dict[tuple[str, int], ErrorCode], version
             for tp, code in unverified.items()}
 
 
-async def _verify_then_append(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], Refusal],
-                              producer_id: int, producer_epoch: int, tps: list[tuple[str, int]]) -> Any:
+async def _verify_then_append(ctx: RequestContext, req: ProduceRequest, to_append: dict[tuple[str, int], Any],
+                              failed: dict[tuple[str, int], Refusal], producer_id: int, producer_epoch: int,
+                              tps: list[tuple[str, int]]) -> Any:
     assert req.transactional_id is not None
     unverified = await ctx.server.txn_verifier.verify(req.transactional_id, producer_id, producer_epoch, tps)
-    result = _append_all(ctx, req, {**failed, **_verification_failures(unverified, ctx.api_version)},
+    result = _append_all(ctx, req, to_append, {**failed, **_verification_failures(unverified, ctx.api_version)},
                          _guards(producer_id, tps, unverified))
     return (await result) if inspect.isawaitable(result) else result
 
@@ -255,14 +284,30 @@ def _produce_error(code: ErrorCode, version: int) -> ErrorCode:
     return code
 
 
-def _append_all(ctx: RequestContext, req: ProduceRequest, failed: dict[tuple[str, int], Refusal],
-                guards: dict[tuple[str, int], VerificationGuard] | None) -> Any:
-    """Append what passed the checks. guards: the partitions whose transaction the coordinator confirmed for this
-    request (None when verification is off: transactional batches are then not checked against it)."""
-    topics = []
+def _append_all(ctx: RequestContext, req: ProduceRequest, to_append: dict[tuple[str, int], Any],
+                failed: dict[tuple[str, int], Refusal], guards: dict[tuple[str, int], VerificationGuard] | None
+                ) -> Any:
+    """Append what passed the checks and answer every partition the request names, once (a partition named twice:
+    its last record set, as Kafka's map by partition). guards: the partitions whose transaction the coordinator
+    confirmed for this request (None when verification is off: transactional batches are then not checked)."""
+    topics: list[tuple[str, list[tuple[int, Any]]]] = []
+    answered: set[tuple[str, int]] = set()
     for t in req.topic_data:
-        topics.append((t.name, [(p.index, p.records) for p in t.partition_data]))
+        parts = []
+        for p in t.partition_data:
+            tp = (t.name, p.index)
+            if tp not in answered:
+                answered.add(tp)
+                parts.append((p.index, to_append.get(tp, p.records)))
+        topics.append((t.name, parts))
     return _append(ctx, topics, req.acks, req.timeout_ms, failed, guards)
+
+
+def _named_twice(topics: list[tuple[str, list[tuple[int, Any]]]]) -> bool:
+    if len(topics) == 1 and len(topics[0][1]) == 1:
+        return False
+    seen = {(name, index) for name, parts in topics for index, _ in parts}
+    return len(seen) != sum(len(parts) for _, parts in topics)
 
 
 def _failure(index: int, code: ErrorCode, message: str | None = None,
@@ -274,8 +319,9 @@ def _failure(index: int, code: ErrorCode, message: str | None = None,
 def _append(ctx: RequestContext, topics: list[tuple[str, list[tuple[int, Any]]]], acks: int, timeout_ms: int,
             failed: dict[tuple[str, int], Refusal], guards: dict[tuple[str, int], VerificationGuard] | None,
             direct: bool = False) -> Any:
-    """_append_all over (topic, [(partition, records)]). direct: answers that need nothing more (no leader hints,
-    no fsync or replication to wait for) come back as (answers, throttle) for the direct encoder."""
+    """_append_all over (topic, [(partition, records)]), each partition once and acks valid (handle_produce and
+    handle_produce_direct see to both). direct: answers that need nothing more (no leader hints, no fsync or
+    replication to wait for) come back as (answers, throttle) for the direct encoder."""
     rm = ctx.server.replica_manager
     counters = metrics.shard()
     to_flush: list[tuple[Any, int]] = []
@@ -293,10 +339,11 @@ def _append(ctx: RequestContext, topics: list[tuple[str, list[tuple[int, Any]]]]
                 if refusal is not None:
                     parts.append(_failure(index, *refusal))
                     continue
-            if acks not in (0, 1, -1):
-                parts.append(_failure(index, ErrorCode.INVALID_REQUIRED_ACKS))
-                continue
             if name in INTERNAL_TOPICS:
+                if direct and not _exists(ctx, (name, index)):
+                    # handle_produce answers an unknown partition before this check, as Kafka does
+                    parts.append(_failure(index, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                    continue
                 # Only the broker's coordinators write there: a forged record would rewrite a group's offsets or
                 # a transaction's state (Kafka's ReplicaManager refuses it the same way).
                 parts.append(_failure(index, ErrorCode.INVALID_TOPIC_EXCEPTION, f"Cannot append to internal topic {name}"))

@@ -61,20 +61,28 @@ def handle_alter_client_quotas(ctx: RequestContext, req: AlterClientQuotasReques
     R = AlterClientQuotasResponse
     store = ctx.server.metadata
     allowed = ctx.authorized(AclOperation.ALTER_CONFIGS, ResourceType.CLUSTER)
-    out = []
+    # Kafka reads an entity as a map by entity type (a type named twice: the last name) and answers a map by
+    # entity, so an entity altered twice in one request is answered once, with its last outcome.
+    out: dict[frozenset[tuple[str, str | None]], AlterClientQuotasResponse.EntryData] = {}
+    refused: list[AlterClientQuotasResponse.EntryData] = []
     for entry in req.entries:
-        entity_data = [R.EntityData(entity_type=e.entity_type, entity_name=e.entity_name) for e in entry.entity]
+        entity = {e.entity_type: e.entity_name for e in entry.entity}
+        entity_data = [R.EntityData(entity_type=t, entity_name=n) for t, n in entity.items()]
         result = R.EntryData(error_code=0, error_message=None, entity=entity_data)
-        out.append(result)
         if not allowed:
+            # Kafka's getErrorResponse: every entry as named (only its entity read as a map).
             result.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            refused.append(result)
             continue
-        if len(entry.entity) != 1 or entry.entity[0].entity_type != CLIENT_ID:
+        key = frozenset(entity.items())
+        out.pop(key, None)
+        out[key] = result
+        if len(entity) != 1 or CLIENT_ID not in entity:
             result.error_code = ErrorCode.INVALID_REQUEST
             result.error_message = "kbroker supports quotas for client-id entities only"
             ctx.refused(result.error_code, result.error_message)
             continue
-        name = entry.entity[0].entity_name
+        name = entity[CLIENT_ID]
         values = dict(store.client_quotas.get(name, {}))
         problem = None
         for op in entry.ops:
@@ -101,7 +109,7 @@ def handle_alter_client_quotas(ctx: RequestContext, req: AlterClientQuotasReques
             except Exception as e:  # noqa: BLE001 - e.g. ZooKeeper unreachable
                 result.error_code = getattr(e, "code", ErrorCode.UNKNOWN_SERVER_ERROR)
                 result.error_message = str(e)
-    return R(throttle_time_ms=0, entries=out)
+    return R(throttle_time_ms=0, entries=refused + list(out.values()))
 
 
 HANDLERS = [

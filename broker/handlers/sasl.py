@@ -79,46 +79,54 @@ def handle_describe_user_scram_credentials(ctx: RequestContext, req: DescribeUse
 def validate_scram_alterations(req: AlterUserScramCredentialsRequest,
                                stored: dict[str, dict[str, scram.ScramCredential]]
                                ) -> tuple[dict[str, tuple[ErrorCode, str]], CredentialChanges]:
-    """Kafka's ZkAdminManager.alterUserScramCredentials checks: (errors by user, changes of the valid users)."""
-    pairs = Counter([(d.name, d.mechanism) for d in req.deletions] + [(u.name, u.mechanism) for u in req.upsertions])
-    errors: dict[str, tuple[ErrorCode, str]] = {}
+    """Kafka's ZkAdminManager.alterUserScramCredentials checks, in its order: (errors by user, changes of the valid
+    users). Illegal upsertions and deletions first (a user's last; an upsertion's wins over a deletion's), then a user
+    credential named twice among the rest, then deletions of credentials that do not exist."""
+    def illegal(user: str, mechanism_id: int, iterations: int | None) -> tuple[ErrorCode, str] | None:
+        if not user:
+            return ErrorCode.UNACCEPTABLE_CREDENTIAL, "Username must not be empty"
+        if mechanism_id not in scram.MECHANISM_IDS:
+            return ErrorCode.UNSUPPORTED_SASL_MECHANISM, "Unknown SCRAM mechanism"
+        if iterations is not None and iterations < scram.MIN_ITERATIONS:
+            return ErrorCode.UNACCEPTABLE_CREDENTIAL, "Too few iterations"
+        if iterations is not None and iterations > scram.MAX_ITERATIONS:
+            return ErrorCode.UNACCEPTABLE_CREDENTIAL, "Too many iterations"
+        return None
+
+    by_upsertion: dict[str, tuple[ErrorCode, str]] = {}
+    for u in req.upsertions:
+        e = illegal(u.name, u.mechanism, u.iterations)
+        if e is not None:
+            by_upsertion[u.name] = e  # Kafka maps user -> error: the last one wins
+    by_deletion: dict[str, tuple[ErrorCode, str]] = {}
+    for d in req.deletions:
+        e = illegal(d.name, d.mechanism, None)
+        if e is not None:
+            by_deletion[d.name] = e
+    errors: dict[str, tuple[ErrorCode, str]] = {**by_deletion, **by_upsertion}
+    pairs = Counter([(u.name, u.mechanism) for u in req.upsertions if u.name not in errors]
+                    + [(d.name, d.mechanism) for d in req.deletions if d.name not in errors])
     for (user, _), n in pairs.items():
         if n > 1:
             errors[user] = (ErrorCode.DUPLICATE_RESOURCE, "A user credential cannot be altered twice in the same request")
     changes: CredentialChanges = {}
-
-    def check(user: str, mechanism_id: int) -> str | None:
-        if user in errors:
-            return None
-        if not user:
-            errors[user] = (ErrorCode.UNACCEPTABLE_CREDENTIAL, "Username must not be empty")
-            return None
-        mechanism = scram.MECHANISM_IDS.get(mechanism_id)
-        if mechanism is None:
-            errors[user] = (ErrorCode.UNSUPPORTED_SASL_MECHANISM, "Unknown SCRAM mechanism")
-        return mechanism
-
     for d in req.deletions:
-        mechanism = check(d.name, d.mechanism)
-        if mechanism is None:
+        if d.name in errors:
             continue
+        mechanism = scram.MECHANISM_IDS[d.mechanism]
         if mechanism not in stored.get(d.name, {}):
             errors[d.name] = (ErrorCode.RESOURCE_NOT_FOUND, "Attempt to delete a user credential that does not exist")
             continue
         changes.setdefault(d.name, {})[mechanism] = None
     for u in req.upsertions:
-        mechanism = check(u.name, u.mechanism)
-        if mechanism is None:
+        if u.name in errors:
             continue
-        if u.iterations < scram.MIN_ITERATIONS:
-            errors[u.name] = (ErrorCode.UNACCEPTABLE_CREDENTIAL, "Too few iterations")
-        elif u.iterations > scram.MAX_ITERATIONS:
-            errors[u.name] = (ErrorCode.UNACCEPTABLE_CREDENTIAL, "Too many iterations")
-        elif not u.salt or not u.salted_password:
+        if not u.salt or not u.salted_password:
             errors[u.name] = (ErrorCode.UNACCEPTABLE_CREDENTIAL, "Salt and salted password must not be empty")
-        else:
-            changes.setdefault(u.name, {})[mechanism] = scram.credential_from_salted(
-                mechanism, u.salted_password, u.salt, u.iterations)
+            continue
+        mechanism = scram.MECHANISM_IDS[u.mechanism]
+        changes.setdefault(u.name, {})[mechanism] = scram.credential_from_salted(
+            mechanism, u.salted_password, u.salt, u.iterations)
     return errors, {user: c for user, c in changes.items() if user not in errors}
 
 

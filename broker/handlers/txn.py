@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from typing import Any
 
-from kbroker.broker.admin_manager import validate_topic_name
+from kbroker.broker.admin_manager import INTERNAL_TOPICS, validate_topic_name
 from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.replica_manager import error_of
 from kbroker.broker.security.acls import AclOperation, ResourceType
@@ -46,19 +47,20 @@ def _denied(ctx: RequestContext, op: AclOperation, rtype: ResourceType, name: st
     return ctx.server.authorizer is not None and not ctx.authorized(op, rtype, name)
 
 
-def _unwritable_partitions(ctx: RequestContext, transactional_id: str, tps: list[TopicPartition]
-                           ) -> dict[TopicPartition, ErrorCode] | None:
+def _unwritable_partitions(ctx: RequestContext, transactional_id: str, tps: list[TopicPartition],
+                           from_client: bool = False) -> dict[TopicPartition, ErrorCode] | None:
     """Kafka's AddPartitionsToTxn checks: Write on the transactional id (else every partition fails), Write on
     each topic and the partition's existence (else those partitions fail and the others are not attempted, so the
     producer never starts a transaction whose markers would go to a partition that is not there). None when every
-    partition passes."""
+    partition passes. A client (v0-3) may not add an internal topic at all: Kafka leaves them out of the topics it
+    authorizes, so they fail TOPIC_AUTHORIZATION_FAILED with or without an authorizer."""
     server = ctx.server
-    denied: set[str] = set()
+    denied: set[str] = {t for t, _ in tps if t in INTERNAL_TOPICS} if from_client else set()
     if server.authorizer is not None:
         if not ctx.authorized(WRITE, TXN_ID, transactional_id):
             return {tp: ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED for tp in tps}
-        topics = [t for t, _ in tps]
-        denied = set(topics) - ctx.authorized_names(WRITE, TOPIC, topics)
+        topics = [t for t, _ in tps if t not in denied]
+        denied |= set(topics) - ctx.authorized_names(WRITE, TOPIC, topics)
     errors: dict[TopicPartition, ErrorCode] = {}
     for t, p in tps:
         if t in denied:
@@ -93,6 +95,19 @@ def _topic_results(results: dict[TopicPartition, ErrorCode]) -> list[APR.AddPart
     return [APR.AddPartitionsToTxnTopicResult(name=t, results_by_partition=ps) for t, ps in by_topic.items()]
 
 
+def _coordinator_results(topics: Any, results: dict[TopicPartition, ErrorCode]
+                         ) -> list[APR.AddPartitionsToTxnTopicResult]:
+    """The coordinator's one answer for the whole transaction, on the request's topics and partitions as named
+    (Kafka's errorResponseForTransaction, used for success too)."""
+    codes = set(results.values())
+    if len(codes) != 1:
+        return _topic_results(results)
+    (code,) = codes
+    return [APR.AddPartitionsToTxnTopicResult(name=t.name, results_by_partition=[
+        APR.AddPartitionsToTxnPartitionResult(partition_index=p, partition_error_code=code) for p in t.partitions])
+        for t in topics]
+
+
 # ---------------------------------------------------------------- AddPartitionsToTxn
 
 
@@ -109,13 +124,14 @@ async def handle_add_partitions_to_txn(ctx: RequestContext, req: AddPartitionsTo
                         partition_index=p, partition_error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
                     for p in t.partitions])
                 for t in req.v3_and_below_topics])
-        refused = _unwritable_partitions(ctx, req.v3_and_below_transactional_id, tps)
+        refused = _unwritable_partitions(ctx, req.v3_and_below_transactional_id, tps, from_client=True)
         if refused is not None:
             return APR(throttle_time_ms=0, results_by_topic_v3_and_below=_topic_results(refused))
         results = await tc.call(tc.add_partitions, req.v3_and_below_transactional_id, req.v3_and_below_producer_id,
                                 req.v3_and_below_producer_epoch, tps, False)
         results = {tp: fenced_error(code, v, 2) for tp, code in results.items()}
-        return APR(throttle_time_ms=0, results_by_topic_v3_and_below=_topic_results(results))
+        return APR(throttle_time_ms=0,
+                   results_by_topic_v3_and_below=_coordinator_results(req.v3_and_below_topics, results))
     # v4+: brokers verifying (KIP-890) or adding partitions for several transactions in one request.
     if ctx.server.authorizer is not None and not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER):
         return APR(throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, results_by_transaction=[])
@@ -131,7 +147,8 @@ async def handle_add_partitions_to_txn(ctx: RequestContext, req: AddPartitionsTo
                                 txn.verify_only)
         results = {tp: abortable_error(code, v, 5) for tp, code in results.items()}
         out.append(APR.AddPartitionsToTxnResult(transactional_id=txn.transactional_id,
-                                                topic_results=_topic_results(results)))
+                                                topic_results=_topic_results(results) if txn.verify_only
+                                                else _coordinator_results(txn.topics, results)))
     return APR(throttle_time_ms=0, error_code=0, results_by_transaction=out)
 
 
@@ -174,15 +191,12 @@ async def handle_end_txn(ctx: RequestContext, req: EndTxnRequest) -> EndTxnRespo
 
 
 async def handle_txn_offset_commit(ctx: RequestContext, req: TxnOffsetCommitRequest) -> TxnOffsetCommitResponse:
+    """Kafka 3.9's order: Write on the transactional id and Read on the group (the whole request refused), each
+    topic's Read and existence (per partition as named), then the coordinator for the distinct partitions left:
+    group id and ownership, the group created if missing, the transaction verified, the member checked, the write."""
     server = ctx.server
     gc = server.group_coordinator
-    now = int(time.time() * 1000)
-    offsets: dict[TopicPartition, OffsetAndMetadata] = {}
-    for t in req.topics:
-        for p in t.partitions:
-            offsets[(t.name, p.partition_index)] = OffsetAndMetadata(
-                p.committed_offset, p.committed_leader_epoch, p.committed_metadata or "", now, None)
-    results: dict[TopicPartition, ErrorCode] = {}
+    R = TxnOffsetCommitResponse
     refused: ErrorCode | None = None
     if _denied(ctx, WRITE, TXN_ID, req.transactional_id):
         refused = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
@@ -190,33 +204,58 @@ async def handle_txn_offset_commit(ctx: RequestContext, req: TxnOffsetCommitRequ
         refused = ErrorCode.GROUP_AUTHORIZATION_FAILED
     if refused is not None:
         # Kafka's getErrorResponse: the request's topics and partitions as named, each with the error.
-        R = TxnOffsetCommitResponse
         return R(throttle_time_ms=0, topics=[R.TxnOffsetCommitResponseTopic(name=t.name, partitions=[
             R.TxnOffsetCommitResponsePartition(partition_index=p.partition_index, error_code=refused)
             for p in t.partitions]) for t in req.topics])
-    if ctx.server.authorizer is not None:
-        topics = {t for t, _ in offsets}
-        denied = topics - ctx.authorized_names(READ, TOPIC, topics)
-        results = {tp: ErrorCode.TOPIC_AUTHORIZATION_FAILED for tp in offsets if tp[0] in denied}
-        offsets = {tp: o for tp, o in offsets.items() if tp[0] not in denied}
+    denied: set[str] = set()
+    if server.authorizer is not None:
+        names = {t.name for t in req.topics}
+        denied = names - ctx.authorized_names(READ, TOPIC, names)
+    now = int(time.time() * 1000)
+    answered: dict[str, list[R.TxnOffsetCommitResponsePartition]] = {}  # one entry per topic, as Kafka's builder
+    offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+    for t in req.topics:
+        topic_error = (ErrorCode.TOPIC_AUTHORIZATION_FAILED if t.name in denied
+                       else None if t.name in server.metadata.topics else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        if topic_error is not None:
+            answered.setdefault(t.name, []).extend(
+                R.TxnOffsetCommitResponsePartition(partition_index=p.partition_index, error_code=topic_error)
+                for p in t.partitions)
+            continue
+        for p in t.partitions:
+            if not server.topic_partition_exists(t.name, p.partition_index):
+                answered.setdefault(t.name, []).append(R.TxnOffsetCommitResponsePartition(
+                    partition_index=p.partition_index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                continue
+            offsets[(t.name, p.partition_index)] = OffsetAndMetadata(
+                p.committed_offset, p.committed_leader_epoch, p.committed_metadata or "", now, None)
     if offsets:
-        code = await _verify_offsets_partition(ctx, req)
-        if code != ErrorCode.NONE:
-            results.update({tp: code for tp in offsets})
+        code = await gc.call(gc.open_txn_commit, req.group_id) or await _verify_offsets_partition(ctx, req)
+        if code:
+            results = {tp: code for tp in offsets}
         else:
-            results.update(await gc.call(gc.txn_commit_offsets, req.group_id, req.producer_id, req.producer_epoch,
-                                         req.generation_id, req.member_id, req.group_instance_id, offsets))
-    by_topic: dict[str, list[TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition]] = defaultdict(list)
-    for (topic, partition), code in results.items():
-        code = abortable_error(code, ctx.api_version, 4)
-        if ctx.api_version < 3 and code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID,
-                                            ErrorCode.UNKNOWN_MEMBER_ID):
-            # Version 3 added these; Kafka answers older clients with the generic commit failure.
-            code = ErrorCode.UNKNOWN_SERVER_ERROR
-        by_topic[topic].append(TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition(
-            partition_index=partition, error_code=code))
-    return TxnOffsetCommitResponse(throttle_time_ms=0, topics=[
-        TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
+            results = await gc.call(gc.txn_commit_offsets, req.group_id, req.producer_id, req.producer_epoch,
+                                    req.generation_id, req.member_id, req.group_instance_id, offsets)
+        for (topic, partition), code in results.items():
+            answered.setdefault(topic, []).append(
+                R.TxnOffsetCommitResponsePartition(partition_index=partition, error_code=code))
+    for parts in answered.values():
+        for p in parts:
+            p.error_code = _txn_commit_error(ErrorCode(p.error_code), ctx.api_version)
+    return R(throttle_time_ms=0, topics=[R.TxnOffsetCommitResponseTopic(name=name, partitions=parts)
+                                         for name, parts in answered.items()])
+
+
+def _txn_commit_error(code: ErrorCode, version: int) -> ErrorCode:
+    code = abortable_error(code, version, 4)
+    if version < 3 and code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID,
+                                ErrorCode.UNKNOWN_MEMBER_ID):
+        # Version 3 added these; Kafka answers older clients with the generic commit failure.
+        return ErrorCode.UNKNOWN_SERVER_ERROR
+    if version < 2 and code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+        # KafkaApis: 0.11-2.0 producers did not expect the loading error (KAFKA-7296).
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    return code
 
 
 async def _verify_offsets_partition(ctx: RequestContext, req: TxnOffsetCommitRequest) -> ErrorCode:

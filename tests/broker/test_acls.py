@@ -219,9 +219,15 @@ def test_invalid_acls_are_refused(lenient: BrokerProcess, clean: AdminClient) ->
         # Version 0 knows only literal patterns.
         v0 = raw.request(30, 0, CreateAclsRequest(creations=[good]))
         assert [r.error_code for r in v0.results] == [0]
-        unknown = raw.request(29, 3, DescribeAclsRequest(resource_type_filter=0, pattern_type_filter=1,
+        unknown = raw.request(29, 3, DescribeAclsRequest(resource_type_filter=99, pattern_type_filter=1,
                                                          operation=1, permission_type=1))
         assert unknown.error_code == 42
+    # An UNKNOWN (0) code: Kafka cannot parse the request (DescribeAclsRequest.normalizeAndValidate) and closes the
+    # connection.
+    with RawClient(lenient.bootstrap) as raw, pytest.raises((ConnectionError, OSError)):
+        raw.request(29, 3, DescribeAclsRequest(resource_type_filter=0, pattern_type_filter=1, operation=1,
+                                               permission_type=1))
+    with RawClient(lenient.bootstrap) as raw:
         listed = raw.request(29, 3, DescribeAclsRequest(resource_type_filter=1, resource_name_filter=None,
                                                         pattern_type_filter=1, principal_filter=None,
                                                         host_filter=None, operation=1, permission_type=1))
