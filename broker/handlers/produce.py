@@ -366,7 +366,10 @@ def _append(ctx: RequestContext, topics: list[tuple[str, list[tuple[int, Any]]]]
                 # Records refused one by one (v8+): the client fails just those and retries nothing else.
                 record_errors = e.record_errors if isinstance(e, RecordValidationError) else None
                 log_start = -1 if code in _NO_LOG_START_ERRORS else _log_start_offset(rm, name, index)
-                parts.append(_failure(index, code, str(e) or None, record_errors, log_start))
+                # Kafka names no message for an unknown partition (hasCustomErrorMessage false), as handle_produce
+                # answers it before the append.
+                message = None if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION else str(e) or None
+                parts.append(_failure(index, code, message, record_errors, log_start))
                 continue
             counters.produced(name, info.num_records, len(records))
             if magic == 2 and len(records) >= BATCH_HEADER_SIZE and records[_PRODUCER_ID] != 0xFF:
