@@ -172,6 +172,27 @@ async def handle_leave_group(ctx: RequestContext, req: LeaveGroupRequest) -> Lea
 # ---------------------------------------------------------------- offsets
 
 
+def partitions_to_commit(server: Any, topics: list[Any], denied: set[str]
+                         ) -> tuple[dict[str, list[tuple[int, ErrorCode]]], list[tuple[str, Any]]]:
+    """OffsetCommit's and TxnOffsetCommit's checks before the coordinator, in Kafka 3.9's order: each topic's Read
+    (`denied`), its existence, then each partition's; refusals per partition as named, by topic in request order,
+    and the (topic, partition data) left to commit."""
+    refused: dict[str, list[tuple[int, ErrorCode]]] = {}
+    left: list[tuple[str, Any]] = []
+    for t in topics:
+        code = (ErrorCode.TOPIC_AUTHORIZATION_FAILED if t.name in denied
+                else None if t.name in server.metadata.topics else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        if code is not None:
+            refused.setdefault(t.name, []).extend((p.partition_index, code) for p in t.partitions)
+            continue
+        for p in t.partitions:
+            if server.topic_partition_exists(t.name, p.partition_index):
+                left.append((t.name, p))
+            else:
+                refused.setdefault(t.name, []).append((p.partition_index, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+    return refused, left
+
+
 async def handle_offset_commit(ctx: RequestContext, req: OffsetCommitRequest) -> OffsetCommitResponse:
     """Kafka 3.9's KafkaApis.handleOffsetCommitRequest: the group's Read first (every partition as named), then each
     topic's Read and existence (TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PARTITION per partition as named), and
@@ -185,25 +206,15 @@ async def handle_offset_commit(ctx: RequestContext, req: OffsetCommitRequest) ->
                                             error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
             for p in t.partitions]) for t in req.topics])
     denied = _topics_denied(ctx, READ, [t.name for t in req.topics])
-    answered: dict[str, list[R.OffsetCommitResponsePartition]] = {}  # Kafka's response builder: one entry per topic
+    refused, left = partitions_to_commit(ctx.server, req.topics, denied)
+    answered = {name: [R.OffsetCommitResponsePartition(partition_index=index, error_code=code) for index, code in parts]
+                for name, parts in refused.items()}  # Kafka's response builder: one entry per topic
     now = int(time.time() * 1000)
     offsets: dict[tuple[str, int], OffsetAndMetadata] = {}
-    for t in req.topics:
-        refused = (ErrorCode.TOPIC_AUTHORIZATION_FAILED if t.name in denied
-                   else None if t.name in ctx.server.metadata.topics else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-        if refused is not None:
-            answered.setdefault(t.name, []).extend(
-                R.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=refused)
-                for p in t.partitions)
-            continue
-        for p in t.partitions:
-            if not ctx.server.topic_partition_exists(t.name, p.partition_index):
-                answered.setdefault(t.name, []).append(R.OffsetCommitResponsePartition(
-                    partition_index=p.partition_index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
-                continue
-            ts = p.commit_timestamp if ctx.api_version == 1 and p.commit_timestamp >= 0 else now
-            offsets[(t.name, p.partition_index)] = OffsetAndMetadata(
-                p.committed_offset, p.committed_leader_epoch, p.committed_metadata or "", ts)
+    for name, p in left:
+        ts = p.commit_timestamp if ctx.api_version == 1 and p.commit_timestamp >= 0 else now
+        offsets[(name, p.partition_index)] = OffsetAndMetadata(
+            p.committed_offset, p.committed_leader_epoch, p.committed_metadata or "", ts)
     if offsets:
         # v0 is the ZooKeeper-era commit, which Kafka 3.9 writes to ZooKeeper without asking the group; kbroker keeps
         # it in __consumer_offsets like a v1 commit without generation (docs/differences-from-kafka.md).

@@ -13,6 +13,7 @@ from typing import Any
 
 from kbroker.broker.admin_manager import INTERNAL_TOPICS, validate_topic_name
 from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.handlers.groups import partitions_to_commit
 from kbroker.broker.replica_manager import error_of
 from kbroker.broker.security.acls import AclOperation, ResourceType
 from kbroker.coordinator.group_coordinator import OFFSETS_TOPIC, partition_for
@@ -212,23 +213,14 @@ async def handle_txn_offset_commit(ctx: RequestContext, req: TxnOffsetCommitRequ
         names = {t.name for t in req.topics}
         denied = names - ctx.authorized_names(READ, TOPIC, names)
     now = int(time.time() * 1000)
-    answered: dict[str, list[R.TxnOffsetCommitResponsePartition]] = {}  # one entry per topic, as Kafka's builder
-    offsets: dict[TopicPartition, OffsetAndMetadata] = {}
-    for t in req.topics:
-        topic_error = (ErrorCode.TOPIC_AUTHORIZATION_FAILED if t.name in denied
-                       else None if t.name in server.metadata.topics else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-        if topic_error is not None:
-            answered.setdefault(t.name, []).extend(
-                R.TxnOffsetCommitResponsePartition(partition_index=p.partition_index, error_code=topic_error)
-                for p in t.partitions)
-            continue
-        for p in t.partitions:
-            if not server.topic_partition_exists(t.name, p.partition_index):
-                answered.setdefault(t.name, []).append(R.TxnOffsetCommitResponsePartition(
-                    partition_index=p.partition_index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
-                continue
-            offsets[(t.name, p.partition_index)] = OffsetAndMetadata(
-                p.committed_offset, p.committed_leader_epoch, p.committed_metadata or "", now, None)
+    refused_parts, left = partitions_to_commit(server, req.topics, denied)
+    answered = {name: [R.TxnOffsetCommitResponsePartition(partition_index=index, error_code=code)
+                       for index, code in parts]
+                for name, parts in refused_parts.items()}  # one entry per topic, as Kafka's builder
+    offsets: dict[TopicPartition, OffsetAndMetadata] = {
+        (name, p.partition_index): OffsetAndMetadata(
+            p.committed_offset, p.committed_leader_epoch, p.committed_metadata or "", now, None)
+        for name, p in left}
     if offsets:
         code = await gc.call(gc.open_txn_commit, req.group_id) or await _verify_offsets_partition(ctx, req)
         if code:
