@@ -5,7 +5,6 @@ for the common requests the direct path takes and for the ones it hands back (~5
 
 from __future__ import annotations
 
-import socket
 import struct
 from collections.abc import Iterator
 
@@ -17,6 +16,7 @@ from kbroker.protocol.accelerators import PURE_PYTHON_ENV
 from kbroker.protocol.messages import CreateTopicsRequest, ProduceRequest, RequestHeader
 
 from tests.broker_process import BrokerProcess
+from tests.clients import RawClient
 
 P = ProduceRequest
 C = CreateTopicsRequest
@@ -36,28 +36,6 @@ def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerPr
     finally:
         direct.stop()
         general.stop()
-
-
-class _Conn:
-    def __init__(self, b: BrokerProcess) -> None:
-        host, port = b.bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=15)
-
-    def send(self, frame: bytes) -> None:
-        self.sock.sendall(frame)
-
-    def recv(self) -> bytes:
-        (size,) = struct.unpack(">i", self._exact(4))
-        return self._exact(size)
-
-    def _exact(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("closed")
-            buf += chunk
-        return bytes(buf)
 
 
 def _frame(api_key: int, version: int, correlation_id: int, body: object) -> bytes:
@@ -130,7 +108,7 @@ def _requests() -> list[tuple[int, P]]:
 
 
 def test_direct_and_general_paths_answer_the_same_bytes(brokers: tuple[BrokerProcess, BrokerProcess]) -> None:
-    conns = [_Conn(b) for b in brokers]
+    conns = [RawClient(b.bootstrap, timeout=15) for b in brokers]
     create = C(
         topics=[
             C.CreatableTopic(name="t", num_partitions=3, replication_factor=1),
@@ -144,16 +122,16 @@ def test_direct_and_general_paths_answer_the_same_bytes(brokers: tuple[BrokerPro
         timeout_ms=15000,
     )
     for conn in conns:
-        conn.send(_frame(19, 7, 1, create))
-        assert codec.decode_response(19, 7, conn.recv())[1].topics[0].error_code == 0
+        conn.send_bytes(_frame(19, 7, 1, create))
+        assert codec.decode_response(19, 7, conn.recv_frame())[1].topics[0].error_code == 0
     answered = 0
     for correlation_id, (version, req) in enumerate(_requests(), start=2):
         frame = _frame(0, version, correlation_id, req)
         for conn in conns:
-            conn.send(frame)
+            conn.send_bytes(frame)
         if req.acks == 0:
             continue
-        direct, general = (conn.recv() for conn in conns)
+        direct, general = (conn.recv_frame() for conn in conns)
         assert direct == general, (version, req.acks, codec.decode_response(0, version, general)[1])
         assert struct.unpack_from(">i", direct)[0] == correlation_id
         answered += 1
