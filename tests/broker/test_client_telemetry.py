@@ -37,7 +37,9 @@ class _Collect(logging.Handler):
         self.records.append(record)
 
 
-def test_librdkafka_pushing_metrics_by_default_logs_nothing_and_loses_nothing(broker: Any, topic_name: str) -> None:
+def test_librdkafka_pushing_metrics_by_default_logs_nothing_and_loses_nothing(
+    broker: Any, topic_name: str
+) -> None:
     handler = _Collect()
     log = logging.getLogger(f"rdkafka.{topic_name}")
     log.addHandler(handler)
