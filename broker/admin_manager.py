@@ -364,6 +364,5 @@ class AdminManager:
                 return
             with _storage_errors():
                 self.metadata.set_broker_configs(dict(configs))
-            for rec in list(self.metadata.topics.values()):
-                self.server.log_manager.update_topic_config(rec.name, self.log_config_for(rec))
+            self.server.apply_dynamic_configs()
             log.info("Dynamic broker configs are now %s", dict(configs))

@@ -234,11 +234,11 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("socket.request.max.bytes", _int, 104857600, at_least(1)),
         ConfigKey("socket.listen.backlog.size", _int, 50, at_least(1)),
         ConfigKey("connections.max.idle.ms", _long, 600000),
-        ConfigKey("max.connections", _int, INT_MAX, at_least(0)),
-        ConfigKey("max.connections.per.ip", _int, INT_MAX, at_least(0)),
+        ConfigKey("max.connections", _int, INT_MAX, at_least(0), dynamic=True),
+        ConfigKey("max.connections.per.ip", _int, INT_MAX, at_least(0), dynamic=True),
         ConfigKey("num.partitions", _int, 1, at_least(1)),
         ConfigKey("default.replication.factor", _int, 1, at_least(1)),
-        ConfigKey("min.insync.replicas", _int, 1, at_least(1)),
+        ConfigKey("min.insync.replicas", _int, 1, at_least(1), dynamic=True),
         ConfigKey("auto.create.topics.enable", _bool, True),
         ConfigKey("delete.topic.enable", _bool, True),
         ConfigKey("message.max.bytes", _int, 1048588, at_least(0), dynamic=True),
@@ -255,7 +255,7 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("log.cleanup.policy", _list, ["delete"], one_of("delete", "compact"), dynamic=True),
         ConfigKey("log.cleaner.enable", _bool, True),
         ConfigKey("log.cleaner.threads", _int, 1, at_least(0), dynamic=True, inert=True),
-        ConfigKey("log.cleaner.backoff.ms", _long, 15000, at_least(0)),
+        ConfigKey("log.cleaner.backoff.ms", _long, 15000, at_least(0), dynamic=True),
         ConfigKey("log.cleaner.delete.retention.ms", _long, 86400000, at_least(0), dynamic=True),
         ConfigKey("log.cleaner.min.compaction.lag.ms", _long, 0, at_least(0), dynamic=True),
         ConfigKey("log.cleaner.min.cleanable.ratio", _double, 0.5, dynamic=True),
@@ -376,10 +376,10 @@ KEYS: dict[str, ConfigKey] = {
         ConfigKey("transaction.max.timeout.ms", _int, 900000, at_least(1)),
         ConfigKey("transaction.abort.timed.out.transaction.cleanup.interval.ms", _int, 10000, at_least(1)),
         ConfigKey("transaction.remove.expired.transaction.cleanup.interval.ms", _int, 3600000, at_least(1)),
-        ConfigKey("transaction.partition.verification.enable", _bool, True),
+        ConfigKey("transaction.partition.verification.enable", _bool, True, dynamic=True),
         ConfigKey("transactional.id.expiration.ms", _int, 604800000, at_least(1)),
-        ConfigKey("producer.id.expiration.ms", _int, 86400000, at_least(1)),
-        ConfigKey("unclean.leader.election.enable", _bool, False),
+        ConfigKey("producer.id.expiration.ms", _int, 86400000, at_least(1), dynamic=True),
+        ConfigKey("unclean.leader.election.enable", _bool, False, dynamic=True),
         ConfigKey("controlled.shutdown.enable", _bool, True),
         ConfigKey("controlled.shutdown.max.retries", _int, 3, at_least(0)),
         ConfigKey("controlled.shutdown.retry.backoff.ms", _long, 5000, at_least(0)),
@@ -636,6 +636,11 @@ class KafkaConfig:
 
     def __getitem__(self, name: str) -> Any:
         return self._values[name]
+
+    def effective(self, name: str, dynamic: Mapping[str, str]) -> Any:
+        """The value in force: a dynamic broker config (AlterConfigs on the BROKER resource) over this file's."""
+        raw = dynamic.get(name)
+        return self._values[name] if raw is None else KEYS[name].parse(raw)
 
     def items(self) -> Iterable[tuple[str, Any]]:
         return self._values.items()

@@ -883,7 +883,9 @@ class SocketServer:
                 return
             ip = addr[0]
             with self._lock:
-                if self._count >= self.config["max.connections"] or self._per_ip[ip] >= self.config["max.connections.per.ip"]:
+                dynamic = self.apis.server.metadata.broker_configs
+                if (self._count >= self.config.effective("max.connections", dynamic)
+                        or self._per_ip[ip] >= self.config.effective("max.connections.per.ip", dynamic)):
                     log.warning("Refusing connection from %s: max.connections / max.connections.per.ip reached", ip)
                     sock.close()
                     continue

@@ -173,7 +173,9 @@ class ReplicaManager:
     def min_insync_replicas(self, topic: str) -> int:
         rec = self.server.metadata.topics.get(topic)
         value = rec.configs.get("min.insync.replicas") if rec is not None else None
-        return int(value if value is not None else self.server.config["min.insync.replicas"])
+        if value is not None:
+            return int(value)
+        return int(self.server.config.effective("min.insync.replicas", self.server.metadata.broker_configs))
 
     # ------------------------------------------------------------ produce
 

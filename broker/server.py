@@ -81,7 +81,7 @@ class KafkaServer:
             self.metadata = ZkMetadataStore(config)
             self.metadata.on_topic_removed = self._on_topic_removed
             self.metadata.on_topic_changed = self._on_topic_changed
-            self.metadata.on_broker_configs_changed = self._apply_topic_configs
+            self.metadata.on_broker_configs_changed = self.apply_dynamic_configs
         else:
             self.metadata = LocalMetadataStore(config.log_dirs[0], self.broker_id)
         self.io_pool = ThreadPoolExecutor(config["num.io.threads"], thread_name_prefix="kafka-io")
@@ -240,7 +240,7 @@ class KafkaServer:
         await loop.run_in_executor(None, self.log_manager.startup)
         self.replica_manager.attach_log_manager(self.log_manager)
         await loop.run_in_executor(None, self._claim_first_producer_id_block)
-        self._apply_topic_configs()
+        self.apply_dynamic_configs()
         self.log_manager.start_background()
         offsets = self.metadata.topics.get(OFFSETS_TOPIC)
         self.group_coordinator.config.num_partitions = (
@@ -292,7 +292,11 @@ class KafkaServer:
         rec = self.metadata.topics.get(topic)
         return None if rec is None else self.admin.log_config_for(rec)
 
-    def _apply_topic_configs(self) -> None:
+    def apply_dynamic_configs(self) -> None:
+        """After a change of the dynamic broker configs: the topics' defaults and the log manager's settings."""
+        dynamic = self.metadata.broker_configs
+        self.log_manager.producer_id_expiration_ms = self.config.effective("producer.id.expiration.ms", dynamic)
+        self.log_manager.cleaner.backoff_ms = self.config.effective("log.cleaner.backoff.ms", dynamic)
         for rec in list(self.metadata.topics.values()):
             self.log_manager.update_topic_config(rec.name, self.admin.log_config_for(rec))
 

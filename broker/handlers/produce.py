@@ -143,7 +143,7 @@ def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
             # ReplicaManager.appendRecords refuses what would be appended; the other partitions keep their answers.
             failed = {**{tp: (ErrorCode.INVALID_REQUIRED_ACKS, None) for tp in to_append}, **failed}
             to_append = {}
-    if not to_append or not ctx.server.config["transaction.partition.verification.enable"]:
+    if not to_append or not ctx.server.config.effective("transaction.partition.verification.enable", ctx.server.metadata.broker_configs):
         return _append_all(ctx, req, to_append, failed, None)
     if txn_id is not None:
         to_verify = _first_transactional_batches(ctx, to_append)
@@ -171,7 +171,8 @@ def handle_produce_direct(ctx: RequestContext, frame: bytes | bytearray, pos: in
     # that validateRecords passes and no transactional batch, so there is no transactional id to authorize, no
     # second transaction and nothing for the coordinator to verify.
     guards: dict[tuple[str, int], VerificationGuard] | None = (
-        {} if server.config["transaction.partition.verification.enable"] else None)
+        {} if server.config.effective("transaction.partition.verification.enable", server.metadata.broker_configs)
+        else None)
     result = _append(ctx, decoded[3], decoded[1], decoded[2], {}, guards, direct=True)
     if type(result) is not tuple:
         return result

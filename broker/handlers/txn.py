@@ -254,7 +254,7 @@ async def _verify_offsets_partition(ctx: RequestContext, req: TxnOffsetCommitReq
     """KIP-890: the group's __consumer_offsets partition must be part of the producer's transaction
     (AddOffsetsToTxn first), so a late commit from an aborted transaction cannot land after its marker."""
     server = ctx.server
-    if not server.config["transaction.partition.verification.enable"]:
+    if not server.config.effective("transaction.partition.verification.enable", server.metadata.broker_configs):
         return ErrorCode.NONE
     offsets = server.metadata.topics.get(OFFSETS_TOPIC)
     if offsets is None:

@@ -199,6 +199,42 @@ def test_acks_all_waits_for_the_isr_and_refuses_below_min_insync(cluster: Cluste
     wait_for(lambda: under_replicated(cluster) == 0, "no under-replicated partition on broker 1")
 
 
+def set_cluster_default(b: BrokerProcess, broker_id: int, key: str, value: str | None) -> None:
+    """IncrementalAlterConfigs (kafka-python's protocol classes) on the default BROKER resource "": SET, or DELETE
+    for None, as `kafka-configs --entity-type brokers --entity-default` does."""
+    from kafka.protocol.admin.configs import IncrementalAlterConfigsRequest
+
+    from tests.clients import KpRaw
+
+    with KpRaw(b.bootstrap) as raw:
+        resp = raw.send(IncrementalAlterConfigsRequest(resources=[(4, "", [(key, 0 if value else 1, value)])],
+                                                       validate_only=False), node_id=broker_id)
+    assert [(r.error_code, r.error_message) for r in resp.responses] == [(0, None)]
+
+
+def test_cluster_wide_dynamic_min_insync_replicas_applies_on_every_broker(cluster: Cluster) -> None:
+    """Kafka 4.x clients' admin tools set min.insync.replicas cluster-wide (the default BROKER resource): set through
+    broker 3, it holds at once on the leaders on brokers 1 and 2 (ZooKeeper's config change notification), a topic
+    override still wins, and deleting it restores the static value."""
+    create_topic(cluster, "mis-default-1", [1, 2])
+    create_topic(cluster, "mis-default-2", [2, 1])
+    create_topic(cluster, "mis-override", [1, 2], **{"min.insync.replicas": "1"})
+    assert produce_when_leader(cluster[1], "mis-default-1", [b"a"]) == (ErrorCode.NONE, 0)
+    assert produce_when_leader(cluster[2], "mis-default-2", [b"a"]) == (ErrorCode.NONE, 0)
+    set_cluster_default(cluster[3], 3, "min.insync.replicas", "3")
+    try:
+        # Two replicas in sync, three required: refused on both leaders once the change notification arrived.
+        for b, topic in ((cluster[1], "mis-default-1"), (cluster[2], "mis-default-2")):
+            wait_for(lambda b=b, topic=topic: raw_produce(b, topic, [b"x"])[0] == ErrorCode.NOT_ENOUGH_REPLICAS,
+                     f"NOT_ENOUGH_REPLICAS from the leader of {topic}", 20)
+        assert raw_produce(cluster[1], "mis-override", [b"y"]) == (ErrorCode.NONE, 0)
+    finally:
+        set_cluster_default(cluster[3], 3, "min.insync.replicas", None)
+    wait_for(lambda: raw_produce(cluster[1], "mis-default-1", [b"z"])[0] == ErrorCode.NONE,
+             "acks=all accepted again on broker 1", 20)
+    assert raw_produce(cluster[2], "mis-default-2", [b"z"])[0] == ErrorCode.NONE
+
+
 def answered(raw: RawClient) -> bool:
     """Whether response bytes wait on the socket (without reading them)."""
     timeout = raw.sock.gettimeout()
