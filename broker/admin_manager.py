@@ -343,7 +343,9 @@ class AdminManager:
                 self.metadata.set_group_configs(group_id, {k: str(v) for k, v in configs.items()})
             log.info("Group %s configs are now %s", group_id, dict(configs))
 
-    def set_broker_configs(self, configs: Mapping[str, str], validate_only: bool) -> None:
+    def set_broker_configs(self, configs: Mapping[str, str], validate_only: bool, own: bool = False) -> None:
+        """The whole set of dynamic configs of the cluster-wide default BROKER resource, or with `own` of this
+        broker's (its id as the resource name)."""
         from kbroker.broker.config import KAFKA_DYNAMIC_CONFIGS, KEYS, KafkaConfig
 
         with self._lock:
@@ -363,6 +365,6 @@ class AdminManager:
             if validate_only:
                 return
             with _storage_errors():
-                self.metadata.set_broker_configs(dict(configs))
+                self.metadata.set_broker_configs(dict(configs), own=own)
             self.server.apply_dynamic_configs()
             log.info("Dynamic broker configs are now %s", dict(configs))

@@ -162,14 +162,19 @@ _SYNONYM_GROUPS = (
 )
 
 
-def broker_config_synonyms(cfg: KafkaConfig, dynamic: Mapping[str, str], name: str) -> list[tuple[str, str | None, int]]:
+def broker_config_synonyms(cfg: KafkaConfig, dynamic: Mapping[str, str], name: str,
+                           own: Mapping[str, str] | None = None) -> list[tuple[str, str | None, int]]:
     """Kafka's ConfigHelper.configSynonyms: by source first (dynamic, static, default), then by synonym priority;
-    the synonyms ahead of `name` itself are dropped (so log.retention.ms set only through log.retention.hours
+    `dynamic` holds the cluster-wide defaults, `own` this broker's dynamic configs; the synonyms ahead of `name`
+    itself are dropped (so log.retention.ms set only through log.retention.hours
     has none, and describes as a default)."""
     from kbroker.broker.config import KEYS
 
     names = broker_synonyms(name)
     out: list[tuple[str, str | None, int]] = []
+    for n in names:
+        if own and n in own:
+            out.append((n, own[n], SOURCE_DYNAMIC_BROKER))
     for n in names:
         if n in dynamic:
             out.append((n, dynamic[n], SOURCE_DYNAMIC_DEFAULT_BROKER))
@@ -185,14 +190,17 @@ def broker_config_synonyms(cfg: KafkaConfig, dynamic: Mapping[str, str], name: s
     return out
 
 
-def describe_topic(cfg: KafkaConfig, overrides: Mapping[str, str], dynamic: Mapping[str, str]) -> list[DescribedConfig]:
-    """Kafka's createTopicConfigEntry: the topic's own value first, then its broker synonym's chain."""
+def describe_topic(cfg: KafkaConfig, overrides: Mapping[str, str], dynamic: Mapping[str, str],
+                   own: Mapping[str, str] | None = None) -> list[DescribedConfig]:
+    """Kafka's createTopicConfigEntry: the topic's own value first, then its broker synonym's chain (`dynamic`: the
+    cluster-wide dynamic defaults, `own`: this broker's dynamic configs)."""
     out = []
+    effective = {**dynamic, **(own or {})}
     for key, bkey in sorted(TOPIC_TO_BROKER.items()):
-        synonyms = broker_config_synonyms(cfg, dynamic, bkey)
+        synonyms = broker_config_synonyms(cfg, dynamic, bkey, own)
         if key in overrides:
             synonyms.insert(0, (key, overrides[key], SOURCE_TOPIC))
-        value = overrides[key] if key in overrides else render_value(_broker_value(cfg, bkey, dynamic))
+        value = overrides[key] if key in overrides else render_value(_broker_value(cfg, bkey, effective))
         source = synonyms[0][2] if synonyms else SOURCE_DEFAULT
         out.append(DescribedConfig(key, value, source, synonyms=synonyms))
     for key, default in TOPIC_ONLY.items():

@@ -168,6 +168,10 @@ class LocalMetadataStore:
         self._lock = threading.Lock()
         self.topics: dict[str, TopicRecord] = {}
         self.cluster_id = ""
+        # Dynamic broker configs: the cluster-wide default (BROKER resource ""), this broker's own (its id), and the
+        # two merged, own over default, which is what the broker runs with.
+        self.default_broker_configs: dict[str, str] = {}
+        self.own_broker_configs: dict[str, str] = {}
         self.broker_configs: dict[str, str] = {}
         # client id (None: the default entity) -> quota key -> value
         self.client_quotas: dict[str | None, dict[str, float]] = {}
@@ -180,7 +184,9 @@ class LocalMetadataStore:
             data = json.loads(self.path.read_text())
             self.cluster_id = data["cluster_id"]
             self.topics = {n: TopicRecord.from_json(n, t) for n, t in data.get("topics", {}).items()}
-            self.broker_configs = dict(data.get("broker_configs", {}))
+            self.default_broker_configs = dict(data.get("broker_configs", {}))
+            self.own_broker_configs = dict(data.get("own_broker_configs", {}))
+            self.broker_configs = {**self.default_broker_configs, **self.own_broker_configs}
             self.client_quotas = {
                 (None if k == DEFAULT_ENTITY else k): {q: float(v) for q, v in vals.items()}
                 for k, vals in data.get("client_quotas", {}).items()
@@ -216,7 +222,8 @@ class LocalMetadataStore:
         a change that could not be made durable (a full or failing log dir) is never visible. An OSError comes
         back as MetadataStorageError."""
         state = {
-            "topics": self.topics, "broker_configs": self.broker_configs, "client_quotas": self.client_quotas,
+            "topics": self.topics, "default_broker_configs": self.default_broker_configs,
+            "own_broker_configs": self.own_broker_configs, "client_quotas": self.client_quotas,
             "group_configs": self.group_configs, **changes,
         }
         topics = state["topics"]
@@ -226,7 +233,8 @@ class LocalMetadataStore:
             "version": 1,
             "cluster_id": self.cluster_id,
             "topics": {n: t.to_json() for n, t in sorted(topics.items())},
-            "broker_configs": state["broker_configs"],
+            "broker_configs": state["default_broker_configs"],
+            "own_broker_configs": state["own_broker_configs"],
             "client_quotas": {(DEFAULT_ENTITY if k is None else k): v for k, v in quotas.items()},
             "group_configs": state["group_configs"],
         }
@@ -262,9 +270,11 @@ class LocalMetadataStore:
             new = [PartitionState.sole(replicas[0]) for replicas in assignment]
             self._persist(topics={**self.topics, name: rec.with_partitions(rec.partitions + new)})
 
-    def set_broker_configs(self, configs: dict[str, str]) -> None:
+    def set_broker_configs(self, configs: dict[str, str], own: bool = False) -> None:
+        """The cluster-wide default dynamic configs, or with `own` this broker's."""
         with self._lock:
-            self._persist(broker_configs=dict(configs))
+            default, mine = (self.default_broker_configs, dict(configs)) if own else (dict(configs), self.own_broker_configs)
+            self._persist(default_broker_configs=default, own_broker_configs=mine, broker_configs={**default, **mine})
 
     def set_group_configs(self, group_id: str, configs: dict[str, str]) -> None:
         with self._lock:

@@ -81,6 +81,10 @@ class ZkMetadataStore:
 
         self.cluster_id = ""
         self.topics: dict[str, TopicRecord] = {}
+        # Dynamic broker configs: /config/brokers/<default>, /config/brokers/<this id>, and the two merged (own over
+        # default), which is what the broker runs with.
+        self.default_broker_configs: dict[str, str] = {}
+        self.own_broker_configs: dict[str, str] = {}
         self.broker_configs: dict[str, str] = {}
         # client id (None: the default entity) -> quota key -> value, mirrored from /config/clients
         self.client_quotas: dict[str | None, dict[str, float]] = {}
@@ -126,7 +130,8 @@ class ZkMetadataStore:
         self.cluster_id = self._get_or_create_cluster_id()
         self._check_broker_id_free()
         client.add_listener(self._on_state)
-        DataWatch(client, zp.broker_config_path(), self._on_broker_config_data)
+        DataWatch(client, zp.broker_config_path(), self._on_default_broker_config_data)
+        DataWatch(client, zp.broker_config_path(str(self.broker_id)), self._on_own_broker_config_data)
         ChildrenWatch(client, zp.BROKER_IDS, self._on_broker_ids)
         ChildrenWatch(client, zp.BROKER_TOPICS, self._on_topic_children)
         ChildrenWatch(client, zp.CONFIG_CLIENTS, self._on_client_children)
@@ -659,22 +664,35 @@ class ZkMetadataStore:
         except Exception:  # noqa: BLE001
             log.error("Handling the %s topic %s failed", kind, rec.name, exc_info=True)
 
-    def _on_broker_config_data(self, data: bytes | None, stat: Any) -> None:
+    def _on_default_broker_config_data(self, data: bytes | None, stat: Any) -> None:
+        self._on_broker_config_data(zp.broker_config_path(), data, own=False)
+
+    def _on_own_broker_config_data(self, data: bytes | None, stat: Any) -> None:
+        self._on_broker_config_data(zp.broker_config_path(str(self.broker_id)), data, own=True)
+
+    def _on_broker_config_data(self, path: str, data: bytes | None, own: bool) -> None:
         if self._stopping:
             return
         try:
             configs = zp.parse_config(data)
         except ValueError:
-            log.error("Unreadable %s in ZooKeeper: %r", zp.broker_config_path(), data)
+            log.error("Unreadable %s in ZooKeeper: %r", path, data)
             return
-        if configs == self.broker_configs:
+        if configs == (self.own_broker_configs if own else self.default_broker_configs):
             return
-        self.broker_configs = configs
+        self._set_broker_config_views(configs, own)
         if self._notify and self.on_broker_configs_changed is not None:
             try:
                 self.on_broker_configs_changed()
             except Exception:  # noqa: BLE001
                 log.error("Applying dynamic broker configs failed", exc_info=True)
+
+    def _set_broker_config_views(self, configs: dict[str, str], own: bool) -> None:
+        if own:
+            self.own_broker_configs = configs
+        else:
+            self.default_broker_configs = configs
+        self.broker_configs = {**self.default_broker_configs, **self.own_broker_configs}
 
     # ------------------------------------------------------------ client quotas
 
@@ -867,11 +885,11 @@ class ZkMetadataStore:
             rec = self.topics[name]
             self._replace_topics(put=rec.with_partitions(self._partition_states(name, self._assignments[name])))
 
-    def set_broker_configs(self, configs: dict[str, str]) -> None:
+    def set_broker_configs(self, configs: dict[str, str], own: bool = False) -> None:
+        """The cluster-wide default dynamic configs (/config/brokers/<default>), or with `own` this broker's."""
+        entity = str(self.broker_id) if own else zp.DEFAULT_BROKER_ENTITY
         with self._sync_lock:
             client = self._zk()
-            path = zp.broker_config_path()
-            doc = zp.config_doc(configs)
-            _set_or_create(client, path, doc)
-            self._notify_config_change(f"brokers/{zp.DEFAULT_BROKER_ENTITY}")
-            self.broker_configs = dict(configs)
+            _set_or_create(client, zp.broker_config_path(entity), zp.config_doc(configs))
+            self._notify_config_change(f"brokers/{entity}")
+            self._set_broker_config_views(dict(configs), own)

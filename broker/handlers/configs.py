@@ -38,10 +38,11 @@ def _describe_broker(ctx: RequestContext) -> list[DescribedConfig]:
     """Kafka's createBrokerConfigEntry: read_only unless Kafka can change the key at runtime; the value of a
     key never set (and without a default) is null, as Kafka's KafkaConfig.values has it."""
     cfg = ctx.server.config
-    dynamic = ctx.server.metadata.broker_configs
+    metadata = ctx.server.metadata
+    dynamic = metadata.broker_configs
     out = []
     for name, spec in sorted(KEYS.items()):
-        synonyms = broker_config_synonyms(cfg, dynamic, name)
+        synonyms = broker_config_synonyms(cfg, metadata.default_broker_configs, name, metadata.own_broker_configs)
         if name in dynamic:
             value = dynamic[name]
         elif name in cfg.originals:
@@ -58,7 +59,7 @@ def _describe_broker(ctx: RequestContext) -> list[DescribedConfig]:
 
 
 def _describe_broker_defaults(ctx: RequestContext) -> list[DescribedConfig]:
-    dynamic = ctx.server.metadata.broker_configs
+    dynamic = ctx.server.metadata.default_broker_configs
     return [
         DescribedConfig(name, value, SOURCE_DYNAMIC_DEFAULT_BROKER, read_only=False,
                         synonyms=[(name, value, SOURCE_DYNAMIC_DEFAULT_BROKER)])
@@ -121,7 +122,9 @@ def handle_describe_configs(ctx: RequestContext, req: DescribeConfigsRequest) ->
                 rec = ctx.server.metadata.topics.get(res.resource_name)
                 if rec is None:
                     raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {res.resource_name} does not exist")
-                entries = describe_topic(ctx.server.config, rec.configs, ctx.server.metadata.broker_configs)
+                metadata = ctx.server.metadata
+                entries = describe_topic(ctx.server.config, rec.configs, metadata.default_broker_configs,
+                                         metadata.own_broker_configs)
             elif res.resource_type == BROKER and res.resource_name == "":
                 # Kafka's ConfigHelper: the empty name is the cluster-wide default resource, which lists only
                 # the dynamic default configs (kafka-configs --describe --entity-type brokers --entity-default).
@@ -168,7 +171,7 @@ def _apply(ctx: RequestContext, resource_type: int, name: str, new: dict[str, st
         ctx.server.admin.set_topic_configs(name, new, validate_only)
     elif resource_type == BROKER:
         _check_broker_resource(ctx, name, allow_default=True)
-        ctx.server.admin.set_broker_configs({k: str(v) for k, v in new.items()}, validate_only)
+        ctx.server.admin.set_broker_configs({k: str(v) for k, v in new.items()}, validate_only, own=name != "")
     elif resource_type == GROUP:
         ctx.server.admin.set_group_configs(name, new, validate_only)
     else:
@@ -194,7 +197,8 @@ def _current(ctx: RequestContext, resource_type: int, name: str) -> dict[str, st
         return dict(rec.configs)
     if resource_type == GROUP:
         return dict(ctx.server.consumer_group_config(name))
-    return dict(ctx.server.metadata.broker_configs)
+    metadata = ctx.server.metadata
+    return dict(metadata.own_broker_configs if name else metadata.default_broker_configs)
 
 
 def _check_entries(resource_type: int, names: list[str], null_values: list[str]) -> None:

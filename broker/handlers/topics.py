@@ -141,7 +141,8 @@ async def handle_create_topics(ctx: RequestContext, req: CreateTopicsRequest) ->
                         is_sensitive=False,
                     )
                     for d in describe_topic(ctx.server.config, {k: str(v) for k, v in configs.items()},
-                                            ctx.server.metadata.broker_configs)
+                                            ctx.server.metadata.default_broker_configs,
+                                            ctx.server.metadata.own_broker_configs)
                 ]
         except KafkaError as e:
             res.error_code = e.code

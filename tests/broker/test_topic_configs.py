@@ -267,7 +267,7 @@ def test_topic_compression_kcat(broker, ck_admin, topic_name):
 # ---------------------------------------------------------------- DescribeConfigs as Kafka 3.9 answers
 
 
-STATIC, DEFAULT, DYNAMIC_DEFAULT, TOPIC = 4, 5, 3, 1
+STATIC, DEFAULT, DYNAMIC_DEFAULT, DYNAMIC_BROKER, TOPIC = 4, 5, 3, 2, 1
 
 
 def kp_synonyms(bootstrap: str, rtype: KType, name: str, keys: list[str]) -> dict[str, tuple]:
@@ -326,14 +326,15 @@ def test_dynamic_value_comes_first_then_the_static_synonyms(broker, ck_admin, to
     ck_incremental(ck_admin, "broker", "0",
                    ConfigEntry("log.retention.ms", "7200000", incremental_operation=AlterConfigOpType.SET))
     try:
-        chain = [("log.retention.ms", "7200000", DYNAMIC_DEFAULT), ("log.retention.hours", "168", STATIC),
+        # Set on broker 0's own resource: DYNAMIC_BROKER_CONFIG (the empty name would be the cluster default).
+        chain = [("log.retention.ms", "7200000", DYNAMIC_BROKER), ("log.retention.hours", "168", STATIC),
                  ("log.retention.hours", "168", DEFAULT)]
         b = kp_synonyms(broker.bootstrap, KType.BROKER, "0", ["log.retention.ms"])
-        assert b["log.retention.ms"] == ("7200000", DYNAMIC_DEFAULT, False, chain)
+        assert b["log.retention.ms"] == ("7200000", DYNAMIC_BROKER, False, chain)
         topic = kp_synonyms(broker.bootstrap, KType.TOPIC, topic_name, ["retention.ms"])
-        assert topic["retention.ms"] == ("7200000", DYNAMIC_DEFAULT, False, chain)
+        assert topic["retention.ms"] == ("7200000", DYNAMIC_BROKER, False, chain)
         entry = ck_describe(ck_admin, "topic", topic_name)["retention.ms"]
-        assert (entry.value, entry.source) == ("7200000", DYNAMIC_DEFAULT)
+        assert (entry.value, entry.source) == ("7200000", DYNAMIC_BROKER)
     finally:
         ck_incremental(ck_admin, "broker", "0",
                        ConfigEntry("log.retention.ms", None, incremental_operation=AlterConfigOpType.DELETE))
@@ -464,7 +465,7 @@ def test_every_kafka_39_dynamic_broker_config_is_accepted_and_described(broker, 
     d = ck_describe(ck_admin, "broker", "0")
     for k, v in changes.items():
         assert (d[k].value or "", d[k].is_read_only) == (v, False), (k, d[k])
-        assert d[k].source == DYNAMIC_DEFAULT, (k, d[k].source)
+        assert d[k].source == DYNAMIC_BROKER, (k, d[k].source)
     with pytest.raises(KafkaException) as e:
         ck_incremental(ck_admin, "broker", "0", ConfigEntry("sasl.kerberos.min.time.before.relogin", "soon",
                                                            incremental_operation=AlterConfigOpType.SET))

@@ -199,17 +199,30 @@ def test_acks_all_waits_for_the_isr_and_refuses_below_min_insync(cluster: Cluste
     wait_for(lambda: under_replicated(cluster) == 0, "no under-replicated partition on broker 1")
 
 
-def set_cluster_default(b: BrokerProcess, broker_id: int, key: str, value: str | None) -> None:
-    """IncrementalAlterConfigs (kafka-python's protocol classes) on the default BROKER resource "": SET, or DELETE
-    for None, as `kafka-configs --entity-type brokers --entity-default` does."""
+def set_cluster_default(b: BrokerProcess, broker_id: int, key: str, value: str | None, resource: str = "") -> None:
+    """IncrementalAlterConfigs (kafka-python's protocol classes) on the default BROKER resource "" (or `resource`, a
+    broker's own): SET, or DELETE for None, as `kafka-configs --entity-type brokers --entity-default` does."""
     from kafka.protocol.admin.configs import IncrementalAlterConfigsRequest
 
     from tests.clients import KpRaw
 
     with KpRaw(b.bootstrap) as raw:
-        resp = raw.send(IncrementalAlterConfigsRequest(resources=[(4, "", [(key, 0 if value else 1, value)])],
+        resp = raw.send(IncrementalAlterConfigsRequest(resources=[(4, resource, [(key, 0 if value else 1, value)])],
                                                        validate_only=False), node_id=broker_id)
     assert [(r.error_code, r.error_message) for r in resp.responses] == [(0, None)]
+
+
+def broker_config_synonyms(b: BrokerProcess, broker_id: int, key: str) -> list[tuple[str, str, int]]:
+    from kafka.protocol.admin.configs import DescribeConfigsRequest
+
+    from tests.clients import KpRaw
+
+    with KpRaw(b.bootstrap) as raw:
+        resp = raw.send(DescribeConfigsRequest(resources=[(4, str(broker_id), [key])], include_synonyms=True),
+                        node_id=broker_id)
+    [r] = resp.results
+    [c] = r.configs
+    return [(s.name, s.value, s.source) for s in c.synonyms]
 
 
 def test_cluster_wide_dynamic_min_insync_replicas_applies_on_every_broker(cluster: Cluster) -> None:
@@ -233,6 +246,27 @@ def test_cluster_wide_dynamic_min_insync_replicas_applies_on_every_broker(cluste
     wait_for(lambda: raw_produce(cluster[1], "mis-default-1", [b"z"])[0] == ErrorCode.NONE,
              "acks=all accepted again on broker 1", 20)
     assert raw_produce(cluster[2], "mis-default-2", [b"z"])[0] == ErrorCode.NONE
+
+
+def test_a_brokers_own_dynamic_config_overrides_the_default_on_that_broker_only(cluster: Cluster) -> None:
+    """Kafka's per-broker dynamic config (resource name = the broker id, sent to that broker, stored in
+    /config/brokers/<id>) wins over the cluster-wide default on that broker and nowhere else."""
+    create_topic(cluster, "mis-own-1", [1, 2])
+    create_topic(cluster, "mis-own-2", [2, 1])
+    set_cluster_default(cluster[1], 1, "min.insync.replicas", "1")
+    set_cluster_default(cluster[1], 1, "min.insync.replicas", "3", resource="1")
+    try:
+        wait_for(lambda: raw_produce(cluster[1], "mis-own-1", [b"x"])[0] == ErrorCode.NOT_ENOUGH_REPLICAS,
+                 "NOT_ENOUGH_REPLICAS from broker 1", 20)
+        assert produce_when_leader(cluster[2], "mis-own-2", [b"x"])[0] == ErrorCode.NONE
+        # DYNAMIC_BROKER_CONFIG (2) ahead of DYNAMIC_DEFAULT_BROKER_CONFIG (3), then the default (5).
+        assert broker_config_synonyms(cluster[1], 1, "min.insync.replicas") == [
+            ("min.insync.replicas", "3", 2), ("min.insync.replicas", "1", 3), ("min.insync.replicas", "1", 5)]
+        assert broker_config_synonyms(cluster[2], 2, "min.insync.replicas")[0] == ("min.insync.replicas", "1", 3)
+    finally:
+        set_cluster_default(cluster[1], 1, "min.insync.replicas", None, resource="1")
+        set_cluster_default(cluster[1], 1, "min.insync.replicas", None)
+    wait_for(lambda: raw_produce(cluster[1], "mis-own-1", [b"z"])[0] == ErrorCode.NONE, "broker 1 accepts again", 20)
 
 
 def answered(raw: RawClient) -> bool:
