@@ -1,0 +1,405 @@
+"""`python -m tests.differential.mixed_failures [--scenario NAME ...]`: failures in a mixed ZooKeeper cluster of Apache
+Kafka 3.9 brokers and kbrokers, each scenario under an idempotent acks=all load (confluent-kafka).
+
+- controller-failover: Kafka 1 (controller) and kbroker 0. Kafka 1 is killed (kill -9): kbroker 0 becomes controller
+  and leads both partitions; Kafka 1 restarts and kbroker 0's LeaderAndIsr makes it a follower, then its preferred
+  leader again (auto leader rebalance). Then kbroker 0, now controller, is killed: Kafka 1 takes over and drives
+  kbroker 0 back the same way.
+- truncation: the same two brokers under an acks=1 load as well. The leader of one kind is killed, the follower of
+  the other kind becomes leader, the old leader restarts and truncates to the new leader's epochs
+  (OffsetForLeaderEpoch); both ways. Both replicas' logs must end equal (offsets, batch leader epochs and values).
+- isr: kbroker 2 (controller), kbroker 0 and Kafka 1 with replica.lag.time.max.ms 3000. A follower is paused
+  (SIGSTOP): its leader of the other kind shrinks the ISR; resumed (SIGCONT): the ISR expands again; both ways.
+- preferred: Kafka 1 (controller) and kbroker 0 without auto leader rebalance. A broker's controlled shutdown moves
+  its leadership to the other kind; once it is back, AdminClient ElectLeaders (preferred) moves it back, once through
+  a kbroker controller and once through a Kafka one.
+
+Every scenario ends with every acknowledged acks=all record read back. Prints a line per step and PASS or FAIL per
+scenario; exit status 0 when all passed, 1 otherwise, 2 when Kafka 3.9 or ZooKeeper cannot be had."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.differential.mixed_cluster import MixedCluster, ReplicaLog, StepFailed, expect
+from tests.differential.rolling import Load, _guard, _producer, _read_all, log
+
+PARTITIONS = 2
+# Partition 0 prefers Kafka 1 (kbroker 0 follows), partition 1 prefers kbroker 0 (Kafka 1 follows).
+ASSIGNMENT = [[1, 0], [0, 1]]
+SETTINGS = {
+    "zookeeper.session.timeout.ms": "6000",
+    "offsets.topic.replication.factor": "2",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "2",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "default.replication.factor": "2",
+    "min.insync.replicas": "1",
+    "num.partitions": str(PARTITIONS),
+    "auto.create.topics.enable": "false",
+    "unclean.leader.election.enable": "false",
+    "leader.imbalance.check.interval.seconds": "5",
+}
+
+
+class Unavailable(Exception):
+    """Kafka 3.9 or ZooKeeper cannot be had here."""
+
+
+@contextmanager
+def cluster(settings: dict[str, str]) -> Iterator[MixedCluster]:
+    from bench.peers.zookeeper import ZooKeeperServer, zookeeper_missing
+
+    why = zookeeper_missing()
+    if why:
+        raise Unavailable(why)
+    with tempfile.TemporaryDirectory(prefix="mixed-failures-") as tmp:
+        root = Path(tmp)
+        zk = ZooKeeperServer(root / "zk").start()
+        mixed = MixedCluster(root, zk.connect, settings)
+        try:
+            yield mixed
+        finally:
+            mixed.close()
+            zk.stop()
+
+
+def start(mixed: MixedCluster, broker_id: int) -> None:
+    from bench.peers.maven import ArtifactUnavailable
+
+    try:
+        mixed.start(broker_id)
+    except ArtifactUnavailable as e:
+        raise Unavailable(f"Kafka 3.9 is unavailable here: {e}") from e
+    log(f"{mixed.name(broker_id)} started")
+
+
+def controller_is(mixed: MixedCluster, topic: str, broker_id: int) -> None:
+    expect(
+        f"every live broker names {mixed.name(broker_id)} controller",
+        lambda: mixed.views_agree(topic, lambda v: v.controller == broker_id),
+        60,
+    )
+
+
+def leads(mixed: MixedCluster, topic: str, broker_id: int, partitions: list[int], why: str) -> None:
+    expect(
+        f"{mixed.name(broker_id)} leads {topic} {partitions} ({why})",
+        lambda: mixed.views_agree(topic, lambda v: all(v.leader(p) == broker_id for p in partitions)),
+        90,
+    )
+
+
+def full_isr(mixed: MixedCluster, topic: str, replicas: list[list[int]] = ASSIGNMENT) -> None:
+    expect(
+        f"ISR of every {topic} partition is full ({replicas})",
+        lambda: mixed.views_agree(topic, lambda v: all(v.isr(p) == set(r) for p, r in enumerate(replicas))),
+        120,
+    )
+
+
+def goes_on(load: Load, what: str, timeout: float = 60) -> None:
+    with load.lock:
+        before = len(load.acked)
+    expect(
+        f"{what}: acks=all records still acknowledged (>{before})",
+        lambda: _acked(load) > before + 20,
+        timeout,
+    )
+
+
+def _acked(load: Load) -> int:
+    with load.lock:
+        return len(load.acked)
+
+
+def run_load(mixed: MixedCluster, topic: str, acks: str = "all") -> tuple[Load, threading.Thread]:
+    load = Load()
+    thread = _guard(
+        functools.partial(_producer, topic=topic, acks=acks), mixed.bootstrap, load, f"producer-{topic}"
+    )
+    return load, thread
+
+
+def finish_load(mixed: MixedCluster, topic: str, load: Load, thread: threading.Thread, lossless: bool) -> int:
+    """Stop the producer and read `topic` back: every acknowledged record there when `lossless` (acks=all); for
+    acks=1 the records lost with a killed leader are only counted. Returns how many acknowledged were lost."""
+    load.stop.set()
+    thread.join(180)
+    values = set(_read_all(mixed.bootstrap, topic, PARTITIONS))
+    lost = load.acked - values
+    log(
+        f"{topic}: {len(load.acked)} records acknowledged, {len(values)} read back, {len(lost)} lost "
+        f"{sorted(lost)[:5]}; producer errors {len(load.produce_errors)} {sorted(set(load.produce_errors))[:3]}"
+    )
+    if lossless and (lost or not load.acked):
+        raise StepFailed(f"{topic}: acknowledged acks=all records lost")
+    return len(lost)
+
+
+def logs_equal(mixed: MixedCluster, topic: str, replicas: list[list[int]] = ASSIGNMENT) -> None:
+    """Each partition's replicas hold the same records (offsets, batch leader epochs, values) up to the same log
+    end, once the followers caught up (high watermark at the log end on every replica)."""
+    for partition, brokers in enumerate(replicas):
+        logs: dict[int, ReplicaLog] = {}
+        seen: list[str] = [""]
+
+        def settled(
+            p: int = partition,
+            bs: list[int] = brokers,
+            logs: dict[int, ReplicaLog] = logs,
+            seen: list[str] = seen,
+        ) -> bool:
+            try:
+                logs.update({b: mixed.replica_log(b, topic, p) for b in bs})
+            except (StepFailed, OSError, ConnectionError) as e:
+                seen[0] = str(e)
+                return False
+            ends = {(lg.log_end, lg.high_watermark) for lg in logs.values()}
+            seen[0] = ", ".join(
+                f"{mixed.name(b)}: end {lg.log_end} hw {lg.high_watermark}" for b, lg in logs.items()
+            )
+            return len(ends) == 1 and next(iter(ends))[0] == next(iter(ends))[1]
+
+        try:
+            expect(
+                f"{topic}-{partition}: replicas {brokers} at the same log end and high watermark", settled, 60
+            )
+        except StepFailed:
+            log(f"last seen: {seen[0]}")
+            raise
+        first, *others = (logs[b] for b in brokers)
+        for b, other in zip(brokers[1:], others, strict=True):
+            if other.records != first.records:
+                diff = next(
+                    (i for i, (x, y) in enumerate(zip(first.records, other.records, strict=False)) if x != y),
+                    min(len(first.records), len(other.records)),
+                )
+                log(
+                    f"{topic}-{partition}: {mixed.name(brokers[0])} and {mixed.name(b)} differ from record {diff}"
+                )
+                raise StepFailed(f"{topic}-{partition} replicas differ")
+        epochs = sorted({ep for _, ep, _ in first.records})
+        log(
+            f"{topic}-{partition}: {mixed.name(brokers[0])} and {mixed.name(brokers[1])} hold the same "
+            f"{len(first.records)} records up to offset {first.log_end} (leader epochs {epochs})"
+        )
+
+
+def two_brokers(mixed: MixedCluster, topic: str, extra: dict[str, str] | None = None) -> None:
+    """Kafka 1 first (so it is controller), then kbroker 0, and `topic` on both (ASSIGNMENT)."""
+    mixed.add_kafka(1)
+    mixed.add_kbroker(0)
+    start(mixed, 1)
+    start(mixed, 0)
+    expect("both brokers registered, Kafka 1 controller", lambda: _registered(mixed, 2, 1), 60)
+    mixed.create_topic(topic, ASSIGNMENT, extra)
+    log(f"topic {topic} created, replicas {ASSIGNMENT}")
+    full_isr(mixed, topic)
+
+
+def controller_failover(mixed: MixedCluster) -> None:
+    topic = "failover"
+    two_brokers(mixed, topic)
+    load, thread = run_load(mixed, topic)
+    goes_on(load, "before any failure")
+
+    mixed.kill(1)
+    log("kill -9 Kafka 1 (controller, leader of partition 0)")
+    controller_is(mixed, topic, 0)
+    leads(mixed, topic, 0, [0, 1], "elected by kbroker controller 0")
+    goes_on(load, "kbroker 0 alone")
+    start(mixed, 1)
+    full_isr(mixed, topic)
+    leads(mixed, topic, 1, [0], "kbroker controller 0's preferred-leader rebalance made Kafka 1 leader")
+    goes_on(load, "Kafka 1 leads partition 0 again")
+
+    mixed.kill(0)
+    log("kill -9 kbroker 0 (controller, leader of partition 1)")
+    controller_is(mixed, topic, 1)
+    leads(mixed, topic, 1, [0, 1], "elected by Kafka controller 1")
+    goes_on(load, "Kafka 1 alone")
+    start(mixed, 0)
+    full_isr(mixed, topic)
+    leads(mixed, topic, 0, [1], "Kafka controller 1's preferred-leader rebalance made kbroker 0 leader")
+    goes_on(load, "kbroker 0 leads partition 1 again")
+    finish_load(mixed, topic, load, thread, lossless=True)
+    logs_equal(mixed, topic)
+
+
+TRUNCATION_LINE = {
+    True: re.compile(r"Truncating (partition|to offset)"),
+    False: re.compile(r"[Tt]runcat"),
+}
+
+
+def truncation(mixed: MixedCluster) -> None:
+    topic, topic_all = "truncation", "truncation-all"
+    two_brokers(mixed, topic)
+    mixed.create_topic(topic_all, ASSIGNMENT)
+    full_isr(mixed, topic_all)
+    one, one_thread = run_load(mixed, topic, acks="1")
+    every, every_thread = run_load(mixed, topic_all)
+    goes_on(every, "before any failure")
+    for victim, other, partition in ((1, 0, 0), (0, 1, 1)):
+        # The victim leads `partition`; wait for that (the previous round's rebalance) before killing it.
+        leads(mixed, topic, victim, [partition], "preferred leader")
+        leads(mixed, topic_all, victim, [partition], "preferred leader")
+        before = len(TRUNCATION_LINE[mixed.is_kafka(victim)].findall(mixed.log_text(victim)))
+        mixed.kill(victim)
+        log(f"kill -9 {mixed.name(victim)} (leader of partition {partition}) under acks=1 and acks=all load")
+        leads(mixed, topic, other, [0, 1], f"{mixed.name(other)} is leader of both")
+        goes_on(every, f"{mixed.name(other)} alone")
+        start(mixed, victim)
+        full_isr(mixed, topic)
+        full_isr(mixed, topic_all)
+        lines = TRUNCATION_LINE[mixed.is_kafka(victim)].findall(mixed.log_text(victim))
+        log(f"{mixed.name(victim)} logged {len(lines) - before} truncation line(s) after its restart")
+        goes_on(every, f"{mixed.name(victim)} back")
+    lost = finish_load(mixed, topic, one, one_thread, lossless=False)
+    log(f"acks=1: {lost} acknowledged record(s) lost with the killed leaders (allowed for acks=1)")
+    finish_load(mixed, topic_all, every, every_thread, lossless=True)
+    logs_equal(mixed, topic)
+    logs_equal(mixed, topic_all)
+
+
+def isr(mixed: MixedCluster) -> None:
+    topic = "isr"
+    # kbroker 2 is the controller and replicates nothing of `topic`: pausing a replica never stops the controller.
+    mixed.add_kbroker(2)
+    mixed.add_kbroker(0)
+    mixed.add_kafka(1)
+    for b in (2, 0, 1):
+        start(mixed, b)
+    expect("three brokers registered, kbroker 2 controller", lambda: _registered(mixed, 3, 2), 60)
+    mixed.create_topic(topic, ASSIGNMENT)
+    log(f"topic {topic} created, replicas {ASSIGNMENT}")
+    full_isr(mixed, topic)
+    load, thread = run_load(mixed, topic)
+    goes_on(load, "before any pause")
+    for follower, leader, partition in ((0, 1, 0), (1, 0, 1)):
+        mixed.pause(follower)
+        log(
+            f"SIGSTOP {mixed.name(follower)} (follower of partition {partition}, led by {mixed.name(leader)})"
+        )
+        others = [b for b in mixed.alive() if b != follower]
+        expect(
+            f"{mixed.name(leader)} shrank the ISR of partition {partition} to [{leader}]",
+            lambda p=partition, ld=leader, o=others: mixed.views_agree(topic, lambda v: v.isr(p) == {ld}, o),
+            30,
+        )
+        mixed.resume(follower)
+        log(f"SIGCONT {mixed.name(follower)}")
+        full_isr(mixed, topic)
+        goes_on(load, f"{mixed.name(follower)} back in the ISR")
+    finish_load(mixed, topic, load, thread, lossless=True)
+    logs_equal(mixed, topic)
+
+
+def _registered(mixed: MixedCluster, n: int, controller: int) -> bool:
+    from kbroker_tools.wire import WireClient
+
+    for b in mixed.alive():
+        try:
+            with WireClient(mixed.address(b), timeout=5) as c:
+                md = c.metadata([])
+        except Exception:  # noqa: BLE001 - still starting
+            return False
+        if len(md.brokers) != n or md.controller_id != controller:
+            return False
+    return True
+
+
+def preferred(mixed: MixedCluster) -> None:
+    topic = "preferred"
+    mixed.settings = {**mixed.settings, "auto.leader.rebalance.enable": "false"}
+    two_brokers(mixed, topic)
+    load, thread = run_load(mixed, topic)
+    goes_on(load, "before any shutdown")
+    for leaving, staying, partition in ((1, 0, 0), (0, 1, 1)):
+        mixed.stop(leaving)
+        log(
+            f"controlled shutdown of {mixed.name(leaving)} (controller, preferred leader of partition {partition})"
+        )
+        controller_is(mixed, topic, staying)
+        leads(mixed, topic, staying, [0, 1], "after the controlled shutdown")
+        start(mixed, leaving)
+        full_isr(mixed, topic)
+        time.sleep(6)  # past a leader.imbalance.check.interval: no automatic rebalance is on
+        view = mixed.view(staying, topic)
+        if view is None or view.leader(partition) != staying:
+            log(f"partition {partition} moved without ElectLeaders: {view}")
+            raise StepFailed("leadership moved with auto.leader.rebalance.enable=false")
+        log(f"{mixed.name(staying)} still leads partition {partition} (no automatic rebalance)")
+        elect_preferred(mixed, topic, partition)
+        log(
+            f"ElectLeaders (preferred) for partition {partition} answered by controller {mixed.name(staying)}"
+        )
+        leads(mixed, topic, leaving, [partition], f"ElectLeaders through controller {mixed.name(staying)}")
+        goes_on(load, f"{mixed.name(leaving)} leads partition {partition}")
+    finish_load(mixed, topic, load, thread, lossless=True)
+    logs_equal(mixed, topic)
+
+
+def elect_preferred(mixed: MixedCluster, topic: str, partition: int) -> None:
+    from confluent_kafka import ElectionType, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": mixed.bootstrap})
+    result = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, partition)]).result(60)
+    for tp, err in result.items():
+        if err is not None:
+            raise StepFailed(f"ElectLeaders {tp.topic}-{tp.partition}: {err}")
+
+
+SCENARIOS: dict[str, tuple[Callable[[MixedCluster], None], dict[str, str]]] = {
+    "controller-failover": (controller_failover, {}),
+    "truncation": (truncation, {}),
+    "isr": (isr, {"replica.lag.time.max.ms": "3000", "zookeeper.session.timeout.ms": "10000"}),
+    "preferred": (preferred, {}),
+}
+
+
+def run(names: list[str]) -> int:
+    results: dict[str, bool] = {}
+    for name in names:
+        fn, extra = SCENARIOS[name]
+        log(f"scenario {name}")
+        began = time.monotonic()
+        try:
+            with cluster({**SETTINGS, **extra}) as mixed:
+                try:
+                    fn(mixed)
+                    results[name] = True
+                except StepFailed as e:
+                    log(f"step failed: {e}")
+                    for b in mixed.brokers:
+                        if not mixed.is_kafka(b):
+                            print(f"--- {mixed.name(b)} log tail:\n{mixed.log_text(b)[-3000:]}")
+                    results[name] = False
+        except Unavailable as e:
+            print(str(e), file=sys.stderr)
+            return 2
+        log(f"scenario {name}: {'PASS' if results[name] else 'FAIL'} ({time.monotonic() - began:.0f} s)")
+    return 0 if all(results.values()) else 1
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.differential.mixed_failures", description=__doc__)
+    parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="default: all of them")
+    args = parser.parse_args(argv)
+    return run(args.scenario or list(SCENARIOS))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
