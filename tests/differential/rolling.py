@@ -308,7 +308,7 @@ def run(seconds_between: float, reverse: bool = False) -> int:
             except ArtifactUnavailable as e:
                 print(f"Kafka 3.9 is unavailable here: {e}", file=sys.stderr)
                 return 2
-            log(f"{old_kind} brokers {list(BROKER_IDS)} up")
+            log(f"{old_kind} {list(BROKER_IDS)} up")
             first = old[1].bootstrap
             _wait("three brokers registered", lambda: _registered(first) == 3, 60)
             with WireClient(first) as c:
@@ -329,7 +329,7 @@ def run(seconds_between: float, reverse: bool = False) -> int:
             ok = True
             for broker_id in BROKER_IDS:
                 old[broker_id].stop()
-                log(f"{old_kind} broker {broker_id} stopped (controlled shutdown)")
+                log(f"{old_kind} {broker_id} stopped (controlled shutdown)")
                 try:
                     new[broker_id] = broker(new_kind, broker_id)
                 except ArtifactUnavailable as e:
