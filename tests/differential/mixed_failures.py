@@ -10,6 +10,7 @@ Kafka 3.9 brokers and kbrokers, each scenario under an idempotent acks=all load 
   (OffsetForLeaderEpoch); both ways. Both replicas' logs must end equal (offsets, batch leader epochs and values).
 - isr: kbroker 2 (controller), kbroker 0 and Kafka 1 with replica.lag.time.max.ms 3000. A follower is paused
   (SIGSTOP): its leader of the other kind shrinks the ISR; resumed (SIGCONT): the ISR expands again; both ways.
+  isr-kafka-controller: the same with Kafka 2 as the controller.
 - preferred: Kafka 1 (controller) and kbroker 0 without auto leader rebalance. A broker's controlled shutdown moves
   its leadership to the other kind; once it is back, AdminClient ElectLeaders (preferred) moves it back, once through
   a kbroker controller and once through a Kafka one.
@@ -48,7 +49,7 @@ SETTINGS = {
     "num.partitions": str(PARTITIONS),
     "auto.create.topics.enable": "false",
     "unclean.leader.election.enable": "false",
-    "leader.imbalance.check.interval.seconds": "5",
+    "leader.imbalance.check.interval.seconds": "2",
 }
 
 
@@ -290,15 +291,18 @@ def truncation(mixed: MixedCluster) -> None:
     logs_equal(mixed, topic_all)
 
 
-def isr(mixed: MixedCluster) -> None:
+def isr(mixed: MixedCluster, kafka_controller: bool = False) -> None:
     topic = "isr"
-    # kbroker 2 is the controller and replicates nothing of `topic`: pausing a replica never stops the controller.
-    mixed.add_kbroker(2)
+    # Broker 2 is the controller and replicates nothing of `topic`: pausing a replica never stops the controller.
+    if kafka_controller:
+        mixed.add_kafka(2)
+    else:
+        mixed.add_kbroker(2)
     mixed.add_kbroker(0)
     mixed.add_kafka(1)
     for b in (2, 0, 1):
         start(mixed, b)
-    expect("three brokers registered, kbroker 2 controller", lambda: _registered(mixed, 3, 2), 60)
+    expect(f"three brokers registered, {mixed.name(2)} controller", lambda: _registered(mixed, 3, 2), 60)
     mixed.create_topic(topic, ASSIGNMENT)
     log(f"topic {topic} created, replicas {ASSIGNMENT}")
     full_isr(mixed, topic)
@@ -352,7 +356,7 @@ def preferred(mixed: MixedCluster) -> None:
         leads(mixed, topic, staying, [0, 1], "after the controlled shutdown")
         start(mixed, leaving)
         full_isr(mixed, topic)
-        time.sleep(6)  # past a leader.imbalance.check.interval: no automatic rebalance is on
+        time.sleep(5)  # past two leader.imbalance.check.interval.seconds: no automatic rebalance is on
         view = mixed.view(staying, topic)
         if view is None or view.leader(partition) != staying:
             log(f"partition {partition} moved without ElectLeaders: {view}")
@@ -379,10 +383,13 @@ def elect_preferred(mixed: MixedCluster, topic: str, partition: int) -> None:
             raise StepFailed(f"ElectLeaders {tp.topic}-{tp.partition}: {err}")
 
 
+# A follower paused past replica.lag.time.max.ms leaves the ISR; its ZooKeeper session outlives the pause.
+ISR_SETTINGS = {"replica.lag.time.max.ms": "3000", "zookeeper.session.timeout.ms": "10000"}
 SCENARIOS: dict[str, tuple[Callable[[MixedCluster], None], dict[str, str]]] = {
     "controller-failover": (controller_failover, {}),
     "truncation": (truncation, {}),
-    "isr": (isr, {"replica.lag.time.max.ms": "3000", "zookeeper.session.timeout.ms": "10000"}),
+    "isr": (isr, ISR_SETTINGS),
+    "isr-kafka-controller": (functools.partial(isr, kafka_controller=True), ISR_SETTINGS),
     "preferred": (preferred, {}),
 }
 

@@ -56,6 +56,6 @@ def test_controller_failover_between_kinds() -> None:
 
 
 @pytest.mark.skipif(not ALL, reason="a Kafka JVM and kbrokers for minutes: set KBROKER_MIXED_FAILURES=1")
-@pytest.mark.parametrize("scenario", ["truncation", "isr", "preferred"])
+@pytest.mark.parametrize("scenario", ["truncation", "isr", "isr-kafka-controller", "preferred"])
 def test_mixed_failure_scenario(scenario: str) -> None:
     _run(scenario, 900)
