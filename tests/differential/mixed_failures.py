@@ -119,6 +119,20 @@ def goes_on(load: Load, what: str, timeout: float = 60) -> None:
     )
 
 
+def followers_caught_on(mixed: MixedCluster, topic: str, replicas: list[list[int]] = ASSIGNMENT) -> None:
+    """Every follower holds records of its partition. A follower told of a new partition before its leader was
+    (the leader's own LeaderAndIsr still on its way) waits replica.fetch.backoff.ms after each
+    UNKNOWN_TOPIC_OR_PARTITION, Kafka's and kbroker's alike: a kill before this would test an empty follower."""
+
+    def caught_on() -> bool:
+        try:
+            return all(mixed.replica_log(r[1], topic, p).log_end > 0 for p, r in enumerate(replicas))
+        except (StepFailed, OSError, ConnectionError):
+            return False
+
+    expect(f"every follower of {topic} holds records", caught_on, 60)
+
+
 def _acked(load: Load) -> int:
     with load.lock:
         return len(load.acked)
@@ -214,6 +228,7 @@ def controller_failover(mixed: MixedCluster) -> None:
     two_brokers(mixed, topic)
     load, thread = run_load(mixed, topic)
     goes_on(load, "before any failure")
+    followers_caught_on(mixed, topic)
 
     mixed.kill(1)
     log("kill -9 Kafka 1 (controller, leader of partition 0)")
@@ -256,6 +271,8 @@ def truncation(mixed: MixedCluster) -> None:
     one, one_thread = run_load(mixed, topic, acks="1")
     every, every_thread = run_load(mixed, topic_all)
     goes_on(every, "before any failure")
+    followers_caught_on(mixed, topic)
+    followers_caught_on(mixed, topic_all)
     for victim, other, partition in ((1, 0, 0), (0, 1, 1)):
         # The victim leads `partition`; wait for that (the previous round's rebalance) before killing it.
         leads(mixed, topic, victim, [partition], "preferred leader")
