@@ -5,6 +5,10 @@ Kafka 3.9 brokers and kbrokers, each scenario under an idempotent acks=all load 
   and leads both partitions; Kafka 1 restarts and kbroker 0's LeaderAndIsr makes it a follower, then its preferred
   leader again (auto leader rebalance). Then kbroker 0, now controller, is killed: Kafka 1 takes over and drives
   kbroker 0 back the same way.
+- controller-failover-survivors: Kafka 1 (controller), Kafka 2, kbrokers 0 and 3, three replicas a partition. The
+  same both ways, with live brokers of the other kind at the failover (paused while the election is held, so the
+  kind that must win wins): kbroker 0's failover makes Kafka 2 leader of Kafka 1's partition, a Kafka controller's
+  makes kbroker 3 leader of kbroker 0's.
 - truncation: the same two brokers under an acks=1 load as well. The leader of one kind is killed, the follower of
   the other kind becomes leader, the old leader restarts and truncates to the new leader's epochs
   (OffsetForLeaderEpoch); both ways. Both replicas' logs must end equal (offsets, batch leader epochs and values).
@@ -146,12 +150,19 @@ def run_load(mixed: MixedCluster, topic: str, acks: str = "all") -> tuple[Load, 
     return load, thread
 
 
-def finish_load(mixed: MixedCluster, topic: str, load: Load, thread: threading.Thread, lossless: bool) -> int:
+def finish_load(
+    mixed: MixedCluster,
+    topic: str,
+    load: Load,
+    thread: threading.Thread,
+    lossless: bool,
+    partitions: int = PARTITIONS,
+) -> int:
     """Stop the producer and read `topic` back: every acknowledged record there when `lossless` (acks=all); for
     acks=1 the records lost with a killed leader are only counted. Returns how many acknowledged were lost."""
     load.stop.set()
     thread.join(180)
-    values = set(_read_all(mixed.bootstrap, topic, PARTITIONS))
+    values = set(_read_all(mixed.bootstrap, topic, partitions))
     lost = load.acked - values
     log(
         f"{topic}: {len(load.acked)} records acknowledged, {len(values)} read back, {len(lost)} lost "
@@ -251,6 +262,73 @@ def controller_failover(mixed: MixedCluster) -> None:
     goes_on(load, "kbroker 0 leads partition 1 again")
     finish_load(mixed, topic, load, thread, lossless=True)
     logs_equal(mixed, topic)
+
+
+# Four brokers, three replicas a partition: partition 0 falls to Kafka 2 when Kafka 1 goes, partition 1 to kbroker 3
+# when kbroker 0 goes.
+SURVIVORS_ASSIGNMENT = [[1, 2, 0], [0, 3, 1], [3, 0, 2], [2, 1, 3]]
+# The killed brokers' ZooKeeper sessions end after 6 s; the paused ones' outlast their pause (ZooKeeper's most, 10 s).
+LONG_SESSION = {"zookeeper.session.timeout.ms": "10000"}
+
+
+def controller_failover_survivors(mixed: MixedCluster) -> None:
+    """A new controller of one kind drives live brokers of the other kind at once (onControllerFailover), not only
+    restarted ones: the survivors that must not win the election are paused while it is held."""
+    topic = "survivors"
+    mixed.add_kafka(1)
+    mixed.add_kafka(2, LONG_SESSION)
+    mixed.add_kbroker(0)
+    mixed.add_kbroker(3, LONG_SESSION)
+    for b in (1, 2, 0, 3):
+        start(mixed, b)
+    expect("four brokers registered, Kafka 1 controller", lambda: _registered(mixed, 4, 1), 60)
+    mixed.create_topic(topic, SURVIVORS_ASSIGNMENT)
+    log(f"topic {topic} created, replicas {SURVIVORS_ASSIGNMENT}")
+    full_isr(mixed, topic, SURVIVORS_ASSIGNMENT)
+    load, thread = run_load(mixed, topic)
+    goes_on(load, "before any failure")
+    followers_caught_on(mixed, topic, SURVIVORS_ASSIGNMENT)
+
+    for paused in (2, 3):
+        mixed.pause(paused)
+    mixed.kill(1)
+    log("SIGSTOP Kafka 2 and kbroker 3, kill -9 Kafka 1 (controller, leader of partition 0)")
+    expect(
+        "kbroker 0 is controller",
+        lambda: mixed.views_agree(topic, lambda v: v.controller == 0, [0]),
+        60,
+    )
+    for paused in (2, 3):
+        mixed.resume(paused)
+    log("SIGCONT Kafka 2 and kbroker 3")
+    controller_is(mixed, topic, 0)
+    leads(mixed, topic, 2, [0], "elected by kbroker controller 0 while Kafka 2 lived on")
+    goes_on(load, "without Kafka 1")
+    start(mixed, 1)
+    full_isr(mixed, topic, SURVIVORS_ASSIGNMENT)
+    leads(mixed, topic, 1, [0], "kbroker controller 0's preferred-leader rebalance")
+
+    mixed.pause(3)
+    mixed.kill(0)
+    log("SIGSTOP kbroker 3, kill -9 kbroker 0 (controller, leader of partition 1)")
+    expect(
+        "a Kafka broker is controller",
+        lambda: mixed.views_agree(topic, lambda v: v.controller in (1, 2), [1, 2]),
+        60,
+    )
+    mixed.resume(3)
+    log("SIGCONT kbroker 3")
+    kafka_controller = mixed.view(1, topic)
+    controller = kafka_controller.controller if kafka_controller is not None else 1
+    controller_is(mixed, topic, controller)
+    leads(mixed, topic, 3, [1], f"elected by Kafka controller {controller} while kbroker 3 lived on")
+    goes_on(load, "without kbroker 0")
+    start(mixed, 0)
+    full_isr(mixed, topic, SURVIVORS_ASSIGNMENT)
+    leads(mixed, topic, 0, [1], f"Kafka controller {controller}'s preferred-leader rebalance")
+    goes_on(load, "every broker back")
+    finish_load(mixed, topic, load, thread, lossless=True, partitions=len(SURVIVORS_ASSIGNMENT))
+    logs_equal(mixed, topic, SURVIVORS_ASSIGNMENT)
 
 
 # What each kind logs when a replica's log is cut back (not when the cut would change nothing).
@@ -404,6 +482,7 @@ def elect_preferred(mixed: MixedCluster, topic: str, partition: int) -> None:
 ISR_SETTINGS = {"replica.lag.time.max.ms": "3000", "zookeeper.session.timeout.ms": "10000"}
 SCENARIOS: dict[str, tuple[Callable[[MixedCluster], None], dict[str, str]]] = {
     "controller-failover": (controller_failover, {}),
+    "controller-failover-survivors": (controller_failover_survivors, {"min.insync.replicas": "2"}),
     "truncation": (truncation, {}),
     "isr": (isr, ISR_SETTINGS),
     "isr-kafka-controller": (functools.partial(isr, kafka_controller=True), ISR_SETTINGS),
