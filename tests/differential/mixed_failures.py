@@ -217,7 +217,7 @@ def logs_equal(mixed: MixedCluster, topic: str, replicas: list[list[int]] = ASSI
                 raise StepFailed(f"{topic}-{partition} replicas differ")
         epochs = sorted({ep for _, ep, _ in first.records})
         log(
-            f"{topic}-{partition}: {mixed.name(brokers[0])} and {mixed.name(brokers[1])} hold the same "
+            f"{topic}-{partition}: {' and '.join(mixed.name(b) for b in brokers)} hold the same "
             f"{len(first.records)} records up to offset {first.log_end} (leader epochs {epochs})"
         )
 

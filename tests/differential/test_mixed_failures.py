@@ -2,8 +2,9 @@
 (`python -m tests.differential.mixed_failures`). The default run has the controller failover both ways (one Kafka
 JVM and one kbroker, about 60 s): a killed Kafka controller's partitions are led by a kbroker controller that then
 drives the restarted Kafka broker (UpdateMetadata before LeaderAndIsr, as Kafka's onBrokerStartup), and the reverse.
-KBROKER_MIXED_FAILURES=1 runs every scenario (truncation after kill -9, ISR shrink and expand, preferred leader
-election; a few minutes)."""
+KBROKER_MIXED_FAILURES=1 runs every other scenario (controller failover with live brokers of both kinds, truncation
+after kill -9, ISR shrink and expand under either kind of controller, preferred leader election; about five
+minutes)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ def test_controller_failover_between_kinds() -> None:
 
 
 @pytest.mark.skipif(not ALL, reason="a Kafka JVM and kbrokers for minutes: set KBROKER_MIXED_FAILURES=1")
-@pytest.mark.parametrize("scenario", ["truncation", "isr", "isr-kafka-controller", "preferred"])
+@pytest.mark.parametrize(
+    "scenario", ["controller-failover-survivors", "truncation", "isr", "isr-kafka-controller", "preferred"]
+)
 def test_mixed_failure_scenario(scenario: str) -> None:
     _run(scenario, 900)
