@@ -9,9 +9,10 @@ Kafka 3.9 brokers and kbrokers, each scenario under an idempotent acks=all load 
   same both ways, with live brokers of the other kind at the failover (paused while the election is held, so the
   kind that must win wins): kbroker 0's failover makes Kafka 2 leader of Kafka 1's partition, a Kafka controller's
   makes kbroker 3 leader of kbroker 0's.
-- truncation: the same two brokers under an acks=1 load as well. The leader of one kind is killed, the follower of
-  the other kind becomes leader, the old leader restarts and truncates to the new leader's epochs
-  (OffsetForLeaderEpoch); both ways. Both replicas' logs must end equal (offsets, batch leader epochs and values).
+- truncation: the same two brokers under an acks=1 load as well. The follower of one kind is paused for 1.5 s (still
+  in the ISR) so its leader takes records it lacks, the leader is killed and the follower resumed: it becomes
+  leader, the old leader restarts and truncates to the new leader's epochs (OffsetForLeaderEpoch); both ways. Both
+  replicas' logs must end equal (offsets, batch leader epochs and values).
 - isr: kbroker 2 (controller), kbroker 0 and Kafka 1 with replica.lag.time.max.ms 3000. A follower is paused
   (SIGSTOP): its leader of the other kind shrinks the ISR; resumed (SIGCONT): the ISR expands again; both ways.
   isr-kafka-controller: the same with Kafka 2 as the controller.
