@@ -235,6 +235,21 @@ def _wait(what: str, check: Callable[[], bool], timeout: float) -> bool:
     return False
 
 
+def _high_watermark(consumer: Any, tp: Any, attempts: int = 10) -> int:
+    """The partition's high watermark, asked again while its leadership moves (a leader rebalance just before the
+    read answers NOT_LEADER_FOR_PARTITION until librdkafka's metadata catches up)."""
+    from confluent_kafka import KafkaException
+
+    for attempt in range(attempts):
+        try:
+            return int(consumer.get_watermark_offsets(tp, timeout=30)[1])
+        except KafkaException:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1)
+    raise AssertionError("unreachable")
+
+
 def _read_all(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> list[str]:
     """Every committed record of `topic`, read from the start of each partition until the position passes its
     end (control records, the transactions' markers, take offsets too)."""
@@ -250,7 +265,7 @@ def _read_all(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> list[
         }
     )
     tps = [TopicPartition(topic, p) for p in range(partitions)]
-    ends = {tp.partition: c.get_watermark_offsets(tp, timeout=30)[1] for tp in tps}
+    ends = {tp.partition: _high_watermark(c, tp) for tp in tps}
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     values: list[str] = []
     deadline = time.monotonic() + 120
