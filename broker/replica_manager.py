@@ -129,16 +129,17 @@ class ReplicaManager:
     def get_partition(self, topic: str, partition: int) -> Partition | None:
         return self.partitions.get((topic, partition))
 
-    def get_log(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Log:
+    def get_log(self, topic: str, partition: int, current_leader_epoch: int = -1, leader_only: bool = True) -> Log:
         """The local log of a partition this broker leads, or KafkaError with Kafka's code. A client that names a
         leader epoch (>= 0) other than this replica's gets FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH before
-        leadership (Kafka's Partition checks it first), after the partition's existence; one lookup answers both."""
+        leadership (Kafka's Partition checks it first), after the partition's existence; one lookup answers both.
+        leader_only False: a follower's log too (Kafka's localLogWithEpochOrThrow(requireLeader = false))."""
         self._check_online(topic, partition)
         p = self.partitions.get((topic, partition))
         if p is not None:
             if current_leader_epoch >= 0:
                 p.check_leader_epoch(current_leader_epoch)
-            return p.leader_log()
+            return p.leader_log() if leader_only else p.log
         rec = self.server.metadata.topics.get(topic)
         if rec is None or not 0 <= partition < len(rec.partitions):
             # Kafka's getPartitionOrException: a partition nobody has is unknown, whatever epoch the client names.

@@ -227,6 +227,11 @@ class KafkaController:
         for topic in names:
             self._load_topic(ctx, topic, assignments.get(topic))
         self.ctx = ctx
+        # Kafka's onControllerFailover tells every live broker of the live brokers first, in a round of its own:
+        # a Kafka broker does not follow a leader its metadata cache lacks (see _send_startup_metadata).
+        first = self._batch()
+        first.add_update_metadata(sorted(ctx.live_brokers), [])
+        first.send(ctx, self._broker_info, self._send)
         batch = self._batch()
         # New partitions get their first state; partitions whose leader is gone get a new one.
         self._init_new_partitions(ctx.partitions(), batch)
@@ -379,12 +384,16 @@ class KafkaController:
                     self._on_broker_gone(b)
             self._on_replicas_offline(gone, batch)
         arrived = new | bounced
+        if arrived and gone:
+            # The failures' round goes before the arrivals are live: their first request is UpdateMetadata.
+            batch.send(ctx, self._broker_info, self._send)
+            batch = self._batch()
         for b in arrived:
             ctx.live_brokers[b] = now[b]
             # A broker that registers again starts from its dirs as they are now: its LeaderAndIsr answers say.
             ctx.replicas_on_offline_dirs.pop(b, None)
         if arrived:
-            batch.add_update_metadata(sorted(arrived), None)
+            self._send_startup_metadata(arrived)
             for tp in ctx.partitions():
                 hosted = [b for b in ctx.replicas(tp) if b in arrived]
                 if hosted and tp in ctx.states:
@@ -397,6 +406,20 @@ class KafkaController:
             for tp, r in list(ctx.reassignments.items()):
                 if set(r.target) & arrived:
                     self._continue_reassignment(tp, r)
+
+    def _send_startup_metadata(self, arrived: set[int]) -> None:
+        """Kafka's onBrokerStartup: UpdateMetadata before any LeaderAndIsr, in rounds of their own; the brokers
+        already there learn of the new ones, the new ones of every partition. A Kafka broker answers a LeaderAndIsr
+        naming a leader its metadata cache lacks with "cannot become follower since the new leader is
+        unavailable" and does not follow until the next LeaderAndIsr, which may never come."""
+        ctx = self.ctx
+        assert ctx is not None
+        existing = self._batch()
+        existing.add_update_metadata(sorted(set(ctx.live_brokers) - arrived), [])
+        existing.send(ctx, self._broker_info, self._send)
+        newcomers = self._batch()
+        newcomers.add_update_metadata(sorted(arrived), None)
+        newcomers.send(ctx, self._broker_info, self._send)
 
     def _on_replicas_offline(self, gone: set[int], batch: RequestBatch) -> None:
         """Kafka's onReplicasBecomeOffline: new leaders where the leader went, then the gone replicas leave

@@ -178,7 +178,9 @@ class _FetchPlan:
                         total += size
                         min_one = False
                     continue
-                lg = rm.get_log(name, p.partition, p.current_leader_epoch)
+                # KIP-392: from v11 a consumer may read a follower too, up to the follower's high watermark (Kafka's
+                # FetchParams.fetchOnlyLeader is false once the request carries client metadata).
+                lg = rm.get_log(name, p.partition, p.current_leader_epoch, leader_only=version < 11)
                 if version < 10:  # every Fetch that may convert is below v10 too
                     check_down_conversion(lg.config, version)
                 hw = lg.high_watermark
@@ -460,6 +462,7 @@ async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContex
 # ---------------------------------------------------------------- ListOffsets
 
 EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4, -5
+CONSUMER_REPLICA, DEBUGGING_REPLICA = -1, -2  # Kafka's ListOffsetsRequest.CONSUMER_REPLICA_ID, DEBUGGING_REPLICA_ID
 # Kafka's ReplicaManager.timestampMinSupportedVersion: the first ListOffsets version knowing each special timestamp.
 # (Kafka 3.9 refuses -1 and -2 in v0 too; kbroker keeps serving them to the 0.8-0.10 clients that send v0.)
 TIMESTAMP_MIN_VERSION = {EARLIEST: 0, LATEST: 0, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8, LATEST_TIERED: 9}
@@ -506,7 +509,9 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
                     raise KafkaError(ErrorCode.INVALID_REQUEST, "partition named more than once")
                 if p.timestamp < 0 and TIMESTAMP_MIN_VERSION.get(p.timestamp, 99) > v:
                     raise KafkaError(ErrorCode.UNSUPPORTED_VERSION, f"timestamp {p.timestamp} in version {v}")
-                lg = rm.get_log(t.name, p.partition_index, p.current_leader_epoch)
+                # The debugging replica (-2) may ask a follower (Kafka's fetchOnlyFromLeader is false for it).
+                lg = rm.get_log(t.name, p.partition_index, p.current_leader_epoch,
+                                leader_only=req.replica_id != DEBUGGING_REPLICA)
                 if v == 0:
                     # Offsets of segment starts, as clients of Kafka 0.8-0.10 expect from v0.
                     resp.error_code = 0
@@ -522,8 +527,10 @@ def handle_list_offsets(ctx: RequestContext, req: ListOffsetsRequest) -> ListOff
                 if ts == EARLIEST_LOCAL:
                     ts = EARLIEST
                 # read_committed consumers see up to the last stable offset (Kafka's lastFetchableOffset).
-                if req.replica_id >= 0:
-                    fetchable = lg.log_end_offset  # a follower's question: the whole local log
+                if req.replica_id != CONSUMER_REPLICA:
+                    # Kafka reads no isolation level but a consumer's: a broker or the debugging replica gets the
+                    # whole local log.
+                    fetchable = lg.log_end_offset
                 elif req.isolation_level == READ_COMMITTED:
                     fetchable = lg.last_stable_offset
                 else:

@@ -39,8 +39,9 @@ def brokers(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
         b.start()
     wait_all_registered(list(bs.values()), timeout=T)
     admin = AdminClient({"bootstrap.servers": bs[1].bootstrap})
-    # Broker 2 leads the partition, broker 1 follows.
-    admin.create_topics([NewTopic(TOPIC, 1, replica_assignment=[[2, 1]])])[TOPIC].result(T)
+    # Broker 2 holds the partition alone: broker 1 is no replica of it (a follower would serve a consumer's Fetch
+    # v11+ itself, KIP-392, as Kafka does).
+    admin.create_topics([NewTopic(TOPIC, 1, replica_assignment=[[2]])])[TOPIC].result(T)
     yield bs
     for b in bs.values():
         b.stop()
@@ -120,3 +121,41 @@ def test_librdkafka_follows_a_moved_leader(brokers: dict[int, BrokerProcess]) ->
     assert not errors and len(acked) == sent
     pause = max(b - a for a, b in zip(acked, acked[1:], strict=False))
     print(f"longest wait between acknowledgements: {pause * 1000:.0f} ms")
+
+
+def test_a_follower_serves_consumer_fetch_v11_and_the_debugging_replica(brokers: dict[int, BrokerProcess]) -> None:
+    """KIP-392 as Kafka 3.9 has it without a replica selector: from Fetch v11 a consumer may read a follower, up to
+    the follower's high watermark; before v11 it gets NOT_LEADER_OR_FOLLOWER. ListOffsets from the debugging replica
+    (-2) answers a follower's log end offset."""
+    from kbroker.protocol.messages import ListOffsetsRequest
+
+    topic = "follower-read"
+    admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
+    admin.create_topics([NewTopic(topic, 1, replica_assignment=[[2, 1]])])[topic].result(T)
+    p = Producer({"bootstrap.servers": brokers[2].bootstrap, "acks": "all"})
+    for i in range(5):
+        p.produce(topic, f"v{i}".encode())
+    assert p.flush(T) == 0
+
+    def fetch(version: int) -> object:
+        with RawClient(brokers[1].bootstrap) as raw:
+            req = FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+                               session_id=0, session_epoch=-1, topics=[FetchRequest.FetchTopic(
+                                   topic=topic, partitions=[FetchRequest.FetchPartition(
+                                       partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])])
+            return raw.request(1, version, req).responses[0].partitions[0]
+
+    # The follower's high watermark reaches 5 with its next fetch after the acks=all answer.
+    part = wait_until(lambda: (pd := fetch(12)).high_watermark == 5 and pd, timeout=T, what="follower at 5")
+    assert part.error_code == 0 and part.records
+    assert fetch(10).error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER  # type: ignore[attr-defined]
+    with RawClient(brokers[1].bootstrap) as raw:
+        resp = raw.request(2, 7, ListOffsetsRequest(replica_id=-2, isolation_level=0, topics=[
+            ListOffsetsRequest.ListOffsetsTopic(name=topic, partitions=[
+                ListOffsetsRequest.ListOffsetsPartition(partition_index=0, timestamp=-1)])]))
+        consumer = raw.request(2, 7, ListOffsetsRequest(replica_id=-1, isolation_level=0, topics=[
+            ListOffsetsRequest.ListOffsetsTopic(name=topic, partitions=[
+                ListOffsetsRequest.ListOffsetsPartition(partition_index=0, timestamp=-1)])]))
+    lo = resp.topics[0].partitions[0]
+    assert (lo.error_code, lo.offset) == (0, 5)
+    assert consumer.topics[0].partitions[0].error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER

@@ -71,14 +71,15 @@ class Load:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _producer(bootstrap: str, load: Load) -> None:
+def _producer(bootstrap: str, load: Load, topic: str = TOPIC, acks: str = "all") -> None:
+    """Records r0, r1, ... to `topic`; idempotent when acks is all (acks=1 producers cannot be)."""
     from confluent_kafka import Producer
 
     p = Producer(
         {
             "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
+            "enable.idempotence": acks == "all",
+            "acks": acks,
             "linger.ms": 5,
             "message.timeout.ms": 300000,
         }
@@ -95,7 +96,7 @@ def _producer(bootstrap: str, load: Load) -> None:
     while not load.stop.is_set():
         value = f"r{i}"
         try:
-            p.produce(TOPIC, key=str(i % 97).encode(), value=value.encode(), on_delivery=delivered)
+            p.produce(topic, key=str(i % 97).encode(), value=value.encode(), on_delivery=delivered)
             i += 1
         except BufferError:
             p.poll(0.1)
@@ -234,7 +235,22 @@ def _wait(what: str, check: Callable[[], bool], timeout: float) -> bool:
     return False
 
 
-def _read_all(bootstrap: str, topic: str) -> list[str]:
+def _high_watermark(consumer: Any, tp: Any, attempts: int = 10) -> int:
+    """The partition's high watermark, asked again while its leadership moves (a leader rebalance just before the
+    read answers NOT_LEADER_FOR_PARTITION until librdkafka's metadata catches up)."""
+    from confluent_kafka import KafkaException
+
+    for attempt in range(attempts):
+        try:
+            return int(consumer.get_watermark_offsets(tp, timeout=30)[1])
+        except KafkaException:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1)
+    raise AssertionError("unreachable")
+
+
+def _read_all(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> list[str]:
     """Every committed record of `topic`, read from the start of each partition until the position passes its
     end (control records, the transactions' markers, take offsets too)."""
     from confluent_kafka import Consumer, TopicPartition
@@ -248,9 +264,9 @@ def _read_all(bootstrap: str, topic: str) -> list[str]:
             "auto.offset.reset": "earliest",
         }
     )
-    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-    ends = {tp.partition: c.get_watermark_offsets(tp, timeout=30)[1] for tp in tps}
-    c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    ends = {tp.partition: _high_watermark(c, tp) for tp in tps}
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     values: list[str] = []
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -264,8 +280,9 @@ def _read_all(bootstrap: str, topic: str) -> list[str]:
     return values
 
 
-def run(seconds_between: float) -> int:
-    from bench.peers.kafka import KafkaPeer
+def run(seconds_between: float, reverse: bool = False) -> int:
+    """Kafka 3.9 brokers replaced by kbrokers, or (reverse) kbrokers by Kafka 3.9 brokers, one at a time."""
+    from bench.peers.kafka import KafkaPeer, fetch
     from bench.peers.maven import ArtifactUnavailable
     from bench.peers.zookeeper import ZooKeeperServer, zookeeper_missing
 
@@ -273,38 +290,49 @@ def run(seconds_between: float) -> int:
     if why:
         print(why, file=sys.stderr)
         return 2
+    old_kind, new_kind = ("kbroker", "Kafka") if reverse else ("Kafka", "kbroker")
     with tempfile.TemporaryDirectory(prefix="rolling-") as tmp:
         root = Path(tmp)
         zk = ZooKeeperServer(root / "zk").start()
-        kafkas: dict[int, KafkaPeer] = {}
-        kbrokers: dict[int, BrokerProcess] = {}
+        old: dict[int, Any] = {}
+        new: dict[int, Any] = {}
         load = Load()
         threads: list[threading.Thread] = []
-        try:
-            for broker_id in BROKER_IDS:
-                kafkas[broker_id] = KafkaPeer(
+
+        def broker(kind: str, broker_id: int) -> Any:
+            """A started broker of `kind` with an empty log directory."""
+            if kind == "Kafka":
+                return KafkaPeer(
                     "3.9",
                     mode="zk",
                     zookeeper=zk.connect,
                     broker_id=broker_id,
                     base=root / f"kafka-{broker_id}",
                     overrides={**CLUSTER, "inter.broker.protocol.version": "3.9"},
-                )
-                try:
-                    kafkas[broker_id].start()
-                except ArtifactUnavailable as e:
-                    print(f"Kafka 3.9 is unavailable here: {e}", file=sys.stderr)
-                    return 2
-            log(f"Kafka 3.9 brokers {list(BROKER_IDS)} up")
-            first = kafkas[1].bootstrap
+                ).start()
+            return BrokerProcess(
+                root / f"kbroker-{broker_id}",
+                overrides={**CLUSTER, "zookeeper.connect": zk.connect, "broker.id": str(broker_id)},
+            ).start(timeout=60)
+
+        try:
+            try:
+                fetch("3.9")  # the jars before any broker starts, whichever kind comes first
+                for broker_id in BROKER_IDS:
+                    old[broker_id] = broker(old_kind, broker_id)
+            except ArtifactUnavailable as e:
+                print(f"Kafka 3.9 is unavailable here: {e}", file=sys.stderr)
+                return 2
+            log(f"{old_kind} {list(BROKER_IDS)} up")
+            first = old[1].bootstrap
             _wait("three brokers registered", lambda: _registered(first) == 3, 60)
             with WireClient(first) as c:
                 controller = c.metadata([]).controller_id
-            with WireClient(kafkas[controller].bootstrap) as c:
+            with WireClient(old[controller].bootstrap) as c:
                 for name in (TOPIC, TXN_TOPIC):
                     c.create_topic(name, partitions=PARTITIONS, replication_factor=3)
             log(f"topics {TOPIC}, {TXN_TOPIC} created (RF 3) through controller {controller}")
-            bootstrap = ",".join(k.bootstrap for k in kafkas.values())
+            bootstrap = ",".join(b.bootstrap for b in old.values())
             threads = [
                 _guard(_producer, bootstrap, load, "producer"),
                 _guard(_consumer, bootstrap, load, "consumer"),
@@ -315,20 +343,21 @@ def run(seconds_between: float) -> int:
             log(f"load running: {_describe(progress[-1])}")
             ok = True
             for broker_id in BROKER_IDS:
-                kafkas[broker_id].stop()
-                log(f"Kafka broker {broker_id} stopped (controlled shutdown)")
-                kbrokers[broker_id] = BrokerProcess(
-                    root / f"kbroker-{broker_id}",
-                    overrides={**CLUSTER, "zookeeper.connect": zk.connect, "broker.id": str(broker_id)},
-                ).start(timeout=60)
-                log(f"kbroker {broker_id} started on {kbrokers[broker_id].bootstrap}")
-                address = kbrokers[broker_id].bootstrap
+                old[broker_id].stop()
+                log(f"{old_kind} {broker_id} stopped (controlled shutdown)")
+                try:
+                    new[broker_id] = broker(new_kind, broker_id)
+                except ArtifactUnavailable as e:
+                    print(f"Kafka 3.9 is unavailable here: {e}", file=sys.stderr)
+                    return 2
+                address = new[broker_id].bootstrap
+                log(f"{new_kind} {broker_id} started on {address}")
                 if _wait(
-                    f"kbroker {broker_id} in every ISR",
+                    f"{new_kind} {broker_id} in every ISR",
                     lambda a=address, b=broker_id: _isr_complete(a, b),
                     300,
                 ):
-                    log(f"kbroker {broker_id} is in the ISR of every partition")
+                    log(f"{new_kind} {broker_id} is in the ISR of every partition")
                 else:
                     ok = False
                     break
@@ -340,14 +369,13 @@ def run(seconds_between: float) -> int:
             load.stop.set()
             for t in threads:
                 t.join(180)
-            final = kbrokers[BROKER_IDS[-1]].bootstrap if ok else bootstrap
-            return _verdict(ok, load, progress, final, kbrokers, kafkas)
+            final = new[BROKER_IDS[-1]].bootstrap if ok else bootstrap
+            kbrokers = old if reverse else new
+            return _verdict(ok and len(new) == len(BROKER_IDS), load, progress, final, kbrokers)
         finally:
             load.stop.set()
-            for b in kbrokers.values():
+            for b in [*new.values(), *old.values()]:
                 b.stop()
-            for k in kafkas.values():
-                k.stop()
             zk.stop()
 
 
@@ -376,7 +404,6 @@ def _verdict(
     progress: list[tuple[int, int, int, int]],
     bootstrap: str,
     kbrokers: dict[int, BrokerProcess],
-    kafkas: dict[int, Any],
 ) -> int:
     records = set(_read_all(bootstrap, TOPIC))
     lost = load.acked - records
@@ -403,9 +430,7 @@ def _verdict(
     ):
         if errors:
             log(f"{name} ({len(errors)}): {sorted(set(errors))[:8]}")
-    passed = (
-        ok and not lost and not txn_lost and not aborted_seen and went_on and len(kbrokers) == len(BROKER_IDS)
-    )
+    passed = ok and not lost and not txn_lost and not aborted_seen and went_on
     if not passed:
         for broker_id, b in kbrokers.items():
             print(f"--- kbroker {broker_id} log tail:\n{b.read_log()[-3000:]}")
@@ -416,8 +441,11 @@ def _verdict(
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.differential.rolling", description=__doc__)
     parser.add_argument("--seconds-between", type=float, default=15.0, help="load time between replacements")
+    parser.add_argument(
+        "--reverse", action="store_true", help="three kbrokers become three Kafka 3.9 brokers instead"
+    )
     args = parser.parse_args(argv)
-    return run(args.seconds_between)
+    return run(args.seconds_between, args.reverse)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The rolling replacement of a three-broker Apache Kafka 3.9 cluster by three kbrokers under load
-(`python -m tests.differential.rolling`). Out of the default run: three Kafka JVMs, ZooKeeper and three kbrokers take
-about three minutes of both CI cores; KBROKER_ROLLING=1 runs it."""
+(`python -m tests.differential.rolling`), and the reverse (`--reverse`: three kbrokers become Kafka 3.9 brokers).
+Out of the default run: three Kafka JVMs, ZooKeeper and three kbrokers take about three minutes of both CI cores
+each way; KBROKER_ROLLING=1 runs them."""
 
 from __future__ import annotations
 
@@ -16,17 +17,19 @@ from tests.zookeeper import zookeeper_missing
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(
+ROLLING = pytest.mark.skipif(
     os.environ.get("KBROKER_ROLLING") != "1",
     reason="three Kafka 3.9 JVMs and three kbrokers for minutes: set KBROKER_ROLLING=1 (docs/differential.md)",
 )
-def test_kafka_cluster_becomes_kbrokers_one_broker_at_a_time() -> None:
+
+
+def _rolling(*args: str) -> list[str]:
     why = zookeeper_missing()
     if why:
         pytest.skip(why)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run(
-        [sys.executable, "-m", "tests.differential.rolling", "--seconds-between", "10"],
+        [sys.executable, "-m", "tests.differential.rolling", "--seconds-between", "10", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -38,6 +41,18 @@ def test_kafka_cluster_becomes_kbrokers_one_broker_at_a_time() -> None:
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
     lines = r.stdout.splitlines()
     assert any(line.endswith("PASS") for line in lines), lines[-20:]
-    assert sum("is in the ISR of every partition" in line for line in lines) == 3, lines
     lost = [line for line in lines if "read back" in line]
     assert lost and lost[0].split("lost ")[1].startswith("0 "), lost
+    return lines
+
+
+@ROLLING
+def test_kafka_cluster_becomes_kbrokers_one_broker_at_a_time() -> None:
+    lines = _rolling()
+    assert sum("kbroker" in line and "is in the ISR of every partition" in line for line in lines) == 3, lines
+
+
+@ROLLING
+def test_kbroker_cluster_becomes_kafka_one_broker_at_a_time() -> None:
+    lines = _rolling("--reverse")
+    assert sum("Kafka" in line and "is in the ISR of every partition" in line for line in lines) == 3, lines
