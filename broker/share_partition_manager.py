@@ -25,8 +25,9 @@ from kbroker.broker.group_config import (
     SHARE_SESSION_TIMEOUT_MS,
 )
 from kbroker.broker.share_partition import SharePartition
-from kbroker.coordinator.group_coordinator import partition_for
-from kbroker.coordinator.share_coordinator import ShareCoordinator
+from kbroker.coordinator.group_coordinator import ShareGroupHooks, partition_for
+from kbroker.coordinator.share_coordinator import HeartbeatResult, ShareCoordinator
+from kbroker.coordinator.share_group_records import ShareGroupRecord
 from kbroker.coordinator.share_records import (
     SHARE_STATE_TOPIC,
     StateBatch,
@@ -84,6 +85,52 @@ def duration_ms(text: str) -> int:
     return int((((d * 24 + h) * 60 + mi) * 60 + s) * 1000)
 
 
+# a write to __consumer_offsets that failed: what a share-group request answers (Kafka's GroupCoordinatorService)
+_GROUP_WRITE_ERRORS = {
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.REQUEST_TIMED_OUT: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+}
+
+
+class ShareGroupLoading(ShareGroupHooks):
+    """The group coordinator's load of __consumer_offsets hands share-group records to the share coordinator
+    (made then if no share-group request made it yet)."""
+
+    def __init__(self, server: KafkaServer) -> None:
+        self.server = server
+        self._seen: set[int] = set()  # partitions whose load replayed share-group records
+
+    def replay(self, record: ShareGroupRecord) -> None:
+        spm = SharePartitionManager.of(self.server)
+        spm.coordinator.replay(record)
+        self._seen.add(self.server.group_coordinator.offsets_partition(record.group_id))
+
+    def _groups(self, spm: SharePartitionManager, partition: int) -> list[str]:
+        gc = self.server.group_coordinator
+        return [gid for gid in spm.coordinator.groups if gc.offsets_partition(gid) == partition]
+
+    def loaded(self, partition: int) -> None:
+        spm = SharePartitionManager.existing(self.server)
+        if spm is None or partition not in self._seen:
+            return
+        self._seen.discard(partition)
+        groups = self._groups(spm, partition)
+        spm.coordinator.loaded(groups)
+        if groups:
+            spm.ensure_sweeper()
+            log.info("Loaded %d share groups of __consumer_offsets-%d", len(groups), partition)
+
+    def unloaded(self, partition: int) -> None:
+        self._seen.discard(partition)
+        spm = SharePartitionManager.existing(self.server)
+        if spm is not None:
+            spm.coordinator.unload(self._groups(spm, partition))
+
+
 class SharePartitionManager:
     def __init__(self, server: KafkaServer) -> None:
         self.server = server
@@ -137,7 +184,53 @@ class SharePartitionManager:
                     deleted = await self.delete_state(gid, name, rec.num_partitions)
                     code = code or deleted
             out[gid] = code or self.coordinator.delete(gid)
+            if out[gid] == ErrorCode.NONE:
+                out[gid] = await self.write_group(gid)
         return out
+
+    async def heartbeat(
+        self,
+        group_id: str,
+        member_id: str,
+        member_epoch: int,
+        rack_id: str | None,
+        subscribed: list[str] | None,
+        client_id: str,
+        client_host: str,
+    ) -> HeartbeatResult:
+        """ShareGroupHeartbeat on the group coordinator: the change is answered once its records are in
+        __consumer_offsets (replicated), as Kafka's coordinator runtime answers a write operation."""
+        self.ensure_sweeper()
+        r = self.coordinator.heartbeat(group_id, member_id, member_epoch, rack_id, subscribed, client_id, client_host)
+        code = await self.write_group(group_id)
+        if code:
+            return HeartbeatResult(code, f"The share group's records were not written: {code.name}")
+        if r.initialize:
+            await self.initialize_state(group_id, r.initialize, r.state_epoch, -1)
+        return r
+
+    async def write_group(self, group_id: str) -> ErrorCode:
+        """Append the records of a share group's changes to its __consumer_offsets partition and wait until they
+        are replicated; the error a share-group request answers when that fails."""
+        records = self.coordinator.drain(group_id)
+        if not records:
+            return ErrorCode.NONE
+        gc = self.server.group_coordinator
+        try:
+            lg, info = gc._write(group_id, [r.entry() for r in records])
+            await gc._flush_if_needed(lg, info.last_offset)
+        except KafkaError as e:
+            log.warning("Share group %s: writing %d records failed: %s", group_id, len(records), e)
+            return _GROUP_WRITE_ERRORS.get(e.code, e.code)
+        except Exception as e:  # noqa: BLE001 - the log went away (a move): the group is another broker's
+            log.warning("Share group %s: writing %d records failed: %r", group_id, len(records), e)
+            return ErrorCode.NOT_COORDINATOR
+        return ErrorCode.NONE
+
+    async def initialize_state(self, group_id: str, tps: Any, state_epoch: int, start_offset: int) -> None:
+        """Placeholder until InitializeShareGroupState is sent: the share-partitions count as initialized."""
+        self.coordinator.initialized(group_id, tps, {})
+        await self.write_group(group_id)
 
     @classmethod
     def of(cls, server: KafkaServer) -> SharePartitionManager:
@@ -203,7 +296,10 @@ class SharePartitionManager:
             await self.persist()
             if now - last_members >= 1.0:
                 last_members = now
-                self.coordinator.expire_members()
+                for gid in self.coordinator.expire_members():
+                    code = await self.write_group(gid)
+                    if code:
+                        log.warning("Share group %s: removing expired members not written: %s", gid, code.name)
 
     def _member_removed(self, group_id: str, member_id: str) -> None:
         """As Kafka: the share coordinator does not reach into share-partitions (they live on the partition
