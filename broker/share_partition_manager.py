@@ -27,9 +27,10 @@ from kbroker.broker.group_config import (
 from kbroker.broker.share_partition import SharePartition
 from kbroker.coordinator.group_coordinator import ShareGroupHooks, partition_for
 from kbroker.coordinator.share_coordinator import HeartbeatResult, ShareCoordinator
-from kbroker.coordinator.share_group_records import ShareGroupRecord
+from kbroker.coordinator.share_group_records import ShareGroupRecord, TopicPartitions
 from kbroker.coordinator.share_records import (
     SHARE_STATE_TOPIC,
+    Snapshot,
     StateBatch,
     coordinator_key,
     load_snapshots,
@@ -39,6 +40,7 @@ from kbroker.coordinator.share_records import (
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.messages import (
     DeleteShareGroupStateRequest,
+    InitializeShareGroupStateRequest,
     ReadShareGroupStateRequest,
     ReadShareGroupStateSummaryRequest,
     WriteShareGroupStateRequest,
@@ -65,6 +67,8 @@ _RETRIABLE_WRITE = (
 )
 # how long a new share-partition leader keeps asking the share coordinator before its fetch answers without it
 _READ_RETRY_S = 5.0
+# a state write refused because the share coordinator's state of the share-partition changed since it was read
+_FENCED_STATE = (ErrorCode.FENCED_STATE_EPOCH,)
 _DONE_STATES = (2, 4)  # a state batch's Acknowledged and Archived
 _DURATION = re.compile(r"p(?:(\d+)d)?(?:t(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?)?")
 
@@ -149,11 +153,11 @@ class SharePartitionManager:
         self._sweeper: asyncio.Task[None] | None = None
         # __share_group_state partition -> (its leader epoch when read, the latest snapshot of each
         # share-partition in it): read once per leadership, as another leader may have written it meanwhile
-        self._snapshots: dict[int, tuple[int, dict[bytes, tuple[int, int, list[StateBatch]]]]] = {}
+        self._snapshots: dict[int, tuple[int, dict[bytes, Snapshot]]] = {}
         # share-partition snapshot key -> the highest leader epoch that wrote or read it through this broker
         self._writer_epochs: dict[bytes, int] = {}
         # (group, topic, partition) -> its state as the share coordinator on another broker answered it
-        self._read: dict[tuple[str, str, int], tuple[int, int, list[StateBatch]] | None] = {}
+        self._read: dict[tuple[str, str, int], Snapshot | None] = {}
 
     @staticmethod
     def existing(server: KafkaServer) -> SharePartitionManager | None:
@@ -201,7 +205,9 @@ class SharePartitionManager:
         """ShareGroupHeartbeat on the group coordinator: the change is answered once its records are in
         __consumer_offsets (replicated), as Kafka's coordinator runtime answers a write operation."""
         self.ensure_sweeper()
-        r = self.coordinator.heartbeat(group_id, member_id, member_epoch, rack_id, subscribed, client_id, client_host)
+        r = self.coordinator.heartbeat(
+            group_id, member_id, member_epoch, rack_id, subscribed, client_id, client_host
+        )
         code = await self.write_group(group_id)
         if code:
             return HeartbeatResult(code, f"The share group's records were not written: {code.name}")
@@ -227,10 +233,72 @@ class SharePartitionManager:
             return ErrorCode.NOT_COORDINATOR
         return ErrorCode.NONE
 
-    async def initialize_state(self, group_id: str, tps: Any, state_epoch: int, start_offset: int) -> None:
-        """Placeholder until InitializeShareGroupState is sent: the share-partitions count as initialized."""
-        self.coordinator.initialized(group_id, tps, {})
+    async def initialize_state(
+        self,
+        group_id: str,
+        tps: TopicPartitions,
+        state_epoch: int,
+        start_offset: int | dict[tuple[bytes, int], int],
+    ) -> dict[tuple[bytes, int], int]:
+        """The group coordinator initializes share-partitions' state (Kafka's persister initializeState): each
+        share coordinator, this broker or another through InitializeShareGroupState (83), writes a snapshot with
+        the state epoch and start offset (one for all, or per (topic id, partition)). The share-partitions it
+        answered are recorded as initialized, the others go back to uninitialized (the next heartbeat tries
+        again). Returns the error per (topic id, partition)."""
+        errors: dict[tuple[bytes, int], int] = {}
+        remote: dict[int, dict[bytes, list[tuple[int, int]]]] = {}
+        for tid, (name, partitions) in tps.items():
+            for index in partitions:
+                start = start_offset if isinstance(start_offset, int) else start_offset[(tid, index)]
+                try:
+                    place = self._state_place(SharePartition(group_id, name, index, 0))
+                    if place is None:
+                        errors[(tid, index)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    elif self._state_here(place[0]):
+                        errors[(tid, index)] = await self.initialize_state_of(
+                            group_id, tid, index, state_epoch, start
+                        )
+                    else:
+                        leader = self._state_leader(place[0])
+                        remote.setdefault(leader, {}).setdefault(tid, []).append((index, start))
+                except KafkaError as e:
+                    errors[(tid, index)] = e.code
+        Q = InitializeShareGroupStateRequest
+        for leader, topics in remote.items():
+            req = Q(
+                group_id=group_id,
+                topics=[
+                    Q.InitializeStateData(
+                        topic_id=tid,
+                        partitions=[
+                            Q.PartitionData(partition=i, state_epoch=state_epoch, start_offset=o)
+                            for i, o in ps
+                        ],
+                    )
+                    for tid, ps in topics.items()
+                ],
+            )
+            try:
+                r = await self.server.inter_broker.send(leader, 83, 0, req)
+                for t in r.results:
+                    for p in t.partitions:
+                        errors[(bytes(t.topic_id), p.partition)] = p.error_code
+            except (KafkaError, OSError) as e:
+                code = getattr(e, "code", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+                for tid, ps in topics.items():
+                    for i, _ in ps:
+                        errors[(tid, i)] = code
+        done: TopicPartitions = {}
+        failed: TopicPartitions = {}
+        for tid, (name, partitions) in tps.items():
+            for index in partitions:
+                into = failed if errors.get((tid, index), ErrorCode.UNKNOWN_SERVER_ERROR) else done
+                into.setdefault(tid, (name, []))[1].append(index)
+        if failed:
+            log.info("Share group %s: initializing the state of %s failed: %s", group_id, failed, errors)
+        self.coordinator.initialized(group_id, done, failed)
         await self.write_group(group_id)
+        return errors
 
     @classmethod
     def of(cls, server: KafkaServer) -> SharePartitionManager:
@@ -299,7 +367,9 @@ class SharePartitionManager:
                 for gid in self.coordinator.expire_members():
                     code = await self.write_group(gid)
                     if code:
-                        log.warning("Share group %s: removing expired members not written: %s", gid, code.name)
+                        log.warning(
+                            "Share group %s: removing expired members not written: %s", gid, code.name
+                        )
 
     def _member_removed(self, group_id: str, member_id: str) -> None:
         """As Kafka: the share coordinator does not reach into share-partitions (they live on the partition
@@ -336,10 +406,12 @@ class SharePartitionManager:
             sp = SharePartition(group_id, topic, partition, 0)
             sp.leader_epoch = epoch
             saved = self._saved_state(sp, fresh=True)
-            if saved is None:
+            if saved is not None:
+                sp.state_epoch = saved[3]
+            if saved is None or saved[1] < 0:  # never written, or initialized without a start offset
                 sp.reset(self._initial_offset(group_id, lg))
             else:
-                sp.snapshot_epoch, start, batches = saved
+                sp.snapshot_epoch, start, batches, _ = saved
                 sp.load(max(start, int(lg.log_start_offset)), batches)
                 log.info(
                     "Share-partition %s %s-%d loaded from %s: start offset %d, %d in-flight batches",
@@ -376,9 +448,7 @@ class SharePartitionManager:
         ck = coordinator_key(sp.group_id, rec.topic_id, sp.partition)
         return partition_for(ck, state.num_partitions), snapshot_key(sp.group_id, rec.topic_id, sp.partition)
 
-    def _saved_state(
-        self, sp: SharePartition, fresh: bool = False
-    ) -> tuple[int, int, list[StateBatch]] | None:
+    def _saved_state(self, sp: SharePartition, fresh: bool = False) -> Snapshot | None:
         """The last snapshot of sp in this broker's replica of its __share_group_state partition (read again when
         fresh: after a leader change another broker wrote it)."""
         place = self._state_place(sp)
@@ -394,9 +464,7 @@ class SharePartitionManager:
             )
         return self._state_snapshots(part, fresh).get(key)
 
-    def _state_snapshots(
-        self, part: int, fresh: bool = False
-    ) -> dict[bytes, tuple[int, int, list[StateBatch]]]:
+    def _state_snapshots(self, part: int, fresh: bool = False) -> dict[bytes, Snapshot]:
         """The latest snapshots in this broker's replica of a __share_group_state partition: cached while its
         leader epoch stays the same (this broker's own writes keep the cache current), read again when fresh
         or after a leadership change (records written through another leader came by replication)."""
@@ -453,7 +521,7 @@ class SharePartitionManager:
 
     async def _read_remote(
         self, group_id: str, topic_id: bytes, partition: int, state_partition: int, leader_epoch: int
-    ) -> tuple[int, int, list[StateBatch]] | None:
+    ) -> Snapshot | None:
         Q = ReadShareGroupStateRequest
         leader = self._state_leader(state_partition)
         r = await self.server.inter_broker.send(
@@ -473,12 +541,13 @@ class SharePartitionManager:
         p = r.results[0].partitions[0]
         if p.error_code:
             raise KafkaError(p.error_code, f"ReadShareGroupState from broker {leader}: {p.error_message}")
-        if p.start_offset < 0:
+        if p.start_offset < 0 and p.state_epoch <= 0:
             return None  # never written: the share-partition starts by share.auto.offset.reset
         return (
             0,
             p.start_offset,
             [(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count) for b in p.state_batches],
+            p.state_epoch,
         )
 
     async def read_state(
@@ -512,7 +581,7 @@ class SharePartitionManager:
         saved = snaps.get(key)
         if saved is None:
             return ErrorCode.NONE, 0, -1, []
-        return ErrorCode.NONE, 0, saved[1], saved[2]
+        return ErrorCode.NONE, saved[3], saved[1], saved[2]
 
     async def read_summary(
         self, group_id: str, topic_id: bytes, partition: int
@@ -541,7 +610,7 @@ class SharePartitionManager:
         if saved is None:
             return ErrorCode.NONE, 0, -1, -1, -1
         done = sum(la - f + 1 for f, la, st, _ in saved[2] if st in _DONE_STATES)
-        return ErrorCode.NONE, 0, self._writer_epochs.get(key, -1), saved[1], done
+        return ErrorCode.NONE, saved[3], self._writer_epochs.get(key, -1), saved[1], done
 
     async def summary(self, group_id: str, topic: str, partition: int) -> tuple[int, int, int]:
         """(error, start offset, records acknowledged or archived past it) of a share-partition's saved state, from
@@ -640,6 +709,7 @@ class SharePartitionManager:
                         sp.start,
                         sp.state_batches(),
                         sp.leader_epoch,
+                        sp.state_epoch,
                     ),
                 )
             )
@@ -662,9 +732,23 @@ class SharePartitionManager:
 
     def _written(self, sp: SharePartition, task: asyncio.Task[Any]) -> None:
         e = None if task.cancelled() else task.exception()
-        if e is not None:
-            sp.dirty = True  # the next sweep tries again
-            self._write_failed(sp, e)
+        if e is None:
+            return
+        if isinstance(e, KafkaError) and e.code in _FENCED_STATE:
+            self._fenced(sp, e)
+            return
+        sp.dirty = True  # the next sweep tries again
+        self._write_failed(sp, e)
+
+    def _fenced(self, sp: SharePartition, why: object) -> None:
+        """The share coordinator holds a newer state of sp than this leader (AlterShareGroupOffsets or
+        DeleteShareGroupOffsets initialized or deleted it, Kafka's state epoch): drop sp, so the next fetch
+        reads the state again, as Kafka's SharePartitionManager drops a fenced share-partition."""
+        key = (sp.group_id, sp.topic, sp.partition)
+        if self.partitions.get(key) is sp:
+            del self.partitions[key]
+            sp.lost = True
+            log.info("Share-partition %s %s-%d dropped, its state changed: %s", *key, why)
 
     def persist_dirty(self) -> None:
         """persist() in the background, for callers that need not wait."""
@@ -714,6 +798,7 @@ class SharePartitionManager:
         start: int,
         batches: list[StateBatch],
         leader_epoch: int,
+        state_epoch: int,
     ) -> None:
         if not self._state_here(state_partition):
             leader = self._state_leader(state_partition)
@@ -730,7 +815,7 @@ class SharePartitionManager:
                             partitions=[
                                 W.PartitionData(
                                     partition=partition,
-                                    state_epoch=0,
+                                    state_epoch=state_epoch,
                                     leader_epoch=leader_epoch,
                                     start_offset=start,
                                     state_batches=[
@@ -752,7 +837,9 @@ class SharePartitionManager:
             if code:
                 raise KafkaError(code, f"WriteShareGroupState to broker {leader}")
             return
-        code = await self.write_state(group_id, topic_id, partition, start, batches, leader_epoch)
+        code = await self.write_state(
+            group_id, topic_id, partition, start, batches, leader_epoch, state_epoch
+        )
         if code:
             raise KafkaError(code, "WriteShareGroupState")
 
@@ -764,9 +851,14 @@ class SharePartitionManager:
         start: int,
         batches: list[StateBatch],
         leader_epoch: int,
+        state_epoch: int = 0,
     ) -> int:
         """The share coordinator's side of WriteShareGroupState: a snapshot appended to this broker's
-        __share_group_state partition and replicated (acks=all) before the answer."""
+        __share_group_state partition and replicated (acks=all) before the answer. A state epoch below the
+        saved one (InitializeShareGroupState changed the state since the writer read it) is fenced,
+        FENCED_STATE_EPOCH, as Kafka's; so is a writer holding an initialized state (a state epoch above 0) whose
+        state was deleted since (DeleteShareGroupState), which Kafka refuses as a write to an uninitialized
+        share-partition."""
         state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
         if state is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -778,15 +870,60 @@ class SharePartitionManager:
             # a former leader of the share-partition still writing its stale view (Kafka's share coordinator
             # fences it the same way)
             return ErrorCode.FENCED_LEADER_EPOCH
-        self._writer_epochs[key] = leader_epoch
         try:
             snaps = self._state_snapshots(part)
         except KafkaError as e:
             return e.code
-        epoch = snaps[key][0] + 1 if key in snaps else 1
-        value = snapshot_value(epoch, leader_epoch, start, batches)
+        saved = snaps.get(key)
+        if (saved[3] if saved is not None else 0) > state_epoch or (saved is None and state_epoch > 0):
+            return ErrorCode.FENCED_STATE_EPOCH
+        self._writer_epochs[key] = leader_epoch
+        epoch = saved[0] + 1 if saved is not None else 1
+        value = snapshot_value(epoch, leader_epoch, start, batches, state_epoch)
         return await self._append_state(
-            part, key, value, lambda: snaps.__setitem__(key, (epoch, start, batches))
+            part, key, value, lambda: snaps.__setitem__(key, (epoch, start, batches, state_epoch))
+        )
+
+    async def initialize_state_of(
+        self, group_id: str, topic_id: bytes, partition: int, state_epoch: int, start: int
+    ) -> int:
+        """The share coordinator's side of InitializeShareGroupState (Kafka's ShareCoordinatorShard.initializeState):
+        a snapshot with the new state epoch and start offset (-1: the leader applies share.auto.offset.reset)
+        and no in-flight batches, replicated before the answer; a state epoch below the saved one is
+        FENCED_STATE_EPOCH. Initializing again at the same state epoch without a start offset (the group
+        coordinator retrying after a restart) keeps the state; a higher one without a start offset keeps the
+        progress under the new epoch."""
+        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
+        if state is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if partition < 0 or state_epoch < 0:
+            return ErrorCode.INVALID_REQUEST
+        part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
+        if not self._state_here(part):
+            return ErrorCode.NOT_COORDINATOR
+        name = self.server.topic_names_by_id().get(topic_id)
+        rec = self.server.metadata.topics.get(name) if name is not None else None
+        if rec is None or partition >= rec.num_partitions:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        key = snapshot_key(group_id, topic_id, partition)
+        try:
+            snaps = self._state_snapshots(part, fresh=True)
+        except KafkaError as e:
+            return e.code
+        saved = snaps.get(key)
+        if saved is not None and saved[3] > state_epoch:
+            return ErrorCode.FENCED_STATE_EPOCH
+        if saved is not None and start < 0:
+            if saved[3] == state_epoch:
+                return ErrorCode.NONE
+            start, batches = saved[1], saved[2]
+        else:
+            batches = []
+        epoch = saved[0] + 1 if saved is not None else 1
+        leader_epoch = self._writer_epochs.get(key, -1)
+        value = snapshot_value(epoch, leader_epoch, start, batches, state_epoch)
+        return await self._append_state(
+            part, key, value, lambda: snaps.__setitem__(key, (epoch, start, batches, state_epoch))
         )
 
     async def _append_state(
