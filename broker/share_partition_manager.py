@@ -69,7 +69,9 @@ _RETRIABLE_WRITE = (
 _READ_RETRY_S = 5.0
 # a state write refused because the share coordinator's state of the share-partition changed since it was read
 _FENCED_STATE = (ErrorCode.FENCED_STATE_EPOCH,)
-_DONE_STATES = (2, 4)  # a state batch's Acknowledged and Archived
+_DONE_STATES = (2, 4)
+# how often an idle share-partition's leader checks its state epoch at the share coordinator
+_IDLE_CHECK_S = 2.0  # a state batch's Acknowledged and Archived
 _DURATION = re.compile(r"p(?:(\d+)d)?(?:t(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?)?")
 
 
@@ -353,7 +355,7 @@ class SharePartitionManager:
             self._sweeper = self.loop.create_task(self._sweep())
 
     async def _sweep(self) -> None:
-        last_members = 0.0
+        last_members = last_idle = 0.0
         while True:
             await asyncio.sleep(_SWEEP_S)
             now = time.monotonic()
@@ -362,6 +364,9 @@ class SharePartitionManager:
             for sp in self.partitions.values():
                 sp.expire_locks(now, limit)
             await self.persist()
+            if now - last_idle >= _IDLE_CHECK_S:
+                last_idle = now
+                await self._check_idle()
             if now - last_members >= 1.0:
                 last_members = now
                 for gid in self.coordinator.expire_members():
@@ -370,6 +375,54 @@ class SharePartitionManager:
                         log.warning(
                             "Share group %s: removing expired members not written: %s", gid, code.name
                         )
+
+    async def _check_idle(self) -> None:
+        """A busy share-partition learns that its state changed at the share coordinator (AlterShareGroupOffsets
+        or DeleteShareGroupOffsets and DeleteGroups reached another broker) from its next write, fenced by the
+        state epoch; an idle one writes nothing, so it reads the state epoch (ReadShareGroupStateSummary) and
+        is dropped when it differs or its state was deleted: the next fetch reads the state again."""
+        for key, sp in list(self.partitions.items()):
+            if sp.dirty or sp.locks_held() or (sp.writing is not None and not sp.writing.done()):
+                continue
+            try:
+                epoch, start = await self._state_epoch(sp)
+            except (KafkaError, OSError):
+                continue
+            if self.partitions.get(key) is not sp or sp.dirty or sp.locks_held():
+                continue  # in use meanwhile: its own write will tell
+            deleted = epoch == 0 and start < 0 and sp.snapshot_epoch > 0
+            if epoch != sp.state_epoch or deleted:
+                self._fenced(sp, f"state epoch {epoch} at the share coordinator, {sp.state_epoch} here")
+
+    async def _state_epoch(self, sp: SharePartition) -> tuple[int, int]:
+        """(state epoch, start offset) of sp's state at its share coordinator; (0, -1) when there is none."""
+        place = self._state_place(sp)
+        if place is None:
+            raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, sp.topic)
+        part, key = place
+        if self._state_here(part):
+            saved = self._state_snapshots(part).get(key)
+            return (saved[3], saved[1]) if saved is not None else (0, -1)
+        Q = ReadShareGroupStateSummaryRequest
+        rec = self.server.metadata.topics[sp.topic]
+        r = await self.server.inter_broker.send(
+            self._state_leader(part),
+            87,
+            1,
+            Q(
+                group_id=sp.group_id,
+                topics=[
+                    Q.ReadStateSummaryData(
+                        topic_id=rec.topic_id,
+                        partitions=[Q.PartitionData(partition=sp.partition, leader_epoch=-1)],
+                    )
+                ],
+            ),
+        )
+        p = r.results[0].partitions[0]
+        if p.error_code:
+            raise KafkaError(p.error_code, "ReadShareGroupStateSummary")
+        return p.state_epoch, p.start_offset
 
     def _member_removed(self, group_id: str, member_id: str) -> None:
         """As Kafka: the share coordinator does not reach into share-partitions (they live on the partition
@@ -395,6 +448,13 @@ class SharePartitionManager:
         for key in [k for k, sp in self.partitions.items() if not self.leads(sp)]:
             sp = self.partitions.pop(key)
             sp.lost = sp.dirty
+
+    def drop(self, group_id: str, topic: str, partition: int) -> None:
+        """Forget this broker's share-partition (its state changed at the share coordinator): the next fetch
+        reads it again."""
+        sp = self.partitions.pop((group_id, topic, partition), None)
+        if sp is not None:
+            sp.lost = True
 
     def share_partition(self, group_id: str, topic: str, partition: int, lg: Any) -> SharePartition:
         key = (group_id, topic, partition)
@@ -423,6 +483,7 @@ class SharePartitionManager:
                     len(batches),
                 )
             self.partitions[key] = sp
+            self.ensure_sweeper()  # lock expiry and state checks run where share-partitions live
         return sp
 
     # ------------------------------------------------------------ __share_group_state

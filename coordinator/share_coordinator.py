@@ -251,12 +251,29 @@ class ShareCoordinator:
                     into[tid] = (name, sorted(set(into.get(tid, (name, []))[1]) | set(ps)))
         self._emit(group, group.state_partitions_record())
 
+    def create(self, group_id: str) -> ShareGroup:
+        """An empty share group (AlterShareGroupOffsets of a group not known yet makes it, as Kafka's)."""
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = ShareGroup(group_id)
+            self._emit(group, shr.group_epoch_record(group_id, 0))
+        return group
+
+    def deleting(self, group_id: str, topics: dict[bytes, str]) -> None:
+        """DeleteShareGroupOffsets begins: these topics' state is being deleted (Kafka's DeletingTopics)."""
+        group = self.groups.get(group_id)
+        if group is None or not topics:
+            return
+        group.deleting.update(topics)
+        self._emit(group, group.state_partitions_record())
+
     def forget_topics(self, group_id: str, topic_ids: set[bytes]) -> None:
         """DeleteShareGroupOffsets: these topics' share-partitions have no state any more (initialized again
-        when a member next subscribes to them)."""
+        when a member next subscribes to them); the ones whose deletion failed stay initialized."""
         group = self.groups.get(group_id)
         if group is None:
             return
+        group.deleting = {}
         for tid in topic_ids:
             group.initialized.pop(tid, None)
             group.initializing.pop(tid, None)
