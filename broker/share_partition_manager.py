@@ -382,17 +382,30 @@ class SharePartitionManager:
         state epoch; an idle one writes nothing, so it reads the state epoch (ReadShareGroupStateSummary) and
         is dropped when it differs or its state was deleted: the next fetch reads the state again."""
         for key, sp in list(self.partitions.items()):
-            if sp.dirty or sp.locks_held() or (sp.writing is not None and not sp.writing.done()):
-                continue
-            try:
-                epoch, start = await self._state_epoch(sp)
-            except (KafkaError, OSError):
-                continue
-            if self.partitions.get(key) is not sp or sp.dirty or sp.locks_held():
-                continue  # in use meanwhile: its own write will tell
-            deleted = epoch == 0 and start < 0 and sp.snapshot_epoch > 0
-            if epoch != sp.state_epoch or deleted:
-                self._fenced(sp, f"state epoch {epoch} at the share coordinator, {sp.state_epoch} here")
+            await self._check_state(key, sp)
+
+    async def check_states(self, group_id: str, partitions: set[tuple[bytes, int]]) -> None:
+        """A share session opening (a new consumer; after AlterShareGroupOffsets or DeleteShareGroupOffsets the
+        group had none): its idle share-partitions check their state epoch before they deliver anything."""
+        names = self.server.topic_names_by_id()
+        for topic_id, index in partitions:
+            key = (group_id, names.get(topic_id, ""), index)
+            sp = self.partitions.get(key)
+            if sp is not None:
+                await self._check_state(key, sp)
+
+    async def _check_state(self, key: tuple[str, str, int], sp: SharePartition) -> None:
+        if sp.dirty or sp.locks_held() or (sp.writing is not None and not sp.writing.done()):
+            return
+        try:
+            epoch, start = await self._state_epoch(sp)
+        except (KafkaError, OSError):
+            return
+        if self.partitions.get(key) is not sp or sp.dirty or sp.locks_held():
+            return  # in use meanwhile: its own write will tell
+        deleted = epoch == 0 and start < 0 and sp.snapshot_epoch > 0
+        if epoch != sp.state_epoch or deleted:
+            self._fenced(sp, f"state epoch {epoch} at the share coordinator, {sp.state_epoch} here")
 
     async def _state_epoch(self, sp: SharePartition) -> tuple[int, int]:
         """(state epoch, start offset) of sp's state at its share coordinator; (0, -1) when there is none."""

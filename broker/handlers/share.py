@@ -289,6 +289,8 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
         for f in req.forgotten_topics_data:
             for idx in f.partitions:
                 session.partitions.discard((bytes(f.topic_id), idx))
+        if req.share_session_epoch == 0:
+            await spm.check_states(group_id, session.partitions)
         names = ctx.server.topic_names_by_id()
         while True:
             for topic_id, partition in sorted(session.partitions):

@@ -13,7 +13,7 @@ from kbroker.broker.handlers.share import share_coordinator_error
 from kbroker.broker.share_partition import ACKNOWLEDGED, ARCHIVED
 from kbroker.broker.share_partition_manager import SharePartitionManager
 from kbroker.coordinator.share_group_records import TopicPartitions
-from kbroker.protocol.errors import ErrorCode
+from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.messages import (
     AlterShareGroupOffsetsRequest,
     AlterShareGroupOffsetsResponse,
@@ -132,7 +132,10 @@ async def handle_alter_share_group_offsets(
                     errors[(t.topic_name, index)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
                 start = p.start_offset
-                lg = rm.get_log(t.topic_name, index) if rm.leads(t.topic_name, index) is not False else None
+                try:
+                    lg = rm.get_log(t.topic_name, index)
+                except KafkaError:  # led by another broker
+                    lg = None
                 if lg is not None:  # the leader is here: the offset kept within the log, -1 its end
                     start = start if start >= 0 else lg.high_watermark
                     start = min(max(start, lg.log_start_offset), lg.high_watermark)
