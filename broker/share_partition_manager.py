@@ -215,6 +215,10 @@ class SharePartitionManager:
             return HeartbeatResult(code, f"The share group's records were not written: {code.name}")
         if r.initialize:
             await self.initialize_state(group_id, r.initialize, r.state_epoch, -1)
+            self.coordinator.catch_up(group_id, member_id, r)
+            code = await self.write_group(group_id)
+            if code:
+                return HeartbeatResult(code, f"The share group's records were not written: {code.name}")
         return r
 
     async def write_group(self, group_id: str) -> ErrorCode:
@@ -964,9 +968,8 @@ class SharePartitionManager:
         """The share coordinator's side of InitializeShareGroupState (Kafka's ShareCoordinatorShard.initializeState):
         a snapshot with the new state epoch and start offset (-1: the leader applies share.auto.offset.reset)
         and no in-flight batches, replicated before the answer; a state epoch below the saved one is
-        FENCED_STATE_EPOCH. Initializing again at the same state epoch without a start offset (the group
-        coordinator retrying after a restart) keeps the state; a higher one without a start offset keeps the
-        progress under the new epoch."""
+        FENCED_STATE_EPOCH. Initializing without a start offset a share-partition that has state already (the
+        group coordinator retrying after a restart or a failed answer) keeps that state and its epoch."""
         state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
         if state is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -988,11 +991,8 @@ class SharePartitionManager:
         if saved is not None and saved[3] > state_epoch:
             return ErrorCode.FENCED_STATE_EPOCH
         if saved is not None and start < 0:
-            if saved[3] == state_epoch:
-                return ErrorCode.NONE
-            start, batches = saved[1], saved[2]
-        else:
-            batches = []
+            return ErrorCode.NONE  # initialized already (a group coordinator retrying): nothing to fence
+        batches: list[StateBatch] = []
         epoch = saved[0] + 1 if saved is not None else 1
         leader_epoch = self._writer_epochs.get(key, -1)
         value = snapshot_value(epoch, leader_epoch, start, batches, state_epoch)

@@ -250,6 +250,26 @@ class ShareCoordinator:
                 if into is not None:
                     into[tid] = (name, sorted(set(into.get(tid, (name, []))[1]) | set(ps)))
         self._emit(group, group.state_partitions_record())
+        if done:
+            self._bump(group)  # the new share-partitions are assignable now
+
+    def catch_up(self, group_id: str, member_id: str, r: HeartbeatResult) -> None:
+        """After the heartbeat's share-partitions were initialized (a new target): the member gets it in this
+        response. Its previous epoch stays the one it sent, so a lost response is retried with that."""
+        group = self.groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
+        if group is None or member is None or member.member_epoch == member.target_epoch:
+            return
+        if r.assignment is None:
+            member.previous_epoch = member.member_epoch
+        member.member_epoch = member.target_epoch
+        r.member_epoch, r.assignment = member.member_epoch, member.assignment
+        self._emit(
+            group,
+            shr.current_assignment_record(
+                group_id, member_id, member.member_epoch, member.previous_epoch, member.assignment
+            ),
+        )
 
     def create(self, group_id: str) -> ShareGroup:
         """An empty share group (AlterShareGroupOffsets of a group not known yet makes it, as Kafka's)."""
@@ -300,8 +320,22 @@ class ShareCoordinator:
         self._emit(group, shr.group_epoch_record(group.group_id, group.group_epoch))
         self._reassign(group)
 
+    def _assignable(self, group: ShareGroup) -> Mapping[str, tuple[bytes, int]]:
+        """The topics as the assignor sees them: as in Kafka, only share-partitions whose state is initialized
+        are assigned (a leader never serves one the share coordinators do not know yet); a topic counts with
+        its leading initialized partitions."""
+        out: dict[str, tuple[bytes, int]] = {}
+        for name, (tid, count) in self._topics().items():
+            have = set(group.initialized.get(tid, ("", []))[1])
+            n = 0
+            while n < count and n in have:
+                n += 1
+            if n:
+                out[name] = (tid, n)
+        return out
+
     def _reassign(self, group: ShareGroup) -> None:
-        targets = assign(list(group.members.values()), self._topics())
+        targets = assign(list(group.members.values()), self._assignable(group))
         group.assignment_epoch = group.group_epoch
         for mid, m in group.members.items():
             if targets[mid] != m.assignment or m.target_epoch == 0:
