@@ -153,6 +153,7 @@ class SharePartitionManager:
         self.sessions: dict[tuple[str, str], ShareSession] = {}
         self._topics_cache: tuple[Any, dict[str, tuple[bytes, int]]] | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._idle_check: asyncio.Task[None] | None = None
         # __share_group_state partition -> (its leader epoch when read, the latest snapshot of each
         # share-partition in it): read once per leadership, as another leader may have written it meanwhile
         self._snapshots: dict[int, tuple[int, dict[bytes, Snapshot]]] = {}
@@ -368,9 +369,10 @@ class SharePartitionManager:
             for sp in self.partitions.values():
                 sp.expire_locks(now, limit)
             await self.persist()
-            if now - last_idle >= _IDLE_CHECK_S:
+            if now - last_idle >= _IDLE_CHECK_S and (self._idle_check is None or self._idle_check.done()):
                 last_idle = now
-                await self._check_idle()
+                # its own task: reading state epochs from other brokers never holds up lock expiry
+                self._idle_check = self.loop.create_task(self._check_idle())
             if now - last_members >= 1.0:
                 last_members = now
                 for gid in self.coordinator.expire_members():
