@@ -409,8 +409,10 @@ class ShareCoordinator:
             if v is None:
                 group.members.pop(mid, None)
             elif member is None:
+                # a session from now, not 0: a sweep between two chunks of a long load must not expire it
+                deadline = time.monotonic() + self._session_timeout_ms(gid) / 1000
                 group.members[mid] = ShareMember(
-                    mid, 0, v.client_id, v.client_host, v.rack_id, list(v.subscribed_topic_names), 0.0
+                    mid, 0, v.client_id, v.client_host, v.rack_id, list(v.subscribed_topic_names), deadline
                 )
             else:
                 member.client_id, member.client_host, member.rack_id = v.client_id, v.client_host, v.rack_id
