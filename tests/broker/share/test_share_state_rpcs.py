@@ -24,6 +24,7 @@ from kbroker.protocol.messages import (
 from kbroker_tools.wire import WireClient
 from tests.broker.share.test_share_sessions import ACCEPT, ack_errors, acquired, join, setup, share_fetch
 from tests.broker_process import BrokerProcess
+from tests.clients import RawClient
 
 Q = ReadShareGroupStateRequest
 W = WriteShareGroupStateRequest
@@ -287,3 +288,28 @@ def test_initialize_sets_the_state_epoch(broker: BrokerProcess, topic_name: str)
         assert initialize(w, other, topic_id, -1, 1, 0) == ErrorCode.INVALID_REQUEST
         assert initialize(w, other, topic_id, 9, 1, 0) == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         assert initialize(w, other, bytes(16), 0, 1, 0) == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_initialize_over_raw_frames(broker: BrokerProcess, topic_name: str) -> None:
+    """InitializeShareGroupState as raw frames: an empty group id is INVALID_REQUEST per partition, a truncated
+    body closes the connection (Kafka's answer to a request it cannot parse) and the broker serves on."""
+    group = "g-" + topic_name
+    topic_id = setup(broker, topic_name, group, 1)
+    I = InitializeShareGroupStateRequest  # noqa: E741 - Kafka's message, named like Q and W
+    body = I(
+        group_id="",
+        topics=[
+            I.InitializeStateData(topic_id=topic_id, partitions=[I.PartitionData(partition=0, state_epoch=1)])
+        ],
+    )
+    with RawClient(broker.bootstrap) as raw:
+        r = raw.request(83, 0, body)
+        assert [(p.partition, p.error_code) for p in r.results[0].partitions] == [
+            (0, ErrorCode.INVALID_REQUEST)
+        ]
+        whole = raw.frame(83, 0, I(group_id=group, topics=body.topics))
+        cut = whole[4:-6]  # the partition's fields cut short
+        raw.send_bytes(len(cut).to_bytes(4, "big") + cut)
+        assert raw.closed_by_peer()
+    with WireClient(broker.bootstrap) as w:
+        assert initialize(w, group + "-after", topic_id, 0, 1, 0) == 0
