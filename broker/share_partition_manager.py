@@ -69,9 +69,9 @@ _RETRIABLE_WRITE = (
 _READ_RETRY_S = 5.0
 # a state write refused because the share coordinator's state of the share-partition changed since it was read
 _FENCED_STATE = (ErrorCode.FENCED_STATE_EPOCH,)
-_DONE_STATES = (2, 4)
+_DONE_STATES = (2, 4)  # a state batch's Acknowledged and Archived
 # how often an idle share-partition's leader checks its state epoch at the share coordinator
-_IDLE_CHECK_S = 2.0  # a state batch's Acknowledged and Archived
+_IDLE_CHECK_S = 2.0
 _DURATION = re.compile(r"p(?:(\d+)d)?(?:t(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?)?")
 
 
