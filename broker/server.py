@@ -33,6 +33,7 @@ from kbroker.broker.security.authorizer import AclAuthorizer
 from kbroker.broker.security.client import ClientSecurity, inter_broker_listener
 from kbroker.broker.security.credentials import LocalScramStore, ScramCredentialStore, ZkScramStore
 from kbroker.broker.security.listener import listener_security
+from kbroker.broker.share_partition_manager import ShareGroupLoading
 from kbroker.broker.txn_marker_channel import TxnMarkerChannel
 from kbroker.broker.txn_verification import TxnVerifier
 from kbroker.coordinator.consumer_group_assignors import CLASS_NAMES
@@ -145,6 +146,7 @@ class KafkaServer:
             streams_num_standby_replicas=config["group.streams.num.standby.replicas"],
             streams_initial_rebalance_delay_ms=config["group.streams.initial.rebalance.delay.ms"],
         ), loop=self.socket_server.processors[0].loop)
+        self.group_coordinator.share_hooks = ShareGroupLoading(self)
         ib_listener = inter_broker_listener(config)
         self.inter_broker = InterBrokerChannel(
             self.broker_id, self._inter_broker_endpoint, config["request.timeout.ms"],

@@ -67,6 +67,8 @@ class SharePartition:
         self.records: dict[int, InFlight] = {}
         self.dirty = False  # changed since the last snapshot written to __share_group_state
         self.snapshot_epoch = 0
+        # the state epoch read from the share coordinator: a newer one there fences this share-partition
+        self.state_epoch = 0
         self.leader_epoch = -1  # of the topic partition when this share-partition was loaded
         self.writing: Any = None  # the task writing the last snapshot to __share_group_state
         # dropped for a leadership change with changes never written: its acknowledgements are not durable

@@ -25,10 +25,12 @@ from kbroker.broker.group_config import (
     SHARE_SESSION_TIMEOUT_MS,
 )
 from kbroker.broker.share_partition import SharePartition
-from kbroker.coordinator.group_coordinator import partition_for
-from kbroker.coordinator.share_coordinator import ShareCoordinator
+from kbroker.coordinator.group_coordinator import ShareGroupHooks, partition_for
+from kbroker.coordinator.share_coordinator import HeartbeatResult, ShareCoordinator
+from kbroker.coordinator.share_group_records import ShareGroupRecord, TopicPartitions
 from kbroker.coordinator.share_records import (
     SHARE_STATE_TOPIC,
+    Snapshot,
     StateBatch,
     coordinator_key,
     load_snapshots,
@@ -38,6 +40,7 @@ from kbroker.coordinator.share_records import (
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.messages import (
     DeleteShareGroupStateRequest,
+    InitializeShareGroupStateRequest,
     ReadShareGroupStateRequest,
     ReadShareGroupStateSummaryRequest,
     WriteShareGroupStateRequest,
@@ -64,7 +67,11 @@ _RETRIABLE_WRITE = (
 )
 # how long a new share-partition leader keeps asking the share coordinator before its fetch answers without it
 _READ_RETRY_S = 5.0
+# a state write refused because the share coordinator's state of the share-partition changed since it was read
+_FENCED_STATE = (ErrorCode.FENCED_STATE_EPOCH,)
 _DONE_STATES = (2, 4)  # a state batch's Acknowledged and Archived
+# how often an idle share-partition's leader checks its state epoch at the share coordinator
+_IDLE_CHECK_S = 2.0
 _DURATION = re.compile(r"p(?:(\d+)d)?(?:t(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?)?")
 
 
@@ -84,6 +91,52 @@ def duration_ms(text: str) -> int:
     return int((((d * 24 + h) * 60 + mi) * 60 + s) * 1000)
 
 
+# a write to __consumer_offsets that failed: what a share-group request answers (Kafka's GroupCoordinatorService)
+_GROUP_WRITE_ERRORS = {
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.REQUEST_TIMED_OUT: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+}
+
+
+class ShareGroupLoading(ShareGroupHooks):
+    """The group coordinator's load of __consumer_offsets hands share-group records to the share coordinator
+    (made then if no share-group request made it yet)."""
+
+    def __init__(self, server: KafkaServer) -> None:
+        self.server = server
+        self._seen: set[int] = set()  # partitions whose load replayed share-group records
+
+    def replay(self, record: ShareGroupRecord) -> None:
+        spm = SharePartitionManager.of(self.server)
+        spm.coordinator.replay(record)
+        self._seen.add(self.server.group_coordinator.offsets_partition(record.group_id))
+
+    def _groups(self, spm: SharePartitionManager, partition: int) -> list[str]:
+        gc = self.server.group_coordinator
+        return [gid for gid in spm.coordinator.groups if gc.offsets_partition(gid) == partition]
+
+    def loaded(self, partition: int) -> None:
+        spm = SharePartitionManager.existing(self.server)
+        if spm is None or partition not in self._seen:
+            return
+        self._seen.discard(partition)
+        groups = self._groups(spm, partition)
+        spm.coordinator.loaded(groups)
+        if groups:
+            spm.ensure_sweeper()
+            log.info("Loaded %d share groups of __consumer_offsets-%d", len(groups), partition)
+
+    def unloaded(self, partition: int) -> None:
+        self._seen.discard(partition)
+        spm = SharePartitionManager.existing(self.server)
+        if spm is not None:
+            spm.coordinator.unload(self._groups(spm, partition))
+
+
 class SharePartitionManager:
     def __init__(self, server: KafkaServer) -> None:
         self.server = server
@@ -100,13 +153,14 @@ class SharePartitionManager:
         self.sessions: dict[tuple[str, str], ShareSession] = {}
         self._topics_cache: tuple[Any, dict[str, tuple[bytes, int]]] | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._idle_check: asyncio.Task[None] | None = None
         # __share_group_state partition -> (its leader epoch when read, the latest snapshot of each
         # share-partition in it): read once per leadership, as another leader may have written it meanwhile
-        self._snapshots: dict[int, tuple[int, dict[bytes, tuple[int, int, list[StateBatch]]]]] = {}
+        self._snapshots: dict[int, tuple[int, dict[bytes, Snapshot]]] = {}
         # share-partition snapshot key -> the highest leader epoch that wrote or read it through this broker
         self._writer_epochs: dict[bytes, int] = {}
         # (group, topic, partition) -> its state as the share coordinator on another broker answered it
-        self._read: dict[tuple[str, str, int], tuple[int, int, list[StateBatch]] | None] = {}
+        self._read: dict[tuple[str, str, int], Snapshot | None] = {}
 
     @staticmethod
     def existing(server: KafkaServer) -> SharePartitionManager | None:
@@ -137,7 +191,121 @@ class SharePartitionManager:
                     deleted = await self.delete_state(gid, name, rec.num_partitions)
                     code = code or deleted
             out[gid] = code or self.coordinator.delete(gid)
+            if out[gid] == ErrorCode.NONE:
+                out[gid] = await self.write_group(gid)
         return out
+
+    async def heartbeat(
+        self,
+        group_id: str,
+        member_id: str,
+        member_epoch: int,
+        rack_id: str | None,
+        subscribed: list[str] | None,
+        client_id: str,
+        client_host: str,
+    ) -> HeartbeatResult:
+        """ShareGroupHeartbeat on the group coordinator: the change is answered once its records are in
+        __consumer_offsets (replicated), as Kafka's coordinator runtime answers a write operation."""
+        self.ensure_sweeper()
+        r = self.coordinator.heartbeat(
+            group_id, member_id, member_epoch, rack_id, subscribed, client_id, client_host
+        )
+        code = await self.write_group(group_id)
+        if code:
+            return HeartbeatResult(code, f"The share group's records were not written: {code.name}")
+        if r.initialize:
+            await self.initialize_state(group_id, r.initialize, r.state_epoch, -1)
+            self.coordinator.catch_up(group_id, member_id, r)
+            code = await self.write_group(group_id)
+            if code:
+                return HeartbeatResult(code, f"The share group's records were not written: {code.name}")
+        return r
+
+    async def write_group(self, group_id: str) -> ErrorCode:
+        """Append the records of a share group's changes to its __consumer_offsets partition and wait until they
+        are replicated; the error a share-group request answers when that fails."""
+        records = self.coordinator.drain(group_id)
+        if not records:
+            return ErrorCode.NONE
+        gc = self.server.group_coordinator
+        try:
+            lg, info = gc._write(group_id, [r.entry() for r in records])
+            await gc._flush_if_needed(lg, info.last_offset)
+        except KafkaError as e:
+            log.warning("Share group %s: writing %d records failed: %s", group_id, len(records), e)
+            return _GROUP_WRITE_ERRORS.get(e.code, e.code)
+        except Exception as e:  # noqa: BLE001 - the log went away (a move): the group is another broker's
+            log.warning("Share group %s: writing %d records failed: %r", group_id, len(records), e)
+            return ErrorCode.NOT_COORDINATOR
+        return ErrorCode.NONE
+
+    async def initialize_state(
+        self,
+        group_id: str,
+        tps: TopicPartitions,
+        state_epoch: int,
+        start_offset: int | dict[tuple[bytes, int], int],
+    ) -> dict[tuple[bytes, int], int]:
+        """The group coordinator initializes share-partitions' state (Kafka's persister initializeState): each
+        share coordinator, this broker or another through InitializeShareGroupState (83), writes a snapshot with
+        the state epoch and start offset (one for all, or per (topic id, partition)). The share-partitions it
+        answered are recorded as initialized, the others go back to uninitialized (the next heartbeat tries
+        again). Returns the error per (topic id, partition)."""
+        errors: dict[tuple[bytes, int], int] = {}
+        remote: dict[int, dict[bytes, list[tuple[int, int]]]] = {}
+        for tid, (name, partitions) in tps.items():
+            for index in partitions:
+                start = start_offset if isinstance(start_offset, int) else start_offset[(tid, index)]
+                try:
+                    place = self._state_place(SharePartition(group_id, name, index, 0))
+                    if place is None:
+                        errors[(tid, index)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    elif self._state_here(place[0]):
+                        errors[(tid, index)] = await self.initialize_state_of(
+                            group_id, tid, index, state_epoch, start
+                        )
+                    else:
+                        leader = self._state_leader(place[0])
+                        remote.setdefault(leader, {}).setdefault(tid, []).append((index, start))
+                except KafkaError as e:
+                    errors[(tid, index)] = e.code
+        Q = InitializeShareGroupStateRequest
+        for leader, topics in remote.items():
+            req = Q(
+                group_id=group_id,
+                topics=[
+                    Q.InitializeStateData(
+                        topic_id=tid,
+                        partitions=[
+                            Q.PartitionData(partition=i, state_epoch=state_epoch, start_offset=o)
+                            for i, o in ps
+                        ],
+                    )
+                    for tid, ps in topics.items()
+                ],
+            )
+            try:
+                r = await self.server.inter_broker.send(leader, 83, 0, req)
+                for t in r.results:
+                    for p in t.partitions:
+                        errors[(bytes(t.topic_id), p.partition)] = p.error_code
+            except (KafkaError, OSError) as e:
+                code = getattr(e, "code", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+                for tid, ps in topics.items():
+                    for i, _ in ps:
+                        errors[(tid, i)] = code
+        done: TopicPartitions = {}
+        failed: TopicPartitions = {}
+        for tid, (name, partitions) in tps.items():
+            for index in partitions:
+                into = failed if errors.get((tid, index), ErrorCode.UNKNOWN_SERVER_ERROR) else done
+                into.setdefault(tid, (name, []))[1].append(index)
+        if failed:
+            log.info("Share group %s: initializing the state of %s failed: %s", group_id, failed, errors)
+        self.coordinator.initialized(group_id, done, failed)
+        await self.write_group(group_id)
+        return errors
 
     @classmethod
     def of(cls, server: KafkaServer) -> SharePartitionManager:
@@ -192,7 +360,7 @@ class SharePartitionManager:
             self._sweeper = self.loop.create_task(self._sweep())
 
     async def _sweep(self) -> None:
-        last_members = 0.0
+        last_members = last_idle = 0.0
         while True:
             await asyncio.sleep(_SWEEP_S)
             now = time.monotonic()
@@ -201,9 +369,79 @@ class SharePartitionManager:
             for sp in self.partitions.values():
                 sp.expire_locks(now, limit)
             await self.persist()
+            if now - last_idle >= _IDLE_CHECK_S and (self._idle_check is None or self._idle_check.done()):
+                last_idle = now
+                # its own task: reading state epochs from other brokers never holds up lock expiry
+                self._idle_check = self.loop.create_task(self._check_idle())
             if now - last_members >= 1.0:
                 last_members = now
-                self.coordinator.expire_members()
+                for gid in self.coordinator.expire_members():
+                    code = await self.write_group(gid)
+                    if code:
+                        log.warning(
+                            "Share group %s: removing expired members not written: %s", gid, code.name
+                        )
+
+    async def _check_idle(self) -> None:
+        """A busy share-partition learns that its state changed at the share coordinator (AlterShareGroupOffsets
+        or DeleteShareGroupOffsets and DeleteGroups reached another broker) from its next write, fenced by the
+        state epoch; an idle one writes nothing, so it reads the state epoch (ReadShareGroupStateSummary) and
+        is dropped when it differs or its state was deleted: the next fetch reads the state again."""
+        for key, sp in list(self.partitions.items()):
+            await self._check_state(key, sp)
+
+    async def check_states(self, group_id: str, partitions: set[tuple[bytes, int]]) -> None:
+        """A share session opening (a new consumer; after AlterShareGroupOffsets or DeleteShareGroupOffsets the
+        group had none): its idle share-partitions check their state epoch before they deliver anything."""
+        names = self.server.topic_names_by_id()
+        for topic_id, index in partitions:
+            key = (group_id, names.get(topic_id, ""), index)
+            sp = self.partitions.get(key)
+            if sp is not None:
+                await self._check_state(key, sp)
+
+    async def _check_state(self, key: tuple[str, str, int], sp: SharePartition) -> None:
+        if sp.dirty or sp.locks_held() or (sp.writing is not None and not sp.writing.done()):
+            return
+        try:
+            epoch, start = await self._state_epoch(sp)
+        except (KafkaError, OSError):
+            return
+        if self.partitions.get(key) is not sp or sp.dirty or sp.locks_held():
+            return  # in use meanwhile: its own write will tell
+        deleted = epoch == 0 and start < 0 and sp.snapshot_epoch > 0
+        if epoch != sp.state_epoch or deleted:
+            self._fenced(sp, f"state epoch {epoch} at the share coordinator, {sp.state_epoch} here")
+
+    async def _state_epoch(self, sp: SharePartition) -> tuple[int, int]:
+        """(state epoch, start offset) of sp's state at its share coordinator; (0, -1) when there is none."""
+        place = self._state_place(sp)
+        if place is None:
+            raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, sp.topic)
+        part, key = place
+        if self._state_here(part):
+            saved = self._state_snapshots(part).get(key)
+            return (saved[3], saved[1]) if saved is not None else (0, -1)
+        Q = ReadShareGroupStateSummaryRequest
+        rec = self.server.metadata.topics[sp.topic]
+        r = await self.server.inter_broker.send(
+            self._state_leader(part),
+            87,
+            1,
+            Q(
+                group_id=sp.group_id,
+                topics=[
+                    Q.ReadStateSummaryData(
+                        topic_id=rec.topic_id,
+                        partitions=[Q.PartitionData(partition=sp.partition, leader_epoch=-1)],
+                    )
+                ],
+            ),
+        )
+        p = r.results[0].partitions[0]
+        if p.error_code:
+            raise KafkaError(p.error_code, "ReadShareGroupStateSummary")
+        return p.state_epoch, p.start_offset
 
     def _member_removed(self, group_id: str, member_id: str) -> None:
         """As Kafka: the share coordinator does not reach into share-partitions (they live on the partition
@@ -230,6 +468,13 @@ class SharePartitionManager:
             sp = self.partitions.pop(key)
             sp.lost = sp.dirty
 
+    def drop(self, group_id: str, topic: str, partition: int) -> None:
+        """Forget this broker's share-partition (its state changed at the share coordinator): the next fetch
+        reads it again."""
+        sp = self.partitions.pop((group_id, topic, partition), None)
+        if sp is not None:
+            sp.lost = True
+
     def share_partition(self, group_id: str, topic: str, partition: int, lg: Any) -> SharePartition:
         key = (group_id, topic, partition)
         sp = self.partitions.get(key)
@@ -240,10 +485,12 @@ class SharePartitionManager:
             sp = SharePartition(group_id, topic, partition, 0)
             sp.leader_epoch = epoch
             saved = self._saved_state(sp, fresh=True)
-            if saved is None:
+            if saved is not None:
+                sp.state_epoch = saved[3]
+            if saved is None or saved[1] < 0:  # never written, or initialized without a start offset
                 sp.reset(self._initial_offset(group_id, lg))
             else:
-                sp.snapshot_epoch, start, batches = saved
+                sp.snapshot_epoch, start, batches, _ = saved
                 sp.load(max(start, int(lg.log_start_offset)), batches)
                 log.info(
                     "Share-partition %s %s-%d loaded from %s: start offset %d, %d in-flight batches",
@@ -255,6 +502,7 @@ class SharePartitionManager:
                     len(batches),
                 )
             self.partitions[key] = sp
+            self.ensure_sweeper()  # lock expiry and state checks run where share-partitions live
         return sp
 
     # ------------------------------------------------------------ __share_group_state
@@ -280,9 +528,7 @@ class SharePartitionManager:
         ck = coordinator_key(sp.group_id, rec.topic_id, sp.partition)
         return partition_for(ck, state.num_partitions), snapshot_key(sp.group_id, rec.topic_id, sp.partition)
 
-    def _saved_state(
-        self, sp: SharePartition, fresh: bool = False
-    ) -> tuple[int, int, list[StateBatch]] | None:
+    def _saved_state(self, sp: SharePartition, fresh: bool = False) -> Snapshot | None:
         """The last snapshot of sp in this broker's replica of its __share_group_state partition (read again when
         fresh: after a leader change another broker wrote it)."""
         place = self._state_place(sp)
@@ -298,9 +544,7 @@ class SharePartitionManager:
             )
         return self._state_snapshots(part, fresh).get(key)
 
-    def _state_snapshots(
-        self, part: int, fresh: bool = False
-    ) -> dict[bytes, tuple[int, int, list[StateBatch]]]:
+    def _state_snapshots(self, part: int, fresh: bool = False) -> dict[bytes, Snapshot]:
         """The latest snapshots in this broker's replica of a __share_group_state partition: cached while its
         leader epoch stays the same (this broker's own writes keep the cache current), read again when fresh
         or after a leadership change (records written through another leader came by replication)."""
@@ -357,7 +601,7 @@ class SharePartitionManager:
 
     async def _read_remote(
         self, group_id: str, topic_id: bytes, partition: int, state_partition: int, leader_epoch: int
-    ) -> tuple[int, int, list[StateBatch]] | None:
+    ) -> Snapshot | None:
         Q = ReadShareGroupStateRequest
         leader = self._state_leader(state_partition)
         r = await self.server.inter_broker.send(
@@ -377,12 +621,13 @@ class SharePartitionManager:
         p = r.results[0].partitions[0]
         if p.error_code:
             raise KafkaError(p.error_code, f"ReadShareGroupState from broker {leader}: {p.error_message}")
-        if p.start_offset < 0:
+        if p.start_offset < 0 and p.state_epoch <= 0:
             return None  # never written: the share-partition starts by share.auto.offset.reset
         return (
             0,
             p.start_offset,
             [(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count) for b in p.state_batches],
+            p.state_epoch,
         )
 
     async def read_state(
@@ -416,7 +661,7 @@ class SharePartitionManager:
         saved = snaps.get(key)
         if saved is None:
             return ErrorCode.NONE, 0, -1, []
-        return ErrorCode.NONE, 0, saved[1], saved[2]
+        return ErrorCode.NONE, saved[3], saved[1], saved[2]
 
     async def read_summary(
         self, group_id: str, topic_id: bytes, partition: int
@@ -445,7 +690,7 @@ class SharePartitionManager:
         if saved is None:
             return ErrorCode.NONE, 0, -1, -1, -1
         done = sum(la - f + 1 for f, la, st, _ in saved[2] if st in _DONE_STATES)
-        return ErrorCode.NONE, 0, self._writer_epochs.get(key, -1), saved[1], done
+        return ErrorCode.NONE, saved[3], self._writer_epochs.get(key, -1), saved[1], done
 
     async def summary(self, group_id: str, topic: str, partition: int) -> tuple[int, int, int]:
         """(error, start offset, records acknowledged or archived past it) of a share-partition's saved state, from
@@ -544,6 +789,7 @@ class SharePartitionManager:
                         sp.start,
                         sp.state_batches(),
                         sp.leader_epoch,
+                        sp.state_epoch,
                     ),
                 )
             )
@@ -566,9 +812,23 @@ class SharePartitionManager:
 
     def _written(self, sp: SharePartition, task: asyncio.Task[Any]) -> None:
         e = None if task.cancelled() else task.exception()
-        if e is not None:
-            sp.dirty = True  # the next sweep tries again
-            self._write_failed(sp, e)
+        if e is None:
+            return
+        if isinstance(e, KafkaError) and e.code in _FENCED_STATE:
+            self._fenced(sp, e)
+            return
+        sp.dirty = True  # the next sweep tries again
+        self._write_failed(sp, e)
+
+    def _fenced(self, sp: SharePartition, why: object) -> None:
+        """The share coordinator holds a newer state of sp than this leader (AlterShareGroupOffsets or
+        DeleteShareGroupOffsets initialized or deleted it, Kafka's state epoch): drop sp, so the next fetch
+        reads the state again, as Kafka's SharePartitionManager drops a fenced share-partition."""
+        key = (sp.group_id, sp.topic, sp.partition)
+        if self.partitions.get(key) is sp:
+            del self.partitions[key]
+            sp.lost = True
+            log.info("Share-partition %s %s-%d dropped, its state changed: %s", *key, why)
 
     def persist_dirty(self) -> None:
         """persist() in the background, for callers that need not wait."""
@@ -618,6 +878,7 @@ class SharePartitionManager:
         start: int,
         batches: list[StateBatch],
         leader_epoch: int,
+        state_epoch: int,
     ) -> None:
         if not self._state_here(state_partition):
             leader = self._state_leader(state_partition)
@@ -634,7 +895,7 @@ class SharePartitionManager:
                             partitions=[
                                 W.PartitionData(
                                     partition=partition,
-                                    state_epoch=0,
+                                    state_epoch=state_epoch,
                                     leader_epoch=leader_epoch,
                                     start_offset=start,
                                     state_batches=[
@@ -656,7 +917,9 @@ class SharePartitionManager:
             if code:
                 raise KafkaError(code, f"WriteShareGroupState to broker {leader}")
             return
-        code = await self.write_state(group_id, topic_id, partition, start, batches, leader_epoch)
+        code = await self.write_state(
+            group_id, topic_id, partition, start, batches, leader_epoch, state_epoch
+        )
         if code:
             raise KafkaError(code, "WriteShareGroupState")
 
@@ -668,9 +931,14 @@ class SharePartitionManager:
         start: int,
         batches: list[StateBatch],
         leader_epoch: int,
+        state_epoch: int = 0,
     ) -> int:
         """The share coordinator's side of WriteShareGroupState: a snapshot appended to this broker's
-        __share_group_state partition and replicated (acks=all) before the answer."""
+        __share_group_state partition and replicated (acks=all) before the answer. A state epoch below the
+        saved one (InitializeShareGroupState changed the state since the writer read it) is fenced,
+        FENCED_STATE_EPOCH, as Kafka's; so is a writer holding an initialized state (a state epoch above 0) whose
+        state was deleted since (DeleteShareGroupState), which Kafka refuses as a write to an uninitialized
+        share-partition."""
         state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
         if state is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -682,15 +950,56 @@ class SharePartitionManager:
             # a former leader of the share-partition still writing its stale view (Kafka's share coordinator
             # fences it the same way)
             return ErrorCode.FENCED_LEADER_EPOCH
-        self._writer_epochs[key] = leader_epoch
         try:
             snaps = self._state_snapshots(part)
         except KafkaError as e:
             return e.code
-        epoch = snaps[key][0] + 1 if key in snaps else 1
-        value = snapshot_value(epoch, leader_epoch, start, batches)
+        saved = snaps.get(key)
+        if (saved[3] if saved is not None else 0) > state_epoch or (saved is None and state_epoch > 0):
+            return ErrorCode.FENCED_STATE_EPOCH
+        self._writer_epochs[key] = leader_epoch
+        epoch = saved[0] + 1 if saved is not None else 1
+        value = snapshot_value(epoch, leader_epoch, start, batches, state_epoch)
         return await self._append_state(
-            part, key, value, lambda: snaps.__setitem__(key, (epoch, start, batches))
+            part, key, value, lambda: snaps.__setitem__(key, (epoch, start, batches, state_epoch))
+        )
+
+    async def initialize_state_of(
+        self, group_id: str, topic_id: bytes, partition: int, state_epoch: int, start: int
+    ) -> int:
+        """The share coordinator's side of InitializeShareGroupState (Kafka's ShareCoordinatorShard.initializeState):
+        a snapshot with the new state epoch and start offset (-1: the leader applies share.auto.offset.reset)
+        and no in-flight batches, replicated before the answer; a state epoch below the saved one is
+        FENCED_STATE_EPOCH. Initializing without a start offset a share-partition that has state already (the
+        group coordinator retrying after a restart or a failed answer) keeps that state and its epoch."""
+        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
+        if state is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if partition < 0 or state_epoch < 0:
+            return ErrorCode.INVALID_REQUEST
+        part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
+        if not self._state_here(part):
+            return ErrorCode.NOT_COORDINATOR
+        name = self.server.topic_names_by_id().get(topic_id)
+        rec = self.server.metadata.topics.get(name) if name is not None else None
+        if rec is None or partition >= rec.num_partitions:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        key = snapshot_key(group_id, topic_id, partition)
+        try:
+            snaps = self._state_snapshots(part, fresh=True)
+        except KafkaError as e:
+            return e.code
+        saved = snaps.get(key)
+        if saved is not None and saved[3] > state_epoch:
+            return ErrorCode.FENCED_STATE_EPOCH
+        if saved is not None and start < 0:
+            return ErrorCode.NONE  # initialized already (a group coordinator retrying): nothing to fence
+        batches: list[StateBatch] = []
+        epoch = saved[0] + 1 if saved is not None else 1
+        leader_epoch = self._writer_epochs.get(key, -1)
+        value = snapshot_value(epoch, leader_epoch, start, batches, state_epoch)
+        return await self._append_state(
+            part, key, value, lambda: snaps.__setitem__(key, (epoch, start, batches, state_epoch))
         )
 
     async def _append_state(

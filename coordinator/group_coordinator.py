@@ -27,6 +27,7 @@ from kbroker.coordinator.coordinator_loop import CoordinatorLoop
 from kbroker.coordinator.group_loader import LoadedEntry, LoadedMarker, LoadedRecord, read_entries
 from kbroker.coordinator.group_metadata import GroupMetadata, GroupState, MemberMetadata
 from kbroker.coordinator.group_offsets import GroupOffsets, validate_current_member
+from kbroker.coordinator.share_group_records import ShareGroupRecord
 from kbroker.coordinator.streams_group_manager import StreamsGroupManager
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, build_batch
@@ -113,6 +114,17 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class ShareGroupHooks:
+    """Where KIP-932 share groups' records go at load: the broker's share coordinator (made on first use, in
+    broker.share_partition_manager) plugs itself in; without share groups these do nothing."""
+
+    def replay(self, record: ShareGroupRecord) -> None: ...
+
+    def loaded(self, partition: int) -> None: ...
+
+    def unloaded(self, partition: int) -> None: ...
+
+
 class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager, CoordinatorLoop):
     def __init__(self, host: CoordinatorHost, config: GroupConfig,
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -123,6 +135,7 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
         self.txn_groups: dict[int, set[str]] = {}
         self.loading: set[int] = set()
         self.resigned = False  # the broker is stopping: no group is coordinated here any more (resign)
+        self.share_hooks: ShareGroupHooks = ShareGroupHooks()
         self._init_loop(loop, "group-coordinator")
 
     # ------------------------------------------------------------ lifecycle
@@ -152,6 +165,7 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
 
     def _unload(self, p: int) -> None:
         self.loading.discard(p)
+        self.share_hooks.unloaded(p)
         gone = [g for gid, g in self.groups.items() if self.offsets_partition(gid) == p]
         for g in gone:
             del self.groups[g.group_id]
@@ -208,6 +222,7 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
             self.loading.discard(p)
             self.consumer_groups_loaded(p)
             self.streams_groups_loaded(p)
+            self.share_hooks.loaded(p)
             if n:
                 log.info("Loaded %d records of %s-%d in %.3f s", n, OFFSETS_TOPIC, p, time.monotonic() - t0)
 
@@ -237,6 +252,8 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
                 self.replay_consumer_record(e.record)
             elif isinstance(e.record, sgr.StreamsGroupRecord):
                 self.replay_streams_record(e.record)
+            elif isinstance(e.record, ShareGroupRecord):
+                self.share_hooks.replay(e.record)
             else:
                 self._apply_loaded(e)
         except Exception:

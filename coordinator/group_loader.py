@@ -14,6 +14,7 @@ from typing import Any
 
 from kbroker.coordinator import group_records as records
 from kbroker.coordinator.consumer_group_records import ConsumerGroupRecord
+from kbroker.coordinator.share_group_records import ShareGroupRecord
 from kbroker.coordinator.streams_group_records import StreamsGroupRecord
 from kbroker.protocol.primitives import I16
 from kbroker.protocol.records import NO_PRODUCER_ID, decode_records, iter_batch_headers
@@ -28,7 +29,8 @@ CONTROL_ABORT, CONTROL_COMMIT = 0, 1
 @dataclass
 class LoadedRecord:
     offset: int
-    record: records.OffsetRecord | records.GroupRecord | ConsumerGroupRecord | StreamsGroupRecord
+    record: (records.OffsetRecord | records.GroupRecord | ConsumerGroupRecord | StreamsGroupRecord
+             | ShareGroupRecord)
     producer_id: int  # of a transactional batch; NO_PRODUCER_ID outside transactions
 
 
@@ -89,7 +91,8 @@ def read_entries(lg: Any, start: int, end: int, name: str) -> list[LoadedEntry]:
 
 
 def _parse(key: bytes | None, value: bytes | None, offset: int,
-           name: str) -> records.OffsetRecord | records.GroupRecord | ConsumerGroupRecord | StreamsGroupRecord | None:
+           name: str) -> (records.OffsetRecord | records.GroupRecord | ConsumerGroupRecord | StreamsGroupRecord
+                          | ShareGroupRecord | None):
     if key is None:
         log.error("Skipping record without a key at offset %d of %s while loading", offset, name)
         return None

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kbroker.coordinator import consumer_group_records, streams_group_records
+from kbroker.coordinator import consumer_group_records, share_group_records, streams_group_records
 from kbroker.coordinator.consumer_group_records import ConsumerGroupRecord
 from kbroker.coordinator.group_metadata import GroupMetadata, OffsetAndMetadata
+from kbroker.coordinator.share_group_records import ShareGroupRecord
 from kbroker.coordinator.streams_group_records import StreamsGroupRecord
 from kbroker.protocol import codec
 from kbroker.protocol.messages import GroupMetadataKey, GroupMetadataValue, OffsetCommitKey, OffsetCommitValue
@@ -83,13 +84,15 @@ class GroupRecord:
 
 
 def parse_record(key: bytes, value: bytes | None) -> (OffsetRecord | GroupRecord | ConsumerGroupRecord
-                                                            | StreamsGroupRecord | None):
+                                                            | StreamsGroupRecord | ShareGroupRecord | None):
     """Decode one __consumer_offsets record; None for record types this coordinator does not use."""
     (kv,) = I16.unpack_from(key, 0)
     if consumer_group_records.is_consumer_group_key(kv):
         return consumer_group_records.parse(key, value)
     if streams_group_records.is_streams_group_key(kv):
         return streams_group_records.parse(key, value)
+    if share_group_records.is_share_group_key(kv):
+        return share_group_records.parse(key, value)
     if kv in (0, 1):
         k, _ = codec.decode(OffsetCommitKey, kv, key, 2)
         if value is None:

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from kbroker.coordinator import share_group_records as shr
+from kbroker.coordinator.share_group_records import RecordType, ShareGroupRecord, TopicPartitions
 from kbroker.protocol.errors import ErrorCode
 
 # topic id -> partition indexes
@@ -39,13 +41,23 @@ class ShareGroup:
     group_epoch: int = 0
     assignment_epoch: int = 0
     members: dict[str, ShareMember] = field(default_factory=dict)
-    # every topic a member subscribed to (Kafka keeps the initialized ones in its ShareGroupStatePartitionMetadata
-    # record): the share-partitions whose state DeleteGroups deletes with the group
-    topics: set[str] = field(default_factory=set)
+    # Kafka's ShareGroupStatePartitionMetadata: the share-partitions whose state the share coordinators
+    # initialized (InitializeShareGroupState), are initializing, or are deleting (DeleteShareGroupOffsets)
+    initialized: TopicPartitions = field(default_factory=dict)
+    initializing: TopicPartitions = field(default_factory=dict)
+    deleting: dict[bytes, str] = field(default_factory=dict)
 
     @property
     def state(self) -> str:
         return "Stable" if self.members else "Empty"
+
+    @property
+    def topics(self) -> set[str]:
+        """The topics whose share-partitions have state: DeleteGroups deletes it with the group."""
+        return {name for name, _ in (*self.initialized.values(), *self.initializing.values())}
+
+    def state_partitions_record(self) -> ShareGroupRecord:
+        return shr.state_partitions_record(self.group_id, self.initializing, self.initialized, self.deleting)
 
 
 @dataclass
@@ -56,6 +68,9 @@ class HeartbeatResult:
     member_epoch: int = 0
     heartbeat_interval_ms: int = 0
     assignment: Assignment | None = None
+    # share-partitions to initialize (InitializeShareGroupState) with this state epoch once the records are written
+    initialize: TopicPartitions | None = None
+    state_epoch: int = 0
 
 
 # topic name -> (topic id, partition count) of the topics that exist now
@@ -81,6 +96,9 @@ def assign(members: list[ShareMember], topics: Mapping[str, tuple[bytes, int]]) 
 
 
 class ShareCoordinator:
+    """Every change is written as Kafka's ShareGroup* records (`records`, drained by the caller into
+    __consumer_offsets before it answers) and `replay` rebuilds the same state from them at load."""
+
     def __init__(
         self,
         topics: TopicsView,
@@ -95,6 +113,14 @@ class ShareCoordinator:
         self._max_size = max_size
         self._topics_seen: Mapping[str, tuple[bytes, int]] = {}
         self.on_member_removed: Callable[[str, str], None] = lambda group_id, member_id: None
+        # group id -> the records of the changes made since the caller last drained them, in order
+        self.records: dict[str, list[ShareGroupRecord]] = {}
+
+    def drain(self, group_id: str) -> list[ShareGroupRecord]:
+        return self.records.pop(group_id, [])
+
+    def _emit(self, group: ShareGroup, record: ShareGroupRecord) -> None:
+        self.records.setdefault(group.group_id, []).append(record)
 
     def heartbeat(
         self,
@@ -133,6 +159,7 @@ class ShareCoordinator:
                     )
                 member = ShareMember(member_id, 0, client_id, client_host, rack_id, list(subscribed), 0.0)
                 group.members[member_id] = member
+                self._emit_member(group, member)
                 self._bump(group)
         else:
             member = group.members.get(member_id) if group is not None else None
@@ -146,12 +173,17 @@ class ShareCoordinator:
                     f"The share group member has a smaller member epoch ({member_epoch}) than the "
                     f"one known by the group coordinator ({member.member_epoch}).",
                 )
+        changed = False
         if subscribed is not None and sorted(subscribed) != sorted(member.subscribed):
             member.subscribed = list(subscribed)
-            self._bump(group)
-        group.topics.update(member.subscribed)
-        if rack_id is not None:
+            changed = True
+        if rack_id is not None and rack_id != member.rack_id:
             member.rack_id = rack_id
+            changed = True
+        if changed:
+            self._emit_member(group, member)
+            if subscribed is not None:
+                self._bump(group)
         topics = self._topics()
         if topics is not self._topics_seen:  # created or deleted topics, more partitions: assign again
             self._topics_seen = topics
@@ -161,36 +193,182 @@ class ShareCoordinator:
         if member.member_epoch != member.target_epoch or member_epoch == 0:
             member.previous_epoch, member.member_epoch = member.member_epoch, member.target_epoch
             assignment = member.assignment
+            self._emit(
+                group,
+                shr.current_assignment_record(
+                    group_id, member_id, member.member_epoch, member.previous_epoch, member.assignment
+                ),
+            )
         return HeartbeatResult(
             member_id=member_id,
             member_epoch=member.member_epoch,
             heartbeat_interval_ms=interval,
             assignment=assignment,
+            initialize=self._to_initialize(group, topics),
+            state_epoch=group.group_epoch,
+        )
+
+    def _to_initialize(
+        self, group: ShareGroup, topics: Mapping[str, tuple[bytes, int]]
+    ) -> TopicPartitions | None:
+        """Kafka's subscribedTopicsChangeMap: the subscribed share-partitions whose state is neither initialized
+        nor initializing; they become initializing (a record) and the caller initializes them."""
+        out: TopicPartitions = {}
+        for name in sorted({t for m in group.members.values() for t in m.subscribed}):
+            if name not in topics:
+                continue
+            tid, count = topics[name]
+            have = set(group.initialized.get(tid, ("", []))[1]) | set(
+                group.initializing.get(tid, ("", []))[1]
+            )
+            new = [p for p in range(count) if p not in have]
+            if new:
+                out[tid] = (name, new)
+        if not out:
+            return None
+        for tid, (name, ps) in out.items():
+            group.initializing[tid] = (
+                name,
+                sorted(set(group.initializing.get(tid, (name, []))[1]) | set(ps)),
+            )
+        self._emit(group, group.state_partitions_record())
+        return out
+
+    def initialized(self, group_id: str, done: TopicPartitions, failed: TopicPartitions) -> None:
+        """InitializeShareGroupState answered: the share-partitions done are initialized, the failed ones go back
+        to uninitialized (the next heartbeat tries again)."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return
+        for tps, into in ((done, group.initialized), (failed, None)):
+            for tid, (name, ps) in tps.items():
+                left = [p for p in group.initializing.get(tid, (name, []))[1] if p not in ps]
+                if left:
+                    group.initializing[tid] = (name, left)
+                else:
+                    group.initializing.pop(tid, None)
+                if into is not None:
+                    into[tid] = (name, sorted(set(into.get(tid, (name, []))[1]) | set(ps)))
+        self._emit(group, group.state_partitions_record())
+        if done:
+            self._bump(group)  # the new share-partitions are assignable now
+
+    def catch_up(self, group_id: str, member_id: str, r: HeartbeatResult) -> None:
+        """After the heartbeat's share-partitions were initialized (a new target): the member gets it in this
+        response. Its previous epoch stays the one it sent, so a lost response is retried with that."""
+        group = self.groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
+        if group is None or member is None or member.member_epoch == member.target_epoch:
+            return
+        if r.assignment is None:
+            member.previous_epoch = member.member_epoch
+        member.member_epoch = member.target_epoch
+        r.member_epoch, r.assignment = member.member_epoch, member.assignment
+        self._emit(
+            group,
+            shr.current_assignment_record(
+                group_id, member_id, member.member_epoch, member.previous_epoch, member.assignment
+            ),
+        )
+
+    def create(self, group_id: str) -> ShareGroup:
+        """An empty share group (AlterShareGroupOffsets of a group not known yet makes it, as Kafka's)."""
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = ShareGroup(group_id)
+            self._emit(group, shr.group_epoch_record(group_id, 0))
+        return group
+
+    def deleting(self, group_id: str, topics: dict[bytes, str]) -> None:
+        """DeleteShareGroupOffsets begins: these topics' state is being deleted (Kafka's DeletingTopics)."""
+        group = self.groups.get(group_id)
+        if group is None or not topics:
+            return
+        group.deleting.update(topics)
+        self._emit(group, group.state_partitions_record())
+
+    def forget_topics(self, group_id: str, topic_ids: set[bytes]) -> None:
+        """DeleteShareGroupOffsets: these topics' share-partitions have no state any more (initialized again
+        when a member next subscribes to them); the ones whose deletion failed stay initialized."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return
+        group.deleting = {}
+        for tid in topic_ids:
+            group.initialized.pop(tid, None)
+            group.initializing.pop(tid, None)
+            group.deleting.pop(tid, None)
+        self._emit(group, group.state_partitions_record())
+
+    def bump_epoch(self, group_id: str) -> int:
+        """A new group epoch, as Kafka's AlterShareGroupOffsets takes one for the state epoch it initializes."""
+        group = self.groups[group_id]
+        group.group_epoch += 1
+        self._emit(group, shr.group_epoch_record(group_id, group.group_epoch))
+        return group.group_epoch
+
+    def _emit_member(self, group: ShareGroup, m: ShareMember) -> None:
+        self._emit(
+            group,
+            shr.member_record(
+                group.group_id, m.member_id, m.rack_id, m.client_id, m.client_host, m.subscribed
+            ),
         )
 
     def _bump(self, group: ShareGroup) -> None:
         group.group_epoch += 1
+        self._emit(group, shr.group_epoch_record(group.group_id, group.group_epoch))
         self._reassign(group)
 
+    def _assignable(self, group: ShareGroup) -> Mapping[str, tuple[bytes, int]]:
+        """The topics as the assignor sees them: as in Kafka, only share-partitions whose state is initialized
+        are assigned (a leader never serves one the share coordinators do not know yet); a topic counts with
+        its leading initialized partitions."""
+        out: dict[str, tuple[bytes, int]] = {}
+        for name, (tid, count) in self._topics().items():
+            have = set(group.initialized.get(tid, ("", []))[1])
+            n = 0
+            while n < count and n in have:
+                n += 1
+            if n:
+                out[name] = (tid, n)
+        return out
+
     def _reassign(self, group: ShareGroup) -> None:
-        targets = assign(list(group.members.values()), self._topics())
+        targets = assign(list(group.members.values()), self._assignable(group))
         group.assignment_epoch = group.group_epoch
         for mid, m in group.members.items():
             if targets[mid] != m.assignment or m.target_epoch == 0:
                 m.assignment = targets[mid]
                 m.target_epoch = group.group_epoch
+                self._emit(group, shr.target_member_record(group.group_id, mid, m.assignment))
+        self._emit(
+            group, shr.target_epoch_record(group.group_id, group.assignment_epoch, int(time.time() * 1000))
+        )
 
     def _remove(self, group: ShareGroup, member_id: str) -> None:
         del group.members[member_id]
+        gid = group.group_id
+        for rtype in (
+            RecordType.CURRENT_MEMBER_ASSIGNMENT,
+            RecordType.TARGET_ASSIGNMENT_MEMBER,
+            RecordType.MEMBER_METADATA,
+        ):
+            self._emit(group, shr.tombstone(rtype, gid, member_id))
         self._bump(group)
-        self.on_member_removed(group.group_id, member_id)
+        self.on_member_removed(gid, member_id)
 
-    def expire_members(self) -> None:
-        """Remove the members whose session timed out (Kafka's session timer)."""
+    def expire_members(self) -> list[str]:
+        """Remove the members whose session timed out (Kafka's session timer); the groups changed."""
         now = time.monotonic()
+        changed = []
         for group in list(self.groups.values()):
-            for mid in [mid for mid, m in group.members.items() if m.deadline < now]:
+            gone = [mid for mid, m in group.members.items() if m.deadline < now]
+            for mid in gone:
                 self._remove(group, mid)
+            if gone:
+                changed.append(group.group_id)
+        return changed
 
     def delete(self, group_id: str) -> int:
         """DeleteGroups of an empty share group (its share-partitions' state is the caller's to delete first)."""
@@ -200,4 +378,76 @@ class ShareCoordinator:
         if group.members:
             return ErrorCode.NON_EMPTY_GROUP
         del self.groups[group_id]
+        for rtype in (
+            RecordType.TARGET_ASSIGNMENT_METADATA,
+            RecordType.STATE_PARTITION_METADATA,
+            RecordType.METADATA,
+        ):
+            self._emit(group, shr.tombstone(rtype, group_id))
         return ErrorCode.NONE
+
+    # ------------------------------------------------------------ load
+
+    def replay(self, r: ShareGroupRecord) -> None:
+        """Apply one record read back from __consumer_offsets (Kafka's GroupMetadataManager.replay)."""
+        gid, v = r.group_id, r.value
+        group = self.groups.get(gid)
+        if r.type == RecordType.METADATA:
+            if v is None:
+                self.groups.pop(gid, None)
+                return
+            group = group or self.groups.setdefault(gid, ShareGroup(gid))
+            group.group_epoch = v.epoch
+            return
+        if group is None:
+            if v is None:
+                return
+            group = self.groups[gid] = ShareGroup(gid)
+        mid = r.member_id or ""
+        member = group.members.get(mid)
+        if r.type == RecordType.MEMBER_METADATA:
+            if v is None:
+                group.members.pop(mid, None)
+            elif member is None:
+                # a session from now, not 0: a sweep between two chunks of a long load must not expire it
+                deadline = time.monotonic() + self._session_timeout_ms(gid) / 1000
+                group.members[mid] = ShareMember(
+                    mid, 0, v.client_id, v.client_host, v.rack_id, list(v.subscribed_topic_names), deadline
+                )
+            else:
+                member.client_id, member.client_host, member.rack_id = v.client_id, v.client_host, v.rack_id
+                member.subscribed = list(v.subscribed_topic_names)
+        elif r.type == RecordType.TARGET_ASSIGNMENT_MEMBER:
+            if v is not None and member is not None:
+                member.assignment = shr.to_assignment(v.topic_partitions)
+                member.target_epoch = group.group_epoch
+        elif r.type == RecordType.TARGET_ASSIGNMENT_METADATA:
+            group.assignment_epoch = v.assignment_epoch if v is not None else 0
+        elif r.type == RecordType.CURRENT_MEMBER_ASSIGNMENT:
+            if v is not None and member is not None:
+                member.member_epoch, member.previous_epoch = v.member_epoch, v.previous_member_epoch
+        elif r.type == RecordType.STATE_PARTITION_METADATA:
+            if v is None:
+                group.initialized, group.initializing, group.deleting = {}, {}, {}
+            else:
+                group.initialized = shr.to_topic_partitions(v.initialized_topics)
+                group.initializing = shr.to_topic_partitions(v.initializing_topics)
+                group.deleting = {t.topic_id: t.topic_name for t in v.deleting_topics}
+
+    def loaded(self, group_ids: list[str]) -> None:
+        """After a load: every member's session starts now (Kafka's onLoaded schedules their timeouts), and the
+        share-partitions still initializing are initialized again on the next heartbeat."""
+        now = time.monotonic()
+        for gid in group_ids:
+            group = self.groups.get(gid)
+            if group is None:
+                continue
+            group.initializing = {}
+            for m in group.members.values():
+                m.deadline = now + self._session_timeout_ms(gid) / 1000
+
+    def unload(self, group_ids: list[str]) -> None:
+        """The coordinator moved away: these groups are another broker's now."""
+        for gid in group_ids:
+            self.groups.pop(gid, None)
+            self.records.pop(gid, None)

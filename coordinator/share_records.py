@@ -32,13 +32,15 @@ def snapshot_key(group_id: str, topic_id: bytes, partition: int) -> bytes:
     return bytes(out)
 
 
-def snapshot_value(snapshot_epoch: int, leader_epoch: int, start: int, batches: list[StateBatch]) -> bytes:
+def snapshot_value(
+    snapshot_epoch: int, leader_epoch: int, start: int, batches: list[StateBatch], state_epoch: int = 0
+) -> bytes:
     V = ShareSnapshotValue
     out = bytearray(I16.pack(0))
     codec.encode(
         V(
             snapshot_epoch=snapshot_epoch & 0xFFFF,
-            state_epoch=0,
+            state_epoch=state_epoch,
             leader_epoch=leader_epoch,
             start_offset=start,
             state_batches=[
@@ -52,9 +54,14 @@ def snapshot_value(snapshot_epoch: int, leader_epoch: int, start: int, batches: 
     return bytes(out)
 
 
-def load_snapshots(lg: Any) -> dict[bytes, tuple[int, int, list[StateBatch]]]:
-    """The latest snapshot of every share-partition in lg: key -> (snapshot epoch, start offset, batches)."""
-    out: dict[bytes, tuple[int, int, list[StateBatch]]] = {}
+# (snapshot epoch, start offset, batches, state epoch)
+Snapshot = tuple[int, int, list[StateBatch], int]
+
+
+def load_snapshots(lg: Any) -> dict[bytes, Snapshot]:
+    """The latest snapshot of every share-partition in lg: key -> (snapshot epoch, start offset, batches, state
+    epoch). The state epoch is the one InitializeShareGroupState set: a writer with an older one is fenced."""
+    out: dict[bytes, Snapshot] = {}
     offset = lg.log_start_offset
     # to the log end: a new leader's high watermark lags what its predecessor had replicated to it
     end = lg.log_end_offset
@@ -82,6 +89,7 @@ def load_snapshots(lg: Any) -> dict[bytes, tuple[int, int, list[StateBatch]]]:
                         (b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
                         for b in v.state_batches
                     ],
+                    v.state_epoch,
                 )
         if last <= offset:
             break

@@ -8274,25 +8274,25 @@ class OffsetCommitValue:
 
 @dataclass(slots=True)
 class ShareGroupMemberMetadataKey:
-    API_KEY: ClassVar[int | None] = None
-    KIND: ClassVar[str] = 'data'
-    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (10, 10)
+    API_KEY: ClassVar[int | None] = 10
+    KIND: ClassVar[str] = 'coordinator-key'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
     FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = None
 
     group_id: str = ''
     member_id: str = ''
 
     FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
-        FieldSpec('group_id', 'string', (10, 10), None, None, None, '', INHERIT),
-        FieldSpec('member_id', 'string', (10, 10), None, None, None, '', INHERIT),
+        FieldSpec('group_id', 'string', (0, 0), None, None, None, '', INHERIT),
+        FieldSpec('member_id', 'string', (0, 0), None, None, None, '', INHERIT),
     )
 
 
 
 @dataclass(slots=True)
 class ShareGroupMemberMetadataValue:
-    API_KEY: ClassVar[int | None] = None
-    KIND: ClassVar[str] = 'data'
+    API_KEY: ClassVar[int | None] = 10
+    KIND: ClassVar[str] = 'coordinator-value'
     VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
     FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
 
@@ -8312,30 +8312,32 @@ class ShareGroupMemberMetadataValue:
 
 @dataclass(slots=True)
 class ShareGroupMetadataKey:
-    API_KEY: ClassVar[int | None] = None
-    KIND: ClassVar[str] = 'data'
-    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (11, 11)
+    API_KEY: ClassVar[int | None] = 11
+    KIND: ClassVar[str] = 'coordinator-key'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
     FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = None
 
     group_id: str = ''
 
     FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
-        FieldSpec('group_id', 'string', (11, 11), None, None, None, '', INHERIT),
+        FieldSpec('group_id', 'string', (0, 0), None, None, None, '', INHERIT),
     )
 
 
 
 @dataclass(slots=True)
 class ShareGroupMetadataValue:
-    API_KEY: ClassVar[int | None] = None
-    KIND: ClassVar[str] = 'data'
+    API_KEY: ClassVar[int | None] = 11
+    KIND: ClassVar[str] = 'coordinator-value'
     VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
     FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
 
     epoch: int = 0
+    metadata_hash: int = 0
 
     FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
         FieldSpec('epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('metadata_hash', 'int64', (0, 32767), None, None, None, 0, INHERIT),
     )
 
 
@@ -8443,6 +8445,184 @@ class TransactionLogValue:
             FieldSpec('topic', 'string', (0, 32767), None, None, None, '', INHERIT),
             FieldSpec('partition_ids', '[]int32', (0, 32767), None, None, None, [], INHERIT),
         )
+
+
+
+@dataclass(slots=True)
+class ShareGroupCurrentMemberAssignmentKey:
+    API_KEY: ClassVar[int | None] = 14
+    KIND: ClassVar[str] = 'coordinator-key'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = None
+
+    group_id: str = ''
+    member_id: str = ''
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('group_id', 'string', (0, 0), None, None, None, '', INHERIT),
+        FieldSpec('member_id', 'string', (0, 0), None, None, None, '', INHERIT),
+    )
+
+
+
+@dataclass(slots=True)
+class ShareGroupCurrentMemberAssignmentValue:
+    API_KEY: ClassVar[int | None] = 14
+    KIND: ClassVar[str] = 'coordinator-value'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
+
+    member_epoch: int = 0
+    previous_member_epoch: int = 0
+    state: int = 0
+    assigned_partitions: list[ShareGroupCurrentMemberAssignmentValue.TopicPartitions] = field(default_factory=list)
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('member_epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('previous_member_epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('state', 'int8', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('assigned_partitions', '[]TopicPartitions', (0, 32767), None, None, None, [], INHERIT),
+    )
+
+    @dataclass(slots=True)
+    class TopicPartitions:
+        topic_id: bytes = ZERO_UUID
+        partitions: list[int] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('topic_id', 'uuid', (0, 32767), None, None, None, ZERO_UUID, INHERIT),
+            FieldSpec('partitions', '[]int32', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+
+
+@dataclass(slots=True)
+class ShareGroupStatePartitionMetadataKey:
+    API_KEY: ClassVar[int | None] = 15
+    KIND: ClassVar[str] = 'coordinator-key'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = None
+
+    group_id: str = ''
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('group_id', 'string', (0, 0), None, None, None, '', INHERIT),
+    )
+
+
+
+@dataclass(slots=True)
+class ShareGroupStatePartitionMetadataValue:
+    API_KEY: ClassVar[int | None] = 15
+    KIND: ClassVar[str] = 'coordinator-value'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
+
+    initializing_topics: list[ShareGroupStatePartitionMetadataValue.TopicPartitionsInfo] = field(default_factory=list)
+    initialized_topics: list[ShareGroupStatePartitionMetadataValue.TopicPartitionsInfo] = field(default_factory=list)
+    deleting_topics: list[ShareGroupStatePartitionMetadataValue.TopicInfo] = field(default_factory=list)
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('initializing_topics', '[]TopicPartitionsInfo', (0, 32767), None, None, None, [], INHERIT),
+        FieldSpec('initialized_topics', '[]TopicPartitionsInfo', (0, 32767), None, None, None, [], INHERIT),
+        FieldSpec('deleting_topics', '[]TopicInfo', (0, 32767), None, None, None, [], INHERIT),
+    )
+
+    @dataclass(slots=True)
+    class TopicPartitionsInfo:
+        topic_id: bytes = ZERO_UUID
+        topic_name: str = ''
+        partitions: list[int] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('topic_id', 'uuid', (0, 32767), None, None, None, ZERO_UUID, INHERIT),
+            FieldSpec('topic_name', 'string', (0, 32767), None, None, None, '', INHERIT),
+            FieldSpec('partitions', '[]int32', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+    @dataclass(slots=True)
+    class TopicInfo:
+        topic_id: bytes = ZERO_UUID
+        topic_name: str = ''
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('topic_id', 'uuid', (0, 32767), None, None, None, ZERO_UUID, INHERIT),
+            FieldSpec('topic_name', 'string', (0, 32767), None, None, None, '', INHERIT),
+        )
+
+
+
+@dataclass(slots=True)
+class ShareGroupTargetAssignmentMemberKey:
+    API_KEY: ClassVar[int | None] = 13
+    KIND: ClassVar[str] = 'coordinator-key'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = None
+
+    group_id: str = ''
+    member_id: str = ''
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('group_id', 'string', (0, 0), None, None, None, '', INHERIT),
+        FieldSpec('member_id', 'string', (0, 0), None, None, None, '', INHERIT),
+    )
+
+
+
+@dataclass(slots=True)
+class ShareGroupTargetAssignmentMemberValue:
+    API_KEY: ClassVar[int | None] = 13
+    KIND: ClassVar[str] = 'coordinator-value'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
+
+    topic_partitions: list[ShareGroupTargetAssignmentMemberValue.TopicPartition] = field(default_factory=list)
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('topic_partitions', '[]TopicPartition', (0, 32767), None, None, None, [], INHERIT),
+    )
+
+    @dataclass(slots=True)
+    class TopicPartition:
+        topic_id: bytes = ZERO_UUID
+        partitions: list[int] = field(default_factory=list)
+
+        FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+            FieldSpec('topic_id', 'uuid', (0, 32767), None, None, None, ZERO_UUID, INHERIT),
+            FieldSpec('partitions', '[]int32', (0, 32767), None, None, None, [], INHERIT),
+        )
+
+
+
+@dataclass(slots=True)
+class ShareGroupTargetAssignmentMetadataKey:
+    API_KEY: ClassVar[int | None] = 12
+    KIND: ClassVar[str] = 'coordinator-key'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = None
+
+    group_id: str = ''
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('group_id', 'string', (0, 0), None, None, None, '', INHERIT),
+    )
+
+
+
+@dataclass(slots=True)
+class ShareGroupTargetAssignmentMetadataValue:
+    API_KEY: ClassVar[int | None] = 12
+    KIND: ClassVar[str] = 'coordinator-value'
+    VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
+    FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
+
+    assignment_epoch: int = 0
+    assignment_timestamp: int = 0
+
+    FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
+        FieldSpec('assignment_epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('assignment_timestamp', 'int64', (0, 32767), None, 0, (0, 32767), 0, INHERIT),
+    )
 
 
 
@@ -9067,6 +9247,14 @@ MESSAGES: dict[str, type] = {
     'ShareGroupPartitionMetadataValue': ShareGroupPartitionMetadataValue,
     'TransactionLogKey': TransactionLogKey,
     'TransactionLogValue': TransactionLogValue,
+    'ShareGroupCurrentMemberAssignmentKey': ShareGroupCurrentMemberAssignmentKey,
+    'ShareGroupCurrentMemberAssignmentValue': ShareGroupCurrentMemberAssignmentValue,
+    'ShareGroupStatePartitionMetadataKey': ShareGroupStatePartitionMetadataKey,
+    'ShareGroupStatePartitionMetadataValue': ShareGroupStatePartitionMetadataValue,
+    'ShareGroupTargetAssignmentMemberKey': ShareGroupTargetAssignmentMemberKey,
+    'ShareGroupTargetAssignmentMemberValue': ShareGroupTargetAssignmentMemberValue,
+    'ShareGroupTargetAssignmentMetadataKey': ShareGroupTargetAssignmentMetadataKey,
+    'ShareGroupTargetAssignmentMetadataValue': ShareGroupTargetAssignmentMetadataValue,
     'ShareSnapshotKey': ShareSnapshotKey,
     'ShareSnapshotValue': ShareSnapshotValue,
     'StreamsGroupCurrentMemberAssignmentKey': StreamsGroupCurrentMemberAssignmentKey,

@@ -22,6 +22,7 @@ from kbroker.broker.handlers.groups import (
 )
 from kbroker.broker.share_partition import SharePartition
 from kbroker.broker.share_partition_manager import SharePartitionManager, ShareSession
+from kbroker.coordinator.group_coordinator import OFFSETS_TOPIC
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     ShareAcknowledgeRequest,
@@ -40,6 +41,21 @@ _STATE_LOADING = (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_
 _Result = dict[tuple[bytes, int], list[Any]]
 
 
+def share_coordinator_error(server: Any, group_id: str) -> ErrorCode | None:
+    """Whether this broker coordinates a share group, as Kafka's coordinator runtime answers: on ZooKeeper a
+    broker must lead the group's __consumer_offsets partition (its LeaderAndIsr came); one that has not yet heard
+    of the topic (just created by another broker's FindCoordinator) or of its leadership answers NOT_COORDINATOR
+    and never takes itself for the coordinator; a partition still loading answers COORDINATOR_LOAD_IN_PROGRESS.
+    A single node coordinates every group (it makes __consumer_offsets on first use)."""
+    gc = server.group_coordinator
+    err = gc.coordinator_error(group_id)
+    if err is not None or not server.config["zookeeper.connect"]:
+        return err
+    if server.replica_manager.leads(OFFSETS_TOPIC, gc.offsets_partition(group_id)) is not True:
+        return ErrorCode.NOT_COORDINATOR
+    return None
+
+
 async def handle_share_group_heartbeat(
     ctx: RequestContext, req: ShareGroupHeartbeatRequest
 ) -> ShareGroupHeartbeatResponse:
@@ -48,23 +64,20 @@ async def handle_share_group_heartbeat(
         return R(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
     spm = SharePartitionManager.of(ctx.server)
     client_id, host = ctx.client_id, _client_host(ctx)
-    not_here = ctx.server.group_coordinator.coordinator_error(req.group_id)
+    not_here = share_coordinator_error(ctx.server, req.group_id)
     if not_here is not None:
-        return R(error_code=not_here)
+        return R(error_code=not_here, error_message=f"{not_here.name} for group {req.group_id}")
 
-    async def run() -> Any:
-        spm.ensure_sweeper()
-        return spm.coordinator.heartbeat(
-            req.group_id,
-            req.member_id,
-            req.member_epoch,
-            req.rack_id,
-            req.subscribed_topic_names,
-            client_id,
-            host,
-        )
-
-    r = await spm.call(run)
+    r = await spm.call(
+        spm.heartbeat,
+        req.group_id,
+        req.member_id,
+        req.member_epoch,
+        req.rack_id,
+        req.subscribed_topic_names,
+        client_id,
+        host,
+    )
     if r.error:
         ctx.refused(r.error, r.message, f"group {req.group_id!r}")
         return R(error_code=r.error, error_message=r.message)
@@ -96,7 +109,7 @@ async def handle_share_group_describe(
             if _group_denied(ctx, DESCRIBE, gid):
                 out.append(R.DescribedGroup(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, group_id=gid))
                 continue
-            not_here = ctx.server.group_coordinator.coordinator_error(gid)
+            not_here = share_coordinator_error(ctx.server, gid)
             if not_here is not None:
                 out.append(R.DescribedGroup(error_code=not_here, group_id=gid))
                 continue
@@ -276,6 +289,8 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
         for f in req.forgotten_topics_data:
             for idx in f.partitions:
                 session.partitions.discard((bytes(f.topic_id), idx))
+        if req.share_session_epoch == 0:
+            await spm.check_states(group_id, session.partitions)
         names = ctx.server.topic_names_by_id()
         while True:
             for topic_id, partition in sorted(session.partitions):

@@ -9,9 +9,11 @@ from typing import Any
 
 from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.handlers.groups import DELETE, DESCRIBE, READ, _group_denied
+from kbroker.broker.handlers.share import share_coordinator_error
 from kbroker.broker.share_partition import ACKNOWLEDGED, ARCHIVED
 from kbroker.broker.share_partition_manager import SharePartitionManager
-from kbroker.protocol.errors import ErrorCode
+from kbroker.coordinator.share_group_records import TopicPartitions
+from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.messages import (
     AlterShareGroupOffsetsRequest,
     AlterShareGroupOffsetsResponse,
@@ -99,10 +101,15 @@ HANDLERS = [ApiHandler(90, 0, 1, handle_describe_share_group_offsets)]
 async def handle_alter_share_group_offsets(
     ctx: RequestContext, req: AlterShareGroupOffsetsRequest
 ) -> AlterShareGroupOffsetsResponse:
-    """Set share-partition start offsets of a group without members; the in-flight state starts over there."""
+    """Set share-partition start offsets of a group without members, as Kafka 4.x's group coordinator does: a new
+    group epoch, and the share coordinators initialize the share-partitions' state at it with the new start
+    offsets (InitializeShareGroupState); their leaders, fenced by the new state epoch, read it again."""
     R = AlterShareGroupOffsetsResponse
     if _group_denied(ctx, READ, req.group_id):
         return R(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
+    not_here = share_coordinator_error(ctx.server, req.group_id)
+    if not_here is not None:
+        return R(error_code=not_here, error_message=not_here.name)
     spm = SharePartitionManager.of(ctx.server)
     topics = ctx.server.metadata.topics
     rm = ctx.server.replica_manager
@@ -114,32 +121,61 @@ async def handle_alter_share_group_offsets(
                 error_code=ErrorCode.NON_EMPTY_GROUP,
                 error_message="The group is not empty: stop its share consumers first.",
             )
+        errors: dict[tuple[str, int], int] = {}
+        wanted: TopicPartitions = {}
+        starts: dict[tuple[bytes, int], int] = {}
+        for t in req.topics:
+            rec = topics.get(t.topic_name)
+            for p in t.partitions:
+                index = p.partition_index
+                if rec is None or not 0 <= index < rec.num_partitions:
+                    errors[(t.topic_name, index)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                start = p.start_offset
+                try:
+                    lg = rm.get_log(t.topic_name, index)
+                except KafkaError:  # led by another broker
+                    lg = None
+                if lg is not None:  # the leader is here: the offset kept within the log, -1 its end
+                    start = start if start >= 0 else lg.high_watermark
+                    start = min(max(start, lg.log_start_offset), lg.high_watermark)
+                elif start < 0:
+                    errors[(t.topic_name, index)] = ErrorCode.INVALID_REQUEST
+                    continue
+                wanted.setdefault(rec.topic_id, (t.topic_name, []))[1].append(index)
+                starts[(rec.topic_id, index)] = start
+        if wanted:
+            spm.coordinator.create(req.group_id)
+            epoch = spm.coordinator.bump_epoch(req.group_id)
+            code = await spm.write_group(req.group_id)
+            if code:
+                return R(error_code=code, error_message=code.name)
+            for name, parts in wanted.values():
+                for index in parts:
+                    spm.drop(req.group_id, name, index)
+            done = await spm.initialize_state(req.group_id, wanted, epoch, starts)
+            for tid, (name, parts) in wanted.items():
+                for index in parts:
+                    errors[(name, index)] = done.get((tid, index), ErrorCode.UNKNOWN_SERVER_ERROR)
         out = []
         for t in req.topics:
             rec = topics.get(t.topic_name)
-            parts = []
-            for p in t.partitions:
-                if rec is None or not 0 <= p.partition_index < rec.num_partitions:
-                    parts.append(
-                        R.AlterShareGroupOffsetsResponsePartition(
-                            partition_index=p.partition_index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                        )
-                    )
-                    continue
-                lg = rm.get_log(t.topic_name, p.partition_index)
-                await spm.prepare(req.group_id, t.topic_name, p.partition_index)
-                sp = spm.share_partition(req.group_id, t.topic_name, p.partition_index, lg)
-                start = p.start_offset if p.start_offset >= 0 else lg.high_watermark
-                sp.reset(min(max(start, lg.log_start_offset), lg.high_watermark))
-                parts.append(R.AlterShareGroupOffsetsResponsePartition(partition_index=p.partition_index))
             out.append(
                 R.AlterShareGroupOffsetsResponseTopic(
                     topic_name=t.topic_name,
                     topic_id=rec.topic_id if rec is not None else bytes(16),
-                    partitions=parts,
+                    partitions=[
+                        R.AlterShareGroupOffsetsResponsePartition(
+                            partition_index=p.partition_index,
+                            error_code=errors[(t.topic_name, p.partition_index)],
+                            error_message=ErrorCode(errors[(t.topic_name, p.partition_index)]).name
+                            if errors[(t.topic_name, p.partition_index)]
+                            else None,
+                        )
+                        for p in t.partitions
+                    ],
                 )
             )
-        await spm.persist()
         return R(responses=out)
 
     return await spm.call(run)
@@ -152,10 +188,15 @@ async def handle_delete_share_group_offsets(
     ctx: RequestContext, req: DeleteShareGroupOffsetsRequest
 ) -> DeleteShareGroupOffsetsResponse:
     """Forget a group's share-partition state for whole topics (Kafka 4.x's DeleteShareGroupOffsets): the group
-    must exist and have no members; the next share consumer of a topic starts by share.auto.offset.reset."""
+    must exist and have no members; the topics are recorded as deleting in the group's
+    ShareGroupStatePartitionMetadata while their share coordinators tombstone the state, then forgotten; the
+    next share consumer of a topic starts by share.auto.offset.reset."""
     R = DeleteShareGroupOffsetsResponse
     if _group_denied(ctx, DELETE, req.group_id):
         return R(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
+    not_here = share_coordinator_error(ctx.server, req.group_id)
+    if not_here is not None:
+        return R(error_code=not_here, error_message=not_here.name)
     spm = SharePartitionManager.of(ctx.server)
     topics = ctx.server.metadata.topics
 
@@ -170,9 +211,15 @@ async def handle_delete_share_group_offsets(
                 error_code=ErrorCode.NON_EMPTY_GROUP,
                 error_message="The group is not empty: stop its share consumers first.",
             )
+        known = {t.topic_name: topics[t.topic_name] for t in req.topics if t.topic_name in topics}
+        spm.coordinator.deleting(req.group_id, {rec.topic_id: name for name, rec in known.items()})
+        code = await spm.write_group(req.group_id)
+        if code:
+            return R(error_code=code, error_message=code.name)
         out = []
+        deleted = set()
         for t in req.topics:
-            rec = topics.get(t.topic_name)
+            rec = known.get(t.topic_name)
             if rec is None:
                 out.append(
                     R.DeleteShareGroupOffsetsResponseTopic(
@@ -184,6 +231,8 @@ async def handle_delete_share_group_offsets(
                 )
                 continue
             code = await spm.delete_state(req.group_id, t.topic_name, rec.num_partitions)
+            if not code:
+                deleted.add(rec.topic_id)
             out.append(
                 R.DeleteShareGroupOffsetsResponseTopic(
                     topic_name=t.topic_name,
@@ -192,6 +241,8 @@ async def handle_delete_share_group_offsets(
                     error_message=ErrorCode(code).name if code else None,
                 )
             )
+        spm.coordinator.forget_topics(req.group_id, deleted)
+        await spm.write_group(req.group_id)
         return R(responses=out)
 
     return await spm.call(run)

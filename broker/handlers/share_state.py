@@ -1,7 +1,8 @@
-"""ReadShareGroupState (84), WriteShareGroupState (85), DeleteShareGroupState (86) v0 and
-ReadShareGroupStateSummary (87) v0-1, the share-state RPCs a share-partition leader sends to
-the leader of the share-partition's __share_group_state partition (Kafka's share coordinator): a new leader reads
-the saved state there; a write is the whole state as one ShareSnapshot, replicated before the answer."""
+"""InitializeShareGroupState (83), ReadShareGroupState (84), WriteShareGroupState (85), DeleteShareGroupState (86)
+v0 and ReadShareGroupStateSummary (87) v0-1, the share-state RPCs sent to the leader of the share-partition's
+__share_group_state partition (Kafka's share coordinator): the group coordinator initializes and deletes the
+state there; a share-partition's new leader reads it there; a write is the whole state as one ShareSnapshot,
+replicated before the answer."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     DeleteShareGroupStateRequest,
     DeleteShareGroupStateResponse,
+    InitializeShareGroupStateRequest,
+    InitializeShareGroupStateResponse,
     ReadShareGroupStateRequest,
     ReadShareGroupStateResponse,
     ReadShareGroupStateSummaryRequest,
@@ -46,6 +49,7 @@ async def handle_write_share_group_state(
                     p.start_offset,
                     batches,
                     p.leader_epoch,
+                    p.state_epoch,
                 )
             parts.append(R.PartitionResult(partition=p.partition, error_code=code))
         results.append(R.WriteStateResult(topic_id=t.topic_id, partitions=parts))
@@ -147,7 +151,42 @@ async def handle_delete_share_group_state(
     return R(results=results)
 
 
+async def handle_initialize_share_group_state(
+    ctx: RequestContext, req: InitializeShareGroupStateRequest
+) -> InitializeShareGroupStateResponse:
+    R = InitializeShareGroupStateResponse
+    denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
+    spm = SharePartitionManager.of(ctx.server)
+    results = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            if denied:
+                code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            elif not req.group_id:
+                code = ErrorCode.INVALID_REQUEST
+            else:
+                code = await spm.call(
+                    spm.initialize_state_of,
+                    req.group_id,
+                    bytes(t.topic_id),
+                    p.partition,
+                    p.state_epoch,
+                    p.start_offset,
+                )
+            parts.append(
+                R.PartitionResult(
+                    partition=p.partition,
+                    error_code=code,
+                    error_message=ErrorCode(code).name if code else None,
+                )
+            )
+        results.append(R.InitializeStateResult(topic_id=t.topic_id, partitions=parts))
+    return R(results=results)
+
+
 HANDLERS = [
+    ApiHandler(83, 0, 0, handle_initialize_share_group_state),
     ApiHandler(84, 0, 0, handle_read_share_group_state),
     ApiHandler(85, 0, 0, handle_write_share_group_state),
     ApiHandler(86, 0, 0, handle_delete_share_group_state),

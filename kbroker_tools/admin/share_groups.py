@@ -10,6 +10,7 @@ from kbroker.protocol.messages import (
     AlterShareGroupOffsetsRequest,
     DeleteGroupsRequest,
     DeleteShareGroupOffsetsRequest,
+    FindCoordinatorRequest,
     ListGroupsRequest,
     ListOffsetsRequest,
     MetadataRequest,
@@ -137,6 +138,18 @@ def _partitions(w: WireClient, topics: list[str]) -> dict[str, int]:
     return out
 
 
+def _on_coordinator(w: WireClient, group: str) -> WireClient:
+    """A connection to the group's coordinator (Alter/DeleteShareGroupOffsets go there, as Kafka's admin client
+    sends them)."""
+    fc = w.request(10, 4, FindCoordinatorRequest(key_type=0, coordinator_keys=[group])).coordinators[0]
+    if fc.error_code:
+        raise CommandError(f"Group '{group}': no coordinator: {_error(fc.error_code)}")
+    try:
+        return WireClient(f"{fc.host}:{fc.port}")
+    except OSError as e:
+        raise CommandError(f"cannot connect to the coordinator {fc.host}:{fc.port}: {e}") from None
+
+
 def _reset_offsets(w: WireClient, args: argparse.Namespace) -> int:
     group = _one_group_and_topics(args, "--reset-offsets")
     if not (args.to_earliest or args.to_latest or args.to_offset is not None):
@@ -173,24 +186,25 @@ def _reset_offsets(w: WireClient, args: argparse.Namespace) -> int:
                 new[(t.name, p.partition_index)] = p.offset
     if args.execute:
         A = AlterShareGroupOffsetsRequest
-        r = w.request(
-            91,
-            0,
-            A(
-                group_id=group,
-                topics=[
-                    A.AlterShareGroupOffsetsRequestTopic(
-                        topic_name=t,
-                        partitions=[
-                            A.AlterShareGroupOffsetsRequestPartition(partition_index=p, start_offset=o)
-                            for (tt, p), o in sorted(new.items())
-                            if tt == t
-                        ],
-                    )
-                    for t in counts
-                ],
-            ),
-        )
+        with _on_coordinator(w, group) as c:
+            r = c.request(
+                91,
+                0,
+                A(
+                    group_id=group,
+                    topics=[
+                        A.AlterShareGroupOffsetsRequestTopic(
+                            topic_name=t,
+                            partitions=[
+                                A.AlterShareGroupOffsetsRequestPartition(partition_index=p, start_offset=o)
+                                for (tt, p), o in sorted(new.items())
+                                if tt == t
+                            ],
+                        )
+                        for t in counts
+                    ],
+                ),
+            )
         if r.error_code:
             raise CommandError(f"Group '{group}': {r.error_message or _error(r.error_code)}")
         for t in r.responses:
@@ -208,11 +222,15 @@ def _reset_offsets(w: WireClient, args: argparse.Namespace) -> int:
 def _delete_offsets(w: WireClient, args: argparse.Namespace) -> int:
     group = _one_group_and_topics(args, "--delete-offsets")
     D = DeleteShareGroupOffsetsRequest
-    r = w.request(
-        92,
-        0,
-        D(group_id=group, topics=[D.DeleteShareGroupOffsetsRequestTopic(topic_name=t) for t in args.topic]),
-    )
+    with _on_coordinator(w, group) as c:
+        r = c.request(
+            92,
+            0,
+            D(
+                group_id=group,
+                topics=[D.DeleteShareGroupOffsetsRequestTopic(topic_name=t) for t in args.topic],
+            ),
+        )
     if r.error_code:
         raise CommandError(f"Group '{group}': {r.error_message or _error(r.error_code)}")
     rows = [["TOPIC", "STATUS"]]

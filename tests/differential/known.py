@@ -15,7 +15,7 @@ API_VERSIONS: dict[int, str] = {
     68: "ConsumerGroupHeartbeat v1 (Kafka 4.0's) is served too, because librdkafka speaks only v1",
     75: "DescribeTopicPartitions is served (Kafka 3.9 answers it in KRaft mode only)",
     **dict.fromkeys(
-        (76, 77, 78, 79, 84, 85, 86, 87, 90, 91, 92),
+        (76, 77, 78, 79, 83, 84, 85, 86, 87, 90, 91, 92),
         "share groups (KIP-932, Kafka 4.x's specs) are served; Kafka 3.9 has none",
     ),
     **dict.fromkeys((88, 89), "streams groups (KIP-1071, Kafka 4.4's specs) are served; Kafka 3.9 has none"),

@@ -49,6 +49,8 @@ def cluster(tmp_path: Path) -> Iterator[dict[int, BrokerProcess]]:
         "share.coordinator.state.topic.num.partitions": "1",
         "share.coordinator.state.topic.replication.factor": "1",
         "controlled.shutdown.retry.backoff.ms": "200",
+        "group.share.min.heartbeat.interval.ms": "100",
+        "group.share.min.session.timeout.ms": "1000",
     }
     bs = {b: BrokerProcess(tmp_path / f"b{b}", {**common, "broker.id": str(b)}) for b in (1, 2, 3)}
     try:

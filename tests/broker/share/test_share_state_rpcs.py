@@ -1,7 +1,8 @@
-"""ReadShareGroupState (84), WriteShareGroupState (85), DeleteShareGroupState (86) and ReadShareGroupStateSummary
-(87) over the wire, as a share-partition leader or group coordinator on another broker sends them: a round trip
-write -> read -> summary -> delete, a never-written share-partition, and Kafka's errors; DeleteGroups of a share
-group deleting its share-partitions' state."""
+"""InitializeShareGroupState (83), ReadShareGroupState (84), WriteShareGroupState (85), DeleteShareGroupState (86)
+and ReadShareGroupStateSummary (87) over the wire, as a share-partition leader or group coordinator on another
+broker sends them: a round trip write -> read -> summary -> delete, a never-written share-partition, state epochs
+(initialize, fenced writes) and Kafka's errors; a heartbeat initializing the share-partitions it assigns;
+DeleteGroups of a share group deleting its share-partitions' state."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     ApiVersionsRequest,
     DeleteShareGroupStateRequest,
+    InitializeShareGroupStateRequest,
     ReadShareGroupStateRequest,
     ReadShareGroupStateSummaryRequest,
     ShareGroupHeartbeatRequest,
@@ -22,6 +24,7 @@ from kbroker.protocol.messages import (
 from kbroker_tools.wire import WireClient
 from tests.broker.share.test_share_sessions import ACCEPT, ack_errors, acquired, join, setup, share_fetch
 from tests.broker_process import BrokerProcess
+from tests.clients import RawClient
 
 Q = ReadShareGroupStateRequest
 W = WriteShareGroupStateRequest
@@ -56,7 +59,45 @@ def read(w: WireClient, group: str, topic_id: bytes, partition: int, leader_epoc
     return r.results[0].partitions[0]
 
 
-def write(w: WireClient, group: str, topic_id: bytes, start: int, leader_epoch: int) -> int:
+def initialize(
+    w: WireClient, group: str, topic_id: bytes, partition: int, state_epoch: int, start: int
+) -> int:
+    I = InitializeShareGroupStateRequest  # noqa: E741 - Kafka's message, named like Q and W
+    r = w.request(
+        83,
+        0,
+        I(
+            group_id=group,
+            topics=[
+                I.InitializeStateData(
+                    topic_id=topic_id,
+                    partitions=[
+                        I.PartitionData(partition=partition, state_epoch=state_epoch, start_offset=start)
+                    ],
+                )
+            ],
+        ),
+    )
+    assert r.results[0].topic_id == topic_id
+    return int(r.results[0].partitions[0].error_code)
+
+
+def delete(w: WireClient, group: str, topic_id: bytes) -> int:
+    X = DeleteShareGroupStateRequest
+    r = w.request(
+        86,
+        0,
+        X(
+            group_id=group,
+            topics=[X.DeleteStateData(topic_id=topic_id, partitions=[X.PartitionData(partition=0)])],
+        ),
+    )
+    return int(r.results[0].partitions[0].error_code)
+
+
+def write(
+    w: WireClient, group: str, topic_id: bytes, start: int, leader_epoch: int, state_epoch: int = 0
+) -> int:
     r = w.request(
         85,
         0,
@@ -68,7 +109,7 @@ def write(w: WireClient, group: str, topic_id: bytes, start: int, leader_epoch: 
                     partitions=[
                         W.PartitionData(
                             partition=0,
-                            state_epoch=0,
+                            state_epoch=state_epoch,
                             leader_epoch=leader_epoch,
                             start_offset=start,
                             state_batches=[
@@ -115,7 +156,7 @@ def test_write_then_read_and_errors(broker: BrokerProcess, topic_name: str) -> N
             k.api_key: (k.min_version, k.max_version) for k in w.request(18, 3, ApiVersionsRequest()).api_keys
         }
         assert (versions[84], versions[85], versions[87]) == ((0, 0), (0, 0), (0, 1))
-        assert versions[86] == (0, 0) and 83 not in versions
+        assert versions[83] == versions[86] == (0, 0)
         # a share consumer's first fetch makes __share_group_state
         member = join(w, group, topic_name)
         first = share_fetch(w, group, member, 0, topic_id, wait_ms=5000)
@@ -204,3 +245,71 @@ def test_delete_groups_deletes_the_share_state(broker: BrokerProcess, topic_name
         # a new group of the same name starts by share.auto.offset.reset (earliest): every record, first delivery
         again = join(w, group, topic_name)
         assert acquired(share_fetch(w, group, again, 0, topic_id, wait_ms=5000)) == [(0, 4, 1)]
+
+
+def test_initialize_sets_the_state_epoch(broker: BrokerProcess, topic_name: str) -> None:
+    group = "g-" + topic_name
+    topic_id = setup(broker, topic_name, group, 3)
+    with WireClient(broker.bootstrap) as w:
+        # the heartbeat that first assigns the topic has its share-partitions initialized (state epoch = the
+        # group epoch, no start offset yet: the leader applies share.auto.offset.reset on its first read)
+        member = join(w, group, topic_name)
+        first = read(w, group, topic_id, 0, 0)
+        assert (first.error_code, first.state_epoch, first.start_offset, first.state_batches) == (
+            0,
+            1,
+            -1,
+            [],
+        )
+        assert acquired(share_fetch(w, group, member, 0, topic_id, wait_ms=5000)) == [(0, 2, 1)]
+        assert ack_errors(share_fetch(w, group, member, 1, topic_id, acks=[(0, 2, ACCEPT)])) == [0]
+        done = read(w, group, topic_id, 0, 0)
+        assert (done.state_epoch, done.start_offset) == (1, 3)
+
+        other = group + "-raw"
+        assert initialize(w, other, topic_id, 0, 3, 5) == 0
+        got = read(w, other, topic_id, 0, 0)
+        assert (got.error_code, got.state_epoch, got.start_offset, got.state_batches) == (0, 3, 5, [])
+        # a writer that read an older state epoch is fenced; one at the current epoch writes
+        assert write(w, other, topic_id, 6, 0, state_epoch=2) == ErrorCode.FENCED_STATE_EPOCH
+        assert write(w, other, topic_id, 6, 0, state_epoch=3) == 0
+        assert initialize(w, other, topic_id, 0, 2, 0) == ErrorCode.FENCED_STATE_EPOCH
+        # initialized again without a start offset: the state and its epoch stay (a group coordinator retrying)
+        assert initialize(w, other, topic_id, 0, 4, -1) == 0
+        kept = read(w, other, topic_id, 0, 0)
+        assert (kept.state_epoch, kept.start_offset, len(kept.state_batches)) == (3, 6, 2)
+        # a start offset resets it (AlterShareGroupOffsets)
+        assert initialize(w, other, topic_id, 0, 5, 1) == 0
+        reset = read(w, other, topic_id, 0, 0)
+        assert (reset.state_epoch, reset.start_offset, reset.state_batches) == (5, 1, [])
+        # deleted: a writer holding the initialized state is fenced, it must read again
+        assert delete(w, other, topic_id) == 0
+        assert write(w, other, topic_id, 6, 0, state_epoch=5) == ErrorCode.FENCED_STATE_EPOCH
+        assert initialize(w, other, topic_id, -1, 1, 0) == ErrorCode.INVALID_REQUEST
+        assert initialize(w, other, topic_id, 9, 1, 0) == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        assert initialize(w, other, bytes(16), 0, 1, 0) == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_initialize_over_raw_frames(broker: BrokerProcess, topic_name: str) -> None:
+    """InitializeShareGroupState as raw frames: an empty group id is INVALID_REQUEST per partition, a truncated
+    body closes the connection (Kafka's answer to a request it cannot parse) and the broker serves on."""
+    group = "g-" + topic_name
+    topic_id = setup(broker, topic_name, group, 1)
+    I = InitializeShareGroupStateRequest  # noqa: E741 - Kafka's message, named like Q and W
+    body = I(
+        group_id="",
+        topics=[
+            I.InitializeStateData(topic_id=topic_id, partitions=[I.PartitionData(partition=0, state_epoch=1)])
+        ],
+    )
+    with RawClient(broker.bootstrap) as raw:
+        r = raw.request(83, 0, body)
+        assert [(p.partition, p.error_code) for p in r.results[0].partitions] == [
+            (0, ErrorCode.INVALID_REQUEST)
+        ]
+        whole = raw.frame(83, 0, I(group_id=group, topics=body.topics))
+        cut = whole[4:-6]  # the partition's fields cut short
+        raw.send_bytes(len(cut).to_bytes(4, "big") + cut)
+        assert raw.closed_by_peer()
+    with WireClient(broker.bootstrap) as w:
+        assert initialize(w, group + "-after", topic_id, 0, 1, 0) == 0
