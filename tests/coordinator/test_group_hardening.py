@@ -19,6 +19,7 @@ from kbroker.coordinator.group_records import group_key, offset_key, offset_valu
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     DeleteGroupsRequest,
+    DescribeGroupsRequest,
     JoinGroupRequest,
     ProduceRequest,
     SyncGroupRequest,
@@ -202,3 +203,30 @@ def test_member_expires_at_its_session_deadline(b: BrokerProcess) -> None:
         assert delete_at(synced + session_ms / 1000 - 0.4) == ErrorCode.NON_EMPTY_GROUP
         # a sweep every 250 ms expired the member up to 250 ms late; a timer at the deadline does not
         assert delete_at(synced + session_ms / 1000 + 0.1) == ErrorCode.NONE
+
+
+def test_member_that_never_syncs_leaves_after_the_rebalance_timeout(b: BrokerProcess) -> None:
+    """Kafka's pending-sync expiry: a member that joined but sends no SyncGroup within the rebalance timeout is
+    removed (its session is far longer), and the group rebalances to Empty."""
+    rebalance_ms = 600
+    protocols = [JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"\x00\x01")]
+    with RawClient(b.bootstrap) as c:
+        def join(member_id: str) -> object:
+            return c.request(11, 5, JoinGroupRequest(
+                group_id="unsynced", session_timeout_ms=30000, rebalance_timeout_ms=rebalance_ms,
+                member_id=member_id, group_instance_id=None, protocol_type="consumer", protocols=protocols))
+
+        def state() -> str:
+            return str(c.request(15, 5, DescribeGroupsRequest(groups=["unsynced"])).groups[0].group_state)
+
+        r = join("")
+        r = join(r.member_id)
+        assert r.error_code == ErrorCode.NONE
+        joined = time.monotonic()
+        assert state() == "CompletingRebalance"
+        wait_until(lambda: state() == "Empty", timeout=T, what="the unsynced member removed")
+        assert time.monotonic() - joined >= rebalance_ms / 1000 - 0.1
+        sync = c.request(14, 3, SyncGroupRequest(
+            group_id="unsynced", generation_id=r.generation_id, member_id=r.member_id, group_instance_id=None,
+            assignments=[]))
+        assert sync.error_code == ErrorCode.UNKNOWN_MEMBER_ID
