@@ -18,13 +18,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--examples", type=int, default=20, help="generated requests per API and version")
     parser.add_argument("--no-scenarios", action="store_true", help="only the generated requests")
     parser.add_argument("--examples-shown", type=int, default=3, help="differences shown per API and version")
-    parser.add_argument("--dump", type=argparse.FileType("w"), help="write every difference in full to this file")
+    parser.add_argument(
+        "--dump", type=argparse.FileType("w"), help="write every difference in full to this file"
+    )
     args = parser.parse_args(argv)
     from bench.peers.maven import ArtifactUnavailable
 
     try:
         with brokers() as (kbroker, kafka):
-            pair = Pair(kbroker, kafka, Tally(args.examples_shown, args.dump), classify=known.generated_reason)
+            pair = Pair(
+                kbroker, kafka, Tally(args.examples_shown, args.dump), classify=known.GeneratedReasons()
+            )
             try:
                 tally, versions = run_all(pair, args.examples, scenarios=not args.no_scenarios)
             finally:

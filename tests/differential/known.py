@@ -48,6 +48,10 @@ GENERATED: dict[str, str] = {
     "Kafka never answers": "Kafka 3.9 fails while reading the request and never answers it (an AlterConfigs or "
     "IncrementalAlterConfigs resource type it does not know, an OffsetFetch v8+ naming no group, a "
     "DescribeUserScramCredentials with a null user list); kbroker answers it",
+    "OffsetCommit v0": "Kafka 3.9 in ZooKeeper mode writes an OffsetCommit v0 to ZooKeeper without a group check; "
+    "kbroker keeps it in __consumer_offsets like a v1 commit without generation (a group with members refuses it "
+    "UNKNOWN_MEMBER_ID), so later OffsetFetch v1+ answers list those offsets and DescribeLogDirs counts their "
+    "bytes in kbroker only",
     "ApiVersions": "the advertised ranges of API_VERSIONS above, and finalized_features_epoch: 0 in Kafka (its "
     "ZooKeeper feature znode), -1 in a standalone kbroker with no finalized features",
 }
@@ -71,17 +75,49 @@ REPLAY: dict[str, str] = {
 
 
 UNSUPPORTED_VERSION, LEADER_NOT_AVAILABLE = 35, 5
+METADATA, OFFSET_COMMIT, OFFSET_FETCH, DESCRIBE_LOG_DIRS = 3, 8, 9, 35
 
 
-def generated_reason(api_key: int, version: int, request: Any, ours: Any, theirs: Any) -> str | None:
-    """The GENERATED reason a differing answer pair falls under, or None (a difference to fix or explain). Each
-    rule names the exact shape of the deliberate difference, so anything else in the same answers stays counted."""
+class GeneratedReasons:
+    """Puts a differing answer pair under the GENERATED reason it falls under, or None (a difference to fix or
+    explain). Each rule names the exact shape of the deliberate difference, so anything else in the same answers
+    stays counted. It sees every answer pair (Pair calls it for identical ones too), to remember what a
+    deliberate difference left behind: the offsets OffsetCommit v0 stored in kbroker and not in Kafka (ZooKeeper)."""
+
+    def __init__(self) -> None:
+        self.v0_commits: set[tuple[str, str, int]] = set()  # (group, topic, partition)
+        self.auto_created: set[str] = set()  # topics a Metadata request created in kbroker and not in Kafka
+
+    def __call__(self, api_key: int, version: int, request: Any, ours: Any, theirs: Any) -> str | None:
+        if api_key == OFFSET_COMMIT and version == 0 and not isinstance(ours, str):
+            self.v0_commits |= {
+                (request.group_id, t.name, p.partition_index)
+                for t in ours.topics
+                for p in t.partitions
+                if p.error_code == 0
+            }
+        if api_key == METADATA and not isinstance(ours, str) and not isinstance(theirs, str):
+            known = {t.name for t in theirs.topics if not t.error_code}
+            self.auto_created |= {t.name for t in ours.topics if not t.error_code and t.name not in known}
+        return generated_reason(api_key, version, request, ours, theirs, self.v0_commits, self.auto_created)
+
+
+def generated_reason(
+    api_key: int,
+    version: int,
+    request: Any,
+    ours: Any,
+    theirs: Any,
+    v0_commits: set[tuple[str, str, int]] | frozenset[tuple[str, str, int]] = frozenset(),
+    auto_created: set[str] | frozenset[str] = frozenset(),
+) -> str | None:
+    """GeneratedReasons without memory (v0_commits: the offsets OffsetCommit v0 stored in kbroker only)."""
     never = theirs in (TIMEOUT, CLOSED) and not isinstance(ours, str)
     if api_key == 0 and never and _null_records(request):
         return "null record set"
     if never and (
         (api_key in (33, 44) and any(r.resource_type not in (2, 4, 8, 16) for r in request.resources))
-        or (api_key == 9 and version >= 8 and not request.groups)
+        or (api_key == OFFSET_FETCH and version >= 8 and not request.groups)
         or (api_key == 50 and request.users is None)
     ):
         return "Kafka never answers"
@@ -93,32 +129,96 @@ def generated_reason(api_key: int, version: int, request: Any, ours: Any, theirs
         return "KIP-848"
     if api_key == 2 and version == 0:
         return "ListOffsets v0"
-    if api_key == 9 and version == 0:
+    if api_key == OFFSET_FETCH and version == 0:
         return "OffsetFetch v0"
+    if api_key == OFFSET_COMMIT and version == 0:
+        return "OffsetCommit v0"
     if api_key == 18:
         return "ApiVersions"  # the ranges are compared by themselves (API_VERSIONS)
-    if api_key == 3 and _auto_created(ours, theirs):
+    if api_key == METADATA and _auto_created(ours, theirs, auto_created):
         return "auto-created topic"
+    if (
+        v0_commits
+        and api_key == OFFSET_FETCH
+        and Tally.same(_without_v0_offsets(request, ours, theirs, v0_commits), theirs)
+    ):
+        return "OffsetCommit v0"
+    if (
+        v0_commits
+        and api_key == DESCRIBE_LOG_DIRS
+        and Tally.same(_v0_sizes(ours, theirs, v0_commits), theirs)
+    ):
+        return "OffsetCommit v0"
     return None
+
+
+def _without_v0_offsets(request: Any, ours: Any, theirs: Any, v0_commits: Any) -> Any:
+    """kbroker's OffsetFetch answer with each offset only an OffsetCommit v0 stored taken as Kafka answers it
+    (nothing committed), or left out where Kafka lists the group's offsets and has none there."""
+    ours = copy.deepcopy(ours)
+
+    def patch(group: str, topics: list[Any], theirs_topics: list[Any], named: bool) -> list[Any]:
+        kafka = {(t.name, p.partition_index): p for t in theirs_topics for p in t.partitions}
+        for t in topics:
+            kept = []
+            for p in t.partitions:
+                if (group, t.name, p.partition_index) not in v0_commits:
+                    kept.append(p)
+                elif (t.name, p.partition_index) in kafka:
+                    kept.append(kafka[(t.name, p.partition_index)])
+                elif named:
+                    kept.append(p)
+            t.partitions = kept
+        return [t for t in topics if t.partitions or named]
+
+    if request.groups:  # v8+: one answer per group, in the request's order
+        for asked, g, k in zip(request.groups, ours.groups, theirs.groups, strict=False):
+            g.topics = patch(asked.group_id, g.topics, k.topics, asked.topics is not None)
+    else:
+        ours.topics = patch(request.group_id, ours.topics, theirs.topics, request.topics is not None)
+    return ours
+
+
+def _v0_sizes(ours: Any, theirs: Any, v0_commits: Any) -> Any:
+    """kbroker's DescribeLogDirs answer with the sizes of the __consumer_offsets partitions holding an OffsetCommit
+    v0 (kbroker's extra record batches) taken from Kafka's answer."""
+    from kbroker.coordinator.group_coordinator import partition_for
+
+    partitions = {partition_for(g, 50) for g, _, _ in v0_commits}  # session.COMMON: 50 offsets partitions
+    kafka = {
+        (t.name, p.partition_index): p.partition_size
+        for r in theirs.results
+        for t in r.topics
+        for p in t.partitions
+    }
+    ours = copy.deepcopy(ours)
+    for r in ours.results:
+        for t in r.topics:
+            for p in t.partitions:
+                if t.name == "__consumer_offsets" and p.partition_index in partitions:
+                    p.partition_size = kafka.get((t.name, p.partition_index), p.partition_size)
+    return ours
 
 
 def _null_records(request: Any) -> bool:
     return any(p.records is None for t in request.topic_data for p in t.partition_data)
 
 
-def _auto_created(ours: Any, theirs: Any) -> bool:
-    """Kafka's answer equals kbroker's once each topic Kafka is still creating (LEADER_NOT_AVAILABLE, no
-    partitions) takes kbroker's entry of that name (created, with its partitions)."""
+def _auto_created(ours: Any, theirs: Any, auto_created: set[str] | frozenset[str] = frozenset()) -> bool:
+    """Kafka's answer equals kbroker's once each topic Kafka is still creating takes kbroker's entry of that name
+    (created, with its partitions): an entry LEADER_NOT_AVAILABLE (without partitions, or with partitions still
+    without a leader), or, in a listing of all topics, a topic an earlier request auto-created that Kafka's
+    metadata does not show yet."""
     mine = {t.name: t for t in ours.topics}
+    kafka = {t.name for t in theirs.topics}
 
     def creating(t: Any) -> bool:
-        return (
-            t.error_code == LEADER_NOT_AVAILABLE
-            and not t.partitions
-            and t.name in mine
-            and not mine[t.name].error_code
-        )
+        waiting = t.error_code == LEADER_NOT_AVAILABLE and not t.partitions
+        leaderless = any(p.error_code == LEADER_NOT_AVAILABLE for p in t.partitions)
+        return (waiting or leaderless) and t.name in mine and not mine[t.name].error_code
 
     patched = copy.copy(theirs)
     patched.topics = [mine[t.name] if creating(t) else t for t in theirs.topics]
-    return any(creating(t) for t in theirs.topics) and Tally.same(ours, patched)
+    missing = [t for n, t in mine.items() if n not in kafka and n in auto_created] if theirs.topics else []
+    patched.topics += missing
+    return (any(creating(t) for t in theirs.topics) or bool(missing)) and Tally.same(ours, patched)

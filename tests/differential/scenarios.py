@@ -285,5 +285,7 @@ SCENARIOS = (produce_fetch, classic_group, idempotent, transaction, deletes_and_
 
 
 def run(pair: Pair) -> None:
-    for scenario in SCENARIOS:
+    from tests.differential.scenarios_more import SCENARIOS as MORE
+
+    for scenario in SCENARIOS + MORE:
         scenario(pair)
