@@ -243,7 +243,7 @@ def topic_life(pair: Pair) -> None:
             CREATE_PARTITIONS,
             3,
             CreatePartitionsRequest(
-                topics=[P(name=TOPIC, count=count)], timeout_ms=10000, validate_only=False
+                topics=[P(name=TOPIC, count=count, assignments=None)], timeout_ms=10000, validate_only=False
             ),
         )
     R = AlterConfigsRequest.AlterConfigsResource
@@ -282,7 +282,9 @@ def topic_life(pair: Pair) -> None:
     pair.both(
         CREATE_PARTITIONS,
         3,
-        CreatePartitionsRequest(topics=[P(name=TOPIC, count=4)], timeout_ms=10000, validate_only=False),
+        CreatePartitionsRequest(
+            topics=[P(name=TOPIC, count=4, assignments=None)], timeout_ms=10000, validate_only=False
+        ),
     )
 
 
