@@ -206,11 +206,20 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
             except Exception:
                 log.exception("Loading %s-%d failed", OFFSETS_TOPIC, p)
                 n = 0
+            self._drop_offsetless_groups(p)
             self.loading.discard(p)
             self.consumer_groups_loaded(p)
             self.streams_groups_loaded(p)
             if n:
                 log.info("Loaded %d records of %s-%d in %.3f s", n, OFFSETS_TOPIC, p, time.monotonic() - t0)
+
+    def _drop_offsetless_groups(self, p: int) -> None:
+        """A group only used to store offsets (generation 0) whose offsets were all deleted has no tombstone of its
+        own (Kafka writes none for generation 0): as Kafka's loader, it is not a group once its offsets are gone."""
+        for gid, g in list(self.groups.items()):
+            if (self.offsets_partition(gid) == p and g.generation_id == 0 and not g.members and not g.offsets
+                    and not g.pending_txn_offsets and g.consumer is None and g.streams is None):
+                del self.groups[gid]
 
     async def _load_partition(self, p: int) -> int:
         """Replay the partition up to its end. Markers written meanwhile (their complete_txn is ignored while

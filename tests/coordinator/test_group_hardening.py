@@ -9,6 +9,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -21,6 +22,9 @@ from kbroker.protocol.messages import (
     DeleteGroupsRequest,
     DescribeGroupsRequest,
     JoinGroupRequest,
+    LeaveGroupRequest,
+    ListGroupsRequest,
+    OffsetFetchRequest,
     ProduceRequest,
     SyncGroupRequest,
 )
@@ -230,3 +234,53 @@ def test_member_that_never_syncs_leaves_after_the_rebalance_timeout(b: BrokerPro
             group_id="unsynced", generation_id=r.generation_id, member_id=r.member_id, group_instance_id=None,
             assignments=[]))
         assert sync.error_code == ErrorCode.UNKNOWN_MEMBER_ID
+
+
+def test_deleting_a_topic_removes_its_offsets_and_empty_groups(b: BrokerProcess) -> None:
+    """Kafka's onPartitionsDeleted: a deleted topic's offsets leave every group, and each empty group left without
+    offsets is removed, so a topic created again under the name starts without the old offsets."""
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    admin.create_topics([NewTopic("doomed", 1, 1)])["doomed"].result(T)
+    commit(b, "keeps", {0: 3})  # offsets of another topic: stays
+    c = Consumer(ck_conf(b.bootstrap, **{"group.id": "doomed-only", "enable.auto.commit": False}))
+    try:
+        c.commit(offsets=[TopicPartition("doomed", 0, 7)], asynchronous=False)
+    finally:
+        c.close()
+    protocols = [JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"\x00\x01")]
+    with RawClient(b.bootstrap) as raw:
+
+        def join(member_id: str) -> Any:
+            return raw.request(
+                11,
+                5,
+                JoinGroupRequest(
+                    group_id="emptied",
+                    session_timeout_ms=30000,
+                    rebalance_timeout_ms=5000,
+                    member_id=member_id,
+                    protocol_type="consumer",
+                    protocols=protocols,
+                ),
+            )
+
+        member = join(join("").member_id).member_id
+        raw.request(13, 4, LeaveGroupRequest(group_id="emptied", members=[LeaveGroupRequest.MemberIdentity(member_id=member)]))
+
+        def groups() -> set[str]:
+            return {g.group_id for g in raw.request(16, 4, ListGroupsRequest(states_filter=[], types_filter=[])).groups}
+
+        assert groups() == {"keeps", "doomed-only", "emptied"}
+        admin.delete_topics(["doomed"])["doomed"].result(T)
+        wait_until(lambda: groups() == {"keeps"}, timeout=T, what="the emptied groups removed")
+        admin.create_topics([NewTopic("doomed", 1, 1)])["doomed"].result(T)
+        G = OffsetFetchRequest.OffsetFetchRequestGroup
+        fetched = raw.request(
+            9,
+            8,
+            OffsetFetchRequest(
+                groups=[G(group_id="doomed-only", topics=[OffsetFetchRequest.OffsetFetchRequestTopics(name="doomed", partition_indexes=[0])])]
+            ),
+        )
+        assert fetched.groups[0].topics[0].partitions[0].committed_offset == -1
+    assert committed(b, "keeps") == {0: 3}
