@@ -74,7 +74,7 @@ REPLAY: dict[str, str] = {
 }
 
 
-UNSUPPORTED_VERSION, LEADER_NOT_AVAILABLE = 35, 5
+UNSUPPORTED_VERSION, LEADER_NOT_AVAILABLE, GROUP_ID_NOT_FOUND = 35, 5, 69
 METADATA, OFFSET_COMMIT, OFFSET_FETCH, DESCRIBE_LOG_DIRS = 3, 8, 9, 35
 
 
@@ -222,3 +222,34 @@ def _auto_created(ours: Any, theirs: Any, auto_created: set[str] | frozenset[str
     missing = [t for n, t in mine.items() if n not in kafka and n in auto_created] if theirs.topics else []
     patched.topics += missing
     return (any(creating(t) for t in theirs.topics) or bool(missing)) and Tally.same(ours, patched)
+
+
+# KIP-848 groups compared with Kafka 3.9 in KRaft mode (tests/differential/kip848.py): reason -> why.
+KIP848: dict[str, str] = {
+    "Kafka 3.9 early access": "Kafka 3.9's consumer group coordinator is an early-access release: its "
+    "ConsumerGroupDescribe answers an unknown group id again (GROUP_ID_NOT_FOUND) beside the groups it found, leaves "
+    "the state of an unknown group empty and reports a member's missing subscription regex as ''; kbroker answers "
+    "as Kafka 4.x's (GA) coordinator: each group once, Dead, null (python -m tests.differential.kip848 --kafka 4.4)",
+}
+
+
+def kip848_reason(api_key: int, version: int, request: Any, ours: Any, theirs: Any) -> str | None:
+    """The KIP848 reason a differing answer pair falls under, or None."""
+    if api_key != 69 or isinstance(ours, str) or isinstance(theirs, str):
+        return None
+    patched = copy.deepcopy(theirs)
+    found = {g.group_id for g in patched.groups if g.error_code != GROUP_ID_NOT_FOUND}
+    seen: set[str] = set()
+    groups = []
+    for g in patched.groups:
+        if g.error_code == GROUP_ID_NOT_FOUND and (g.group_id in found or g.group_id in seen):
+            continue  # the early-access coordinator's other answers for a group id (one per coordinator shard)
+        seen.add(g.group_id)
+        if g.error_code == GROUP_ID_NOT_FOUND and g.group_state == "":
+            g.group_state = "Dead"
+        for m in g.members:
+            if m.subscribed_topic_regex == "":
+                m.subscribed_topic_regex = None
+        groups.append(g)
+    patched.groups = groups
+    return "Kafka 3.9 early access" if Tally.same(ours, patched) else None
