@@ -40,6 +40,9 @@ def main(argv: list[str]) -> int:
     print("\n".join(f"  {line}" for line in versions) or "  none")
     print(f"\nNormalised fields ({len(RULES)}): " + ", ".join(r.field for r in RULES))
     print(tally.table())
+    if args.by_api:
+        print("\nPer API (all versions):")
+        print(tally.by_api().table(examples=False).replace("  -1", "   "))
     print(f"\n{tally.unexplained()} differences without a reason in tests/differential/known.py")
     return 1 if tally.unexplained() else 0
 

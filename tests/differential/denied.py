@@ -134,6 +134,9 @@ def main(argv: list[str]) -> int:
         f"Requests from User:{USER} (SASL/PLAIN, no ACLs) to kbroker and Kafka 3.9, both with an ACL authorizer"
     )
     print(tally.table())
+    if args.by_api:
+        print("\nPer API (all versions):")
+        print(tally.by_api().table(examples=False).replace("  -1", "   "))
     print(f"\n{tally.unexplained()} differences without a reason in tests/differential/known.py")
     return 1 if tally.unexplained() else 0
 

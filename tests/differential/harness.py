@@ -175,11 +175,23 @@ class Tally:
         """Differences outside the rows labelled with a reason of known.py."""
         return sum(r.different for (api, _), r in self.rows.items() if KNOWN not in api)
 
+    def by_api(self) -> Tally:
+        """The same counts with every version of an API (and of each known reason's row) in one row, version -1."""
+        out = Tally(keep=0)
+        for (api, _), r in self.rows.items():
+            row = out.rows[(api, -1)]
+            row.compared += r.compared
+            row.identical += r.identical
+            row.normalised += r.normalised
+            row.different += r.different
+        return out
+
     def table(self, examples: bool = True) -> str:
-        lines = [f"{'API':<34}{'v':>3}{'compared':>10}{'identical':>11}{'normalised':>12}{'different':>11}"]
+        w = max([34] + [len(api) + 2 for api, _ in self.rows])
+        lines = [f"{'API':<{w}}{'v':>3}{'compared':>10}{'identical':>11}{'normalised':>12}{'different':>11}"]
         for (api, version), r in sorted(self.rows.items()):
             lines.append(
-                f"{api:<34}{version:>3}{r.compared:>10}{r.identical:>11}{r.normalised:>12}{r.different:>11}"
+                f"{api:<{w}}{version:>3}{r.compared:>10}{r.identical:>11}{r.normalised:>12}{r.different:>11}"
             )
         total = Row()
         for r in self.rows.values():
@@ -188,7 +200,7 @@ class Tally:
             total.normalised += r.normalised
             total.different += r.different
         lines.append(
-            f"{'total':<37}{total.compared:>10}{total.identical:>11}{total.normalised:>12}{total.different:>11}"
+            f"{'total':<{w + 3}}{total.compared:>10}{total.identical:>11}{total.normalised:>12}{total.different:>11}"
         )
         if examples:
             for (api, version), r in sorted(self.rows.items()):
