@@ -19,6 +19,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-scenarios", action="store_true", help="only the generated requests")
     parser.add_argument("--examples-shown", type=int, default=3, help="differences shown per API and version")
     parser.add_argument(
+        "--by-api", action="store_true", help="also the table with the versions of an API summed"
+    )
+    parser.add_argument(
         "--dump", type=argparse.FileType("w"), help="write every difference in full to this file"
     )
     args = parser.parse_args(argv)
