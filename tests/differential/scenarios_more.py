@@ -1,6 +1,7 @@
 """More stateful sequences for the differential harness: a classic group committing and fetching offsets through
 its life (generation and member checks, describe, list, delete), a transaction committing offsets with a producer
-fenced by a newer epoch, and a topic's life (create, add partitions, alter configs, delete)."""
+fenced by a newer epoch, a topic's life (create, add partitions, alter configs, delete) and a classic group's
+rebalance and sync timeouts."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from kbroker.protocol.messages import (
     DescribeConfigsRequest,
     DescribeGroupsRequest,
     EndTxnRequest,
+    HeartbeatRequest,
     InitProducerIdRequest,
     JoinGroupRequest,
     LeaveGroupRequest,
@@ -35,7 +37,16 @@ from kbroker.protocol.messages import (
 from tests.differential.harness import Pair
 from tests.differential.scenarios import PRODUCE, produce
 
-OFFSET_COMMIT, OFFSET_FETCH, JOIN, LEAVE, SYNC, DESCRIBE_GROUPS, LIST_GROUPS = 8, 9, 11, 13, 14, 15, 16
+OFFSET_COMMIT, OFFSET_FETCH, JOIN, HEARTBEAT, LEAVE, SYNC, DESCRIBE_GROUPS, LIST_GROUPS = (
+    8,
+    9,
+    11,
+    12,
+    13,
+    14,
+    15,
+    16,
+)
 CREATE_TOPICS, DELETE_TOPICS, INIT_PID, ADD_PARTITIONS, ADD_OFFSETS, END_TXN = 19, 20, 22, 24, 25, 26
 TXN_OFFSET_COMMIT, DESCRIBE_CONFIGS, ALTER_CONFIGS, CREATE_PARTITIONS = 28, 32, 33, 37
 DELETE_GROUPS, OFFSET_DELETE, METADATA = 42, 47, 3
@@ -288,4 +299,74 @@ def topic_life(pair: Pair) -> None:
     )
 
 
-SCENARIOS = (group_offsets, txn_offsets, topic_life)
+def classic_rebalance(pair: Pair) -> None:
+    """Timeouts of a classic group: a second member's join waits out the rebalance timeout for the first, which never
+    rejoins and is removed; the second never sends SyncGroup and is removed in turn when the rebalance timeout passes
+    again (Kafka's pending-sync expiry), leaving the group Empty."""
+    group = "diff-rebalance"
+    protocols = [JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=subscription("diff-a"))]
+
+    def join(member: str) -> JoinGroupRequest:
+        return JoinGroupRequest(
+            group_id=group,
+            session_timeout_ms=10000,
+            rebalance_timeout_ms=1000,
+            member_id=member,
+            protocol_type="consumer",
+            protocols=protocols,
+        )
+
+    def joined(first: tuple[Any, Any, Any]) -> tuple[Any, Any]:
+        ours, theirs, _ = pair.each(JOIN, 7, join(first[0].member_id), join(first[1].member_id))
+        return ours, theirs
+
+    one = joined(pair.both(JOIN, 7, join("")))
+    A = SyncGroupRequest.SyncGroupRequestAssignment
+    pair.each(
+        SYNC,
+        5,
+        *(
+            SyncGroupRequest(
+                group_id=group,
+                generation_id=r.generation_id,
+                member_id=r.member_id,
+                protocol_type="consumer",
+                protocol_name="range",
+                assignments=[A(member_id=r.member_id, assignment=b"")],
+            )
+            for r in one
+        ),
+    )
+    two = joined(pair.both(JOIN, 7, join("")))  # waits the rebalance timeout out: the first member is removed
+    pair.each(
+        HEARTBEAT,
+        4,
+        *(
+            HeartbeatRequest(group_id=group, generation_id=r.generation_id, member_id=r.member_id)
+            for r in one
+        ),
+    )  # UNKNOWN_MEMBER_ID
+    # CompletingRebalance until the rebalance timeout passes after each side's join (not compared: the sides are
+    # asked one after the other, a second apart), then Empty.
+    time.sleep(1.5)
+    pair.both(DESCRIBE_GROUPS, 5, DescribeGroupsRequest(groups=[group]))
+    pair.each(
+        SYNC,
+        5,
+        *(
+            SyncGroupRequest(
+                group_id=group,
+                generation_id=r.generation_id,
+                member_id=r.member_id,
+                protocol_type="consumer",
+                protocol_name="range",
+                assignments=[],
+            )
+            for r in two
+        ),
+    )  # UNKNOWN_MEMBER_ID
+
+
+SCENARIOS = (group_offsets, txn_offsets, topic_life, classic_rebalance)
+# seconds of waiting each: out of CI's short pass
+SLOW = (topic_life, classic_rebalance)
