@@ -252,6 +252,7 @@ class AdminManager:
             for p in range(rec.num_partitions):
                 self.server.log_manager.delete_log(name, p, announce=False)
                 self.server.replica_manager.purgatory.notify((name, p))
+            self.server.forget_group_offsets(name, rec.num_partitions)
             log.info("Deleted topic %s (%d partitions)", name, rec.num_partitions)
 
     # ------------------------------------------------------------ partitions

@@ -308,6 +308,23 @@ class KafkaServer:
         for p in range(rec.num_partitions):
             self.log_manager.delete_log(rec.name, p)
             self.replica_manager.purgatory.notify((rec.name, p))
+        self.forget_group_offsets(rec.name, rec.num_partitions)
+
+    def forget_group_offsets(self, topic: str, partitions: int) -> None:
+        """A deleted topic's committed offsets leave every group this broker coordinates (Kafka's
+        onPartitionsDeleted); a topic created again later under the name starts without them."""
+        if topic == OFFSETS_TOPIC:
+            return
+        gc = self.group_coordinator
+        work = gc.on_partitions_deleted([(topic, p) for p in range(partitions)])
+        try:
+            done = asyncio.run_coroutine_threadsafe(work, gc.loop)
+        except RuntimeError:  # the coordinator's loop is closed: the broker is stopping
+            work.close()
+            return
+        done.add_done_callback(lambda f: f.cancelled() or f.exception() is None
+                               or log.error("Forgetting the offsets of deleted topic %s failed: %s", topic,
+                                            f.exception()))
 
     def _on_topic_changed(self, rec: TopicRecord) -> None:
         self.log_manager.update_topic_config(rec.name, self.admin.log_config_for(rec))

@@ -395,11 +395,10 @@ class ConsumerGroupManager:
             self._cancel_rebalance_timeout(cg, member.member_id)
             log.info("Static member %s (instance %s) leaves consumer group %s temporarily", member.member_id,
                      hb.instance_id, gid)
-            return ConsumerHeartbeatResult(ErrorCode.NONE, None, member.member_id, LEAVE_GROUP_STATIC_MEMBER_EPOCH,
-                                           self._heartbeat_interval_ms(gid))
+            # A leaving member is told no heartbeat interval (0), as Kafka's consumerGroupLeave answers.
+            return ConsumerHeartbeatResult(ErrorCode.NONE, None, member.member_id, LEAVE_GROUP_STATIC_MEMBER_EPOCH, 0)
         await self._fence_member(cg, member, "left the group")
-        return ConsumerHeartbeatResult(ErrorCode.NONE, None, member.member_id, LEAVE_GROUP_MEMBER_EPOCH,
-                                       self._heartbeat_interval_ms(gid))
+        return ConsumerHeartbeatResult(ErrorCode.NONE, None, member.member_id, LEAVE_GROUP_MEMBER_EPOCH, 0)
 
     async def _fence_member(self, cg: ConsumerGroup, member: ConsumerGroupMember, why: str) -> None:
         """Kafka's consumerGroupFenceMember: the member's records go, the group epoch is bumped (its

@@ -192,6 +192,7 @@ class ConsumerGroupMigration(ConsumerGroupManager):
                 m.heartbeat_timer.cancel()
                 m.heartbeat_timer = None
         g.pending_members.clear()
+        g.clear_pending_sync()
         g.in_initial_delay = False
         # The classic view of a consumer group with members (offset expiry, DeleteGroups).
         g.state = GroupState.STABLE

@@ -171,6 +171,7 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
             del self.groups[g.group_id]
             if g.rebalance_timer is not None:
                 g.rebalance_timer.cancel()
+            g.clear_pending_sync()
             for m in g.members.values():
                 if m.heartbeat_timer is not None:
                     m.heartbeat_timer.cancel()
@@ -219,12 +220,21 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
             except Exception:
                 log.exception("Loading %s-%d failed", OFFSETS_TOPIC, p)
                 n = 0
+            self._drop_offsetless_groups(p)
             self.loading.discard(p)
             self.consumer_groups_loaded(p)
             self.streams_groups_loaded(p)
             self.share_hooks.loaded(p)
             if n:
                 log.info("Loaded %d records of %s-%d in %.3f s", n, OFFSETS_TOPIC, p, time.monotonic() - t0)
+
+    def _drop_offsetless_groups(self, p: int) -> None:
+        """A group only used to store offsets (generation 0) whose offsets were all deleted has no tombstone of its
+        own (Kafka writes none for generation 0): as Kafka's loader, it is not a group once its offsets are gone."""
+        for gid, g in list(self.groups.items()):
+            if (self.offsets_partition(gid) == p and g.generation_id == 0 and not g.members and not g.offsets
+                    and not g.pending_txn_offsets and g.consumer is None and g.streams is None):
+                del self.groups[gid]
 
     async def _load_partition(self, p: int) -> int:
         """Replay the partition up to its end. Markers written meanwhile (their complete_txn is ignored while
@@ -530,6 +540,7 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
         g.transition(GroupState.PREPARING_REBALANCE, _now_ms())
         log.info("Preparing to rebalance group %s in state PreparingRebalance with old generation %d (%s)",
                  g.group_id, g.generation_id, reason)
+        g.clear_pending_sync()  # Kafka's removeSyncExpiration
         if g.rebalance_timer is not None:
             g.rebalance_timer.cancel()
         timeout = g.max_rebalance_timeout_ms() / 1000
@@ -598,6 +609,29 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
             self._touch_member(g, m.member_id)
             if fut is not None and not fut.done():
                 fut.set_result(self._current_generation(g, m.member_id))
+        # Kafka's schedulePendingSync: members that do not send SyncGroup within the rebalance timeout are removed.
+        g.clear_pending_sync()
+        g.pending_sync.update(g.members)
+        g.sync_timer = self.loop.call_later(g.max_rebalance_timeout_ms() / 1000, self._sync_expired, g,
+                                            g.generation_id)
+
+    def _sync_expired(self, g: GroupMetadata, generation_id: int) -> None:
+        """Kafka's onExpirePendingSync: the members of this generation that never synced leave, and the group
+        rebalances (empty at once when no member is left)."""
+        g.sync_timer = None
+        if self.groups.get(g.group_id) is not g or generation_id != g.generation_id or not g.pending_sync:
+            return
+        if g.state not in (GroupState.COMPLETING_REBALANCE, GroupState.STABLE):
+            return
+        expired = list(g.pending_sync)
+        for member_id in expired:
+            member = g.remove_member(member_id)
+            if member is not None:
+                self._cancel_member_futures(member)
+        g.pending_sync.clear()
+        log.info("Group %s removed members that did not send SyncGroup in time: %s", g.group_id, expired)
+        self._prepare_rebalance(g, "pending sync expired")
+        self._maybe_complete_join(g)
 
     async def _store_quietly(self, g: GroupMetadata) -> None:
         try:
@@ -649,9 +683,11 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
         if g.state is GroupState.PREPARING_REBALANCE:
             return ErrorCode.REBALANCE_IN_PROGRESS, b"", None, None
         if g.state is GroupState.STABLE:
+            self._synced(g, member_id)
             return ErrorCode.NONE, member.assignment, g.protocol_type, g.protocol_name
         if g.state is not GroupState.COMPLETING_REBALANCE:
             return ErrorCode.UNKNOWN_MEMBER_ID, b"", None, None
+        self._synced(g, member_id)
         fut: asyncio.Future[Any] = self.loop.create_future()
         member.sync_future = fut
         if member_id == g.leader_id:
@@ -682,6 +718,13 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
             return ErrorCode.FENCED_INSTANCE_ID, b"", None, None
         code, assignment = result
         return code, assignment, g.protocol_type, g.protocol_name
+
+    @staticmethod
+    def _synced(g: GroupMetadata, member_id: str) -> None:
+        g.pending_sync.discard(member_id)
+        if not g.pending_sync and g.sync_timer is not None:
+            g.sync_timer.cancel()
+            g.sync_timer = None
 
     # ------------------------------------------------------------ heartbeat / leave
 
@@ -766,6 +809,8 @@ class GroupCoordinator(GroupOffsets, ConsumerGroupMigration, StreamsGroupManager
     def _after_member_removed(self, g: GroupMetadata, reason: str) -> None:
         if g.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             self._prepare_rebalance(g, reason)
+            # Kafka's prepareRebalance tries to complete the join at once: with no member left the group is Empty.
+            self._maybe_complete_join(g)
         elif g.state is GroupState.PREPARING_REBALANCE:
             self._maybe_complete_join(g)
 

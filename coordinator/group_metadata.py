@@ -98,6 +98,10 @@ class GroupMetadata:
     in_initial_delay: bool = False
     # timer handles owned by the coordinator
     rebalance_timer: asyncio.TimerHandle | None = None
+    # Members of the current generation that have not sent SyncGroup yet, and the rebalance-timeout timer that
+    # removes them (Kafka's pendingSyncMembers and DelayedSync).
+    pending_sync: set[str] = field(default_factory=set)
+    sync_timer: asyncio.TimerHandle | None = None
     # Set for a KIP-848 consumer group (group.protocol=consumer): its membership lives there, and this object
     # keeps only the offsets (shared with the classic paths) and a classic view of its state (Empty / Stable).
     consumer: ConsumerGroup | None = None
@@ -131,9 +135,16 @@ class GroupMetadata:
             member.heartbeat_timer = None
         if member.group_instance_id is not None and self.static_members.get(member.group_instance_id) == member_id:
             del self.static_members[member.group_instance_id]
+        self.pending_sync.discard(member_id)
         if self.leader_id == member_id:
             self.leader_id = next(iter(self.members), None)
         return member
+
+    def clear_pending_sync(self) -> None:
+        self.pending_sync.clear()
+        if self.sync_timer is not None:
+            self.sync_timer.cancel()
+            self.sync_timer = None
 
     def replace_static_member(self, instance_id: str, old_id: str, new_id: str) -> MemberMetadata:
         member = self.members.pop(old_id)

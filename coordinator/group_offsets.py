@@ -350,6 +350,13 @@ class GroupOffsets:
         with a pending transactional commit stays, and so does its group."""
         now = _now_ms()
         for g in list(self.groups.values()):
+            if g.state is GroupState.EMPTY and _classic(g) and not g.offsets and not g.pending_txn_offsets:
+                # Kafka's cleanupGroupMetadata: an empty group with no offsets left is removed at each check.
+                try:
+                    await self._delete_group_data(g, [])
+                except Exception:
+                    log.exception("Could not remove empty group %s", g.group_id)
+                continue
             if g.state is not GroupState.EMPTY or not g.offsets:
                 continue
             if now - max(g.state_timestamp_ms, max(o.commit_timestamp for o in g.offsets.values())) < (
@@ -373,6 +380,8 @@ class GroupOffsets:
         drop_group = (group_too and g.state is GroupState.EMPTY and set(g.offsets) <= gone
                       and g.pending_txn_partitions() <= gone)
         entries: list[tuple[bytes, bytes | None]] = [(records.offset_key(g.group_id, t, p), None) for t, p in tps]
+        if not entries and not drop_group:
+            return
         consumer_tombstones = []
         streams_tombstones: list[sgr.StreamsGroupRecord] = []
         if drop_group:
@@ -382,8 +391,15 @@ class GroupOffsets:
             elif g.streams is not None:
                 streams_tombstones = sgr.group_tombstones(g.group_id, list(g.streams.members))
                 entries += [r.entry() for r in streams_tombstones]
-            else:
+            elif g.generation_id > 0:
+                # Kafka writes no group tombstone for generation 0: a group used only to store offsets never had
+                # its metadata written.
                 entries.append((records.group_key(g.group_id), None))
+        if not entries:
+            g.transition(GroupState.DEAD, _now_ms())
+            if self.groups.get(g.group_id) is g:
+                del self.groups[g.group_id]
+            return
         lg, info = self._write(g.group_id, entries)
         for r in consumer_tombstones:
             self.replay_consumer_record(r)
@@ -395,6 +411,21 @@ class GroupOffsets:
             if self.groups.get(g.group_id) is g:
                 del self.groups[g.group_id]
         await self._flush_if_needed(lg, info.last_offset)
+
+    async def on_partitions_deleted(self, tps: list[TopicPartition]) -> None:
+        """A deleted topic's partitions leave every group's offsets, and each empty classic group left without
+        offsets is removed (Kafka's onPartitionsDeleted: cleanupGroupMetadata over every group)."""
+        gone = set(tps)
+        for g in list(self.groups.values()):
+            if g.state is GroupState.DEAD or self.coordinator_error(g.group_id) is not None:
+                continue
+            removed = sorted((set(g.offsets) | g.pending_txn_partitions()) & gone)
+            if not removed and not (_classic(g) and g.state is GroupState.EMPTY):
+                continue
+            try:
+                await self._delete_group_data(g, removed, group_too=_classic(g))
+            except Exception:
+                log.exception("Could not remove the offsets of deleted partitions from group %s", g.group_id)
 
     async def delete_groups(self, group_ids: list[str]) -> dict[str, ErrorCode]:
         out: dict[str, ErrorCode] = {}
@@ -443,8 +474,13 @@ class GroupOffsets:
                     doomed.append(tp)
         if doomed:
             try:
-                await self._delete_group_data(g, doomed, group_too=False)
+                # An empty group left without offsets goes too (Kafka's cleanupGroupMetadata).
+                await self._delete_group_data(g, doomed)
             except Exception as e:  # noqa: BLE001
                 log.error("Could not delete offsets of group %s: %s", group_id, e)
                 return append_error(e), {}
         return ErrorCode.NONE, results
+
+
+def _classic(g: GroupMetadata) -> bool:
+    return g.consumer is None and g.streams is None

@@ -48,6 +48,8 @@ from kbroker.storage.errors import KafkaStorageError, NotLeaderOrFollowerError, 
 log = logging.getLogger("kbroker.txn")
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
+# The key of add_partitions' answer to a request naming no partition: the transaction's one error code.
+NO_PARTITION: TopicPartition = ("", -1)
 S = TransactionState
 
 # The marker's producer or coordinator epoch is stale: a newer coordinator owns the transaction (Kafka stops).
@@ -486,13 +488,14 @@ class TransactionCoordinator(CoordinatorLoop):
             return await self._add_partitions(transactional_id, producer_id, producer_epoch, partitions, verify_only)
         except Exception:  # a bug: answered as Kafka answers an unexpected exception
             log.exception("AddPartitionsToTxn of transactional id %s failed", transactional_id)
-            return dict.fromkeys(partitions, ErrorCode.UNKNOWN_SERVER_ERROR)
+            return dict.fromkeys(partitions or [NO_PARTITION], ErrorCode.UNKNOWN_SERVER_ERROR)
 
     async def _add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                               partitions: list[TopicPartition], verify_only: bool, waited: bool = False
                               ) -> dict[TopicPartition, ErrorCode]:
         def all_(code: ErrorCode) -> dict[TopicPartition, ErrorCode]:
-            return dict.fromkeys(partitions, code)
+            # A request naming no partition still gets the transaction's one answer (Kafka lists its topics).
+            return dict.fromkeys(partitions or [NO_PARTITION], code)
 
         if not transactional_id:
             return all_(ErrorCode.INVALID_REQUEST)

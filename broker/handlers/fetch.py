@@ -228,7 +228,26 @@ class _FetchPlan:
                     log.exception("Fetch from %s-%d failed", name, p.partition)
                 out.append((cp, _error(p.partition, code)))
                 has_error = True
+        if has_error:
+            out = self._refused_last(out)
         return out, total, has_error
+
+    def _refused_last(self, out: list[tuple[CachedPartition, PartitionData]]
+                      ) -> list[tuple[CachedPartition, PartitionData]]:
+        """Kafka's order: the partitions that reached the read first, then those refused before it (unknown topic
+        id, not authorized, not in the metadata; a consumer's unknown topic ids ahead of the rest), each in the
+        request's order. Consecutive partitions of a topic share a topic entry, so this shows in the response."""
+        server = self.ctx.server
+        read, refused = [], []
+        for item in out:
+            cp = item[0]
+            if cp.topic is None or cp.topic in self.denied or not server.topic_partition_exists(cp.topic, cp.partition):
+                refused.append(item)
+            else:
+                read.append(item)
+        if self.replica_id < 0:
+            refused.sort(key=lambda item: item[0].topic is not None)  # stable: request order within each kind
+        return read + refused
 
     def _touch_quiet(self, now_ms: int) -> list[CachedPartition]:
         """not_quiet, and the follower marked caught up on the quiet partitions (as a read at the log end would: this

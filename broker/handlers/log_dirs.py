@@ -74,9 +74,21 @@ def handle_alter_replica_log_dirs(
             for p in t.partitions:
                 wanted[(t.name, p)] = d.path
     if _cluster_denied(ctx, AclOperation.ALTER):
-        errors = dict.fromkeys(wanted, DENIED)
-    else:
-        errors = {tp: _alter_one(ctx, tp, path) for tp, path in wanted.items()}
+        # Kafka's AlterReplicaLogDirsRequest.getErrorResponse: every topic entry of every dir as named, repeats
+        # and empty ones included.
+        return R(
+            throttle_time_ms=0,
+            results=[
+                R.AlterReplicaLogDirTopicResult(
+                    topic_name=t.name,
+                    partitions=[R.AlterReplicaLogDirPartitionResult(partition_index=p, error_code=DENIED)
+                                for p in t.partitions],
+                )
+                for d in req.dirs
+                for t in d.topics
+            ],
+        )
+    errors = {tp: _alter_one(ctx, tp, path) for tp, path in wanted.items()}
     by_topic: dict[str, list[R.AlterReplicaLogDirPartitionResult]] = {}
     for (topic, p), code in errors.items():
         by_topic.setdefault(topic, []).append(

@@ -10,6 +10,7 @@ from kbroker.protocol import records as R
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     AddPartitionsToTxnRequest,
+    AlterReplicaLogDirsRequest,
     DeleteGroupsRequest,
     DeleteRecordsRequest,
     DescribeClientQuotasRequest,
@@ -409,6 +410,28 @@ def test_denied_principal_answers_as_kafka(tmp_path: Path) -> None:
             assert [(r.user, r.error_code) for r in resp.results] == [
                 ("", ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
             ] * 2
+            # AlterReplicaLogDirs refused: every topic entry of every dir as named, repeats and empty ones kept.
+            D = AlterReplicaLogDirsRequest.AlterReplicaLogDir
+            DT = AlterReplicaLogDirsRequest.AlterReplicaLogDirTopic
+            resp = c.request(
+                34,
+                2,
+                AlterReplicaLogDirsRequest(
+                    dirs=[
+                        D(path="/a", topics=[DT(name="t", partitions=[1, 1]), DT(name="u", partitions=[])]),
+                        D(path="/b", topics=[DT(name="t", partitions=[0])]),
+                    ]
+                ),
+            )
+            denied = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            assert [
+                (r.topic_name, [(p.partition_index, p.error_code) for p in r.partitions])
+                for r in resp.results
+            ] == [
+                ("t", [(1, denied), (1, denied)]),
+                ("u", []),
+                ("t", [(0, denied)]),
+            ]
     finally:
         b.stop()
 

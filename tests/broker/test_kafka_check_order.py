@@ -246,6 +246,11 @@ def test_add_partitions_to_txn_refuses_internal_topics_and_names_the_request_top
         (topic_name, [(0, ErrorCode.INVALID_PRODUCER_ID_MAPPING)]),
         ("other", []),
     ]
+    # Naming no partition at all still gets the coordinator's one answer, on the topics as named.
+    assert [(t.name, t.results_by_partition) for t in add(("other", []), (topic_name, []))] == [
+        ("other", []),
+        (topic_name, []),
+    ]
 
 
 def test_offset_fetch_answers_a_partition_named_twice_once(
@@ -306,6 +311,36 @@ def test_follower_fetch_of_an_unknown_partition(target: Target) -> None:
     req.replica_id = 7
     part = target.send(FETCH, 12, req).responses[0].partitions[0]
     assert (part.error_code, part.aborted_transactions) == (UNKNOWN, [])
+
+
+def test_fetch_answers_the_partitions_read_before_those_refused(
+    broker: BrokerProcess, target: Target, topic_name: str
+) -> None:
+    """Kafka lists the partitions it read first, then those refused before the read, and consecutive partitions of
+    a topic share an entry: a topic with both kinds, another topic read between them, gets two entries."""
+    other = topic_name + "-b"
+    with WireClient(broker.bootstrap) as c:
+        c.create_topic(topic_name)
+        c.create_topic(other)
+    P = FetchRequest.FetchPartition
+    for replica_id, read in ((-1, ErrorCode.NONE), (7, ErrorCode.NOT_LEADER_OR_FOLLOWER)):
+        req = fetch(topic_name, 0, 0)
+        req.replica_id = replica_id
+        req.topics = [
+            FetchRequest.FetchTopic(
+                topic=name,
+                partitions=[P(partition=p, fetch_offset=0, partition_max_bytes=1 << 20) for p in ps],
+            )
+            for name, ps in ((topic_name, [0, 99]), (other, [0]))
+        ]
+        resp = target.send(FETCH, 4, req)
+        assert [
+            (t.topic, [(p.partition_index, p.error_code) for p in t.partitions]) for t in resp.responses
+        ] == [
+            (topic_name, [(0, read)]),
+            (other, [(0, read)]),
+            (topic_name, [(99, UNKNOWN)]),
+        ], replica_id
 
 
 def _describe_acls(pattern: int, operation: int = 1) -> DescribeAclsRequest:

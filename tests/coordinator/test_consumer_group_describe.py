@@ -79,3 +79,21 @@ def test_consumer_group_described_by_confluent_and_kafka_python(broker: BrokerPr
             break
         time.sleep(0.2)
     assert (d.state, d.type, d.members) == (ConsumerGroupState.EMPTY, ConsumerGroupType.CONSUMER, [])
+
+
+def test_leaving_member_is_told_no_heartbeat_interval(broker: BrokerProcess, topic_name: str) -> None:
+    """Kafka's consumerGroupLeave answers the member id and the leave epoch only: heartbeat_interval_ms 0."""
+    from kbroker.protocol.messages import ConsumerGroupHeartbeatRequest
+
+    group = "leave-" + topic_name
+    with RawClient(broker.bootstrap) as c:
+
+        def heartbeat(member: str, epoch: int) -> object:
+            return c.request(68, 0, ConsumerGroupHeartbeatRequest(
+                group_id=group, member_id=member, member_epoch=epoch, rebalance_timeout_ms=5000,
+                subscribed_topic_names=[topic_name] if epoch == 0 else None, topic_partitions=[] if epoch == 0 else None))
+
+        joined = heartbeat("", 0)
+        assert (joined.error_code, joined.heartbeat_interval_ms) == (0, 300)  # type: ignore[attr-defined]
+        left = heartbeat(joined.member_id, -1)  # type: ignore[attr-defined]
+        assert (left.error_code, left.member_epoch, left.heartbeat_interval_ms) == (0, -1, 0)  # type: ignore[attr-defined]

@@ -9,6 +9,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -19,7 +20,11 @@ from kbroker.coordinator.group_records import group_key, offset_key, offset_valu
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     DeleteGroupsRequest,
+    DescribeGroupsRequest,
     JoinGroupRequest,
+    LeaveGroupRequest,
+    ListGroupsRequest,
+    OffsetFetchRequest,
     ProduceRequest,
     SyncGroupRequest,
 )
@@ -202,3 +207,80 @@ def test_member_expires_at_its_session_deadline(b: BrokerProcess) -> None:
         assert delete_at(synced + session_ms / 1000 - 0.4) == ErrorCode.NON_EMPTY_GROUP
         # a sweep every 250 ms expired the member up to 250 ms late; a timer at the deadline does not
         assert delete_at(synced + session_ms / 1000 + 0.1) == ErrorCode.NONE
+
+
+def test_member_that_never_syncs_leaves_after_the_rebalance_timeout(b: BrokerProcess) -> None:
+    """Kafka's pending-sync expiry: a member that joined but sends no SyncGroup within the rebalance timeout is
+    removed (its session is far longer), and the group rebalances to Empty."""
+    rebalance_ms = 600
+    protocols = [JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"\x00\x01")]
+    with RawClient(b.bootstrap) as c:
+        def join(member_id: str) -> object:
+            return c.request(11, 5, JoinGroupRequest(
+                group_id="unsynced", session_timeout_ms=30000, rebalance_timeout_ms=rebalance_ms,
+                member_id=member_id, group_instance_id=None, protocol_type="consumer", protocols=protocols))
+
+        def state() -> str:
+            return str(c.request(15, 5, DescribeGroupsRequest(groups=["unsynced"])).groups[0].group_state)
+
+        r = join("")
+        r = join(r.member_id)
+        assert r.error_code == ErrorCode.NONE
+        joined = time.monotonic()
+        assert state() == "CompletingRebalance"
+        wait_until(lambda: state() == "Empty", timeout=T, what="the unsynced member removed")
+        assert time.monotonic() - joined >= rebalance_ms / 1000 - 0.1
+        sync = c.request(14, 3, SyncGroupRequest(
+            group_id="unsynced", generation_id=r.generation_id, member_id=r.member_id, group_instance_id=None,
+            assignments=[]))
+        assert sync.error_code == ErrorCode.UNKNOWN_MEMBER_ID
+
+
+def test_deleting_a_topic_removes_its_offsets_and_empty_groups(b: BrokerProcess) -> None:
+    """Kafka's onPartitionsDeleted: a deleted topic's offsets leave every group, and each empty group left without
+    offsets is removed, so a topic created again under the name starts without the old offsets."""
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    admin.create_topics([NewTopic("doomed", 1, 1)])["doomed"].result(T)
+    commit(b, "keeps", {0: 3})  # offsets of another topic: stays
+    c = Consumer(ck_conf(b.bootstrap, **{"group.id": "doomed-only", "enable.auto.commit": False}))
+    try:
+        c.commit(offsets=[TopicPartition("doomed", 0, 7)], asynchronous=False)
+    finally:
+        c.close()
+    protocols = [JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"\x00\x01")]
+    with RawClient(b.bootstrap) as raw:
+
+        def join(member_id: str) -> Any:
+            return raw.request(
+                11,
+                5,
+                JoinGroupRequest(
+                    group_id="emptied",
+                    session_timeout_ms=30000,
+                    rebalance_timeout_ms=5000,
+                    member_id=member_id,
+                    protocol_type="consumer",
+                    protocols=protocols,
+                ),
+            )
+
+        member = join(join("").member_id).member_id
+        raw.request(13, 4, LeaveGroupRequest(group_id="emptied", members=[LeaveGroupRequest.MemberIdentity(member_id=member)]))
+
+        def groups() -> set[str]:
+            return {g.group_id for g in raw.request(16, 4, ListGroupsRequest(states_filter=[], types_filter=[])).groups}
+
+        assert groups() == {"keeps", "doomed-only", "emptied"}
+        admin.delete_topics(["doomed"])["doomed"].result(T)
+        wait_until(lambda: groups() == {"keeps"}, timeout=T, what="the emptied groups removed")
+        admin.create_topics([NewTopic("doomed", 1, 1)])["doomed"].result(T)
+        G = OffsetFetchRequest.OffsetFetchRequestGroup
+        fetched = raw.request(
+            9,
+            8,
+            OffsetFetchRequest(
+                groups=[G(group_id="doomed-only", topics=[OffsetFetchRequest.OffsetFetchRequestTopics(name="doomed", partition_indexes=[0])])]
+            ),
+        )
+        assert fetched.groups[0].topics[0].partitions[0].committed_offset == -1
+    assert committed(b, "keeps") == {0: 3}

@@ -19,7 +19,7 @@ from kbroker.protocol.messages import SaslAuthenticateRequest, SaslHandshakeRequ
 
 from bench.peers.ports import free_port
 from tests.broker_process import BrokerProcess
-from tests.differential import generate
+from tests.differential import generate, known
 from tests.differential.harness import CLOSED, Pair, Tally, Target
 from tests.differential.session import COMMON, advertised, create_topics, generated, warm_up
 
@@ -116,12 +116,19 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.differential.denied", description=__doc__)
     parser.add_argument("--examples", type=int, default=5, help="generated requests per API and version")
     parser.add_argument("--examples-shown", type=int, default=3, help="differences shown per API and version")
+    parser.add_argument(
+        "--by-api", action="store_true", help="also the table with the versions of an API summed"
+    )
+    parser.add_argument(
+        "--dump", type=argparse.FileType("w"), help="write every difference in full to this file"
+    )
     args = parser.parse_args(argv)
     from bench.peers.maven import ArtifactUnavailable
 
     try:
         with denied_pairs() as (admin, user):
-            user.tally.keep = args.examples_shown
+            user.tally = Tally(args.examples_shown, args.dump)
+            user.classify = known.GeneratedReasons()
             tally = run(admin, user, args.examples)
     except ArtifactUnavailable as e:
         print(f"Kafka 3.9 is unavailable here: {e}", file=sys.stderr)
@@ -130,7 +137,11 @@ def main(argv: list[str]) -> int:
         f"Requests from User:{USER} (SASL/PLAIN, no ACLs) to kbroker and Kafka 3.9, both with an ACL authorizer"
     )
     print(tally.table())
-    return 1 if tally.total_different() else 0
+    if args.by_api:
+        print("\nPer API (all versions):")
+        print(tally.by_api().table(examples=False).replace("  -1", "   "))
+    print(f"\n{tally.unexplained()} differences without a reason in tests/differential/known.py")
+    return 1 if tally.unexplained() else 0
 
 
 if __name__ == "__main__":

@@ -284,6 +284,12 @@ def deletes_and_configs(pair: Pair) -> None:
 SCENARIOS = (produce_fetch, classic_group, idempotent, transaction, deletes_and_configs)
 
 
-def run(pair: Pair) -> None:
-    for scenario in SCENARIOS:
-        scenario(pair)
+def run(pair: Pair, slow: bool = True) -> None:
+    """Every scenario; without `slow`, not those waiting out Kafka's timeouts and topic deletion (CI's short pass:
+    tests/coordinator/test_group_hardening.py covers their kbroker side)."""
+    from tests.differential.scenarios_more import SCENARIOS as MORE
+    from tests.differential.scenarios_more import SLOW
+
+    for scenario in SCENARIOS + MORE:
+        if slow or scenario not in SLOW:
+            scenario(pair)

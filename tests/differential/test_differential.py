@@ -23,7 +23,7 @@ from tests.zookeeper import zookeeper_missing
 
 # APIs whose generated requests (valid and invalid) got the same answers from both brokers in the long run; a
 # difference in one of them is a regression.
-MATCHING = {2, 8, 11, 15, 23, 25, 26, 28, 32, 33, 44, 49, 51, 61, 66}
+MATCHING = {1, 2, 8, 11, 15, 16, 23, 24, 25, 26, 28, 32, 33, 35, 44, 49, 51, 61, 66}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_stateful_scenarios_differ_only_where_documented(pair: Pair) -> None:
     tally = Tally(keep=20)
     sub = Pair.__new__(Pair)
     sub.ours, sub.theirs, sub.tally = pair.ours, pair.theirs, tally
-    scenarios.run(sub)
+    scenarios.run(sub, slow=False)
     different = {api for (api, _v), row in tally.rows.items() if row.different}
     assert different <= set(known.SCENARIOS), tally.table()
     assert sum(r.compared for r in tally.rows.values()) >= 60
@@ -69,8 +69,9 @@ def test_generated_requests_of_matching_apis(pair: Pair) -> None:
     tally = Tally(keep=5)
     sub = Pair.__new__(Pair)
     sub.ours, sub.theirs, sub.tally = pair.ours, pair.theirs, tally
+    sub.classify = known.GeneratedReasons()  # e.g. a DescribeLogDirs counting an OffsetCommit v0's bytes
     generated(sub, [c for c in generate.cases(ours, theirs) if c[0] in MATCHING], examples=2)
-    assert tally.total_different() == 0, tally.table()
+    assert tally.unexplained() == 0, tally.table()
     assert sum(r.compared for r in tally.rows.values()) >= 2 * len(MATCHING)
 
 
