@@ -445,6 +445,26 @@ SCAN_COMPILED = _scan_compiled is not None
 SCAN_IMPLEMENTATION = accelerators.describe("_batch_scan", _scan_compiled)
 
 
+def plain_client_batch(buf: Buffer, compacted: bool, timestamp_bounds: tuple[int, int] | None
+                       ) -> RecordBatchHeader | None:
+    """The header of buf when it is exactly one uncompressed, CreateTime, non-transactional client batch that
+    validate_batches(buf, from_client=True, ...) passes with nothing to refuse; None for anything else (the caller
+    then takes validate_batches, which gives the answer or the error). The leader's append fast path."""
+    batches, _, valid_bytes, _, _, _, _, fault = _scan(buf, True, False)
+    if fault is not None or len(batches) != 1:
+        return None
+    h = batches[0][1]
+    if h.attributes & (ATTR_COMPRESSION_MASK | ATTR_TIMESTAMP_TYPE | ATTR_TRANSACTIONAL):
+        return None
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    found = walk_records(view[BATCH_HEADER_SIZE:valid_bytes], h.records_count, consecutive=True,
+                         last_offset_delta=h.last_offset_delta, need_keys=compacted,
+                         base_timestamp=h.base_timestamp, ts_bounds=timestamp_bounds)
+    if isinstance(found, str) or found.keyless or found.bad_timestamps:
+        return None
+    return h
+
+
 def _walk_batch(view: memoryview, pos: int, header: RecordBatchHeader, from_client: bool, topic_partition: str,
                 compacted: bool, timestamp_bounds: tuple[int, int] | None, log_append_time: bool,
                 max_decompressed: int) -> None:
