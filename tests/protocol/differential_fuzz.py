@@ -3,7 +3,8 @@
 protocol/_codec.c against codec.py's generated functions (encode every request and response at every version the
 broker advertises, then decode mutated encodings with both) and protocol/_record_walk.c against
 record_walk.walk_records_py (record bodies with any varint widths, then mutated) and protocol/_batch_scan.c against
-records.scan_batches_py (batch sets with mutated headers, CRCs mended or not) and protocol/_produce.c against
+records.scan_batches_py (batch sets with mutated headers, CRCs mended or not; its plain against
+records.plain_client_batch_py, one batch mutated) and protocol/_produce.c against
 broker/produce_codec.py's references (Produce requests, then mutated, and their answers): the two must agree on every
 accept/refuse and on what they return. Run by tools/sanitize_build.py on ASan/UBSan builds of the accelerators
 (the point: a memory error in C shows up there, not as a wrong answer), and importable for a plain run.
@@ -164,6 +165,42 @@ def scan_round(rng: random.Random) -> None:
     assert ext is not None and ext.crc32c(data) == ext.crc32c(data, True) == ext_crc(data)
 
 
+def _plain_both(buf: bytes | bytearray) -> None:
+    for compacted in (False, True):
+        for bounds in (None, (NOW - 5, NOW + 5)):
+            c = R._plain_compiled(buf, compacted, bounds)
+            py = R.plain_client_batch_py(buf, compacted, bounds)
+            assert c == py, (compacted, bounds, bytes(buf).hex())
+
+
+def plain_round(rng: random.Random) -> None:
+    """The leader's fast-path check (_batch_scan.c's plain): one batch, mostly of its case, then mutated."""
+    big = rng.random() < 0.05
+    buf = R.build_batch(
+        [
+            (
+                rng.choice([None, b"k", b"k"]),
+                rng.randbytes(70_000 if big else rng.randint(0, 40)),
+                (),
+                NOW + rng.choice([0, 0, 0, 100]),
+            )
+            for _ in range(rng.randint(1, 4))
+        ],
+        compression=rng.choice([R.COMPRESSION_NONE] * 4 + [R.COMPRESSION_GZIP]),
+        producer_id=rng.choice([-1, 5]),
+        base_sequence=rng.choice([-1, 0]),
+        is_transactional=rng.random() < 0.1,
+    )
+    _plain_both(buf)
+    for _ in range(8):
+        bad = bytearray(_mutate(rng, buf))
+        if rng.random() < 0.5 and len(bad) >= R.BATCH_HEADER_SIZE:
+            (length,) = struct.unpack_from(">i", bad, 8)
+            end = min(len(bad), max(length, 0) + R.LOG_OVERHEAD)
+            struct.pack_into(">I", bad, 17, ext_crc(bytes(bad[21:end])))
+        _plain_both(bad)
+
+
 def _produce_frame(rng: random.Random, version: int) -> tuple[bytes, int]:
     P = ProduceRequest
     topics = []
@@ -256,6 +293,7 @@ ROUNDS: list[tuple[str, Callable[[random.Random], None], int]] = [
     ("encode hazard", encode_hazard_round, 1),
     ("batch scan", scan_round, 2),
     ("produce", produce_round, 2),
+    ("plain batch", plain_round, 1),
 ]
 
 
