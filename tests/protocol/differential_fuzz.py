@@ -4,8 +4,8 @@ protocol/_codec.c against codec.py's generated functions (encode every request a
 broker advertises, then decode mutated encodings with both) and protocol/_record_walk.c against
 record_walk.walk_records_py (record bodies with any varint widths, then mutated) and protocol/_batch_scan.c against
 records.scan_batches_py (batch sets with mutated headers, CRCs mended or not; its plain against
-records.plain_client_batch_py, one batch mutated) and protocol/_produce.c against
-broker/produce_codec.py's references (Produce requests, then mutated, and their answers): the two must agree on every
+records.plain_client_batch_py, one batch mutated), protocol/_frames.c against framing.split_py and
+protocol/_produce.c against broker/produce_codec.py's references (Produce requests, then mutated, and their answers): the two must agree on every
 accept/refuse and on what they return. Run by tools/sanitize_build.py on ASan/UBSan builds of the accelerators
 (the point: a memory error in C shows up there, not as a wrong answer), and importable for a plain run.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 from crc32c import crc32c as ext_crc
 from kbroker.broker import produce_codec
-from kbroker.protocol import codec, record_walk
+from kbroker.protocol import codec, framing, record_walk
 from kbroker.protocol import records as R
 from kbroker.protocol.messages import ProduceRequest, RequestHeader
 
@@ -201,6 +201,21 @@ def plain_round(rng: random.Random) -> None:
         _plain_both(bad)
 
 
+def framing_round(rng: random.Random) -> None:
+    """protocol/_frames.c's split: frames back to back, sizes that lie, cut anywhere, any range of the buffer."""
+    out = bytearray(rng.randbytes(rng.randint(0, 6)))
+    for _ in range(rng.randint(0, 6)):
+        body = rng.randbytes(rng.choice([0, 3, 8, 20, 300]))
+        size = rng.choice([len(body)] * 4 + [-1, 0, 7, 8, 2**31 - 1, rng.randint(-(2**31), 2**31 - 1)])
+        out += struct.pack(">i", size) + body
+    del out[rng.randint(0, len(out)) :]
+    start = rng.randint(0, len(out))
+    end = rng.randint(start, len(out))
+    max_request = rng.choice([8, 30, 2**31 - 1])
+    c = framing._compiled.split(out, start, end, max_request)  # type: ignore[union-attr]
+    assert c == framing.split_py(out, start, end, max_request), (out.hex(), start, end, max_request)
+
+
 def _produce_frame(rng: random.Random, version: int) -> tuple[bytes, int]:
     P = ProduceRequest
     topics = []
@@ -294,12 +309,19 @@ ROUNDS: list[tuple[str, Callable[[random.Random], None], int]] = [
     ("batch scan", scan_round, 2),
     ("produce", produce_round, 2),
     ("plain batch", plain_round, 1),
+    ("framing", framing_round, 1),
 ]
 
 
 def run(seconds: float, seed: int = 0) -> dict[str, int]:
     """Rounds until `seconds` have passed (at least one of each); the same seed replays the same inputs."""
-    if not (codec.COMPILED and record_walk.COMPILED and R.SCAN_COMPILED and produce_codec.COMPILED):
+    if not (
+        codec.COMPILED
+        and record_walk.COMPILED
+        and R.SCAN_COMPILED
+        and produce_codec.COMPILED
+        and framing.COMPILED
+    ):
         raise RuntimeError("the compiled accelerators are not loaded (python setup.py build_ext --inplace)")
     rng = random.Random(seed)
     done = {name: 0 for name, _, _ in ROUNDS}
