@@ -22,7 +22,10 @@ from pathlib import Path
 from kbroker.protocol.control_records import EndTxnMarker, build_end_txn_marker_batch, parse_end_txn_marker
 from kbroker.protocol.legacy_records import MAGIC_V1, convert_produced_set, first_magic
 from kbroker.protocol.records import (
+    ATTR_COMPRESSION_MASK,
     ATTR_TIMESTAMP_TYPE,
+    ATTR_TRANSACTIONAL,
+    BATCH_HEADER_SIZE,
     NO_TIMESTAMP,
     BatchesSummary,
     RecordBatchHeader,
@@ -489,18 +492,31 @@ class Log(ReplicaLogMixin):
 
     def _append_plain(self, records: bytes | bytearray | memoryview, now_ms: int, leader_epoch: int | None
                       ) -> LogAppendInfo | None:
-        """append_as_leader for the common client append, with the same result: one uncompressed CreateTime batch
-        that passes validation, without a producer or from a known idempotent producer at its epoch, in sequence
-        and outside a transaction. None, with nothing changed, for anything else: the general path then decides
-        (the first batch of a producer, retries, errors, transactions, topic recompression, LogAppendTime).
+        """append_as_leader for the common client append, with the same result: one CreateTime batch that passes
+        validation, without a producer or from a known idempotent producer at its epoch, in sequence and outside a
+        transaction. None, with nothing changed, for anything else: the general path then decides (the first
+        batch of a producer, retries, errors, transactions, topic recompression, LogAppendTime).
         It skips the staged copy of the producer's entry: every check is made before the write, and the entry
         is updated in place after it, under the lock as the general path's commit is."""
         config = self.config
         if config.compression_type != "producer" or config.message_timestamp_type != "CreateTime":
             return None
-        h = plain_client_batch(records, config.compact, config.timestamp_bounds(now_ms))
+        bounds = config.timestamp_bounds(now_ms)
+        h = plain_client_batch(records, config.compact, bounds)
         if h is None:
-            return None
+            # A compressed batch (librdkafka's lz4 and zstd): the general path's own validation, the same call it
+            # would make first for a magic-2 set (its errors are the general path's), then the fast path.
+            if not (len(records) >= BATCH_HEADER_SIZE and records[16] == 2 and records[22] & ATTR_COMPRESSION_MASK):
+                return None
+            summary = validate_batches(
+                records, from_client=True, topic_partition=self.name, compacted=config.compact,
+                timestamp_bounds=bounds, log_append_time=False,
+                max_decompressed=max_decompressed_size(config.max_message_bytes))
+            if len(summary.batches) != 1:
+                return None
+            h = summary.batches[0][1]
+            if h.attributes & (ATTR_TIMESTAMP_TYPE | ATTR_TRANSACTIONAL) or summary.valid_bytes != len(records):
+                return None
         # A writable buffer is the caller's private copy (the request frame), rewritten in place.
         buf = records if type(records) is bytearray or (type(records) is memoryview and not records.readonly) \
             else bytearray(records)
