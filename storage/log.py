@@ -560,6 +560,7 @@ class Log(ReplicaLogMixin):
                 entry.batch_metadata.append(BatchMetadata(h.base_sequence, h.last_sequence, first_offset, last_offset,
                                                           h.max_timestamp))
                 entry.last_timestamp = h.max_timestamp
+                self._first_unstable = self.producer_state.first_unstable_offset  # as the general commit does
             self.producer_state.update_map_end_offset(last_offset + 1)
         if h.max_timestamp > NO_TIMESTAMP:
             return LogAppendInfo(first_offset, last_offset, h.max_timestamp, last_offset, -1, self._log_start_offset,
