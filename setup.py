@@ -1,5 +1,5 @@
 """Packages under one import namespace, and the optional C extensions (protocol/_record_walk.c, protocol/_codec.c,
-protocol/_batch_scan.c, protocol/_produce.c).
+protocol/_batch_scan.c, protocol/_produce.c, protocol/_frames.c).
 
 Everything else lives in pyproject.toml. The repository keeps its top-level folders (broker/, storage/, ...); the
 wheel installs them as kbroker.broker, kbroker.storage, ... so a user's site-packages gains no generic names.
@@ -26,5 +26,6 @@ setup(
         Extension("kbroker.protocol._batch_scan", ["protocol/_batch_scan.c"], optional=True,
                   extra_compile_args=["-O2"]),
         Extension("kbroker.protocol._produce", ["protocol/_produce.c"], optional=True, extra_compile_args=["-O2"]),
+        Extension("kbroker.protocol._frames", ["protocol/_frames.c"], optional=True, extra_compile_args=["-O2"]),
     ],
 )

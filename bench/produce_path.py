@@ -1,7 +1,7 @@
 """Produce-path micro-benchmark: broker CPU per Produce request, for before/after comparisons of the request path.
 
     python -m bench.produce_path [--root CHECKOUT] [--requests N] [--pipeline K] [--records M] [--partitions P]
-                                 [--reps R] [--idempotent] [--floor] [--env K=V] [--profile OUT]
+                                 [--reps R] [--idempotent] [--codec C] [--floor] [--env K=V] [--profile OUT]
 
 Starts `python -m kbroker.broker` from CHECKOUT (default: this one) on loopback, creates topic `bench` with P partitions
 (default 1), sends N ProduceRequests (acks=1, one M-record batch, default 10, of 100-byte values, to the partitions in
@@ -10,8 +10,9 @@ other load on the machine disturbs far less than wall time) per request. Every a
 error and the next offset, so what is measured is the append path (until 2026-11-26 the topic was never created and
 every request was answered UNKNOWN_TOPIC_OR_PARTITION). Run it for two checkouts in alternation and compare medians.
 
---idempotent gets a producer id (InitProducerId) and sends bench.produce's shape: every batch carries the id, its
-epoch and the next sequence (the broker checks and records them). --pipeline 1 makes the broker sleep and wake for
+--codec compresses the batch (librdkafka's lz4 and zstd as in bench.produce). --idempotent gets a producer id
+(InitProducerId) and sends bench.produce's shape: every batch carries the id, its epoch and the next sequence (the
+broker checks and records them). --pipeline 1 makes the broker sleep and wake for
 every request, as librdkafka's one request per partition does; --floor measures `python -m bench.round_trip`'s
 floor in the same run, between the repetitions, and prints issue 34's ratio (broker CPU per Produce request / the
 floor). --env KBROKER_PURE_PYTHON=1 runs the Python request path; --profile OUT records the broker with py-spy
@@ -41,13 +42,22 @@ from kbroker.protocol.messages import (
     ProduceRequest,
     RequestHeader,
 )
-from kbroker.protocol.records import build_batch
+from kbroker.protocol.records import (
+    COMPRESSION_GZIP,
+    COMPRESSION_LZ4,
+    COMPRESSION_NONE,
+    COMPRESSION_SNAPPY,
+    COMPRESSION_ZSTD,
+    build_batch,
+)
 
 from bench.harness import ROOT, Perf, PySpy, cpu_seconds, free_port
 
 # Offsets in a v2 batch (and so in a Produce frame, from where the batch starts) that an idempotent producer's
 # next batch changes: the CRC and what it covers.
 _CRC_AT, _CRC_FROM, _SEQUENCE_AT = 17, 21, 53
+CODECS = {"none": COMPRESSION_NONE, "gzip": COMPRESSION_GZIP, "snappy": COMPRESSION_SNAPPY, "lz4": COMPRESSION_LZ4,
+          "zstd": COMPRESSION_ZSTD}
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -86,7 +96,8 @@ def init_producer_id(sock: socket.socket) -> tuple[int, int]:
 
 
 def run_once(root: Path, requests: int, pipeline: int, records: int = 10, partitions: int = 1,
-             idempotent: bool = False, env: dict[str, str] | None = None, profile: Path | None = None) -> float:
+             idempotent: bool = False, env: dict[str, str] | None = None, profile: Path | None = None,
+             codec_name: str = "none") -> float:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
         props = Path(data) / "server.properties"
@@ -107,7 +118,8 @@ def run_once(root: Path, requests: int, pipeline: int, records: int = 10, partit
             create_topic(sock, partitions)
             pid, epoch = init_producer_id(sock) if idempotent else (-1, -1)
             batch = build_batch([(None, b"v" * 100, (), 1_700_000_000_000 + i) for i in range(records)],
-                                producer_id=pid, producer_epoch=epoch, base_sequence=0 if idempotent else -1)
+                                producer_id=pid, producer_epoch=epoch, base_sequence=0 if idempotent else -1,
+                                compression=CODECS[codec_name])
             frames = []
             for part in range(partitions):
                 body = ProduceRequest(transactional_id=None, acks=1, timeout_ms=30000, topic_data=[
@@ -161,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=1, help="partitions of topic bench, written in turn")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--idempotent", action="store_true", help="InitProducerId, then sequenced batches")
+    ap.add_argument("--codec", choices=sorted(CODECS), default="none", help="the batches' compression")
     ap.add_argument("--floor", action="store_true", help="measure the round-trip floor too and print the ratio")
     ap.add_argument("--env", action="append", default=[], metavar="K=V", help="environment of the broker (repeatable)")
     ap.add_argument("--env-b", action="append", default=None, metavar="K=V",
@@ -181,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         for r, i in runs:  # alternate, so drifting machine load hits every checkout alike
             prof = args.profile.with_name(f"{args.profile.stem}.{rep + 1}{args.profile.suffix}") if args.profile else None
             us = run_once(r, args.requests, args.pipeline, args.records, args.partitions, args.idempotent,
-                          envs[i], prof)
+                          envs[i], prof, args.codec)
             results[(r, i)].append(us)
             print(f"rep {rep + 1} {r} {envs[i] or ''}: {us:.1f} us broker CPU per produce request", flush=True)
         if args.floor:

@@ -33,7 +33,7 @@ log = logging.getLogger("kbroker.apis")
 API_VERSIONS = 18
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestContext:
     server: KafkaServer
     conn: KafkaConnection

@@ -47,7 +47,7 @@ from kbroker.coordinator.transaction_coordinator import (
     TxnConfig,
 )
 from kbroker.coordinator.zk_store import ZkMetadataStore
-from kbroker.protocol import codec, record_walk, records
+from kbroker.protocol import codec, framing, record_walk, records
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.messages import ControlledShutdownRequest
 from kbroker.storage.config import LogConfig
@@ -278,10 +278,10 @@ class KafkaServer:
         await loop.run_in_executor(None, self.metadata.register_broker, self.advertised_endpoints())
         log.info(
             "kbroker %d started in %.2f s: cluster %s, %d topics, advertised %s:%d, codec %s, record walk %s, "
-            "batch scan %s, produce path %s",
+            "batch scan %s, produce path %s, framing %s",
             self.broker_id, time.monotonic() - t0, self.metadata.cluster_id, len(self.metadata.topics), host, port,
             codec.IMPLEMENTATION, record_walk.IMPLEMENTATION, records.SCAN_IMPLEMENTATION,
-            produce_codec.IMPLEMENTATION,
+            produce_codec.IMPLEMENTATION, framing.IMPLEMENTATION,
         )
 
     def _claim_first_producer_id_block(self) -> None:

@@ -14,6 +14,9 @@
  *   error: None, or (corrupt: bool, message): the first fault, after the batches before it (which the caller
  *   walks first, so the first failing batch decides the answer as in the one-pass Python loop).
  *
+ * plain(buf, walk, compacted, check_ts, ts_low, ts_high) -> RecordBatchHeader | None
+ *   the leader's fast path (protocol/records.py's plain_client_batch): see below.
+ *
  * Every read is bounds-checked against the buffer; headers are built straight into the dataclass's slots.
  */
 #define PY_SSIZE_T_CLEAN
@@ -306,6 +309,97 @@ fail:
     return NULL;
 }
 
+/* plain(buf, walk, compacted, check_ts, ts_low, ts_high) -> RecordBatchHeader | None: protocol/records.py's
+ * plain_client_batch_py in one call. The header when buf is exactly one uncompressed, CreateTime, non-transactional
+ * client batch that passes every check of scan (client rules) and whose records walk (protocol/_record_walk.c's
+ * walk, passed in) finds sound with nothing to report; None for anything else, which the caller then sends the
+ * general way (validate_batches), so no message is needed here. */
+enum { ATTR_TIMESTAMP_TYPE = 0x08, ATTR_TRANSACTIONAL = 0x10 };
+
+static PyObject *plain(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "plain(buf, walk, compacted, check_ts, ts_low, ts_high)");
+        return NULL;
+    }
+    if (header_cls == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "configure(RecordBatchHeader) first");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const uint8_t *b = view.buf;
+    const Py_ssize_t end = view.len;
+    PyObject *result = NULL;
+    Header h;
+    if (end < HEADER_SIZE)
+        goto none;
+    parse(b, &h);
+    if (h.batch_length < BATCH_OVERHEAD || (int64_t)h.batch_length + LOG_OVERHEAD != (int64_t)end || h.magic != 2)
+        goto none;
+    if (h.records_count <= 0 || (int64_t)h.last_offset_delta != (int64_t)h.records_count - 1)
+        goto none;
+    if (h.attributes & (ATTR_COMPRESSION_MASK | ATTR_TIMESTAMP_TYPE | ATTR_TRANSACTIONAL | ATTR_CONTROL))
+        goto none;
+    uint32_t actual;
+    if (end >= GIL_FREE_CRC) {
+        Py_BEGIN_ALLOW_THREADS
+        actual = crc32c(b + CRC_START, (size_t)(end - CRC_START), use_hw_crc);
+        Py_END_ALLOW_THREADS
+    } else {
+        actual = crc32c(b + CRC_START, (size_t)(end - CRC_START), use_hw_crc);
+    }
+    if (actual != h.crc)
+        goto none;
+    PyObject *body = PyMemoryView_FromMemory((char *)b + HEADER_SIZE, end - HEADER_SIZE, PyBUF_READ);
+    if (body == NULL)
+        goto done;
+    PyObject *count = PyLong_FromLong(h.records_count);
+    PyObject *lod = PyLong_FromLong(h.last_offset_delta);
+    PyObject *base_ts = PyLong_FromLongLong(h.base_timestamp);
+    PyObject *found = NULL;
+    if (count != NULL && lod != NULL && base_ts != NULL) {
+        PyObject *wargs[9] = {body, count, Py_True, lod, args[2], base_ts, args[3], args[4], args[5]};
+        found = PyObject_Vectorcall(args[1], wargs, 9, NULL);
+    }
+    Py_XDECREF(count);
+    Py_XDECREF(lod);
+    Py_XDECREF(base_ts);
+    /* The body points into buf without holding it: should the walk have kept a reference, the view is released
+     * here, before buf is (release() refuses while the view is exported: then this call fails). */
+    if (Py_REFCNT(body) > 1) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *released = PyObject_CallMethod(body, "release", NULL);
+        if (released == NULL) {
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            Py_XDECREF(found);
+            Py_DECREF(body);
+            goto done;
+        }
+        Py_DECREF(released);
+        PyErr_Restore(type, value, tb);
+    }
+    Py_DECREF(body);
+    if (found == NULL)
+        goto done;
+    if (found != Py_None) {
+        Py_DECREF(found);
+        goto none;
+    }
+    Py_DECREF(found);
+    result = header_object(&h);
+    goto done;
+none:
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyObject *configure(PyObject *mod, PyObject *cls)
 {
     if (!PyType_Check(cls)) {
@@ -342,6 +436,8 @@ static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(buf, from_client, replicated) -> (batches, num_records, valid_bytes, first_ts, last_ts, max_ts, "
      "max_ts_batch, error)"},
+    {"plain", (PyCFunction)(void (*)(void))plain, METH_FASTCALL,
+     "plain(buf, walk, compacted, check_ts, ts_low, ts_high) -> RecordBatchHeader | None"},
     {"crc32c", crc, METH_VARARGS,
      "crc32c(buf, table=False): CRC-32C as scan computes it (table: the portable code, not the instruction)"},
     {NULL, NULL, 0, NULL},

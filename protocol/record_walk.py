@@ -15,6 +15,9 @@ and is used when built (setup.py, optional: `python setup.py build_ext --inplace
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from kbroker.protocol import accelerators
 from kbroker.protocol.primitives import DecodeError, read_uvarint
 
@@ -54,6 +57,12 @@ def _read_varint32(buf: Buffer, pos: int) -> tuple[int, int]:
     if raw > _U32_MAX:
         raise DecodeError("varint does not fit 32 bits")
     return raw, pos
+
+
+def compiled_walk() -> Callable[..., Any] | None:
+    """protocol/_record_walk.c's walk itself (None when it is not built or KBROKER_PURE_PYTHON is set), for compiled
+    callers that walk a batch without the Python wrapper (protocol/_batch_scan.c's plain)."""
+    return _compiled.walk if _compiled is not None else None
 
 
 def walk_records(body: Buffer, count: int, *, consecutive: bool, last_offset_delta: int, need_keys: bool,

@@ -21,9 +21,9 @@ import crc32c as _crc32c
 import lz4.frame
 import snappy
 import zstandard
-from kbroker.protocol import accelerators
+from kbroker.protocol import accelerators, record_walk
 from kbroker.protocol import primitives as _primitives
-from kbroker.protocol.record_walk import WalkResult, walk_records
+from kbroker.protocol.record_walk import WalkResult, walk_records, walk_records_py
 
 __all__ = [
     "ATTR_COMPRESSION_MASK",
@@ -443,6 +443,39 @@ _scan: Callable[[Buffer, bool, bool], ScanResult] = (
 )
 SCAN_COMPILED = _scan_compiled is not None
 SCAN_IMPLEMENTATION = accelerators.describe("_batch_scan", _scan_compiled)
+
+
+def plain_client_batch_py(buf: Buffer, compacted: bool, timestamp_bounds: tuple[int, int] | None
+                          ) -> RecordBatchHeader | None:
+    """The header of buf when it is exactly one uncompressed, CreateTime, non-transactional client batch that
+    validate_batches(buf, from_client=True, ...) passes with nothing to refuse; None for anything else (the caller
+    then takes validate_batches, which gives the answer or the error). The leader's append fast path; the
+    reference for protocol/_batch_scan.c's plain (tests/protocol/test_batch_scan.py compares them)."""
+    batches, _, valid_bytes, _, _, _, _, fault = scan_batches_py(buf, True, False)
+    if fault is not None or len(batches) != 1:
+        return None
+    h = batches[0][1]
+    if h.attributes & (ATTR_COMPRESSION_MASK | ATTR_TIMESTAMP_TYPE | ATTR_TRANSACTIONAL):
+        return None
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    found = walk_records_py(view[BATCH_HEADER_SIZE:valid_bytes], h.records_count, consecutive=True,
+                         last_offset_delta=h.last_offset_delta, need_keys=compacted,
+                         base_timestamp=h.base_timestamp, ts_bounds=timestamp_bounds)
+    if isinstance(found, str) or found.keyless or found.bad_timestamps:
+        return None
+    return h
+
+
+def _plain_compiled(buf: Buffer, compacted: bool, timestamp_bounds: tuple[int, int] | None
+                    ) -> RecordBatchHeader | None:
+    low, high = timestamp_bounds if timestamp_bounds is not None else (0, 0)
+    return _scan_compiled.plain(buf, _walk_compiled, compacted, timestamp_bounds is not None, low,  # type: ignore[no-any-return,union-attr]
+                                high)
+
+
+_walk_compiled = record_walk.compiled_walk()
+plain_client_batch: Callable[[Buffer, bool, tuple[int, int] | None], RecordBatchHeader | None] = (
+    _plain_compiled if _scan_compiled is not None and _walk_compiled is not None else plain_client_batch_py)
 
 
 def _walk_batch(view: memoryview, pos: int, header: RecordBatchHeader, from_client: bool, topic_partition: str,

@@ -22,11 +22,16 @@ from pathlib import Path
 from kbroker.protocol.control_records import EndTxnMarker, build_end_txn_marker_batch, parse_end_txn_marker
 from kbroker.protocol.legacy_records import MAGIC_V1, convert_produced_set, first_magic
 from kbroker.protocol.records import (
+    ATTR_COMPRESSION_MASK,
     ATTR_TIMESTAMP_TYPE,
+    ATTR_TRANSACTIONAL,
+    BATCH_HEADER_SIZE,
+    NO_TIMESTAMP,
     BatchesSummary,
     RecordBatchHeader,
     decode_records,
     max_decompressed_size,
+    plain_client_batch,
     recompress_batches,
     set_base_offset,
     set_log_append_time,
@@ -59,6 +64,7 @@ from kbroker.storage.producer_state import (
     ProducerStateEntry,
     ProducerStateManager,
     VerificationGuard,
+    in_sequence,
     validate_client_batch,
 )
 from kbroker.storage.recovery import recover_segment
@@ -130,6 +136,11 @@ class _PendingDelete:
 
 def _ongoing(entry: ProducerStateEntry | None, producer_epoch: int) -> bool:
     return entry is not None and entry.current_txn_first_offset is not None and entry.producer_epoch == producer_epoch
+
+
+# Log._append_plain, the leader's fast path for the common client append; False sends every append the general
+# way (tests compare the two).
+PLAIN_APPEND = True
 
 
 class Log(ReplicaLogMixin):
@@ -388,6 +399,10 @@ class Log(ReplicaLogMixin):
         from_client=False is for internal writers (coordinators): it allows control batches. end_txn_marker: what
         the one control batch of records holds, from the writer that built it (spares reading it back).
         """
+        if from_client and PLAIN_APPEND:
+            info = self._append_plain(records, now_ms, leader_epoch)
+            if info is not None:
+                return info
         config = self.config
         if from_client and 0 <= first_magic(records) <= MAGIC_V1:
             # Magic 0/1 (Produce v0-v2 from clients of Kafka 0.8-0.10): stored as one v2 batch.
@@ -474,6 +489,84 @@ class Log(ReplicaLogMixin):
             max_ts, offset_of_max = -1, first_offset
         return LogAppendInfo(first_offset, last_offset, max_ts, offset_of_max, log_append_time,
                              self._log_start_offset, summary.num_records, summary.valid_bytes)
+
+    def _append_plain(self, records: bytes | bytearray | memoryview, now_ms: int, leader_epoch: int | None
+                      ) -> LogAppendInfo | None:
+        """append_as_leader for the common client append, with the same result: one CreateTime batch that passes
+        validation, without a producer or from a known idempotent producer at its epoch, in sequence and outside a
+        transaction. None, with nothing changed, for anything else: the general path then decides (the first
+        batch of a producer, retries, errors, transactions, topic recompression, LogAppendTime).
+        It skips the staged copy of the producer's entry: every check is made before the write, and the entry
+        is updated in place after it, under the lock as the general path's commit is."""
+        config = self.config
+        if config.compression_type != "producer" or config.message_timestamp_type != "CreateTime":
+            return None
+        bounds = config.timestamp_bounds(now_ms)
+        h = plain_client_batch(records, config.compact, bounds)
+        if h is None:
+            # A compressed batch (librdkafka's lz4 and zstd): the general path's own validation, the same call it
+            # would make first for a magic-2 set (its errors are the general path's), then the fast path.
+            if not (len(records) >= BATCH_HEADER_SIZE and records[16] == 2 and records[22] & ATTR_COMPRESSION_MASK):
+                return None
+            summary = validate_batches(
+                records, from_client=True, topic_partition=self.name, compacted=config.compact,
+                timestamp_bounds=bounds, log_append_time=False,
+                max_decompressed=max_decompressed_size(config.max_message_bytes))
+            if len(summary.batches) != 1:
+                return None
+            h = summary.batches[0][1]
+            if h.attributes & (ATTR_TIMESTAMP_TYPE | ATTR_TRANSACTIONAL) or summary.valid_bytes != len(records):
+                return None
+        # A writable buffer is the caller's private copy (the request frame), rewritten in place.
+        buf = records if type(records) is bytearray or (type(records) is memoryview and not records.readonly) \
+            else bytearray(records)
+        size = h.batch_length + 12
+        if size > config.max_message_bytes:
+            return None
+        pid = h.producer_id
+        with self._lock:
+            if self._closed or self.replaced_by is not None or self.validate_producer_state is not None:
+                return None
+            if leader_epoch is not None and (leader_epoch < self.leader_epoch or not self._leading):
+                return None
+            entry = None
+            if pid >= 0:
+                entry = self.producer_state.producers.get(pid)
+                if (entry is None or entry.producer_epoch != h.producer_epoch or h.base_sequence < 0
+                        or entry.current_txn_first_offset is not None
+                        or not in_sequence(entry.last_seq, h.base_sequence)
+                        or entry.batch_with_sequence_range(h.base_sequence, h.last_sequence) is not None):
+                    return None
+            first_offset = self._leo
+            last_offset = first_offset + h.last_offset_delta
+            set_base_offset(buf, 0, first_offset)
+            h.base_offset = first_offset
+            if leader_epoch is not None:
+                set_partition_leader_epoch(buf, 0, leader_epoch)
+                h.partition_leader_epoch = leader_epoch
+                self.leader_epoch_cache.assign(leader_epoch, first_offset)
+            segment = self._maybe_roll(size, now_ms, last_offset)
+            try:
+                segment.append(buf, [(0, h)], now_ms)
+            except OSError as e:
+                raise KafkaStorageError(
+                    f"error appending to {segment.log_path} of {self.name}: {errno.errorcode.get(e.errno or 0, e)} {e}"
+                ) from e
+            self._leo = last_offset + 1
+            if self._hw_tracks_leo:
+                self._hw = last_offset + 1
+            self._appended_messages += h.records_count
+            if entry is not None:
+                entry.batch_metadata.append(BatchMetadata(h.base_sequence, h.last_sequence, first_offset, last_offset,
+                                                          h.max_timestamp))
+                entry.last_timestamp = h.max_timestamp
+                self._first_unstable = self.producer_state.first_unstable_offset  # as the general commit does
+            self.producer_state.update_map_end_offset(last_offset + 1)
+        if h.max_timestamp > NO_TIMESTAMP:
+            return LogAppendInfo(first_offset, last_offset, h.max_timestamp, last_offset, -1, self._log_start_offset,
+                                 h.records_count, size)
+        return LogAppendInfo(first_offset, last_offset, -1, first_offset, -1, self._log_start_offset, h.records_count,
+                             size)
 
     def _check_batch_sizes(self, summary: BatchesSummary, config: LogConfig) -> None:
         for pos, h in summary.batches:

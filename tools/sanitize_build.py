@@ -6,7 +6,7 @@
 
 The fuzz runs in a child Python with libasan preloaded (CPython itself is not instrumented), PYTHONMALLOC=malloc
 (so ASan sees every list and buffer the C code touches, not pymalloc's arenas) and the sanitized modules
-installed as kbroker.protocol._codec, _record_walk, _batch_scan and _produce before anything imports them. Any ASan or UBSan report
+installed as kbroker.protocol._codec, _record_walk, _batch_scan, _produce and _frames before anything imports them. Any ASan or UBSan report
 aborts the child: exit status non-zero, the report on stderr. The in-place build is left alone.
 """
 
@@ -22,7 +22,7 @@ import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = ("_codec", "_record_walk", "_batch_scan", "_produce")
+MODULES = ("_codec", "_record_walk", "_batch_scan", "_produce", "_frames")
 FLAGS = [
     "-O1",
     "-g",

@@ -12,6 +12,7 @@ from confluent_kafka import KafkaError
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 from kbroker.broker import produce_codec
 from kbroker.protocol import codec as wire_codec
+from kbroker.protocol import framing
 from kbroker.protocol import records as R
 from kbroker.protocol.accelerators import PURE_PYTHON_ENV
 from kbroker.protocol.errors import ErrorCode
@@ -31,8 +32,9 @@ def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     """Every test here runs against a broker with the compiled codec, record walk and batch scan and against one with their
     Python references (the accelerators are optional: a machine without a compiler runs the Python ones, which
     must decode the same requests and refuse the same batches)."""
-    if request.param == "compiled" and not (COMPILED and wire_codec.COMPILED and R.SCAN_COMPILED and produce_codec.COMPILED):
-        pytest.skip("protocol/_record_walk.c, _codec.c, _batch_scan.c or _produce.c not built "
+    if request.param == "compiled" and not (COMPILED and wire_codec.COMPILED and R.SCAN_COMPILED and produce_codec.COMPILED
+                                            and framing.COMPILED):
+        pytest.skip("protocol/_record_walk.c, _codec.c, _batch_scan.c, _produce.c or _frames.c not built "
                     "(python setup.py build_ext --inplace)")
     env = {PURE_PYTHON_ENV: "1"} if request.param == "pure-python" else None
     b = BrokerProcess(tmp_path_factory.mktemp("broker"), env=env).start()
@@ -40,7 +42,7 @@ def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     while "started in" not in b.read_log() and time.monotonic() < deadline:
         time.sleep(0.05)
     kind = "pure Python" if env else "compiled"
-    for part in ("codec", "record walk", "batch scan", "produce path"):
+    for part in ("codec", "record walk", "batch scan", "produce path", "framing"):
         assert f"{part} {kind}" in b.read_log(), b.read_log()[-2000:]
     yield b
     b.stop()

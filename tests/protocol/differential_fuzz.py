@@ -3,8 +3,9 @@
 protocol/_codec.c against codec.py's generated functions (encode every request and response at every version the
 broker advertises, then decode mutated encodings with both) and protocol/_record_walk.c against
 record_walk.walk_records_py (record bodies with any varint widths, then mutated) and protocol/_batch_scan.c against
-records.scan_batches_py (batch sets with mutated headers, CRCs mended or not) and protocol/_produce.c against
-broker/produce_codec.py's references (Produce requests, then mutated, and their answers): the two must agree on every
+records.scan_batches_py (batch sets with mutated headers, CRCs mended or not; its plain against
+records.plain_client_batch_py, one batch mutated), protocol/_frames.c against framing.split_py and
+protocol/_produce.c against broker/produce_codec.py's references (Produce requests, then mutated, and their answers): the two must agree on every
 accept/refuse and on what they return. Run by tools/sanitize_build.py on ASan/UBSan builds of the accelerators
 (the point: a memory error in C shows up there, not as a wrong answer), and importable for a plain run.
 """
@@ -20,7 +21,7 @@ from typing import Any
 
 from crc32c import crc32c as ext_crc
 from kbroker.broker import produce_codec
-from kbroker.protocol import codec, record_walk
+from kbroker.protocol import codec, framing, record_walk
 from kbroker.protocol import records as R
 from kbroker.protocol.messages import ProduceRequest, RequestHeader
 
@@ -164,6 +165,57 @@ def scan_round(rng: random.Random) -> None:
     assert ext is not None and ext.crc32c(data) == ext.crc32c(data, True) == ext_crc(data)
 
 
+def _plain_both(buf: bytes | bytearray) -> None:
+    for compacted in (False, True):
+        for bounds in (None, (NOW - 5, NOW + 5)):
+            c = R._plain_compiled(buf, compacted, bounds)
+            py = R.plain_client_batch_py(buf, compacted, bounds)
+            assert c == py, (compacted, bounds, bytes(buf).hex())
+
+
+def plain_round(rng: random.Random) -> None:
+    """The leader's fast-path check (_batch_scan.c's plain): one batch, mostly of its case, then mutated."""
+    big = rng.random() < 0.05
+    buf = R.build_batch(
+        [
+            (
+                rng.choice([None, b"k", b"k"]),
+                rng.randbytes(70_000 if big else rng.randint(0, 40)),
+                (),
+                NOW + rng.choice([0, 0, 0, 100]),
+            )
+            for _ in range(rng.randint(1, 4))
+        ],
+        compression=rng.choice([R.COMPRESSION_NONE] * 4 + [R.COMPRESSION_GZIP]),
+        producer_id=rng.choice([-1, 5]),
+        base_sequence=rng.choice([-1, 0]),
+        is_transactional=rng.random() < 0.1,
+    )
+    _plain_both(buf)
+    for _ in range(8):
+        bad = bytearray(_mutate(rng, buf))
+        if rng.random() < 0.5 and len(bad) >= R.BATCH_HEADER_SIZE:
+            (length,) = struct.unpack_from(">i", bad, 8)
+            end = min(len(bad), max(length, 0) + R.LOG_OVERHEAD)
+            struct.pack_into(">I", bad, 17, ext_crc(bytes(bad[21:end])))
+        _plain_both(bad)
+
+
+def framing_round(rng: random.Random) -> None:
+    """protocol/_frames.c's split: frames back to back, sizes that lie, cut anywhere, any range of the buffer."""
+    out = bytearray(rng.randbytes(rng.randint(0, 6)))
+    for _ in range(rng.randint(0, 6)):
+        body = rng.randbytes(rng.choice([0, 3, 8, 20, 300]))
+        size = rng.choice([len(body)] * 4 + [-1, 0, 7, 8, 2**31 - 1, rng.randint(-(2**31), 2**31 - 1)])
+        out += struct.pack(">i", size) + body
+    del out[rng.randint(0, len(out)) :]
+    start = rng.randint(0, len(out))
+    end = rng.randint(start, len(out))
+    max_request = rng.choice([8, 30, 2**31 - 1])
+    c = framing._compiled.split(out, start, end, max_request)  # type: ignore[union-attr]
+    assert c == framing.split_py(out, start, end, max_request), (out.hex(), start, end, max_request)
+
+
 def _produce_frame(rng: random.Random, version: int) -> tuple[bytes, int]:
     P = ProduceRequest
     topics = []
@@ -256,12 +308,20 @@ ROUNDS: list[tuple[str, Callable[[random.Random], None], int]] = [
     ("encode hazard", encode_hazard_round, 1),
     ("batch scan", scan_round, 2),
     ("produce", produce_round, 2),
+    ("plain batch", plain_round, 1),
+    ("framing", framing_round, 1),
 ]
 
 
 def run(seconds: float, seed: int = 0) -> dict[str, int]:
     """Rounds until `seconds` have passed (at least one of each); the same seed replays the same inputs."""
-    if not (codec.COMPILED and record_walk.COMPILED and R.SCAN_COMPILED and produce_codec.COMPILED):
+    if not (
+        codec.COMPILED
+        and record_walk.COMPILED
+        and R.SCAN_COMPILED
+        and produce_codec.COMPILED
+        and framing.COMPILED
+    ):
         raise RuntimeError("the compiled accelerators are not loaded (python setup.py build_ext --inplace)")
     rng = random.Random(seed)
     done = {name: 0 for name, _, _ in ROUNDS}

@@ -203,3 +203,92 @@ def test_pure_python_switch_selects_the_reference() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == f"pure Python ({PURE_PYTHON_ENV} set)"
+
+
+@st.composite
+def plain_batch(draw: st.DrawFn) -> bytes:
+    """Mostly the leader's fast-path case (one uncompressed CreateTime batch), sometimes mutated or something else."""
+    buf = bytearray(
+        R.build_batch(
+            draw(st.lists(_record, min_size=1, max_size=5)),
+            producer_id=draw(st.sampled_from([-1, 0, 7])),
+            producer_epoch=draw(st.sampled_from([-1, 0, 3])),
+            base_sequence=draw(st.sampled_from([-1, 0, 2**31 - 2])),
+            is_transactional=draw(st.sampled_from([False, False, False, True])),
+            timestamp_type=draw(st.sampled_from([0, 0, 0, 1])),
+            compression=draw(st.sampled_from([R.COMPRESSION_NONE] * 3 + [R.COMPRESSION_GZIP])),
+        )
+    )
+    how = draw(st.sampled_from([None, None, "field", "flip", "cut", "append", "second"]))
+    if how == "field":
+        off, fmt = draw(st.sampled_from(_FIELDS))
+        size = struct.calcsize(fmt)
+        value = draw(_INT64 if size == 8 else _INT32)
+        lo, hi = (
+            (0, 2 ** (8 * size) - 1)
+            if fmt[1].isupper()
+            else (-(2 ** (8 * size - 1)), 2 ** (8 * size - 1) - 1)
+        )
+        struct.pack_into(fmt, buf, off, min(max(value, lo), hi))
+    elif how == "flip":
+        buf[draw(st.integers(0, len(buf) - 1))] ^= 1 << draw(st.integers(0, 7))
+    elif how == "cut":
+        del buf[draw(st.integers(0, len(buf) - 1)) :]
+    elif how == "append":
+        buf += draw(st.binary(min_size=1, max_size=80))
+    elif how == "second":
+        buf += draw(batch())
+    if how in ("field", "flip") and draw(st.booleans()):
+        _recrc(buf, 0)
+    return bytes(buf)
+
+
+_PLAIN_MODES = st.tuples(
+    st.booleans(),
+    st.sampled_from([None, (NOW - 1000, NOW + 1000), (NOW - 10**7, NOW + 10**7), (-(2**63), 2**63 - 1)]),
+)
+
+
+def _plain_both(buf: bytes, mode: tuple[bool, tuple[int, int] | None]) -> R.RecordBatchHeader | None:
+    py = R.plain_client_batch_py(buf, *mode)
+    c = R._plain_compiled(buf, *mode)
+    assert c == py, (buf.hex(), mode)
+    assert type(c) is type(py)
+    return c
+
+
+compiled_plain = pytest.mark.skipif(
+    R.plain_client_batch is R.plain_client_batch_py,
+    reason="protocol/_batch_scan.c or _record_walk.c not built",
+)
+
+
+@compiled_plain
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plain_batch(), _PLAIN_MODES)
+def test_plain_batch_agrees_with_its_reference(buf: bytes, mode: tuple[bool, tuple[int, int] | None]) -> None:
+    _plain_both(buf, mode)
+
+
+@compiled_plain
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200) | hostile(), _PLAIN_MODES)
+def test_plain_batch_on_hostile_bytes_agrees_with_its_reference(
+    buf: bytes, mode: tuple[bool, tuple[int, int] | None]
+) -> None:
+    _plain_both(buf, mode)
+
+
+@compiled_plain
+def test_plain_batch_accepts_the_common_batch_and_any_buffer() -> None:
+    raw = R.build_batch(
+        [(b"k", b"v" * 100, (), NOW + i) for i in range(10)], producer_id=7, producer_epoch=0, base_sequence=0
+    )
+    for buf in (raw, bytearray(raw), memoryview(bytearray(raw)), memoryview(raw)):
+        h = _plain_both(buf, (False, None))
+        assert h is not None and (h.records_count, h.producer_id, h.base_sequence) == (10, 7, 0)
+    # a key missing on a compacted topic, or a timestamp out of bounds: the general path answers
+    assert _plain_both(R.build_batch([(None, b"v", (), NOW)]), (True, None)) is None
+    assert _plain_both(raw, (False, (NOW + 100, NOW + 200))) is None
+    big = R.build_batch([(b"k", b"v" * 1000, (), NOW)] * 100)  # CRC checked without the GIL
+    assert _plain_both(big, (True, (NOW - 1, NOW + 1))) is not None

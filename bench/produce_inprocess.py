@@ -1,0 +1,216 @@
+"""The broker's own CPU per Produce request without sockets: what the request path costs in the interpreter.
+
+    python -m bench.produce_inprocess [--requests N] [--reps R] [--profile OUT.prof]
+
+Starts a broker in this process (topic `bench`, one partition), gets a producer id over a real connection, then
+feeds bench.produce_path's idempotent requests (acks=1, one 10-record batch of 100-byte values, the next sequence
+each) to a KafkaConnection whose transport is a stub, on the connection's own network thread: framing, header
+decode, dispatch, the Produce handler, the log append (segment write included) and the answer's encode, without
+the kernel's socket work or the wake-ups. Its thread CPU time per request is printed per repetition. The socket
+bench (bench.produce_path) measures the whole; this one resolves changes of a microsecond on a loaded machine,
+where the socket figures move by 20-40% from run to run. --profile writes cProfile stats of the last repetition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import socket
+import statistics
+import struct
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import uvloop
+from kbroker.broker.config import KafkaConfig
+from kbroker.broker.network import KafkaConnection
+from kbroker.broker.server import KafkaServer
+from kbroker.protocol import codec
+from kbroker.protocol.messages import ProduceRequest, RequestHeader
+from kbroker.protocol.records import build_batch
+
+from bench.harness import free_port
+from bench.produce_path import _CRC_AT, _CRC_FROM, _SEQUENCE_AT, create_topic, init_producer_id
+
+RECORDS = 10
+WARM = 200
+
+
+class StubTransport:
+    """What KafkaConnection asks of a transport; answers are counted and the last one kept."""
+
+    def __init__(self) -> None:
+        self.answers = 0
+        self.last: Any = None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 1) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high: int = 0, low: int = 0) -> None:
+        pass
+
+    def write(self, data: Any) -> None:
+        self.answers += 1
+        self.last = data
+
+    def writelines(self, parts: list[Any]) -> None:
+        for data in parts:
+            self.write(data)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+def _frames(pid: int, epoch: int, count: int) -> list[bytes]:
+    batch = build_batch(
+        [(None, b"v" * 100, (), 1_700_000_000_000 + i) for i in range(RECORDS)],
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=0,
+    )
+    body = ProduceRequest(
+        transactional_id=None,
+        acks=1,
+        timeout_ms=30000,
+        topic_data=[
+            ProduceRequest.TopicProduceData(
+                name="bench", partition_data=[ProduceRequest.PartitionProduceData(index=0, records=batch)]
+            )
+        ],
+    )
+    header = RequestHeader(request_api_key=0, request_api_version=9, correlation_id=0, client_id="bench")
+    f = bytearray(codec.encode_request(header, body))
+    at = bytes(f).index(batch)
+    out = []
+    for i in range(count):
+        struct.pack_into(">i", f, 8, i)
+        struct.pack_into(">i", f, at + _SEQUENCE_AT, i * RECORDS)
+        struct.pack_into(
+            ">I", f, at + _CRC_AT, crc32c.crc32c(memoryview(f)[at + _CRC_FROM : at + len(batch)])
+        )
+        out.append(bytes(f))
+    return out
+
+
+def measure(requests: int, reps: int, profile: Path | None = None) -> list[float]:
+    """Thread CPU microseconds per request, one figure per repetition."""
+    port = free_port()
+    results: list[float] = []
+    failure: list[BaseException] = []
+    with tempfile.TemporaryDirectory(prefix="kbroker-inprocess-") as data:
+        props = Path(data) / "server.properties"
+        props.write_text(
+            f"listeners=PLAINTEXT://127.0.0.1:{port}\nlog.dirs={data}/logs\nnum.network.threads=1\n"
+        )
+        server = KafkaServer(KafkaConfig.from_file(str(props), []))
+        loop = uvloop.new_event_loop()
+
+        def feed_all(frames: list[bytes], done: threading.Event) -> None:
+            try:
+                conn = KafkaConnection(server.socket_server.processors[0], "in-process")
+                transport = StubTransport()
+                conn.connection_made(transport)  # type: ignore[arg-type]
+
+                def feed(frame: bytes) -> None:
+                    buf = conn.get_buffer(-1)
+                    buf[: len(frame)] = frame
+                    conn.buffer_updated(len(frame))
+
+                for frame in frames[:WARM]:
+                    feed(frame)
+                for rep in range(reps):
+                    chunk = frames[WARM + rep * requests : WARM + (rep + 1) * requests]
+                    prof = cProfile.Profile() if profile is not None and rep == reps - 1 else None
+                    if prof is not None:
+                        prof.enable()
+                    t0 = time.thread_time()
+                    for frame in chunk:
+                        feed(frame)
+                    t1 = time.thread_time()
+                    if prof is not None:
+                        prof.disable()
+                        prof.dump_stats(str(profile))
+                    results.append((t1 - t0) / requests * 1e6)
+                part = (
+                    codec.decode_response(0, 9, bytes(transport.last)[4:])[1]
+                    .responses[0]
+                    .partition_responses[0]
+                )
+                expected = (len(frames) - 1) * RECORDS
+                if transport.answers != len(frames) or part.error_code or part.base_offset != expected:
+                    raise RuntimeError(
+                        f"{transport.answers} answers, the last {part}: expected offset {expected}"
+                    )
+            except BaseException as e:  # noqa: BLE001 - reported by the main thread
+                failure.append(e)
+            finally:
+                done.set()
+
+        def client() -> None:
+            try:
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                        break
+                    except OSError:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.05)
+                with sock:
+                    create_topic(sock, 1)
+                    pid, epoch = init_producer_id(sock)
+                frames = _frames(pid, epoch, WARM + reps * requests)
+                done = threading.Event()
+                server.socket_server.processors[0].loop.call_soon_threadsafe(feed_all, frames, done)
+                done.wait()
+            except BaseException as e:  # noqa: BLE001 - reported by the main thread
+                failure.append(e)
+            finally:
+                loop.call_soon_threadsafe(server.request_stop)
+
+        threading.Thread(target=client, daemon=True).start()
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(server.run_until_stopped())
+    if failure:
+        raise failure[0]
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.produce_inprocess", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("--requests", type=int, default=20000)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--profile", type=Path, help="cProfile stats of the last repetition into this file")
+    args = ap.parse_args(argv)
+    results = measure(args.requests, args.reps, args.profile)
+    print(
+        "in-process broker CPU per Produce request (us): "
+        + " ".join(f"{r:.1f}" for r in results)
+        + f"; median {statistics.median(results):.1f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

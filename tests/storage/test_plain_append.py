@@ -1,0 +1,210 @@
+"""Log._append_plain (the leader's fast path for the common client append) against the general append_as_leader:
+the same appends give the same answers, errors, log bytes and producer state."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kbroker.protocol.records import (
+    COMPRESSION_GZIP,
+    COMPRESSION_NONE,
+    TIMESTAMP_LOG_APPEND_TIME,
+    build_batch,
+)
+from kbroker.storage import log as log_module
+from kbroker.storage.config import LogConfig
+from kbroker.storage.log import Log
+from kbroker.storage.producer_state import encode_snapshot
+
+from tests.storage.storage_helpers import NOW
+
+PIDS = (-1, 1000, 1000, 1000, 1001)
+
+
+def _mostly(common: Any, *rare: Any) -> st.SearchStrategy[Any]:
+    """common four times in five: the fast path's case must be frequent for the comparison to mean something."""
+    return st.sampled_from((common,) * 4 * max(1, len(rare)) + rare)
+
+
+# One append: (producer, epoch, sequence step, records, keyed, timestamp shift, transactional, codec, LogAppendTime
+# mark, leader epoch, writable buffer, flipped byte)
+appends = st.tuples(
+    st.sampled_from(PIDS),
+    _mostly(0, 1, 2),
+    _mostly(0, -1, -2, 1, "dup", "zero", "neg"),
+    st.integers(1, 4),
+    _mostly(True, False),
+    _mostly(0, -10_000_000, 10_000_000),
+    st.sampled_from((False, False, True)),
+    st.sampled_from((COMPRESSION_NONE, COMPRESSION_GZIP)),
+    _mostly(False, True),
+    _mostly(1, None, 0, 2),
+    st.booleans(),
+    _mostly(None, 13, 30, 70),
+)
+
+configs = st.fixed_dictionaries(
+    {
+        "cleanup_policy": _mostly("delete", "compact"),
+        "message_timestamp_difference_max_ms": _mostly(2**63 - 1, 1_000_000),
+        "max_message_bytes": _mostly(1048588, 200),
+        "compression_type": _mostly("producer", "gzip"),
+        "message_timestamp_type": _mostly("CreateTime", "LogAppendTime"),
+        "segment_bytes": _mostly(1 << 30, 600),
+        "index_interval_bytes": _mostly(4096, 1),
+    }
+)
+
+
+def _outcome(lg: Log, records: bytes | bytearray, now: int, leader_epoch: int | None) -> Any:
+    try:
+        return lg.append_as_leader(records, now, leader_epoch=leader_epoch)
+    except Exception as e:  # noqa: BLE001 - the error is the outcome compared
+        return (type(e).__name__, str(e).replace(str(lg.dir.parent), "DIR"))
+
+
+def _state(lg: Log) -> tuple[Any, ...]:
+    files = sorted(
+        (p.name, p.read_bytes()) for p in lg.dir.iterdir() if p.suffix in (".log", ".index", ".timeindex")
+    )
+    for seg in lg.segments:
+        seg.index.flush()
+        seg.time_index.flush()
+    producers = encode_snapshot(0, sorted(lg.producer_state.producers.values(), key=lambda e: e.producer_id))
+    return (
+        lg.log_end_offset,
+        lg.high_watermark,
+        files,
+        producers,
+        dict(lg.producer_state.ongoing_txns),
+        [tuple(e) for e in lg.leader_epoch_cache.entries],
+    )
+
+
+def _run(
+    config: dict[str, Any],
+    ops: list[tuple[Any, ...]],
+    plain: bool,
+    root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[list[Any], tuple[Any, ...]]:
+    monkeypatch.setattr(log_module, "PLAIN_APPEND", plain)
+    lg = Log.open(
+        root / ("plain" if plain else "general") / "t-0",
+        "t",
+        0,
+        LogConfig().replace(**config),
+        clean_shutdown=True,
+    )
+    lg.leader_epoch = 1
+    next_seq: dict[tuple[int, int], int] = {}
+    last: dict[int, tuple[int, int]] = {}
+    answers = []
+    try:
+        for i, (
+            pid,
+            epoch,
+            step,
+            n,
+            keyed,
+            shift,
+            txn,
+            codec,
+            lat,
+            leader_epoch,
+            writable,
+            flip,
+        ) in enumerate(ops):
+            if step == "dup" and pid in last:
+                seq, n = last[pid]
+            elif step == "zero":
+                seq = 0
+            elif step == "neg":
+                seq = -1
+            else:
+                seq = max(0, next_seq.get((pid, epoch), 0) + (step if isinstance(step, int) else 0))
+            recs = [
+                ((f"k{j}".encode() if keyed or j else None), b"v" * (j + 5), [], NOW + shift + j)
+                for j in range(n)
+            ]
+            kw: dict[str, Any] = {"compression": codec, "is_transactional": txn and pid >= 0}
+            if lat:
+                kw["timestamp_type"] = TIMESTAMP_LOG_APPEND_TIME
+            if pid >= 0:
+                kw.update(producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+            raw = bytearray(build_batch(recs, **kw))
+            if flip is not None and flip < len(raw):
+                raw[flip] ^= 0x5A
+            answers.append(_outcome(lg, raw if writable else bytes(raw), NOW + i, leader_epoch))
+            if pid >= 0 and seq >= 0:
+                next_seq[(pid, epoch)] = seq + n
+                last[pid] = (seq, n)
+        return answers, _state(lg)
+    finally:
+        lg.close()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(config=configs, ops=st.lists(appends, min_size=1, max_size=20))
+def test_plain_append_matches_general(
+    config: dict[str, Any], ops: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = _run(config, ops, True, Path(tmp), monkeypatch)
+        general = _run(config, ops, False, Path(tmp), monkeypatch)
+    assert plain[0] == general[0]
+    assert plain[1] == general[1]
+
+
+def test_plain_append_takes_the_common_append(make_log: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path serves an idempotent producer's batches after its first (else the test above compares the
+    general path with itself)."""
+    lg = make_log()
+    calls = []
+    original = Log._append_plain
+
+    def counted(self: Log, *args: Any) -> Any:
+        info = original(self, *args)
+        calls.append(info is not None)
+        return info
+
+    monkeypatch.setattr(Log, "_append_plain", counted)
+    for seq in range(0, 9, 3):
+        batch = bytearray(
+            build_batch([(None, b"v", [], NOW)] * 3, producer_id=7, producer_epoch=0, base_sequence=seq)
+        )
+        assert lg.append_as_leader(batch, NOW).first_offset == seq
+    assert calls == [False, True, True]
+    entry = lg.producer_state.last_entry(7)
+    assert entry is not None and [
+        (m.first_seq, m.last_seq, m.first_offset) for m in entry.batch_metadata
+    ] == [(0, 2, 0), (3, 5, 3), (6, 8, 6)]
+
+
+def test_plain_append_of_compressed_batches_keeps_transactions(make_log: Any) -> None:
+    """A compressed batch takes the fast path after its general validation; a transactional one does not (it opens
+    a transaction), and a plain batch inside that transaction is refused as in the general path."""
+    lg = make_log()
+    answers = []
+    for seq, txn in ((0, False), (3, False), (6, True), (9, False)):
+        batch = bytearray(
+            build_batch(
+                [(b"k", b"v", [], NOW)] * 3,
+                producer_id=7,
+                producer_epoch=0,
+                base_sequence=seq,
+                compression=COMPRESSION_GZIP,
+                is_transactional=txn,
+            )
+        )
+        try:
+            answers.append(lg.append_as_leader(batch, NOW).first_offset)
+        except Exception as e:  # noqa: BLE001 - the refusal is the answer checked
+            answers.append(type(e).__name__)
+    assert answers == [0, 3, 6, "InvalidTxnStateError"]
+    assert lg.producer_state.ongoing_txns == {6: 7}
