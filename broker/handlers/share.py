@@ -38,6 +38,8 @@ from kbroker.protocol.messages import (
 _STATE_LOADING = (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE)
 # (topic id, partition) -> (error code, acknowledge error code, records, acquired ranges)
 _Result = dict[tuple[bytes, int], list[Any]]
+# ShareFetch v2's ShareAcquireMode (KIP-1206): 0 batch_optimized (v1's behaviour), 1 record_limit
+SHARE_ACQUIRE_RECORD_LIMIT = 1
 
 
 async def handle_share_group_heartbeat(
@@ -206,6 +208,7 @@ def _acquire(
     session: ShareSession,
     max_records: int,
     max_bytes: int,
+    record_limit: bool,
     out: _Result,
 ) -> int:
     names = ctx.server.topic_names_by_id()
@@ -213,7 +216,13 @@ def _acquire(
     lock_ms = spm.lock_ms(group_id)
     committed = spm.read_committed(group_id)
     acquired = 0
-    for topic_id, partition in sorted(session.partitions):
+    # As Kafka's PartitionRotateStrategy: each fetch of a session starts one partition further on, so a member
+    # holding several partitions fills its max_records from each in turn, not always from the first
+    order = sorted(session.partitions)
+    if order:
+        k = session.epoch % len(order)
+        order = order[k:] + order[:k]
+    for topic_id, partition in order:
         entry = out.setdefault((topic_id, partition), [ErrorCode.NONE, ErrorCode.NONE, [], []])
         name = names.get(topic_id)
         if name is None:
@@ -229,7 +238,15 @@ def _acquire(
             sp = spm.share_partition(group_id, name, partition, lg)
             limit = lg.last_stable_offset if committed else lg.high_watermark
             chunks, ranges = sp.acquire(
-                lg, member_id, max_records - acquired, max_bytes, lock_ms, spm.max_locks, limit, committed
+                lg,
+                member_id,
+                max_records - acquired,
+                max_bytes,
+                lock_ms,
+                spm.max_locks,
+                limit,
+                committed,
+                record_limit,
             )
         except Exception as e:  # a storage error answers for this partition only
             code = getattr(e, "code", None)
@@ -252,6 +269,7 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
     spm = SharePartitionManager.of(ctx.server)
     max_records = req.max_records if req.max_records > 0 else 500
     max_bytes = req.max_bytes if req.max_bytes > 0 else 2**31 - 1
+    record_limit = req.share_acquire_mode == SHARE_ACQUIRE_RECORD_LIMIT
     deadline = time.monotonic() + max(req.max_wait_ms, 0) / 1000
 
     async def run() -> tuple[int, _Result]:
@@ -282,7 +300,10 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
                 name = names.get(topic_id)
                 if name is not None and ctx.server.replica_manager.leads(name, partition) is not False:
                     await spm.prepare(group_id, name, partition, max(deadline, time.monotonic() + 0.5))
-            if _acquire(ctx, spm, group_id, member_id, session, max_records, max_bytes, out) > 0:
+            if (
+                _acquire(ctx, spm, group_id, member_id, session, max_records, max_bytes, record_limit, out)
+                > 0
+            ):
                 break
             if any(e[0] for e in out.values()) or time.monotonic() >= deadline:
                 break
