@@ -7,7 +7,6 @@ broker.share_partition_manager's, on the share loop, reached through `call()`.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -197,6 +196,8 @@ def _acknowledge(
                 )
                 if code:
                     entry[1] = code
+    if applied:
+        spm.wake_fetches()  # released records, or a start offset moved: room under the in-flight limit
     return applied
 
 
@@ -295,11 +296,15 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
             for idx in f.partitions:
                 session.partitions.discard((bytes(f.topic_id), idx))
         names = ctx.server.topic_names_by_id()
+        purgatory = ctx.server.replica_manager.purgatory
         while True:
+            keys = []
             for topic_id, partition in sorted(session.partitions):
                 name = names.get(topic_id)
                 if name is not None and ctx.server.replica_manager.leads(name, partition) is not False:
                     await spm.prepare(group_id, name, partition, max(deadline, time.monotonic() + 0.5))
+                    keys.append((name, partition))
+            seen = (spm.changes, purgatory.generation)
             if (
                 _acquire(ctx, spm, group_id, member_id, session, max_records, max_bytes, record_limit, out)
                 > 0
@@ -308,7 +313,11 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
             if any(e[0] for e in out.values()) or time.monotonic() >= deadline:
                 break
             spm.persist_dirty()
-            await asyncio.sleep(min(0.02, max(deadline - time.monotonic(), 0)))
+            # a share-partition still loading its state is not watched for: look again soon
+            loading = len(keys) > sum(1 for k in keys if (group_id, *k) in spm.partitions)
+            await spm.wait_for_records(
+                keys, min(deadline, time.monotonic() + 0.05) if loading else deadline, seen
+            )
         _unconfirmed(ctx, group_id, applied, out, await spm.persist())
         return ErrorCode.NONE, out
 
