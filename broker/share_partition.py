@@ -45,6 +45,10 @@ def _first(r: Run) -> int:
     return r.first
 
 
+def _slice(data: bytes, start: int, end: int) -> bytes:
+    return data if start == 0 and end == len(data) else data[start:end]
+
+
 def in_aborted_txn(data: bytes, pos: int, aborted: list[Any]) -> bool:
     """Whether the batch at pos is a transactional batch of a transaction that aborted (Kafka's SharePartition
     archives these under read_committed rather than deliver them)."""
@@ -172,6 +176,9 @@ class SharePartition:
             if not batches:
                 break
             aborted = list(info.aborted_transactions or []) if read_committed else []
+            # the batches answered from this read, as one slice while they are consecutive (most often all of
+            # them: the read's own bytes, not a copy)
+            span = [0, 0]
             for base, last, control, s, e in batches:
                 if acquired >= max_records:
                     break
@@ -205,7 +212,11 @@ class SharePartition:
                         self.dirty = True
                     self.end = hi + 1
                 if got:
-                    chunks.append(data[s:e])
+                    if s != span[1]:
+                        if span[1] > span[0]:
+                            chunks.append(_slice(data, span[0], span[1]))
+                        span[0] = s
+                    span[1] = e
                     size += e - s
                     for first, la, count in got:
                         if ranges and ranges[-1][1] == first - 1 and ranges[-1][2] == count:
@@ -213,6 +224,8 @@ class SharePartition:
                         else:
                             ranges.append((first, la, count))
                 pos = last + 1
+            if span[1] > span[0]:
+                chunks.append(_slice(data, span[0], span[1]))
             self._advance()
         return chunks, ranges
 
