@@ -223,6 +223,9 @@ class SharePartitionManager:
             if not fut.done():
                 fut.set_result(None)
 
+    def waiting_fetches(self) -> int:
+        return len(self._fetch_waiters)
+
     async def wait_for_records(
         self, keys: list[tuple[str, int]], until: float, seen: tuple[int, int]
     ) -> None:

@@ -7,6 +7,7 @@ broker.share_partition_manager's, on the share loop, reached through `call()`.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -284,11 +285,17 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
         session, code = spm.session_for(group_id, member_id, req.share_session_epoch, ctx.conn)
         if session is None:
             return code, out
+        waiting = spm.waiting_fetches()
         applied = _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
         if req.share_session_epoch == -1:
             spm.release_session(group_id, member_id)
             _unconfirmed(ctx, group_id, applied, out, await spm.persist())
             return ErrorCode.NONE, out
+        if applied and waiting:
+            # As Kafka's, the records these acknowledgements free go first to the fetches already waiting (the
+            # wake-up runs them before this one acquires): else the member that acknowledges, whose next fetch
+            # carries its acknowledgements, would take every batch its acknowledgement made room for.
+            await asyncio.sleep(0)
         for t in req.topics:
             for p in t.partitions:
                 session.partitions.add((bytes(t.topic_id), p.partition_index))
