@@ -2,14 +2,17 @@
 
 The share-partition start offset (SPSO) and end (SPEO) bound the in-flight records: each is Available, Acquired
 by one member under an acquisition lock with a deadline, Acknowledged or Archived, and counts its deliveries.
-Records past the end have never been delivered. State is per offset; a dict of small objects stays cheap because
-`group.share.partition.max.record.locks` caps what is acquired at once. Touched only from the share loop.
+Records past the end have never been delivered. As Kafka's cached state of in-flight batches, the state is kept
+in runs of consecutive offsets that share it (a fetched batch is one run until an acknowledgement or a release
+splits it), so fetching, acknowledging and writing the state cost per run, not per record. Offsets between
+start and end that no run covers do not exist in the log (compacted away). Touched only from the share loop.
 """
 
 from __future__ import annotations
 
 import struct
 import time
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +27,26 @@ _TRANSACTIONAL = 0x10
 
 
 @dataclass(slots=True)
-class InFlight:
+class Run:
+    """Consecutive in-flight offsets in one state (Kafka's InFlightBatch, split where states differ)."""
+
+    first: int
+    last: int
     state: int
     delivery_count: int
     member: str | None = None
     deadline: float = 0.0
+
+    def copy_from(self, first: int, last: int) -> Run:
+        return Run(first, last, self.state, self.delivery_count, self.member, self.deadline)
+
+
+def _first(r: Run) -> int:
+    return r.first
+
+
+def _slice(data: bytes, start: int, end: int) -> bytes:
+    return data if start == 0 and end == len(data) else data[start:end]
 
 
 def in_aborted_txn(data: bytes, pos: int, aborted: list[Any]) -> bool:
@@ -64,7 +82,7 @@ class SharePartition:
         self.partition = partition
         self.start = start_offset
         self.end = start_offset
-        self.records: dict[int, InFlight] = {}
+        self.runs: list[Run] = []  # sorted, disjoint, within [start, end)
         self.dirty = False  # changed since the last snapshot written to __share_group_state
         self.snapshot_epoch = 0
         # the state epoch read from the share coordinator: a newer one there fences this share-partition
@@ -74,16 +92,44 @@ class SharePartition:
         # dropped for a leadership change with changes never written: its acknowledgements are not durable
         self.lost = False
 
-    def locks_held(self) -> int:
-        return sum(1 for r in self.records.values() if r.state == ACQUIRED)
+    # ------------------------------------------------------------ runs
 
-    def _next_candidate(self, pos: int, limit: int) -> int | None:
-        avail = [o for o, r in self.records.items() if r.state == AVAILABLE and o >= pos]
-        best = min(avail) if avail else None
-        new = max(pos, self.end)
-        if new < limit and (best is None or new < best):
-            best = new
-        return best
+    def _split(self, off: int) -> int:
+        """Make offset off start a run if a run holds it; the index of the first run at or after off."""
+        runs = self.runs
+        i = bisect_right(runs, off, key=_first) - 1
+        if i < 0:
+            return 0
+        r = runs[i]
+        if r.first == off:
+            return i
+        if off <= r.last:
+            runs.insert(i + 1, r.copy_from(off, r.last))
+            r.last = off - 1
+        return i + 1
+
+    def _span(self, first: int, last: int) -> tuple[int, int]:
+        """Runs [i, j) covering exactly first..last (split at both ends)."""
+        i = self._split(first)
+        j = self._split(last + 1)
+        return i, j
+
+    def in_flight(self) -> int:
+        """Kafka's count against group.share.partition.max.record.locks: the whole window from the start offset
+        to the end, whatever the state of the records in it."""
+        return self.end - self.start if self.runs else 0
+
+    def delivery_complete(self) -> int:
+        """Records past the start offset already acknowledged or archived."""
+        return sum(r.last - r.first + 1 for r in self.runs if r.state in (ACKNOWLEDGED, ARCHIVED))
+
+    def _next_available(self, pos: int) -> int | None:
+        for r in self.runs:
+            if r.last >= pos and r.state == AVAILABLE:
+                return max(r.first, pos)
+        return None
+
+    # ------------------------------------------------------------ acquisition
 
     def acquire(
         self,
@@ -95,20 +141,29 @@ class SharePartition:
         max_locks: int,
         limit: int,
         read_committed: bool = False,
+        record_limit: bool = False,
     ) -> tuple[list[bytes], list[tuple[int, int, int]]]:
-        """Acquire up to max_records records for member below limit (the high watermark, or the LSO for
-        read_committed, where the records of aborted transactions are archived, never delivered): the whole
-        batches holding them and the acquired (first, last, delivery count) ranges."""
+        """Acquire records for member below limit (the high watermark, or the LSO for read_committed, where the
+        records of aborted transactions are archived, never delivered): the whole batches holding them and the
+        acquired (first, last, delivery count) ranges. As Kafka's share.acquire.mode: batch_optimized (the
+        default) acquires whole batches until max_records is reached, so the last one may pass it; record_limit
+        stops at max_records exactly, leaving the rest of a new batch Available. New records are acquired only
+        while the window from the start offset stays within max_locks (Kafka's max in-flight records);
+        released ones are delivered again whatever the window."""
         if self.start < lg.log_start_offset:
-            self.reset(lg.log_start_offset) if not self.records else self._move_start(lg.log_start_offset)
-        budget = min(max_records, max_locks - self.locks_held())
+            self.reset(lg.log_start_offset) if not self.runs else self._move_start(lg.log_start_offset)
+        new_budget = min(max_records, max_locks - self.in_flight())
         chunks: list[bytes] = []
         ranges: list[tuple[int, int, int]] = []
+        acquired = 0
         size = 0
         deadline = time.monotonic() + lock_ms / 1000
         pos = self.start
-        while budget > 0 and size < max_bytes:
-            nxt = self._next_candidate(pos, limit)
+        while acquired < max_records and size < max_bytes:
+            nxt = self._next_available(pos)
+            new = max(pos, self.end)
+            if new < limit and new_budget > 0 and (nxt is None or new < nxt):
+                nxt = new
             if nxt is None:
                 break
             info = lg.read(
@@ -123,43 +178,92 @@ class SharePartition:
             if not batches:
                 break
             aborted = list(info.aborted_transactions or []) if read_committed else []
+            # the batches answered from this read, as one slice while they are consecutive (most often all of
+            # them: the read's own bytes, not a copy)
+            span = [0, 0]
             for base, last, control, s, e in batches:
-                if budget <= 0:
+                if acquired >= max_records:
                     break
-                control = control or in_aborted_txn(data, s, aborted)
-                got: list[tuple[int, int]] = []
-                for off in range(max(base, nxt), last + 1):
-                    if budget <= 0:
-                        break
-                    rec = self.records.get(off)
-                    if off >= self.end and off < limit:
-                        if control:
-                            self.records[off] = InFlight(ARCHIVED, 0)
-                            self.end = off + 1
-                            continue
-                        rec = self.records[off] = InFlight(AVAILABLE, 0)
-                        self.end = off + 1
-                    if rec is None or rec.state != AVAILABLE:
-                        continue
-                    rec.state, rec.member, rec.deadline = ACQUIRED, member, deadline
-                    rec.delivery_count += 1
-                    self.dirty = True
-                    budget -= 1
-                    got.append((off, rec.delivery_count))
+                lo = max(base, nxt)
+                got: list[tuple[int, int, int]] = []
+                if lo < self.end:
+                    acquired += self._acquire_existing(
+                        lo,
+                        min(last, self.end - 1),
+                        member,
+                        deadline,
+                        max_records - acquired,
+                        record_limit,
+                        got,
+                    )
+                hi = min(last, limit - 1)
+                lo = max(lo, self.end)
+                if lo <= hi and new_budget > 0 and acquired < max_records:
+                    if control or in_aborted_txn(data, s, aborted):
+                        self.runs.append(Run(lo, hi, ARCHIVED, 0))
+                    else:
+                        take = hi - lo + 1
+                        if record_limit:
+                            take = min(take, max_records - acquired, new_budget)
+                        self.runs.append(Run(lo, lo + take - 1, ACQUIRED, 1, member, deadline))
+                        if lo + take <= hi:  # record_limit: the rest of the batch is in flight, not acquired
+                            self.runs.append(Run(lo + take, hi, AVAILABLE, 0))
+                        got.append((lo, lo + take - 1, 1))
+                        acquired += take
+                        new_budget -= take
+                        self.dirty = True
+                    self.end = hi + 1
                 if got:
-                    chunks.append(data[s:e])
+                    if s != span[1]:
+                        if span[1] > span[0]:
+                            chunks.append(_slice(data, span[0], span[1]))
+                        span[0] = s
+                    span[1] = e
                     size += e - s
-                    first, count = got[0]
-                    prev = first
-                    for off, c in got[1:]:
-                        if off != prev + 1 or c != count:
-                            ranges.append((first, prev, count))
-                            first, count = off, c
-                        prev = off
-                    ranges.append((first, prev, count))
+                    for first, la, count in got:
+                        if ranges and ranges[-1][1] == first - 1 and ranges[-1][2] == count:
+                            ranges[-1] = (ranges[-1][0], la, count)
+                        else:
+                            ranges.append((first, la, count))
                 pos = last + 1
+            if span[1] > span[0]:
+                chunks.append(_slice(data, span[0], span[1]))
             self._advance()
         return chunks, ranges
+
+    def _acquire_existing(
+        self,
+        lo: int,
+        hi: int,
+        member: str,
+        deadline: float,
+        room: int,
+        record_limit: bool,
+        got: list[tuple[int, int, int]],
+    ) -> int:
+        """Acquire the Available runs within lo..hi (records released or whose locks expired, delivered again)."""
+        taken = 0
+        i = self._split(lo)
+        while i < len(self.runs) and self.runs[i].first <= hi:
+            r = self.runs[i]
+            if r.state == AVAILABLE:
+                if record_limit and taken >= room:
+                    break
+                last = min(r.last, hi)
+                if record_limit:
+                    last = min(last, r.first + room - taken - 1)
+                if last < r.last:
+                    self.runs.insert(i + 1, r.copy_from(last + 1, r.last))
+                    r.last = last
+                r.state, r.member, r.deadline = ACQUIRED, member, deadline
+                r.delivery_count += 1
+                self.dirty = True
+                taken += r.last - r.first + 1
+                got.append((r.first, r.last, r.delivery_count))
+            i += 1
+        return taken
+
+    # ------------------------------------------------------------ acknowledgement
 
     def acknowledge(
         self, member: str, first: int, last: int, types: list[int], delivery_limit: int, lock_ms: int
@@ -168,89 +272,128 @@ class SharePartition:
             return ErrorCode.INVALID_REQUEST
         if any(t not in (GAP, ACCEPT, RELEASE, REJECT, RENEW) for t in types):
             return ErrorCode.INVALID_REQUEST
-        for off in range(first, last + 1):
-            rec = self.records.get(off)
-            if rec is None or rec.state != ACQUIRED or rec.member != member:
+        # every offset acquired by this member (runs cover first..last without a hole)
+        runs = self.runs
+        i = max(bisect_right(runs, first, key=_first) - 1, 0)
+        expect = first
+        while i < len(runs) and expect <= last:
+            r = runs[i]
+            if r.last < expect:
+                i += 1
+                continue
+            if r.first > expect or r.state != ACQUIRED or r.member != member:
                 return ErrorCode.INVALID_RECORD_STATE
-        for i, off in enumerate(range(first, last + 1)):
-            rec = self.records[off]
-            t = types[0] if len(types) == 1 else types[i]
-            if t == ACCEPT:
-                rec.state, rec.member = ACKNOWLEDGED, None
-            elif t in (GAP, REJECT):
-                rec.state, rec.member = ARCHIVED, None
-            elif t == RELEASE:
-                self._release(rec, delivery_limit)
-            else:
-                rec.deadline = time.monotonic() + lock_ms / 1000
+            expect = r.last + 1
+            i += 1
+        if expect <= last:
+            return ErrorCode.INVALID_RECORD_STATE
+        if len(types) == 1:
+            self._apply(first, last, types[0], delivery_limit, lock_ms)
+        else:
+            seg = first
+            for k in range(1, len(types) + 1):
+                if k == len(types) or types[k] != types[k - 1]:
+                    self._apply(seg, first + k - 1, types[k - 1], delivery_limit, lock_ms)
+                    seg = first + k
         self.dirty = True
         self._advance()
         return ErrorCode.NONE
 
-    def _release(self, rec: InFlight, delivery_limit: int) -> None:
+    def _apply(self, first: int, last: int, kind: int, delivery_limit: int, lock_ms: int) -> None:
+        i, j = self._span(first, last)
+        for r in self.runs[i:j]:
+            if kind == ACCEPT:
+                r.state, r.member = ACKNOWLEDGED, None
+            elif kind in (GAP, REJECT):
+                r.state, r.member = ARCHIVED, None
+            elif kind == RELEASE:
+                self._release(r, delivery_limit)
+            else:
+                r.deadline = time.monotonic() + lock_ms / 1000
+
+    def _release(self, r: Run, delivery_limit: int) -> None:
         self.dirty = True
-        rec.state = ARCHIVED if rec.delivery_count >= delivery_limit else AVAILABLE
-        rec.member = None
+        r.state = ARCHIVED if r.delivery_count >= delivery_limit else AVAILABLE
+        r.member = None
 
     def release_member(self, member: str, delivery_limit: int) -> bool:
         """A member left or its session closed: what it holds is available again."""
         changed = False
-        for rec in self.records.values():
-            if rec.state == ACQUIRED and rec.member == member:
-                self._release(rec, delivery_limit)
+        for r in self.runs:
+            if r.state == ACQUIRED and r.member == member:
+                self._release(r, delivery_limit)
                 changed = True
         self._advance()
         return changed
 
     def expire_locks(self, now: float, delivery_limit: int) -> bool:
         changed = False
-        for rec in self.records.values():
-            if rec.state == ACQUIRED and rec.deadline <= now:
-                self._release(rec, delivery_limit)
+        for r in self.runs:
+            if r.state == ACQUIRED and r.deadline <= now:
+                self._release(r, delivery_limit)
                 changed = True
         if changed:
             self._advance()
         return changed
 
     def _advance(self) -> None:
-        records = self.records
-        while self.start < self.end:
-            rec = records.get(self.start)
-            if rec is not None and rec.state not in (ACKNOWLEDGED, ARCHIVED):
-                break
-            records.pop(self.start, None)
-            self.start += 1
+        """Move the start offset past the acknowledged and archived runs at the head; merge neighbours in the
+        same state so the list stays as short as the state is varied."""
+        runs = self.runs
+        k = 0
+        while k < len(runs) and runs[k].state in (ACKNOWLEDGED, ARCHIVED):
+            k += 1
+        if k:
+            del runs[:k]
+        self.start = runs[0].first if runs else max(self.start, self.end)
+        if len(runs) > 1:
+            out = [runs[0]]
+            for r in runs[1:]:
+                p = out[-1]
+                if (
+                    p.last + 1 == r.first
+                    and p.state == r.state
+                    and p.delivery_count == r.delivery_count
+                    and p.member == r.member
+                    and p.deadline == r.deadline
+                ):
+                    p.last = r.last
+                else:
+                    out.append(r)
+            if len(out) != len(runs):
+                self.runs = out
 
     def _move_start(self, offset: int) -> None:
-        for off in [o for o in self.records if o < offset]:
-            del self.records[off]
+        i = self._split(offset)
+        del self.runs[:i]
         self.start = offset
         self.end = max(self.end, offset)
 
     def reset(self, offset: int) -> None:
         """AlterShareGroupOffsets, or records deleted under an idle share-partition: start over at offset."""
         self.dirty = True
-        self.records.clear()
+        self.runs.clear()
         self.start = self.end = offset
 
     def state_batches(self) -> list[tuple[int, int, int, int]]:
         """(first, last, state, delivery count) runs of the in-flight records that are not plainly new; an
         acquired record is Available to whoever reads the state back (its lock does not survive a restart)."""
         out: list[tuple[int, int, int, int]] = []
-        for off in sorted(self.records):
-            rec = self.records[off]
-            state = AVAILABLE if rec.state == ACQUIRED else rec.state
-            if out and out[-1][1] == off - 1 and out[-1][2] == state and out[-1][3] == rec.delivery_count:
-                out[-1] = (out[-1][0], off, state, rec.delivery_count)
+        for r in self.runs:
+            state = AVAILABLE if r.state == ACQUIRED else r.state
+            if out and out[-1][1] == r.first - 1 and out[-1][2] == state and out[-1][3] == r.delivery_count:
+                out[-1] = (out[-1][0], r.last, state, r.delivery_count)
             else:
-                out.append((off, off, state, rec.delivery_count))
+                out.append((r.first, r.last, state, r.delivery_count))
         return out
 
     def load(self, start: int, batches: list[tuple[int, int, int, int]]) -> None:
-        self.records.clear()
+        self.runs = []
         self.start = self.end = start
-        for first, last, state, count in batches:
-            for off in range(max(first, start), last + 1):
-                self.records[off] = InFlight(state, count)
-            self.end = max(self.end, last + 1)
+        for first, last, state, count in sorted(batches):
+            first = max(first, start, self.end)
+            if first > last:
+                continue
+            self.runs.append(Run(first, last, state, count))
+            self.end = last + 1
         self._advance()

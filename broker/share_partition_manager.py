@@ -24,6 +24,7 @@ from kbroker.broker.group_config import (
     SHARE_RECORD_LOCK_DURATION_MS,
     SHARE_SESSION_TIMEOUT_MS,
 )
+from kbroker.broker.purgatory import HIGH_WATERMARK
 from kbroker.broker.share_partition import SharePartition
 from kbroker.coordinator.group_coordinator import ShareGroupHooks, partition_for
 from kbroker.coordinator.share_coordinator import HeartbeatResult, ShareCoordinator
@@ -161,6 +162,11 @@ class SharePartitionManager:
         self._writer_epochs: dict[bytes, int] = {}
         # (group, topic, partition) -> its state as the share coordinator on another broker answered it
         self._read: dict[tuple[str, str, int], Snapshot | None] = {}
+        # ShareFetches waiting for records (Kafka's delayed share fetch): woken by records made available again
+        # (a release, a lock expiring, a session closing), by a start offset moving (room under the in-flight
+        # limit) and, through the fetch purgatory, by new records under the high watermark
+        self._fetch_waiters: set[asyncio.Future[None]] = set()
+        self.changes = 0  # moves on every wake_fetches: a fetch that looked before it moved looks again
 
     @staticmethod
     def existing(server: KafkaServer) -> SharePartitionManager | None:
@@ -366,8 +372,11 @@ class SharePartitionManager:
             now = time.monotonic()
             limit = self.delivery_limit
             self.drop_stale()
+            expired = False
             for sp in self.partitions.values():
-                sp.expire_locks(now, limit)
+                expired = sp.expire_locks(now, limit) or expired
+            if expired:
+                self.wake_fetches()
             await self.persist()
             if now - last_idle >= _IDLE_CHECK_S and (self._idle_check is None or self._idle_check.done()):
                 last_idle = now
@@ -442,6 +451,44 @@ class SharePartitionManager:
         if p.error_code:
             raise KafkaError(p.error_code, "ReadShareGroupStateSummary")
         return p.state_epoch, p.start_offset
+
+    def wake_fetches(self) -> None:
+        """Something a waiting ShareFetch may acquire now: every waiter looks again (they are few: one per
+        member with nothing to fetch, and looking costs little)."""
+        self.changes += 1
+        waiters, self._fetch_waiters = self._fetch_waiters, set()
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def waiting_fetches(self) -> int:
+        return len(self._fetch_waiters)
+
+    async def wait_for_records(
+        self, keys: list[tuple[str, int]], until: float, seen: tuple[int, int]
+    ) -> None:
+        """Until the share state changes (wake_fetches), a watched partition's high watermark moves, or until;
+        at once if either moved since `seen` (this manager's and the purgatory's generations when the fetch
+        last looked)."""
+        purgatory = self.server.replica_manager.purgatory
+        left = until - time.monotonic()
+        if left <= 0 or purgatory.closing:
+            return
+        fut: asyncio.Future[None] = self.loop.create_future()
+        waiter = purgatory.watch(keys, HIGH_WATERMARK)
+        try:
+            if (self.changes, purgatory.generation) != seen:
+                return
+            self._fetch_waiters.add(fut)
+            waiter.future.add_done_callback(lambda _f: fut.done() or fut.set_result(None))
+            timer = self.loop.call_later(left, lambda: fut.done() or fut.set_result(None))
+            try:
+                await fut
+            finally:
+                timer.cancel()
+        finally:
+            purgatory.unwatch(waiter)
+            self._fetch_waiters.discard(fut)
 
     def _member_removed(self, group_id: str, member_id: str) -> None:
         """As Kafka: the share coordinator does not reach into share-partitions (they live on the partition
@@ -1125,9 +1172,12 @@ class SharePartitionManager:
     def release_session(self, group_id: str, member_id: str) -> None:
         self.sessions.pop((group_id, member_id), None)
         limit = self.delivery_limit
+        released = False
         for (g, _, _), sp in self.partitions.items():
             if g == group_id:
-                sp.release_member(member_id, limit)
+                released = sp.release_member(member_id, limit) or released
+        if released:
+            self.wake_fetches()
 
     def session_for(
         self, group_id: str, member_id: str, epoch: int, conn: Any = None

@@ -77,22 +77,79 @@ class HeartbeatResult:
 TopicsView = Callable[[], Mapping[str, tuple[bytes, int]]]
 
 
+def _balance(
+    members: list[str], partitions: list[tuple[bytes, int]], old: dict[str, set[tuple[bytes, int]]]
+) -> dict[str, set[tuple[bytes, int]]]:
+    """Kafka's simple assignment builder over one set of members and partitions: every partition is shared by
+    ceil(members / partitions) members, member i wants ceil(s*(i+1)) - ceil(s*i) partitions (s = sharing *
+    partitions / members, so the counts differ by one at most), and each member keeps what it had where balance
+    allows (members still on a former assignment then overlap the new one as little as possible)."""
+    if not partitions or not members:
+        return {m: set() for m in members}
+    n_parts, n_members = len(partitions), len(members)
+    sharing = -(-n_members // n_parts)
+    total = sharing * n_parts
+    desired = {
+        m: -(-total * (i + 1) // n_members) - -(-total * i // n_members) for i, m in enumerate(members)
+    }
+    targets = set(partitions)
+    mine = {m: [p for p in sorted(old.get(m, ())) if p in targets] for m in members}
+    holders: dict[tuple[bytes, int], list[str]] = {p: [] for p in partitions}
+    for m in members:
+        for p in mine[m]:
+            holders[p].append(m)
+    # over-shared partitions lose their overfilled holders first, then any
+    for p in partitions:
+        for overfilled_only in (True, False):
+            for m in list(holders[p]):
+                if len(holders[p]) <= sharing:
+                    break
+                if not overfilled_only or len(mine[m]) > desired[m]:
+                    holders[p].remove(m)
+                    mine[m].remove(p)
+    # members still holding too many give up their last ones
+    for m in members:
+        while len(mine[m]) > desired[m]:
+            holders[mine[m].pop()].remove(m)
+    unfilled = [m for m in members if len(mine[m]) < desired[m]]
+    for p in partitions:
+        while len(holders[p]) < sharing and unfilled:
+            taker = next((m for m in unfilled if m not in holders[p]), None)
+            if taker is None:
+                break  # every unfilled member holds p already: a slight imbalance, as in Kafka
+            holders[p].append(taker)
+            mine[taker].append(p)
+            if len(mine[taker]) >= desired[taker]:
+                unfilled.remove(taker)
+            else:  # round robin: the next partition goes to the next unfilled member
+                unfilled.append(unfilled.pop(unfilled.index(taker)))
+    return {m: set(ps) for m, ps in mine.items()}
+
+
 def assign(members: list[ShareMember], topics: Mapping[str, tuple[bytes, int]]) -> dict[str, Assignment]:
-    """Kafka's SimpleAssignor in short: every partition of a subscribed topic goes to at least one subscriber,
-    and with more subscribers than partitions the partitions are shared round robin, so no member idles."""
-    out: dict[str, Assignment] = {m.member_id: {} for m in members}
-    for name in sorted({t for m in members for t in m.subscribed}):
-        if name not in topics:
-            continue
-        topic_id, count = topics[name]
-        subs = sorted(m.member_id for m in members if name in m.subscribed)
-        slots = max(count, len(subs))
-        for i in range(slots):
-            member, partition = subs[i % len(subs)], i % count
-            got = out[member].setdefault(topic_id, [])
-            if partition not in got:
-                got.append(partition)
-    return {mid: {t: sorted(ps) for t, ps in a.items()} for mid, a in out.items()}
+    """Kafka's SimpleAssignor (4.x): balanced, then sticky. With one subscription for all, the partitions of
+    all subscribed topics are balanced together; otherwise each topic among its own subscribers. With more
+    members than partitions a partition is shared, so no member idles. `members` in join order."""
+    existing = {name: topics[name] for name in {t for m in members for t in m.subscribed} if name in topics}
+    old = {m.member_id: {(t, p) for t, ps in m.assignment.items() for p in ps} for m in members}
+    got: dict[str, set[tuple[bytes, int]]] = {m.member_id: set() for m in members}
+    if len({frozenset(m.subscribed) for m in members}) <= 1:
+        groups = [([m.member_id for m in members], sorted(existing))]
+    else:
+        groups = [
+            ([m.member_id for m in members if name in m.subscribed], [name]) for name in sorted(existing)
+        ]
+    for ids, names in groups:
+        parts = [(existing[n][0], i) for n in names for i in range(existing[n][1])]
+        for mid, ps in _balance(ids, parts, old).items():
+            got[mid] |= ps
+    out: dict[str, Assignment] = {}
+    for mid, ps in got.items():
+        a: Assignment = {}
+        for t, p in sorted(ps):
+            a.setdefault(t, []).append(p)
+        out[mid] = a
+    return out
 
 
 class ShareCoordinator:

@@ -39,6 +39,8 @@ from kbroker.protocol.messages import (
 _STATE_LOADING = (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE)
 # (topic id, partition) -> (error code, acknowledge error code, records, acquired ranges)
 _Result = dict[tuple[bytes, int], list[Any]]
+# ShareFetch v2's ShareAcquireMode (KIP-1206): 0 batch_optimized (v1's behaviour), 1 record_limit
+SHARE_ACQUIRE_RECORD_LIMIT = 1
 
 
 def share_coordinator_error(server: Any, group_id: str) -> ErrorCode | None:
@@ -208,6 +210,8 @@ def _acknowledge(
                 )
                 if code:
                     entry[1] = code
+    if applied:
+        spm.wake_fetches()  # released records, or a start offset moved: room under the in-flight limit
     return applied
 
 
@@ -219,6 +223,7 @@ def _acquire(
     session: ShareSession,
     max_records: int,
     max_bytes: int,
+    record_limit: bool,
     out: _Result,
 ) -> int:
     names = ctx.server.topic_names_by_id()
@@ -226,7 +231,13 @@ def _acquire(
     lock_ms = spm.lock_ms(group_id)
     committed = spm.read_committed(group_id)
     acquired = 0
-    for topic_id, partition in sorted(session.partitions):
+    # As Kafka's PartitionRotateStrategy: each fetch of a session starts one partition further on, so a member
+    # holding several partitions fills its max_records from each in turn, not always from the first
+    order = sorted(session.partitions)
+    if order:
+        k = session.epoch % len(order)
+        order = order[k:] + order[:k]
+    for topic_id, partition in order:
         entry = out.setdefault((topic_id, partition), [ErrorCode.NONE, ErrorCode.NONE, [], []])
         name = names.get(topic_id)
         if name is None:
@@ -242,7 +253,15 @@ def _acquire(
             sp = spm.share_partition(group_id, name, partition, lg)
             limit = lg.last_stable_offset if committed else lg.high_watermark
             chunks, ranges = sp.acquire(
-                lg, member_id, max_records - acquired, max_bytes, lock_ms, spm.max_locks, limit, committed
+                lg,
+                member_id,
+                max_records - acquired,
+                max_bytes,
+                lock_ms,
+                spm.max_locks,
+                limit,
+                committed,
+                record_limit,
             )
         except Exception as e:  # a storage error answers for this partition only
             code = getattr(e, "code", None)
@@ -265,6 +284,7 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
     spm = SharePartitionManager.of(ctx.server)
     max_records = req.max_records if req.max_records > 0 else 500
     max_bytes = req.max_bytes if req.max_bytes > 0 else 2**31 - 1
+    record_limit = req.share_acquire_mode == SHARE_ACQUIRE_RECORD_LIMIT
     deadline = time.monotonic() + max(req.max_wait_ms, 0) / 1000
 
     async def run() -> tuple[int, _Result]:
@@ -278,11 +298,17 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
         session, code = spm.session_for(group_id, member_id, req.share_session_epoch, ctx.conn)
         if session is None:
             return code, out
+        waiting = spm.waiting_fetches()
         applied = _acknowledge(ctx, spm, group_id, member_id, req.topics, out)
         if req.share_session_epoch == -1:
             spm.release_session(group_id, member_id)
             _unconfirmed(ctx, group_id, applied, out, await spm.persist())
             return ErrorCode.NONE, out
+        if applied and waiting:
+            # As Kafka's, the records these acknowledgements free go first to the fetches already waiting (the
+            # wake-up runs them before this one acquires): else the member that acknowledges, whose next fetch
+            # carries its acknowledgements, would take every batch its acknowledgement made room for.
+            await asyncio.sleep(0)
         for t in req.topics:
             for p in t.partitions:
                 session.partitions.add((bytes(t.topic_id), p.partition_index))
@@ -292,17 +318,28 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
         if req.share_session_epoch == 0:
             await spm.check_states(group_id, session.partitions)
         names = ctx.server.topic_names_by_id()
+        purgatory = ctx.server.replica_manager.purgatory
         while True:
+            keys = []
             for topic_id, partition in sorted(session.partitions):
                 name = names.get(topic_id)
                 if name is not None and ctx.server.replica_manager.leads(name, partition) is not False:
                     await spm.prepare(group_id, name, partition, max(deadline, time.monotonic() + 0.5))
-            if _acquire(ctx, spm, group_id, member_id, session, max_records, max_bytes, out) > 0:
+                    keys.append((name, partition))
+            seen = (spm.changes, purgatory.generation)
+            if (
+                _acquire(ctx, spm, group_id, member_id, session, max_records, max_bytes, record_limit, out)
+                > 0
+            ):
                 break
             if any(e[0] for e in out.values()) or time.monotonic() >= deadline:
                 break
             spm.persist_dirty()
-            await asyncio.sleep(min(0.02, max(deadline - time.monotonic(), 0)))
+            # a share-partition still loading its state is not watched for: look again soon
+            loading = len(keys) > sum(1 for k in keys if (group_id, *k) in spm.partitions)
+            await spm.wait_for_records(
+                keys, min(deadline, time.monotonic() + 0.05) if loading else deadline, seen
+            )
         _unconfirmed(ctx, group_id, applied, out, await spm.persist())
         return ErrorCode.NONE, out
 

@@ -10,7 +10,6 @@ from typing import Any
 from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.handlers.groups import DELETE, DESCRIBE, READ, _group_denied
 from kbroker.broker.handlers.share import share_coordinator_error
-from kbroker.broker.share_partition import ACKNOWLEDGED, ARCHIVED
 from kbroker.broker.share_partition_manager import SharePartitionManager
 from kbroker.coordinator.share_group_records import TopicPartitions
 from kbroker.protocol.errors import ErrorCode, KafkaError
@@ -46,7 +45,7 @@ async def handle_describe_share_group_offsets(
         start, done = -1, 0
         if sp is not None:
             start = sp.start
-            done = sum(1 for r in sp.records.values() if r.state in (ACKNOWLEDGED, ARCHIVED))
+            done = sp.delivery_complete()
         else:
             code, start, done = await spm.summary(group_id, topic, index)
             if code:

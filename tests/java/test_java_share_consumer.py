@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from confluent_kafka.admin import (
 )
 
 from bench.peers.maven import ArtifactUnavailable, classpath
+from bench.share_groups import assigned_members
 from tests.broker_process import BrokerProcess
 
 HERE = Path(__file__).resolve().parent
@@ -85,13 +87,6 @@ def test_three_share_consumers_on_two_partitions(
     admin.create_topics([NewTopic(topic_name, 2, 1)])[topic_name].result(30)
     group = "share-" + topic_name
     set_group_config(broker.bootstrap, group, "share.auto.offset.reset", "earliest")
-    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
-    values = []
-    for i in range(600):
-        v = f"v{i}" + ("-release" if i % 10 == 3 else "-reject" if i % 50 == 7 else "")
-        values.append(v)
-        p.produce(topic_name, v.encode(), partition=i % 2)
-    p.flush(30)
     cmd = [
         "java",
         "-cp",
@@ -108,6 +103,23 @@ def test_three_share_consumers_on_two_partitions(
     procs = [
         subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)
     ]
+    # The records come once all three have joined and heard their assignment (heartbeats every 500 ms): a JVM
+    # that starts seconds after the others on a busy machine would otherwise find them all taken (a ShareFetch
+    # acquires whole batches), and a member told of a new assignment while it holds records gives them back.
+    deadline = time.monotonic() + 120
+    while assigned_members(broker.bootstrap, group) < 3:
+        assert time.monotonic() < deadline and all(q.poll() is None for q in procs), [
+            q.communicate()[1][-2000:] for q in procs if q.poll() is not None
+        ]
+        time.sleep(0.2)
+    time.sleep(1.5)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    values = []
+    for i in range(600):
+        v = f"v{i}" + ("-release" if i % 10 == 3 else "-reject" if i % 50 == 7 else "")
+        values.append(v)
+        p.produce(topic_name, v.encode(), partition=i % 2)
+    p.flush(30)
     outs = [proc.communicate(timeout=180) for proc in procs]
     lines = [line.split() for out, _ in outs for line in out.splitlines()]
     for proc, (out, err) in zip(procs, outs, strict=True):
@@ -131,6 +143,6 @@ def test_three_share_consumers_on_two_partitions(
         broker.read_log()[-3000:],
     )
     released = [w for w in lines if w[0] == "ACCEPT" and w[3].endswith("-release")]
-    assert released and all(int(w[4]) == 2 for w in released)
+    assert released and all(int(w[4]) == 2 for w in released), [w for w in released if int(w[4]) != 2]
     busy = sum(1 for out, _ in outs if "ACCEPT" in out)
     assert busy >= 2, "the records went to one consumer only"

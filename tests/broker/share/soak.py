@@ -179,7 +179,9 @@ def run_soak(base: Path, records: int, seed: int, timeout: float | None = None) 
             assert time.monotonic() < deadline, f"5 members not assigned in 60 s: {[c.err for c in procs]}"
             time.sleep(0.2)
         started = time.monotonic()
-        p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+        # batches of at most 100 records: a ShareFetch acquires whole batches (Kafka's batch_optimized mode, all
+        # librdkafka asks for), so the batch size, not max.poll.records alone, sets what one poll holds
+        p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "batch.num.messages": 100})
         for i, v in enumerate(values):
             while True:
                 try:
