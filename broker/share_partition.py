@@ -119,6 +119,10 @@ class SharePartition:
         to the end, whatever the state of the records in it."""
         return self.end - self.start if self.runs else 0
 
+    def locks_held(self) -> int:
+        """Records acquired by a consumer now."""
+        return sum(r.last - r.first + 1 for r in self.runs if r.state == ACQUIRED)
+
     def delivery_complete(self) -> int:
         """Records past the start offset already acknowledged or archived."""
         return sum(r.last - r.first + 1 for r in self.runs if r.state in (ACKNOWLEDGED, ARCHIVED))
