@@ -30,11 +30,23 @@ class DelayedProduce:
     or why it failed: REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER); its result, or
     its exception, completes `future`."""
 
-    __slots__ = ("rm", "loop", "thread_id", "future", "keys", "wants", "waiting", "codes", "finish", "timer",
-                 "done")
+    __slots__ = (
+        "rm",
+        "loop",
+        "thread_id",
+        "future",
+        "keys",
+        "wants",
+        "waiting",
+        "codes",
+        "finish",
+        "timer",
+        "done",
+    )
 
-    def __init__(self, rm: ReplicaManager, pending: list[Pending], finish: Callable[[dict[Any, ErrorCode]], Any]
-                 ) -> None:
+    def __init__(
+        self, rm: ReplicaManager, pending: list[Pending], finish: Callable[[dict[Any, ErrorCode]], Any]
+    ) -> None:
         self.rm = rm
         self.loop = asyncio.get_running_loop()
         self.thread_id = threading.get_ident()
@@ -71,8 +83,11 @@ class DelayedProduce:
         still = []
         for t, p, required in self.waiting:
             part = partitions.get((t, p))
-            status = ErrorCode.NONE if part is None else part.replication_status(required,
-                                                                                  rm.min_insync_replicas(t))
+            status = (
+                ErrorCode.NONE
+                if part is None
+                else part.replication_status(required, rm.min_insync_replicas(t))
+            )
             if status is None:
                 still.append((t, p, required))
             else:
