@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from kbroker.broker.inter_broker import TXN_MARKERS, partitions_by_topic
 from kbroker.broker.replica_manager import error_of
 from kbroker.coordinator.group_coordinator import OFFSETS_TOPIC
-from kbroker.protocol.control_records import build_end_txn_marker_batch
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.messages import WriteTxnMarkersRequest, WriteTxnMarkersResponse
 from kbroker.storage.manager import TopicPartition
@@ -119,14 +118,11 @@ class TxnMarkerChannel:
         results: dict[TopicPartition, ErrorCode] = {}
         to_flush: list[tuple[Any, int]] = []
         now = int(time.time() * 1000)
-        # One transaction's markers are the same bytes in every partition but for the base offset and the leader
-        # epoch, which each append sets: built once (32 partitions a transaction in bench.transactions).
-        batch = build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now)
         for topic, partition in tps:
             try:
                 lg = rm.get_log(topic, partition)
                 info = lg.append_control(producer_id, producer_epoch, coordinator_epoch, commit, now,
-                                         leader_epoch=lg.leader_epoch, batch=batch)
+                                         leader_epoch=lg.leader_epoch)
             except Exception as e:  # noqa: BLE001 - each partition answers with its own error code
                 code = error_of(e)
                 if code == ErrorCode.UNKNOWN_SERVER_ERROR:

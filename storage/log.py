@@ -483,17 +483,14 @@ class Log(ReplicaLogMixin):
                     f"{config.max_message_bytes} of {self.name}")
 
     def append_control(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
-                       now_ms: int, *, leader_epoch: int | None = None, batch: bytes | None = None) -> LogAppendInfo:
+                       now_ms: int, *, leader_epoch: int | None = None) -> LogAppendInfo:
         """Write a COMMIT or ABORT marker of the producer's transaction (a control batch of one record).
 
         Checked as Kafka's appendEndTxnMarker: a stale producer epoch raises InvalidProducerEpochError, a
         stale coordinator epoch TransactionCoordinatorFencedError. A marker for a producer without an open
-        transaction here is written all the same and completes nothing. batch: the marker's control batch as
-        build_end_txn_marker_batch makes it from these arguments, when the caller writes one marker to several
-        partitions (base offset and leader epoch, set here, are outside its CRC).
+        transaction here is written all the same and completes nothing.
         """
-        if batch is None:
-            batch = build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now_ms)
+        batch = build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now_ms)
         info = self.append_as_leader(bytearray(batch), now_ms, leader_epoch=leader_epoch, from_client=False,
                                      end_txn_marker=EndTxnMarker(commit, coordinator_epoch))
         logger.debug("Wrote %s marker of producer %d (epoch %d) at offset %d of %s", "COMMIT" if commit else "ABORT",

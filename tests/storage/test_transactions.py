@@ -113,26 +113,6 @@ def test_abort_writes_kafka_format_entry(make_log) -> None:
     assert log.collect_aborted_transactions(6, 7) == []
 
 
-def test_a_marker_built_once_is_written_as_if_built_per_partition(tmp_path: Path) -> None:
-    """The marker writer builds one transaction's control batch once for all its partitions: each log sets its own
-    base offset and leader epoch (outside the CRC), and the files and transaction state match a marker built there."""
-    built_here, given = (Log.open(tmp_path / f"t-{i}", "t", i, CFG, clean_shutdown=True) for i in (0, 1))
-    marker = build_end_txn_marker_batch(10, 0, 3, False, NOW)
-    for log in (built_here, given):
-        log.become_leader(4)
-    for log, kw in ((built_here, {}), (given, {"batch": marker})):
-        producer = Producer(10)
-        producer.send(log, 2 if log is given else 3)  # the two markers land at different offsets
-        log.append_control(10, 0, 3, False, NOW, leader_epoch=4, **kw)
-    assert marker == build_end_txn_marker_batch(10, 0, 3, False, NOW), "the caller's batch is not written in place"
-    for log, at in ((built_here, 3), (given, 2)):
-        headers = [h for _, h in iter_batch_headers(log.read(0, 1 << 20).records.read_bytes())]
-        assert [(h.base_offset, h.partition_leader_epoch, h.is_control) for h in headers[-1:]] == [(at, 4, True)]
-        assert log.collect_aborted_transactions(0, at + 1) == [AbortedTxn(10, 0, at, at + 1)]
-        assert log.last_stable_offset == at + 1
-        log.close()
-
-
 def test_read_committed_stops_at_lso_and_lists_aborted(make_log) -> None:
     log = make_log(CFG)
     a, b = Producer(1), Producer(2)
