@@ -42,6 +42,7 @@ class DelayedProduce:
         "finish",
         "timer",
         "done",
+        "scheduled",
     )
 
     def __init__(
@@ -58,6 +59,7 @@ class DelayedProduce:
         self.finish = finish
         self.timer: asyncio.TimerHandle | None = None
         self.done = False
+        self.scheduled = False  # a check is already queued on the loop
 
     def start(self, timeout_ms: int) -> bool:
         """Watch, then check (an advance between the append and the watch is not missed); True if already
@@ -69,13 +71,19 @@ class DelayedProduce:
         return False
 
     def wake(self) -> None:
-        """The purgatory's notify (it has dropped this waiter from the partition that moved): on its own loop."""
+        """The purgatory's notify (it has dropped this waiter from the partition that moved): the check runs on
+        the request's own loop in its next iteration, as the awaiting task did, and never inside the notifier's
+        locks (a LeaderAndIsr notifies holding the replica manager's); wake-ups before it share one check."""
+        if self.scheduled or self.done:
+            return
+        self.scheduled = True
         if threading.get_ident() == self.thread_id:
-            self.try_complete()
+            self.loop.call_soon(self.try_complete)
         else:
             self.loop.call_soon_threadsafe(self.try_complete)
 
     def try_complete(self) -> bool:
+        self.scheduled = False
         if self.done:
             return True
         rm = self.rm
