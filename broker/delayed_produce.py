@@ -59,31 +59,34 @@ class DelayedProduce:
         self.finish = finish
         self.timer: asyncio.TimerHandle | None = None
         self.done = False
-        self.scheduled = False  # a check is already queued on the loop
+        self.scheduled = False  # a check from another thread is queued on the loop
 
     def start(self, timeout_ms: int) -> bool:
-        """Watch, then check (an advance between the append and the watch is not missed); True if already
-        complete, its answer in `future`."""
+        """Watch, then check (an advance between the append and the watch is not missed); True if the answer is
+        already in `future`."""
         self.rm.produce_purgatory.add(self)
-        if self.try_complete():
-            return True
-        self.timer = self.loop.call_later(max(timeout_ms, 0) / 1000, self.expire)
-        return False
+        if not self.try_complete():
+            self.timer = self.loop.call_later(max(timeout_ms, 0) / 1000, self.expire)
+        return self.future.done()
 
     def wake(self) -> None:
-        """The purgatory's notify (it has dropped this waiter from the partition that moved): the check runs on
-        the request's own loop in its next iteration, as the awaiting task did, and never inside the notifier's
-        locks (a LeaderAndIsr notifies holding the replica manager's); wake-ups before it share one check."""
-        if self.scheduled or self.done:
+        """The purgatory's notify (it has dropped this waiter from the partition that moved). On the request's own
+        loop the check runs at once: it reads offsets and the ISR without locks, so the answer leaves in the next
+        iteration, as the awaiting task's did. From another network thread it is queued there, one check for the
+        wake-ups before it runs."""
+        if self.done:
             return
-        self.scheduled = True
         if threading.get_ident() == self.thread_id:
-            self.loop.call_soon(self.try_complete)
-        else:
-            self.loop.call_soon_threadsafe(self.try_complete)
+            self.try_complete()
+        elif not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon_threadsafe(self._queued_check)
+
+    def _queued_check(self) -> None:
+        self.scheduled = False
+        self.try_complete()
 
     def try_complete(self) -> bool:
-        self.scheduled = False
         if self.done:
             return True
         rm = self.rm
@@ -126,6 +129,14 @@ class DelayedProduce:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if ErrorCode.NOT_LEADER_OR_FOLLOWER in self.codes.values():
+            # The answer names the new leaders (KIP-951) from the metadata: built in the next iteration, outside
+            # whatever the notifier holds (a leadership change notifies under the replica manager's lock).
+            self.loop.call_soon(self._answer)
+        else:
+            self._answer()
+
+    def _answer(self) -> None:
         fut = self.future
         if fut.done():
             return
