@@ -111,6 +111,17 @@ DirectFn = Callable[[RequestContext, bytes | bytearray, int], Any]
 NOT_DIRECT: Any = object()
 
 
+class EncodedLater:
+    """A direct path's answer that completes later, already encoded and counted (broker/delayed_produce.py): the
+    connection awaits `future` for the Response; `blocking`: it processes nothing else of the connection meanwhile."""
+
+    __slots__ = ("future", "blocking")
+
+    def __init__(self, future: Awaitable[Response], blocking: bool) -> None:
+        self.future = future
+        self.blocking = blocking
+
+
 @dataclass(frozen=True)
 class ApiHandler:
     api_key: int
@@ -177,6 +188,9 @@ class KafkaApis:
             shard.busy_s += elapsed
             shard.request_done(api_key, elapsed)
             return result
+        if type(result) is EncodedLater:
+            metrics.shard().busy_s += time.perf_counter() - started
+            return result.future if result.blocking else DelayedResponse(result.future)
         if isinstance(result, DelayedResponse):
             busy = time.perf_counter() - started
             metrics.shard().busy_s += busy

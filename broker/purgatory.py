@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 from kbroker.storage.manager import TopicPartition
 
@@ -57,7 +58,7 @@ def expire(fut: asyncio.Future[bool | None]) -> None:
 class FetchPurgatory:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._watchers: dict[TopicPartition, set[FetchWaiter]] = {}
+        self._watchers: dict[TopicPartition, set[Any]] = {}
         # Moves on every notify: a fetch that read before watching re-reads only if something was notified since
         # (an unlocked += may lose a concurrent increment, but the value still moves, which is all that is asked).
         self.generation = 0
@@ -72,7 +73,14 @@ class FetchPurgatory:
                 self._watchers.setdefault(key, set()).add(waiter)
         return waiter
 
-    def unwatch(self, waiter: FetchWaiter) -> None:
+    def add(self, waiter: Any, keys: Iterable[TopicPartition] | None = None) -> None:
+        """Watch with a waiter of the caller's own (its wake(), keys and wants, as FetchWaiter's), on `keys` or
+        all of its keys: broker/delayed_produce.py's requests, woken without a future."""
+        with self._lock:
+            for key in waiter.keys if keys is None else keys:
+                self._watchers.setdefault(key, set()).add(waiter)
+
+    def unwatch(self, waiter: Any) -> None:
         with self._lock:
             for key in waiter.keys:
                 ws = self._watchers.get(key)

@@ -357,14 +357,13 @@ class ReplicaFetcherThread:
             raise
         finally:
             self._fetching = False
-        code = ErrorCode(resp.error_code)
-        if code in (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH):
-            log.info("%s: fetch session %d at epoch %d answered %s; starting a new one", self.name, session_id,
-                     epoch, code.name)
+        if resp.error_code:  # an int compared: the ErrorCode enum is built only for what is logged or raised
+            code = ErrorCode(resp.error_code)
             session.failed()
-            return
-        if code != ErrorCode.NONE:
-            session.failed()
+            if code in (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH):
+                log.info("%s: fetch session %d at epoch %d answered %s; starting a new one", self.name, session_id,
+                         epoch, code.name)
+                return
             raise KafkaError(code, "fetch request refused")
         session.answered(resp.session_id, send, forgotten)
         out_of_range: list[PartitionFetchState] = []
@@ -375,10 +374,11 @@ class ReplicaFetcherThread:
                     s = by_tp.get((t.topic, pd.partition_index))
                     if s is None or not self._current(s):
                         continue
-                    code = ErrorCode(pd.error_code)
-                    if code == ErrorCode.NONE:
+                    if not pd.error_code:
                         self._apply_fetched(s, pd)
-                    elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                        continue
+                    code = ErrorCode(pd.error_code)
+                    if code == ErrorCode.OFFSET_OUT_OF_RANGE:
                         out_of_range.append(s)
                     else:
                         # FENCED / UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER...: the controller's next

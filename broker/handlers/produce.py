@@ -9,11 +9,13 @@ from __future__ import annotations
 import inspect
 import logging
 import struct
+import time
 from typing import Any
 
 from kbroker.broker import metrics, produce_codec
 from kbroker.broker.admin_manager import INTERNAL_TOPICS
-from kbroker.broker.apis import NOT_DIRECT, ApiHandler, RequestContext
+from kbroker.broker.apis import NOT_DIRECT, ApiHandler, EncodedLater, RequestContext
+from kbroker.broker.delayed_produce import DelayedProduce
 from kbroker.broker.leader_hints import PRODUCE_VERSION as HINTS_VERSION
 from kbroker.broker.leader_hints import LeaderHints
 from kbroker.broker.network import DelayedResponse, Response
@@ -159,6 +161,7 @@ def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
 def handle_produce_direct(ctx: RequestContext, frame: bytes | bytearray, pos: int) -> Any:
     """handle_produce for the common request, decoded into tuples and answered by the direct encoder
     (broker/produce_codec.py); NOT_DIRECT for any other request, which handle_produce then serves."""
+    started = time.perf_counter()
     server = ctx.server
     if server.authorizer is not None:
         return NOT_DIRECT
@@ -173,7 +176,7 @@ def handle_produce_direct(ctx: RequestContext, frame: bytes | bytearray, pos: in
     guards: dict[tuple[str, int], VerificationGuard] | None = (
         {} if server.config.effective("transaction.partition.verification.enable", server.metadata.broker_configs)
         else None)
-    result = _append(ctx, decoded[3], decoded[1], decoded[2], {}, guards, direct=True)
+    result = _append(ctx, decoded[3], decoded[1], decoded[2], {}, guards, direct=True, started=started)
     if type(result) is not tuple:
         return result
     answers, throttle = result
@@ -319,10 +322,11 @@ def _failure(index: int, code: ErrorCode, message: str | None = None,
 
 def _append(ctx: RequestContext, topics: list[tuple[str, list[tuple[int, Any]]]], acks: int, timeout_ms: int,
             failed: dict[tuple[str, int], Refusal], guards: dict[tuple[str, int], VerificationGuard] | None,
-            direct: bool = False) -> Any:
+            direct: bool = False, started: float = 0.0) -> Any:
     """_append_all over (topic, [(partition, records)]), each partition once and acks valid (handle_produce and
     handle_produce_direct see to both). direct: answers that need nothing more (no leader hints, no fsync or
-    replication to wait for) come back as (answers, throttle) for the direct encoder."""
+    replication to wait for) come back as (answers, throttle) for the direct encoder; an acks=all wait on them
+    becomes a DelayedProduce (started: the request's perf_counter, for its time metric)."""
     rm = ctx.server.replica_manager
     counters = metrics.shard()
     to_flush: list[tuple[Any, int]] = []
@@ -397,8 +401,10 @@ def _append(ctx: RequestContext, topics: list[tuple[str, list[tuple[int, Any]]]]
             rm.flush_in_background(to_flush)
         return None
     answered: TopicAnswers = list(answers.items())
-    if direct and not (not_leader or delayed or to_flush):
-        return answered, throttle
+    if direct and not (not_leader or to_flush):
+        if not delayed:
+            return answered, throttle
+        return _delay_direct(ctx, answered, throttle, delayed, timeout_ms, sequenced, started)
     response = produce_codec.response_of(answered, throttle, _NO_LEADER)
     if not_leader:
         _name_leaders(ctx, response)
@@ -413,6 +419,44 @@ def _append(ctx: RequestContext, topics: list[tuple[str, list[tuple[int, Any]]]]
         return pending
     # Appended: only the answer waits, so the connection may go on with its next Produce meanwhile.
     return DelayedResponse(pending)
+
+
+def _delay_direct(ctx: RequestContext, answered: TopicAnswers, throttle: int, delayed: list[tuple[str, int, int]],
+                  timeout_ms: int, sequenced: bool, started: float) -> Response | EncodedLater:
+    """The direct path's acks=all: _after_replication's answer, completed by the purgatory without a coroutine
+    (broker/delayed_produce.py) and encoded by the direct encoder; the Response itself when the ISR already has
+    every batch."""
+    header = ctx.header
+    waited = False
+
+    def finish(codes: dict[Any, ErrorCode]) -> Response:
+        not_leader = False
+        if any(codes.values()):
+            for name, parts in answered:
+                for i, a in enumerate(parts):
+                    code = codes.get((name, a[0]))
+                    if code and a[1] == 0:
+                        parts[i] = _failure(a[0], code)
+            not_leader = ErrorCode.NOT_LEADER_OR_FOLLOWER in codes.values()
+        shard = metrics.shard()
+        shard.answered_produce(answered)
+        if not_leader:  # the leadership moved while the batch waited: the answer names the leaders (KIP-951)
+            response = produce_codec.response_of(answered, throttle, _NO_LEADER)
+            _name_leaders(ctx, response)
+            frame = codec.encode_response(header.correlation_id, header.request_api_key, header.request_api_version,
+                                          response)
+        else:
+            frame = produce_codec.encode_response(header.correlation_id, header.request_api_version, throttle,
+                                                  answered)
+        if waited:
+            shard.request_done(header.request_api_key, time.perf_counter() - started)
+        return Response(frame)
+
+    dp = DelayedProduce(ctx.server.replica_manager, delayed, finish)
+    if dp.start(timeout_ms):
+        return dp.future.result()
+    waited = True
+    return EncodedLater(dp.future, blocking=sequenced)
 
 
 def _is_transactional(records: Any) -> bool:

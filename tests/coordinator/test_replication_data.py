@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import threading
 import time
 import urllib.request
@@ -317,6 +318,41 @@ def test_a_produce_waiting_for_the_isr_does_not_hold_up_the_next_one(cluster: Cl
     finally:
         os.kill(cluster[2].proc.pid, signal.SIGCONT)
     cluster.wait_isr("pipelined", {1, 2}, leader=1)
+
+
+def test_an_acks_all_answer_completes_each_partition_on_its_own(cluster: Cluster) -> None:
+    """The direct path's DelayedProduce: one Produce naming a partition whose follower answers and one whose
+    follower is stopped gets, after its timeout, the first partition's offsets and REQUEST_TIMED_OUT for the second
+    (before the ISR shrinks: replica.lag.time.max.ms is longer), in bytes the reference encoder gives that answer."""
+    from kbroker.broker import produce_codec
+    from kbroker.protocol import codec
+
+    create_topic(cluster, "delayed-ok", [1, 2])
+    create_topic(cluster, "delayed-stuck", [1, 3])
+    for topic in ("delayed-ok", "delayed-stuck"):
+        assert produce_when_leader(cluster[1], topic, [b"warm"]) == (ErrorCode.NONE, 0)
+    batch = build_batch([(None, b"x", [], int(time.time() * 1000))])
+    req = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=LAG_MS // 4, topic_data=[
+        ProduceRequest.TopicProduceData(name=t, partition_data=[ProduceRequest.PartitionProduceData(index=0,
+                                                                                                    records=batch)])
+        for t in ("delayed-ok", "delayed-stuck")])
+    assert cluster[3].proc is not None
+    os.kill(cluster[3].proc.pid, signal.SIGSTOP)
+    try:
+        with RawClient(cluster[1].bootstrap, timeout=30) as raw:
+            t0 = time.monotonic()
+            raw.send_bytes(raw.frame(0, 9, req))
+            frame = raw.recv_frame()
+            waited = time.monotonic() - t0
+    finally:
+        os.kill(cluster[3].proc.pid, signal.SIGCONT)
+    assert waited >= LAG_MS // 4 / 1000 - 0.05, "answered before its timeout"
+    expected = [("delayed-ok", [(0, ErrorCode.NONE, 1, -1, 0, None, None)]),
+                ("delayed-stuck", [(0, ErrorCode.REQUEST_TIMED_OUT, -1, -1, -1, None, None)])]
+    (correlation_id,) = struct.unpack_from(">i", frame, 0)
+    assert bytes(frame) == bytes(produce_codec.encode_response_py(correlation_id, 9, 0, expected)[4:]), \
+        codec.decode_response(0, 9, frame)
+    cluster.wait_isr("delayed-stuck", {1, 3}, leader=1)
 
 
 def test_an_idempotent_producers_requests_are_appended_one_at_a_time(cluster: Cluster) -> None:
