@@ -1079,41 +1079,47 @@ class SharePartitionManager:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         first = ErrorCode.NONE
         for index in range(num_partitions):
-            sp = self.partitions.pop((group_id, topic, index), None)
-            if sp is not None and sp.writing is not None and not sp.writing.done():
-                # a snapshot still on its way would land after the tombstone and bring the state back
-                with contextlib.suppress(Exception):
-                    await self._settled(sp.writing)
-            sp = sp or SharePartition(group_id, topic, index, 0)
-            try:
-                place = self._state_place(sp)
-                if place is None:
-                    continue
-                if self._state_here(place[0]):
-                    code = await self.delete_state_of(group_id, rec.topic_id, index)
-                else:
-                    Q = DeleteShareGroupStateRequest
-                    r = await self.server.inter_broker.send(
-                        self._state_leader(place[0]),
-                        86,
-                        0,
-                        Q(
-                            group_id=group_id,
-                            topics=[
-                                Q.DeleteStateData(
-                                    topic_id=rec.topic_id, partitions=[Q.PartitionData(partition=index)]
-                                )
-                            ],
-                        ),
-                    )
-                    code = r.results[0].partitions[0].error_code
-            except KafkaError as e:
-                code = e.code
-            except OSError:
-                code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            code = await self.delete_partition_state(group_id, rec.topic_id, topic, index)
             if code and not first:
                 first = code
         return first
+
+    async def delete_partition_state(self, group_id: str, topic_id: bytes, topic: str, index: int) -> int:
+        """Drop one share-partition here and have its share coordinator (this broker or another, through
+        DeleteShareGroupState) tombstone its snapshot. Returns the error."""
+        sp = self.partitions.pop((group_id, topic, index), None)
+        if sp is not None and sp.writing is not None and not sp.writing.done():
+            # a snapshot still on its way would land after the tombstone and bring the state back
+            with contextlib.suppress(Exception):
+                await self._settled(sp.writing)
+        sp = sp or SharePartition(group_id, topic, index, 0)
+        try:
+            place = self._state_place(sp)
+            if place is None:
+                return ErrorCode.NONE
+            if self._state_here(place[0]):
+                code = await self.delete_state_of(group_id, topic_id, index)
+            else:
+                Q = DeleteShareGroupStateRequest
+                r = await self.server.inter_broker.send(
+                    self._state_leader(place[0]),
+                    86,
+                    0,
+                    Q(
+                        group_id=group_id,
+                        topics=[
+                            Q.DeleteStateData(
+                                topic_id=topic_id, partitions=[Q.PartitionData(partition=index)]
+                            )
+                        ],
+                    ),
+                )
+                code = r.results[0].partitions[0].error_code
+        except KafkaError as e:
+            code = e.code
+        except OSError:
+            code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return code
 
     async def delete_state_of(self, group_id: str, topic_id: bytes, partition: int) -> int:
         """The share coordinator's side of DeleteShareGroupState: the snapshot tombstoned and replicated before

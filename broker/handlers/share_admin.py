@@ -131,16 +131,19 @@ async def handle_alter_share_group_offsets(
                     errors[(t.topic_name, index)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
                 start = p.start_offset
-                try:
-                    lg = rm.get_log(t.topic_name, index)
-                except KafkaError:  # led by another broker
-                    lg = None
-                if lg is not None:  # the leader is here: the offset kept within the log, -1 its end
-                    start = start if start >= 0 else lg.high_watermark
-                    start = min(max(start, lg.log_start_offset), lg.high_watermark)
-                elif start < 0:
+                if start < -1:
                     errors[(t.topic_name, index)] = ErrorCode.INVALID_REQUEST
                     continue
+                # -1 is Kafka's uninitialized start offset, stored as such wherever the leader is: the leader
+                # resolves it by share.auto.offset.reset on its first read (SharePartition's
+                # startOffsetDuringInitialization), so no broker needs the log here
+                if start >= 0:
+                    try:
+                        lg = rm.get_log(t.topic_name, index)
+                    except KafkaError:  # led by another broker
+                        lg = None
+                    if lg is not None:  # the leader is here: the offset kept within the log
+                        start = min(max(start, lg.log_start_offset), lg.high_watermark)
                 wanted.setdefault(rec.topic_id, (t.topic_name, []))[1].append(index)
                 starts[(rec.topic_id, index)] = start
         if wanted:
@@ -149,9 +152,20 @@ async def handle_alter_share_group_offsets(
             code = await spm.write_group(req.group_id)
             if code:
                 return R(error_code=code, error_message=code.name)
-            for name, parts in wanted.values():
+            for tid, (name, parts) in wanted.items():
                 for index in parts:
                     spm.drop(req.group_id, name, index)
+                    if starts[(tid, index)] < 0:
+                        # Kafka's share coordinator overwrites the state with the uninitialized start offset;
+                        # kbroker's keeps a state initialized again without one (a heartbeat's retry), so the
+                        # state is deleted first
+                        code = await spm.delete_partition_state(req.group_id, tid, name, index)
+                        if code:
+                            errors[(name, index)] = code
+            wanted = {
+                tid: (name, [i for i in parts if (name, i) not in errors])
+                for tid, (name, parts) in wanted.items()
+            }
             done = await spm.initialize_state(req.group_id, wanted, epoch, starts)
             for tid, (name, parts) in wanted.items():
                 for index in parts:

@@ -196,6 +196,21 @@ def test_group_moves_and_offsets_reach_other_brokers(
         assert offsets(got) == [(6, 1), (7, 1)]
         share_fetch(w, group, member, -1, topic_id)
     leave(b2.bootstrap, group, member)
+    # -1 on the coordinator (broker 2) for a partition led by broker 3: Kafka's uninitialized start offset,
+    # which broker 3 resolves by the group's share.auto.offset.reset (earliest) on its next read
+    assert alter(b2.bootstrap, group, topic_name, -1) == (0, [0])
+    assert alter(b2.bootstrap, group, topic_name, -2) == (0, [ErrorCode.INVALID_REQUEST])
+    with WireClient(b3.bootstrap) as w:
+        member = str(uuid.uuid4())
+        join_at(b2.bootstrap, group, topic_name, member)
+        got = wait_until(
+            lambda: acquired(share_fetch(w, group, member, 0, topic_id, wait_ms=1000)) or None,
+            timeout=T,
+            what="records after AlterShareGroupOffsets to -1",
+        )
+        assert offsets(got) == [(o, 1) for o in range(8)]
+        share_fetch(w, group, member, -1, topic_id)
+    leave(b2.bootstrap, group, member)
     # DeleteGroups on the group coordinator: broker 3's share-partition reads the (deleted) state again
     admin.delete_consumer_groups([group])[group].result(T)
     with WireClient(b3.bootstrap) as w:
@@ -207,6 +222,27 @@ def test_group_moves_and_offsets_reach_other_brokers(
             what="records after DeleteGroups",
         )
         assert offsets(got) == [(o, 1) for o in range(8)]
+
+
+def alter(bootstrap: str, group: str, topic: str, start: int) -> tuple[int, list[int]]:
+    A = AlterShareGroupOffsetsRequest
+    with WireClient(bootstrap) as w:
+        r = w.request(
+            91,
+            0,
+            A(
+                group_id=group,
+                topics=[
+                    A.AlterShareGroupOffsetsRequestTopic(
+                        topic_name=topic,
+                        partitions=[
+                            A.AlterShareGroupOffsetsRequestPartition(partition_index=0, start_offset=start)
+                        ],
+                    )
+                ],
+            ),
+        )
+    return int(r.error_code), [int(p.error_code) for p in r.responses[0].partitions]
 
 
 def offsets(ranges: list[tuple[int, int, int]]) -> list[tuple[int, int]]:

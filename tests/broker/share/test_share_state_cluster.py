@@ -67,7 +67,8 @@ def cluster(tmp_path: Path) -> Iterator[dict[int, BrokerProcess]]:
 def leader_of(bootstrap: str, topic: str) -> int:
     with WireClient(bootstrap) as w:
         md = w.request(3, 12, MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic)]))
-    return int(md.topics[0].partitions[0].leader_id)
+    parts = md.topics[0].partitions
+    return int(parts[0].leader_id) if parts else -1  # the topic not known to this broker yet
 
 
 def joined(cluster: dict[int, BrokerProcess], group: str, topic: str) -> str | None:
