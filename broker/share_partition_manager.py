@@ -69,7 +69,12 @@ _RETRIABLE_WRITE = (
 # how long a new share-partition leader keeps asking the share coordinator before its fetch answers without it
 _READ_RETRY_S = 5.0
 # a state write refused because the share coordinator's state of the share-partition changed since it was read
-_FENCED_STATE = (ErrorCode.FENCED_STATE_EPOCH,)
+# a write refused because the state changed (FENCED_STATE_EPOCH) or is gone (INVALID_REQUEST: an uninitialized
+# share-partition): the leader drops its share-partition and reads the state again
+_FENCED_STATE = (ErrorCode.FENCED_STATE_EPOCH, ErrorCode.INVALID_REQUEST)
+# Kafka's ShareCoordinatorShard messages for a share-partition with no state
+READ_UNINITIALIZED = "Read operation on uninitialized share partition not allowed."
+WRITE_UNINITIALIZED = "Write operation on uninitialized share partition not allowed."
 _DONE_STATES = (2, 4)  # a state batch's Acknowledged and Archived
 # how often an idle share-partition's leader checks its state epoch at the share coordinator
 _IDLE_CHECK_S = 2.0
@@ -532,9 +537,13 @@ class SharePartitionManager:
             sp = SharePartition(group_id, topic, partition, 0)
             sp.leader_epoch = epoch
             saved = self._saved_state(sp, fresh=True)
-            if saved is not None:
-                sp.state_epoch = saved[3]
-            if saved is None or saved[1] < 0:  # never written, or initialized without a start offset
+            if saved is None:
+                # nobody initialized it (the group coordinator does, on the heartbeat that first subscribes to
+                # it): Kafka's share coordinator refuses the read with INVALID_REQUEST, which its SharePartition
+                # turns into an UnknownServerException for the fetch
+                raise KafkaError(ErrorCode.UNKNOWN_SERVER_ERROR, READ_UNINITIALIZED)
+            sp.state_epoch = saved[3]
+            if saved[1] < 0:  # initialized without a start offset
                 sp.reset(self._initial_offset(group_id, lg))
             else:
                 sp.snapshot_epoch, start, batches, _ = saved
@@ -641,6 +650,9 @@ class SharePartitionManager:
                 return
             except (KafkaError, OSError) as e:
                 code = getattr(e, "code", None)
+                if code == ErrorCode.INVALID_REQUEST:
+                    self._read[key] = None  # uninitialized: the fetch answers for it rather than waiting
+                    return
                 if (code is not None and code not in _RETRIABLE_WRITE) or time.monotonic() >= deadline:
                     log.info("Could not read the state of share-partition %s: %s", key, e)
                     return
@@ -668,8 +680,6 @@ class SharePartitionManager:
         p = r.results[0].partitions[0]
         if p.error_code:
             raise KafkaError(p.error_code, f"ReadShareGroupState from broker {leader}: {p.error_message}")
-        if p.start_offset < 0 and p.state_epoch <= 0:
-            return None  # never written: the share-partition starts by share.auto.offset.reset
         return (
             0,
             p.start_offset,
@@ -680,9 +690,10 @@ class SharePartitionManager:
     async def read_state(
         self, group_id: str, topic_id: bytes, partition: int, leader_epoch: int
     ) -> tuple[int, int, int, list[StateBatch]]:
-        """The share coordinator's side of ReadShareGroupState: (error, state epoch, start offset, batches), start
-        offset -1 when nothing was written. A read with a newer leader epoch fences the former leader's writes,
-        as Kafka's readStateAndMaybeUpdateLeaderEpoch."""
+        """The share coordinator's side of ReadShareGroupState: (error, state epoch, start offset, batches);
+        INVALID_REQUEST for a share-partition nobody initialized (or whose state was deleted), as Kafka's. A read
+        with a newer leader epoch fences the former leader's writes, as Kafka's
+        readStateAndMaybeUpdateLeaderEpoch."""
         state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
         if state is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, 0, -1, []
@@ -696,18 +707,18 @@ class SharePartitionManager:
         if rec is None or partition >= rec.num_partitions:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, 0, -1, []
         key = snapshot_key(group_id, topic_id, partition)
-        if leader_epoch < self._writer_epochs.get(key, -1):
-            return ErrorCode.FENCED_LEADER_EPOCH, 0, -1, []
         try:
             # read again: a write through a former leader of this partition may have come by replication
             snaps = self._state_snapshots(part, fresh=True)
         except KafkaError as e:
             return e.code, 0, -1, []
-        if leader_epoch >= 0:
-            self._writer_epochs[key] = leader_epoch
         saved = snaps.get(key)
         if saved is None:
-            return ErrorCode.NONE, 0, -1, []
+            return ErrorCode.INVALID_REQUEST, 0, 0, []
+        if leader_epoch < self._writer_epochs.get(key, -1):
+            return ErrorCode.FENCED_LEADER_EPOCH, 0, -1, []
+        if leader_epoch >= 0:
+            self._writer_epochs[key] = leader_epoch
         return ErrorCode.NONE, saved[3], saved[1], saved[2]
 
     async def read_summary(
@@ -847,6 +858,10 @@ class SharePartitionManager:
                 await write
             except Exception as e:  # noqa: BLE001 - logged once, by _written
                 code = e.code if isinstance(e, KafkaError) else ErrorCode.UNKNOWN_SERVER_ERROR
+                if (
+                    code == ErrorCode.INVALID_REQUEST
+                ):  # the state is gone: Kafka's fetchPersisterError default
+                    code = ErrorCode.UNKNOWN_SERVER_ERROR
                 failed[(sp.group_id, sp.topic, sp.partition)] = code
         return failed
 
@@ -983,9 +998,8 @@ class SharePartitionManager:
         """The share coordinator's side of WriteShareGroupState: a snapshot appended to this broker's
         __share_group_state partition and replicated (acks=all) before the answer. A state epoch below the
         saved one (InitializeShareGroupState changed the state since the writer read it) is fenced,
-        FENCED_STATE_EPOCH, as Kafka's; so is a writer holding an initialized state (a state epoch above 0) whose
-        state was deleted since (DeleteShareGroupState), which Kafka refuses as a write to an uninitialized
-        share-partition."""
+        FENCED_STATE_EPOCH, as Kafka's; a share-partition nobody initialized, or whose state was deleted since
+        (DeleteShareGroupState), is INVALID_REQUEST, as Kafka's write to an uninitialized share-partition."""
         state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
         if state is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -993,19 +1007,21 @@ class SharePartitionManager:
         if not self._state_here(part):
             return ErrorCode.NOT_COORDINATOR
         key = snapshot_key(group_id, topic_id, partition)
-        if leader_epoch < self._writer_epochs.get(key, -1):
-            # a former leader of the share-partition still writing its stale view (Kafka's share coordinator
-            # fences it the same way)
-            return ErrorCode.FENCED_LEADER_EPOCH
         try:
             snaps = self._state_snapshots(part)
         except KafkaError as e:
             return e.code
         saved = snaps.get(key)
-        if (saved[3] if saved is not None else 0) > state_epoch or (saved is None and state_epoch > 0):
+        if saved is None:
+            return ErrorCode.INVALID_REQUEST
+        if leader_epoch < self._writer_epochs.get(key, -1):
+            # a former leader of the share-partition still writing its stale view (Kafka's share coordinator
+            # fences it the same way)
+            return ErrorCode.FENCED_LEADER_EPOCH
+        if saved[3] > state_epoch:
             return ErrorCode.FENCED_STATE_EPOCH
         self._writer_epochs[key] = leader_epoch
-        epoch = saved[0] + 1 if saved is not None else 1
+        epoch = saved[0] + 1
         value = snapshot_value(epoch, leader_epoch, start, batches, state_epoch)
         return await self._append_state(
             part, key, value, lambda: snaps.__setitem__(key, (epoch, start, batches, state_epoch))

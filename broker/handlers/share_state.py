@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.security.acls import AclOperation, ResourceType
-from kbroker.broker.share_partition_manager import SharePartitionManager
+from kbroker.broker.share_partition_manager import (
+    READ_UNINITIALIZED,
+    WRITE_UNINITIALIZED,
+    SharePartitionManager,
+)
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     DeleteShareGroupStateRequest,
@@ -22,6 +26,15 @@ from kbroker.protocol.messages import (
     WriteShareGroupStateRequest,
     WriteShareGroupStateResponse,
 )
+
+
+def _message(code: int, partition: int, uninitialized: str) -> str | None:
+    """Kafka's message: an INVALID_REQUEST for a valid partition is its uninitialized share-partition."""
+    if not code:
+        return None
+    if code == ErrorCode.INVALID_REQUEST and partition >= 0:
+        return uninitialized
+    return ErrorCode(code).name
 
 
 async def handle_write_share_group_state(
@@ -51,7 +64,13 @@ async def handle_write_share_group_state(
                     p.leader_epoch,
                     p.state_epoch,
                 )
-            parts.append(R.PartitionResult(partition=p.partition, error_code=code))
+            parts.append(
+                R.PartitionResult(
+                    partition=p.partition,
+                    error_code=code,
+                    error_message=_message(code, p.partition, WRITE_UNINITIALIZED),
+                )
+            )
         results.append(R.WriteStateResult(topic_id=t.topic_id, partitions=parts))
     return R(results=results)
 
@@ -76,7 +95,7 @@ async def handle_read_share_group_state(
                 R.PartitionResult(
                     partition=p.partition,
                     error_code=code,
-                    error_message=ErrorCode(code).name if code else None,
+                    error_message=_message(code, p.partition, READ_UNINITIALIZED),
                     state_epoch=epoch,
                     start_offset=start,
                     state_batches=[

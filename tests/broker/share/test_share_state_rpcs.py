@@ -6,6 +6,7 @@ DeleteGroups of a share group deleting its share-partitions' state."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -165,8 +166,16 @@ def test_write_then_read_and_errors(broker: BrokerProcess, topic_name: str) -> N
             == 3
         )
         other = group + "-other"
+        # nobody initialized it: Kafka's share coordinator refuses reads and writes alike
         never = read(w, other, topic_id, 0, 0)
-        assert (never.error_code, never.start_offset, never.state_batches) == (0, -1, [])
+        assert (never.error_code, never.error_message, never.state_epoch, never.start_offset) == (
+            ErrorCode.INVALID_REQUEST,
+            "Read operation on uninitialized share partition not allowed.",
+            0,
+            0,
+        )
+        assert write(w, other, topic_id, 3, 2) == ErrorCode.INVALID_REQUEST
+        assert initialize(w, other, topic_id, 0, 0, -1) == 0
         assert write(w, other, topic_id, 3, 2) == 0
         got = read(w, other, topic_id, 0, 2)
         assert (got.error_code, got.start_offset) == (0, 3)
@@ -218,7 +227,8 @@ def test_write_then_read_and_errors(broker: BrokerProcess, topic_name: str) -> N
             )
             assert deleted.results[0].partitions[0].error_code == 0
         gone = read(w, other, topic_id, 0, 3)
-        assert (gone.error_code, gone.start_offset, gone.state_batches) == (0, -1, [])
+        assert (gone.error_code, gone.start_offset, gone.state_batches) == (ErrorCode.INVALID_REQUEST, 0, [])
+        assert write(w, other, topic_id, 3, 3) == ErrorCode.INVALID_REQUEST
         assert read(w, other, bytes(16), 0, 0).error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         assert read(w, other, topic_id, 7, 0).error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         assert read(w, other, topic_id, -1, 0).error_code == ErrorCode.INVALID_REQUEST
@@ -241,7 +251,7 @@ def test_delete_groups_deletes_the_share_state(broker: BrokerProcess, topic_name
         # tombstoned in __share_group_state: nothing saved for the share-partition any more
         assert summary_of(w, group, topic_id) == (0, -1, -1)
         gone = read(w, group, topic_id, 0, 0)
-        assert (gone.error_code, gone.start_offset, gone.state_batches) == (0, -1, [])
+        assert (gone.error_code, gone.start_offset, gone.state_batches) == (ErrorCode.INVALID_REQUEST, 0, [])
         # a new group of the same name starts by share.auto.offset.reset (earliest): every record, first delivery
         again = join(w, group, topic_name)
         assert acquired(share_fetch(w, group, again, 0, topic_id, wait_ms=5000)) == [(0, 4, 1)]
@@ -282,9 +292,9 @@ def test_initialize_sets_the_state_epoch(broker: BrokerProcess, topic_name: str)
         assert initialize(w, other, topic_id, 0, 5, 1) == 0
         reset = read(w, other, topic_id, 0, 0)
         assert (reset.state_epoch, reset.start_offset, reset.state_batches) == (5, 1, [])
-        # deleted: a writer holding the initialized state is fenced, it must read again
+        # deleted: a writer holding the initialized state is refused (uninitialized), it must read again
         assert delete(w, other, topic_id) == 0
-        assert write(w, other, topic_id, 6, 0, state_epoch=5) == ErrorCode.FENCED_STATE_EPOCH
+        assert write(w, other, topic_id, 6, 0, state_epoch=5) == ErrorCode.INVALID_REQUEST
         assert initialize(w, other, topic_id, -1, 1, 0) == ErrorCode.INVALID_REQUEST
         assert initialize(w, other, topic_id, 9, 1, 0) == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         assert initialize(w, other, bytes(16), 0, 1, 0) == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -313,3 +323,25 @@ def test_initialize_over_raw_frames(broker: BrokerProcess, topic_name: str) -> N
         assert raw.closed_by_peer()
     with WireClient(broker.bootstrap) as w:
         assert initialize(w, group + "-after", topic_id, 0, 1, 0) == 0
+
+
+def test_an_uninitialized_share_partition_is_not_served(broker: BrokerProcess, topic_name: str) -> None:
+    """As Kafka's: the leader does not initialize a share-partition by itself. Its read is refused
+    (INVALID_REQUEST), which the fetch answers as UNKNOWN_SERVER_ERROR for that partition, at once and writing
+    nothing; once a member subscribes to it, the heartbeat initializes it and it is served."""
+    group = "g-" + topic_name
+    topic_id = setup(broker, topic_name, group, 3)
+    setup(broker, topic_name + "-other", group, 1)
+    with WireClient(broker.bootstrap) as w:
+        member = join(w, group, topic_name + "-other")  # topic_name's share-partition stays uninitialized
+        started = time.monotonic()
+        r = share_fetch(w, group, member, 0, topic_id, wait_ms=5000)
+        assert time.monotonic() - started < 4
+        assert [(p.error_code, list(p.acquired_records)) for t in r.responses for p in t.partitions] == [
+            (ErrorCode.UNKNOWN_SERVER_ERROR, [])
+        ]
+        assert read(w, group, topic_id, 0, 0).error_code == ErrorCode.INVALID_REQUEST
+        share_fetch(w, group, member, -1, topic_id)
+        subscriber = join(w, group, topic_name)
+        assert read(w, group, topic_id, 0, 0).error_code == 0
+        assert acquired(share_fetch(w, group, subscriber, 0, topic_id, wait_ms=5000)) == [(0, 2, 1)]
