@@ -33,6 +33,9 @@ class ShareMember:
     assignment: Assignment = field(default_factory=dict)  # the target assignment
     target_epoch: int = 0  # the group epoch of that target; member_epoch catches up with it in a heartbeat
     previous_epoch: int = -1  # a member whose last response was lost may still send this one
+    # the assignment last given to the member (Kafka's assignedPartitions, ShareGroupCurrentMemberAssignment):
+    # what ShareGroupDescribe shows
+    current: Assignment = field(default_factory=dict)
 
 
 @dataclass
@@ -249,7 +252,7 @@ class ShareCoordinator:
         assignment = None
         if member.member_epoch != member.target_epoch or member_epoch == 0:
             member.previous_epoch, member.member_epoch = member.member_epoch, member.target_epoch
-            assignment = member.assignment
+            assignment = member.current = member.assignment
             self._emit(
                 group,
                 shr.current_assignment_record(
@@ -321,6 +324,7 @@ class ShareCoordinator:
             member.previous_epoch = member.member_epoch
         member.member_epoch = member.target_epoch
         r.member_epoch, r.assignment = member.member_epoch, member.assignment
+        member.current = member.assignment
         self._emit(
             group,
             shr.current_assignment_record(
@@ -483,6 +487,7 @@ class ShareCoordinator:
         elif r.type == RecordType.CURRENT_MEMBER_ASSIGNMENT:
             if v is not None and member is not None:
                 member.member_epoch, member.previous_epoch = v.member_epoch, v.previous_member_epoch
+                member.current = shr.to_assignment(v.assigned_partitions)
         elif r.type == RecordType.STATE_PARTITION_METADATA:
             if v is None:
                 group.initialized, group.initializing, group.deleting = {}, {}, {}

@@ -144,7 +144,7 @@ async def handle_share_group_describe(
                     assignment=R.Assignment(
                         topic_partitions=[
                             R.TopicPartitions(topic_id=t, topic_name=names.get(t, ""), partitions=ps)
-                            for t, ps in sorted(m.assignment.items())
+                            for t, ps in sorted(m.current.items())
                         ]
                     ),
                 )

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     ApiVersionsRequest,
@@ -18,6 +18,7 @@ from kbroker.protocol.messages import (
     InitializeShareGroupStateRequest,
     ReadShareGroupStateRequest,
     ReadShareGroupStateSummaryRequest,
+    ShareGroupDescribeRequest,
     ShareGroupHeartbeatRequest,
     WriteShareGroupStateRequest,
 )
@@ -345,3 +346,49 @@ def test_an_uninitialized_share_partition_is_not_served(broker: BrokerProcess, t
         subscriber = join(w, group, topic_name)
         assert read(w, group, topic_id, 0, 0).error_code == 0
         assert acquired(share_fetch(w, group, subscriber, 0, topic_id, wait_ms=5000)) == [(0, 2, 1)]
+
+
+def test_describe_shows_the_assignment_each_member_was_given(broker: BrokerProcess, topic_name: str) -> None:
+    """ShareGroupDescribe shows a member's current assignment, the one its last heartbeat answer gave it (Kafka's
+    assignedPartitions), not its new target: until the member heartbeats again."""
+    group = "g-" + topic_name
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 4, 1)])[topic_name].result(30)
+
+    def beat(w: WireClient, member: str, epoch: int) -> tuple[int, list[int]]:
+        r = w.request(
+            76,
+            1,
+            ShareGroupHeartbeatRequest(
+                group_id=group,
+                member_id=member,
+                member_epoch=epoch,
+                subscribed_topic_names=[topic_name] if epoch == 0 else None,
+            ),
+        )
+        assert r.error_code == 0, r
+        got = [p for tp in r.assignment.topic_partitions for p in tp.partitions] if r.assignment else None
+        return r.member_epoch, sorted(got) if got is not None else None
+
+    def described(w: WireClient) -> dict[str, tuple[int, list[int]]]:
+        g = w.request(77, 1, ShareGroupDescribeRequest(group_ids=[group])).groups[0]
+        assert g.error_code == 0
+        return {
+            m.member_id: (
+                m.member_epoch,
+                sorted(p for tp in m.assignment.topic_partitions for p in tp.partitions),
+            )
+            for m in g.members
+        }
+
+    with WireClient(broker.bootstrap) as w:
+        a, b = "a-" + topic_name, "b-" + topic_name
+        a_epoch, a_parts = beat(w, a, 0)
+        assert a_parts == [0, 1, 2, 3]
+        b_epoch, b_parts = beat(w, b, 0)
+        assert b_parts and len(b_parts) < 4
+        # a's target shrank with b's arrival, but a was not told yet: it still holds all four
+        assert described(w) == {a: (a_epoch, [0, 1, 2, 3]), b: (b_epoch, b_parts)}
+        a_epoch, a_parts = beat(w, a, a_epoch)
+        assert a_parts is not None and not set(a_parts) & set(b_parts)
+        assert described(w) == {a: (a_epoch, a_parts), b: (b_epoch, b_parts)}
