@@ -27,7 +27,7 @@ from kbroker.broker.group_config import (
 from kbroker.broker.purgatory import HIGH_WATERMARK
 from kbroker.broker.share_partition import SharePartition
 from kbroker.coordinator.group_coordinator import ShareGroupHooks, partition_for
-from kbroker.coordinator.share_coordinator import HeartbeatResult, ShareCoordinator
+from kbroker.coordinator.share_coordinator import HeartbeatResult, ShareCoordinator, ShareGroup
 from kbroker.coordinator.share_group_records import ShareGroupRecord, TopicPartitions
 from kbroker.coordinator.share_records import (
     SHARE_STATE_TOPIC,
@@ -47,6 +47,7 @@ from kbroker.protocol.messages import (
     WriteShareGroupStateRequest,
 )
 from kbroker.protocol.records import build_batch
+from kbroker.storage.errors import StorageError
 
 if TYPE_CHECKING:
     from kbroker.broker.server import KafkaServer
@@ -98,6 +99,12 @@ def duration_ms(text: str) -> int:
 
 
 # a write to __consumer_offsets that failed: what a share-group request answers (Kafka's GroupCoordinatorService)
+class _Unset:
+    """No snapshot given: a failed write keeps the change (the sweeper's member expiry, retried anyway)."""
+
+
+_UNSET = _Unset()
+
 _GROUP_WRITE_ERRORS = {
     ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
     ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
@@ -105,6 +112,10 @@ _GROUP_WRITE_ERRORS = {
     ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.COORDINATOR_NOT_AVAILABLE,
     ErrorCode.REQUEST_TIMED_OUT: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    # records too large for __consumer_offsets (Kafka's GroupCoordinatorService.handleOperationException)
+    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
+    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
+    ErrorCode.INVALID_FETCH_SIZE: ErrorCode.UNKNOWN_SERVER_ERROR,
 }
 
 
@@ -201,9 +212,10 @@ class SharePartitionManager:
                 if rec is not None:
                     deleted = await self.delete_state(gid, name, rec.num_partitions)
                     code = code or deleted
+            before = self.coordinator.snapshot(gid)
             out[gid] = code or self.coordinator.delete(gid)
             if out[gid] == ErrorCode.NONE:
-                out[gid] = await self.write_group(gid)
+                out[gid] = await self.write_group(gid, before)
         return out
 
     async def heartbeat(
@@ -219,33 +231,47 @@ class SharePartitionManager:
         """ShareGroupHeartbeat on the group coordinator: the change is answered once its records are in
         __consumer_offsets (replicated), as Kafka's coordinator runtime answers a write operation."""
         self.ensure_sweeper()
+        before = self.coordinator.snapshot(group_id)
         r = self.coordinator.heartbeat(
             group_id, member_id, member_epoch, rack_id, subscribed, client_id, client_host
         )
-        code = await self.write_group(group_id)
+        code = await self.write_group(group_id, before)
         if code:
             return HeartbeatResult(code, f"The share group's records were not written: {code.name}")
         if r.initialize:
             await self.initialize_state(group_id, r.initialize, r.state_epoch, -1)
+            before = self.coordinator.snapshot(group_id)
             self.coordinator.catch_up(group_id, member_id, r)
-            code = await self.write_group(group_id)
+            code = await self.write_group(group_id, before)
             if code:
                 return HeartbeatResult(code, f"The share group's records were not written: {code.name}")
         return r
 
-    async def write_group(self, group_id: str) -> ErrorCode:
+    async def write_group(self, group_id: str, before: ShareGroup | None | _Unset = _UNSET) -> ErrorCode:
         """Append the records of a share group's changes to its __consumer_offsets partition and wait until they
-        are replicated; the error a share-group request answers when that fails."""
+        are replicated; the error a share-group request answers when that fails. When the append itself fails,
+        the group goes back to `before` (its snapshot taken before the changes), as Kafka's coordinator runtime
+        reverts its state to the last written offset; records appended but not replicated in time stay, as in
+        Kafka (they commit later, or the partition moves and the group is loaded again from the log)."""
         records = self.coordinator.drain(group_id)
         if not records:
             return ErrorCode.NONE
         gc = self.server.group_coordinator
         try:
-            lg, info = gc._write(group_id, [r.entry() for r in records])
+            try:
+                lg, info = gc._write(group_id, [r.entry() for r in records])
+            except Exception:
+                if not isinstance(before, _Unset):
+                    self.coordinator.revert(group_id, before)
+                    log.info("Share group %s: the change is rolled back", group_id)
+                raise
             await gc._flush_if_needed(lg, info.last_offset)
         except KafkaError as e:
             log.warning("Share group %s: writing %d records failed: %s", group_id, len(records), e)
             return _GROUP_WRITE_ERRORS.get(e.code, e.code)
+        except StorageError as e:  # refused by the log: a record too large, a storage failure
+            log.warning("Share group %s: writing %d records failed: %r", group_id, len(records), e)
+            return _GROUP_WRITE_ERRORS.get(e.error_code, ErrorCode.UNKNOWN_SERVER_ERROR)
         except Exception as e:  # noqa: BLE001 - the log went away (a move): the group is another broker's
             log.warning("Share group %s: writing %d records failed: %r", group_id, len(records), e)
             return ErrorCode.NOT_COORDINATOR
@@ -314,8 +340,13 @@ class SharePartitionManager:
                 into.setdefault(tid, (name, []))[1].append(index)
         if failed:
             log.info("Share group %s: initializing the state of %s failed: %s", group_id, failed, errors)
+        before = self.coordinator.snapshot(group_id)
         self.coordinator.initialized(group_id, done, failed)
-        await self.write_group(group_id)
+        code = await self.write_group(group_id, before)
+        if code:  # the share-partitions stay initializing: the next heartbeat initializes them again
+            for tid, (_, partitions) in done.items():
+                for index in partitions:
+                    errors[(tid, index)] = code
         return errors
 
     @classmethod

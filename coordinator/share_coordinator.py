@@ -9,6 +9,7 @@ misses its session timeout is removed. The state is plain Python touched only fr
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -178,6 +179,27 @@ class ShareCoordinator:
 
     def drain(self, group_id: str) -> list[ShareGroupRecord]:
         return self.records.pop(group_id, [])
+
+    def snapshot(self, group_id: str) -> ShareGroup | None:
+        """The group as it is now (None: no such group), to revert to if the records of the changes made next
+        cannot be written (Kafka's coordinator runtime snapshots its timeline at the last written offset)."""
+        group = self.groups.get(group_id)
+        return copy.deepcopy(group) if group is not None else None
+
+    def revert(self, group_id: str, before: ShareGroup | None) -> None:
+        """Undo the changes whose records were not written. Sessions are not part of the state (Kafka's are
+        timers): a member that stays keeps the deadline of its latest heartbeat."""
+        self.records.pop(group_id, None)
+        now = self.groups.get(group_id)
+        if before is None:
+            self.groups.pop(group_id, None)
+        else:
+            if now is not None:
+                for mid, m in before.members.items():
+                    if mid in now.members:
+                        m.deadline = now.members[mid].deadline
+            self.groups[group_id] = before
+        self._topics_seen = {}  # a reassignment for new topics may have been undone: the next heartbeat redoes it
 
     def _emit(self, group: ShareGroup, record: ShareGroupRecord) -> None:
         self.records.setdefault(group.group_id, []).append(record)

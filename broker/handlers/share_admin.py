@@ -147,9 +147,10 @@ async def handle_alter_share_group_offsets(
                 wanted.setdefault(rec.topic_id, (t.topic_name, []))[1].append(index)
                 starts[(rec.topic_id, index)] = start
         if wanted:
+            before = spm.coordinator.snapshot(req.group_id)
             spm.coordinator.create(req.group_id)
             epoch = spm.coordinator.bump_epoch(req.group_id)
-            code = await spm.write_group(req.group_id)
+            code = await spm.write_group(req.group_id, before)
             if code:
                 return R(error_code=code, error_message=code.name)
             for tid, (name, parts) in wanted.items():
@@ -225,8 +226,9 @@ async def handle_delete_share_group_offsets(
                 error_message="The group is not empty: stop its share consumers first.",
             )
         known = {t.topic_name: topics[t.topic_name] for t in req.topics if t.topic_name in topics}
+        before = spm.coordinator.snapshot(req.group_id)
         spm.coordinator.deleting(req.group_id, {rec.topic_id: name for name, rec in known.items()})
-        code = await spm.write_group(req.group_id)
+        code = await spm.write_group(req.group_id, before)
         if code:
             return R(error_code=code, error_message=code.name)
         out = []
@@ -254,8 +256,9 @@ async def handle_delete_share_group_offsets(
                     error_message=ErrorCode(code).name if code else None,
                 )
             )
+        before = spm.coordinator.snapshot(req.group_id)
         spm.coordinator.forget_topics(req.group_id, deleted)
-        await spm.write_group(req.group_id)
+        await spm.write_group(req.group_id, before)
         return R(responses=out)
 
     return await spm.call(run)

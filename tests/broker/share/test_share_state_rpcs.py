@@ -10,7 +10,14 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
     ApiVersionsRequest,
@@ -392,3 +399,57 @@ def test_describe_shows_the_assignment_each_member_was_given(broker: BrokerProce
         a_epoch, a_parts = beat(w, a, a_epoch)
         assert a_parts is not None and not set(a_parts) & set(b_parts)
         assert described(w) == {a: (a_epoch, a_parts), b: (b_epoch, b_parts)}
+
+
+def test_a_change_whose_records_are_not_written_is_rolled_back(
+    broker: BrokerProcess, topic_name: str
+) -> None:
+    """As Kafka's coordinator runtime reverts to the last written offset: a heartbeat whose records
+    __consumer_offsets refuses (here larger than its max.message.bytes) answers UNKNOWN_SERVER_ERROR (Kafka's
+    mapping of RECORD_TOO_LARGE) and leaves the group as it was: no new subscription, no new member, same epoch."""
+    group = "g-" + topic_name
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(30)
+    long_names = [topic_name + "-" + "x" * 200 + str(i) for i in range(20)]
+
+    def beat(w: WireClient, member: str, epoch: int, topics: list[str]) -> tuple[int, int]:
+        r = w.request(
+            76,
+            1,
+            ShareGroupHeartbeatRequest(
+                group_id=group, member_id=member, member_epoch=epoch, subscribed_topic_names=topics
+            ),
+        )
+        return int(r.error_code), int(r.member_epoch)
+
+    def described(w: WireClient) -> tuple[int, dict[str, list[str]]]:
+        g = w.request(77, 1, ShareGroupDescribeRequest(group_ids=[group])).groups[0]
+        assert g.error_code == 0
+        return g.group_epoch, {m.member_id: sorted(m.subscribed_topic_names) for m in g.members}
+
+    def offsets_topic_max_bytes(value: str | None) -> None:
+        op = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
+        res = ConfigResource(
+            ResourceType.TOPIC,
+            "__consumer_offsets",
+            incremental_configs=[ConfigEntry("max.message.bytes", value or "", incremental_operation=op)],
+        )
+        admin.incremental_alter_configs([res])[res].result(30)
+
+    with WireClient(broker.bootstrap) as w:
+        a = "a-" + topic_name
+        code, epoch = beat(w, a, 0, [topic_name])
+        assert code == 0
+        before = described(w)
+        assert before[1] == {a: [topic_name]}
+        offsets_topic_max_bytes("1024")
+        try:
+            assert beat(w, a, epoch, [topic_name, *long_names])[0] == ErrorCode.UNKNOWN_SERVER_ERROR
+            assert beat(w, "b-" + topic_name, 0, long_names)[0] == ErrorCode.UNKNOWN_SERVER_ERROR
+            assert described(w) == before
+        finally:
+            offsets_topic_max_bytes(None)
+        # written once __consumer_offsets takes the records: the same heartbeat applies
+        assert beat(w, a, epoch, [topic_name, *long_names])[0] == 0
+        after = described(w)
+        assert after[0] > before[0] and after[1] == {a: sorted([topic_name, *long_names])}
