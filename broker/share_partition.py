@@ -146,6 +146,7 @@ class SharePartition:
         limit: int,
         read_committed: bool = False,
         record_limit: bool = False,
+        batch_size: int = 0,
     ) -> tuple[list[bytes], list[tuple[int, int, int]]]:
         """Acquire records for member below limit (the high watermark, or the LSO for read_committed, where the
         records of aborted transactions are archived, never delivered): the whole batches holding them and the
@@ -153,7 +154,9 @@ class SharePartition:
         default) acquires whole batches until max_records is reached, so the last one may pass it; record_limit
         stops at max_records exactly, leaving the rest of a new batch Available. New records are acquired only
         while the window from the start offset stays within max_locks (Kafka's max in-flight records);
-        released ones are delivered again whatever the window."""
+        released ones are delivered again whatever the window. A ShareFetch's BatchSize cuts the acquired ranges
+        as Kafka's createBatches does: a range ends before the first log batch whose base offset is BatchSize
+        records or more past the range's first offset."""
         if self.start < lg.log_start_offset:
             self.reset(lg.log_start_offset) if not self.runs else self._move_start(lg.log_start_offset)
         new_budget = min(max_records, max_locks - self.in_flight())
@@ -225,7 +228,12 @@ class SharePartition:
                     span[1] = e
                     size += e - s
                     for first, la, count in got:
-                        if ranges and ranges[-1][1] == first - 1 and ranges[-1][2] == count:
+                        if (
+                            ranges
+                            and ranges[-1][1] == first - 1
+                            and ranges[-1][2] == count
+                            and (batch_size <= 0 or first - ranges[-1][0] < batch_size)
+                        ):
                             ranges[-1] = (ranges[-1][0], la, count)
                         else:
                             ranges.append((first, la, count))

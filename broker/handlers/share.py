@@ -225,6 +225,7 @@ def _acquire(
     max_bytes: int,
     record_limit: bool,
     out: _Result,
+    batch_size: int = 0,
 ) -> int:
     names = ctx.server.topic_names_by_id()
     rm = ctx.server.replica_manager
@@ -262,6 +263,7 @@ def _acquire(
                 limit,
                 committed,
                 record_limit,
+                batch_size,
             )
         except Exception as e:  # a storage error answers for this partition only
             code = getattr(e, "code", None)
@@ -328,7 +330,18 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
                     keys.append((name, partition))
             seen = (spm.changes, purgatory.generation)
             if (
-                _acquire(ctx, spm, group_id, member_id, session, max_records, max_bytes, record_limit, out)
+                _acquire(
+                    ctx,
+                    spm,
+                    group_id,
+                    member_id,
+                    session,
+                    max_records,
+                    max_bytes,
+                    record_limit,
+                    out,
+                    req.batch_size,
+                )
                 > 0
             ):
                 break

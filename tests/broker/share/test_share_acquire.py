@@ -99,6 +99,7 @@ def fetch(
     mode: int = BATCH_OPTIMIZED,
     version: int = 1,
     wait_ms: int = 0,
+    batch_size: int | None = None,
 ) -> list[tuple[int, int, int]]:
     """One ShareFetch of partition 0; the acquired (first, last, delivery count) ranges."""
     r = w.request(
@@ -112,7 +113,7 @@ def fetch(
             min_bytes=1,
             max_bytes=1 << 20,
             max_records=max_records,
-            batch_size=max_records,
+            batch_size=max_records if batch_size is None else batch_size,
             share_acquire_mode=mode,
             topics=[
                 F.FetchTopic(
@@ -175,6 +176,24 @@ def test_batch_optimized_and_record_limit(broker: BrokerProcess, topic_name: str
         accept(w, group, a, 1, topic_id, 0, 99)
         # ...then whole batches: max_records 10 still takes a batch of 100 (a soft limit, as Kafka's)
         assert fetch(w, group, c, 0, topic_id, 10) == [(200, 299, 1)]
+
+
+def test_batch_size_cuts_the_acquired_ranges_at_batch_boundaries(
+    broker: BrokerProcess, topic_name: str
+) -> None:
+    """As Kafka's SharePartition.createBatches: one acquisition of two log batches of 100 (the in-flight window
+    is 200 here) answers a new acquired range at the first batch starting BatchSize records or more past the
+    range's first offset; never within a batch."""
+    for size, want in (
+        (200, [(0, 199, 1)]),
+        (150, [(0, 199, 1)]),
+        (100, [(0, 99, 1), (100, 199, 1)]),
+    ):
+        topic, group = f"{topic_name}-{size}", f"batch-size-{size}-{topic_name}"
+        topic_id = setup(broker, topic, group)
+        with WireClient(broker.bootstrap) as w:
+            m, _ = join(w, group, topic)
+            assert fetch(w, group, m, 0, topic_id, 200, batch_size=size, wait_ms=5000) == want, size
 
 
 def test_the_in_flight_window_and_a_waiting_fetch(broker: BrokerProcess, topic_name: str) -> None:
