@@ -226,7 +226,7 @@ def test_heartbeat_error_codes(broker: BrokerProcess, topic_name: str) -> None:
         assert hb(raw, group_id=group, member_id=mid, member_epoch=1).error_code == ErrorCode.UNKNOWN_MEMBER_ID
         d = raw.request(69, 0, ConsumerGroupDescribeRequest(group_ids=[group, "no-such-group"]))
         assert [(g.group_id, g.error_code, g.group_state) for g in d.groups] == [
-            (group, 0, "Empty"), ("no-such-group", ErrorCode.GROUP_ID_NOT_FOUND, "Dead")]
+            (group, 0, "Empty"), ("no-such-group", ErrorCode.GROUP_ID_NOT_FOUND, "")]
 
 
 # ---------------------------------------------------------------- broker restart
