@@ -1,5 +1,5 @@
 """KIP-848 consumer groups compared with Apache Kafka 3.9 and 4.4 in KRaft mode (`python -m
-tests.differential.kip848 [--kafka 4.4]`): out of the default run (a KRaft Kafka JVM per version, about 40 s
+tests.differential.kip848 [--kafka 4.4]`): out of the default run (a KRaft Kafka JVM per version, 10-15 s
 each); KBROKER_DIFFERENTIAL_KIP848=1 runs it."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tests.differential import kip848
 
 @pytest.mark.skipif(
     os.environ.get("KBROKER_DIFFERENTIAL_KIP848") != "1",
-    reason="starts Apache Kafka in KRaft mode (about 40 s a version): set KBROKER_DIFFERENTIAL_KIP848=1",
+    reason="starts Apache Kafka in KRaft mode (10-15 s a version): set KBROKER_DIFFERENTIAL_KIP848=1",
 )
 @pytest.mark.parametrize(("version", "least"), [("3.9", 12), ("4.4", 38)])
 def test_kip848_groups_answer_as_kafka(version: str, least: int) -> None:
