@@ -45,9 +45,9 @@ KRAFT = {k: v for k, v in COMMON.items() if k != "broker.id"} | {
 
 
 def kafka_overrides(version: str) -> dict[str, str]:
-    """KRAFT, and for Kafka 4.4+ no batching of target assignments: Kafka 4.4 computes a group's next target
-    assignment at most once per group.consumer.assignment.interval.ms (1 s by default, KIP-1251's offload), so a
-    member joining within a second of the last assignment is answered with none; kbroker computes it at once."""
+    """KRAFT, and for Kafka 4.4+ no batching of target assignments: Kafka 4.4 (not 4.2) computes a group's next
+    target assignment at most once per group.consumer.assignment.interval.ms (1 s by default), so a member joining
+    within a second of the last assignment is answered with none; kbroker computes it at once."""
     from bench.peers.kafka import full_version
 
     major, minor = (int(x) for x in full_version(version).split(".")[:2])
