@@ -234,6 +234,9 @@ KIP848: dict[str, str] = {
     "request path), so a group's first join makes it epoch 2; Kafka 3.9-4.2 create it at 0 (first join: 1). "
     "kbroker creates a group as the release whose ConsumerGroupHeartbeat version created it: v1 (Kafka 4.x's) as "
     "Kafka 4.4, v0 (Kafka 3.9's) as Kafka 3.9, so a v0 group's epochs are one lower than Kafka 4.4's",
+    "Kafka 4.0-4.3 epochs of a v1 group": "the other side of the reason above: Kafka before 4.4 creates a group at "
+    "epoch 0 whatever the version, kbroker a v1-created group as Kafka 4.4, so its epochs are one higher than Kafka "
+    "4.2's; and Kafka before 4.4 leaves an emptied group's assignment epoch behind its group epoch (KAFKA-20442)",
     "Kafka 4.x regex resolution": "Kafka 4.x resolves a member's SubscribedTopicRegex on a background thread: the "
     "heartbeat that brings the regex is answered before it is resolved (the group's current epoch, no partitions) "
     "and a later heartbeat gets the assignment; kbroker resolves the regex in the request (its first answer "
@@ -245,14 +248,15 @@ def kip848_classifier(version: str) -> Any:
     """The classifier of a comparison against Kafka `version`: the KIP848 reason of a differing answer pair."""
     from bench.peers.kafka import full_version
 
-    major = int(full_version(version).split(".")[0])
+    kafka = tuple(int(x) for x in full_version(version).split(".")[:2])
+    major = kafka[0]
 
     def classify(api_key: int, version: int, request: Any, ours: Any, theirs: Any) -> str | None:
         if isinstance(ours, str) or isinstance(theirs, str):
             return None
         if major < 4:
             return _kafka39_describe(api_key, ours, theirs)
-        return _kafka4_v0_epochs(api_key, version, request, ours, theirs) or _kafka4_regex(
+        return _kafka4_epochs(api_key, version, request, ours, theirs, kafka) or _kafka4_regex(
             api_key, version, request, ours, theirs
         )
 
@@ -276,26 +280,40 @@ def _kafka39_describe(api_key: int, ours: Any, theirs: Any) -> str | None:
 
 
 V0_GROUP = "diff-848"  # kip848.GROUP, the group the v0 sequence creates
+V1_GROUPS = ("diff-848-v1", "diff-848-static", "diff-848-regex")  # the groups kip848's v1 sequences create
 
 
-def _kafka4_v0_epochs(api_key: int, version: int, request: Any, ours: Any, theirs: Any) -> str | None:
-    """Kafka 4.4's epochs of the group a v0 heartbeat created, one lower, are kbroker's."""
-    if getattr(request, "group_id", None) != V0_GROUP and V0_GROUP not in getattr(request, "group_ids", []):
+def _kafka4_epochs(
+    api_key: int, version: int, request: Any, ours: Any, theirs: Any, kafka: tuple[int, int]
+) -> str | None:
+    """Kafka 4.4's epochs of the group a v0 heartbeat created, one lower, are kbroker's; Kafka 4.0-4.3's epochs of
+    a group v1 heartbeats created, one higher (an emptied group's assignment epoch at its group epoch), are."""
+    if kafka >= (4, 4):
+        groups, shift, reason = (V0_GROUP,), -1, "Kafka 4.4 epochs of a v0 group"
+    else:
+        groups, shift, reason = V1_GROUPS, 1, "Kafka 4.0-4.3 epochs of a v1 group"
+    named = {getattr(request, "group_id", None), *getattr(request, "group_ids", [])}
+    if not named & set(groups):
         return None
     patched = copy.deepcopy(theirs)
-    if api_key == 68 and version == 0:
+    if api_key == 68:
+        if version != (0 if shift < 0 else 1) or patched.error_code:
+            return None
         if patched.member_epoch > 0:
-            patched.member_epoch -= 1
+            patched.member_epoch += shift
     elif api_key == 69:
         for g in patched.groups:
-            if g.group_id == V0_GROUP and g.error_code == 0:
-                g.group_epoch -= 1
-                g.assignment_epoch -= 1
+            if g.group_id in groups and g.error_code == 0:
+                g.group_epoch += shift
+                g.assignment_epoch += shift
+                if shift > 0 and g.group_state == "Empty":
+                    g.assignment_epoch = g.group_epoch
                 for m in g.members:
-                    m.member_epoch -= 1
+                    if m.member_epoch > 0:
+                        m.member_epoch += shift
     else:
         return None
-    return "Kafka 4.4 epochs of a v0 group" if Tally.same(ours, patched) else None
+    return reason if Tally.same(ours, patched) else None
 
 
 def _kafka4_regex(api_key: int, version: int, request: Any, ours: Any, theirs: Any) -> str | None:
