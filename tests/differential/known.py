@@ -234,7 +234,7 @@ KIP848: dict[str, str] = {
     "request path), so a group's first join makes it epoch 2; Kafka 3.9-4.2 create it at 0 (first join: 1). "
     "kbroker creates a group as the release whose ConsumerGroupHeartbeat version created it: v1 (Kafka 4.x's) as "
     "Kafka 4.4, v0 (Kafka 3.9's) as Kafka 3.9, so a v0 group's epochs are one lower than Kafka 4.4's",
-    "Kafka 4.0-4.3 epochs of a v1 group": "the other side of the reason above: Kafka before 4.4 creates a group at "
+    "Kafka 4.0-4.2 epochs of a v1 group": "the other side of the reason above: Kafka before 4.4 creates a group at "
     "epoch 0 whatever the version, kbroker a v1-created group as Kafka 4.4, so its epochs are one higher than Kafka "
     "4.2's; and Kafka before 4.4 leaves an emptied group's assignment epoch behind its group epoch (KAFKA-20442)",
     "Kafka 4.x regex resolution": "Kafka 4.x resolves a member's SubscribedTopicRegex on a background thread: the "
@@ -286,12 +286,12 @@ V1_GROUPS = ("diff-848-v1", "diff-848-static", "diff-848-regex")  # the groups k
 def _kafka4_epochs(
     api_key: int, version: int, request: Any, ours: Any, theirs: Any, kafka: tuple[int, int]
 ) -> str | None:
-    """Kafka 4.4's epochs of the group a v0 heartbeat created, one lower, are kbroker's; Kafka 4.0-4.3's epochs of
+    """Kafka 4.4's epochs of the group a v0 heartbeat created, one lower, are kbroker's; Kafka 4.0-4.2's epochs of
     a group v1 heartbeats created, one higher (an emptied group's assignment epoch at its group epoch), are."""
     if kafka >= (4, 4):
         groups, shift, reason = (V0_GROUP,), -1, "Kafka 4.4 epochs of a v0 group"
     else:
-        groups, shift, reason = V1_GROUPS, 1, "Kafka 4.0-4.3 epochs of a v1 group"
+        groups, shift, reason = V1_GROUPS, 1, "Kafka 4.0-4.2 epochs of a v1 group"
     named = {getattr(request, "group_id", None), *getattr(request, "group_ids", [])}
     if not named & set(groups):
         return None
