@@ -63,6 +63,7 @@ class ConsumerHeartbeat:
     client_id: str = ""
     client_host: str = ""
     subscribed_topic_regex: str | None = None  # v1 (Kafka 4.0); "" clears it
+    api_version: int = 0  # v1 creates a group as Kafka 4.4 does (see _consumer_group)
 
 
 @dataclass
@@ -164,6 +165,8 @@ class ConsumerGroupManager:
             raise invalid("InstanceId can't be empty.")
         if hb.rack_id is not None and not hb.rack_id:
             raise invalid("RackId can't be empty.")
+        if hb.api_version >= 1 and not hb.member_id:
+            raise invalid("MemberId can't be empty.")  # v1: the member generates its id (KIP-1082)
         if hb.member_epoch > 0 or hb.member_epoch == LEAVE_GROUP_MEMBER_EPOCH:
             if not hb.member_id:
                 raise invalid("MemberId can't be empty.")
@@ -194,9 +197,10 @@ class ConsumerGroupManager:
                 f"ServerAssignor {hb.server_assignor} is not supported. Supported assignors: "
                 f"{', '.join(self.config.consumer_assignors)}.")
 
-    def _consumer_group(self, group_id: str, create: bool, upgrades: list[ClassicUpgrade] | None = None
-                        ) -> ConsumerGroup:
-        """The group's state, or a new unregistered one (registered when its first records are replayed).
+    def _consumer_group(self, group_id: str, create: bool, upgrades: list[ClassicUpgrade] | None = None,
+                        initial_epoch: int = 0) -> ConsumerGroup:
+        """The group's state, or a new unregistered one (registered when its first records are replayed) at
+        `initial_epoch` (group and assignment epoch).
         An empty classic group (offsets only) becomes a consumer group, as Kafka replaces it; a joining member
         upgrades a classic group with members when the migration policy allows (the upgrade is added to
         `upgrades`, its records go with the member's)."""
@@ -213,7 +217,7 @@ class ConsumerGroupManager:
             raise ConsumerGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a consumer group.")
         if not create:
             raise ConsumerGroupError(ErrorCode.UNKNOWN_MEMBER_ID, f"Consumer group {group_id} not found.")
-        return ConsumerGroup(group_id)
+        return ConsumerGroup(group_id, group_epoch=initial_epoch, assignment_epoch=initial_epoch)
 
     @staticmethod
     def _check_member_epoch(member: ConsumerGroupMember, received: int, owned: Assignment | None) -> None:
@@ -242,7 +246,11 @@ class ConsumerGroupManager:
     async def _consumer_group_join_or_heartbeat(self, hb: ConsumerHeartbeat) -> ConsumerHeartbeatResult:
         gid = hb.group_id
         upgrades: list[ClassicUpgrade] = []
-        cg = self._consumer_group(gid, create=hb.member_epoch == 0, upgrades=upgrades)
+        # Kafka 4.4 (KAFKA-20268, for its offloaded assignment) creates a group at epoch 1 with an empty target
+        # assignment at epoch 1, so the first join makes it epoch 2; Kafka 3.9-4.2 create it at 0 (first join: 1).
+        # A group is created as the Kafka release of the creating request's version does: v1 is Kafka 4.x's.
+        cg = self._consumer_group(gid, create=hb.member_epoch == 0, upgrades=upgrades,
+                                  initial_epoch=1 if hb.api_version >= 1 else 0)
         records: list[ConsumerGroupRecord] = []
         new_member = False
         replaced: ConsumerGroupMember | None = None
@@ -420,13 +428,18 @@ class ConsumerGroupManager:
 
     def _removal_records(self, cg: ConsumerGroup, gone: list[str], topics: Any) -> list[ConsumerGroupRecord]:
         """Kafka's consumerGroupFenceMember records for members that go at once: their tombstones, the subscription
-        metadata without them when it changes, and a group epoch bump."""
+        metadata without them when it changes, a group epoch bump, and the assignment epoch with it when no member
+        is left."""
         gid = cg.group_id
         records = [r for mid in gone for r in cgr.member_tombstones(gid, mid)]
         metadata = self._subscription_metadata([m for m in cg.members.values() if m.member_id not in gone], topics)
         if metadata != cg.subscription_metadata:
             records.append(cgr.partition_metadata_record(gid, metadata))
         records.append(cgr.group_epoch_record(gid, cg.group_epoch + 1))
+        if all(mid in gone for mid in cg.members):
+            # An empty group's assignment epoch is its group epoch (KAFKA-20442, Kafka 4.4): no assignment is
+            # pending for a group without members.
+            records.append(cgr.target_epoch_record(gid, cg.group_epoch + 1))
         return records
 
     async def _apply_and_flush(self, gid: str, cg: ConsumerGroup, records: list[ConsumerGroupRecord],

@@ -46,7 +46,7 @@ async def handle_consumer_group_heartbeat(ctx: RequestContext,
         subscribed_topic_names=None if req.subscribed_topic_names is None else list(req.subscribed_topic_names),
         subscribed_topic_regex=req.subscribed_topic_regex,
         server_assignor=req.server_assignor, owned=owned, client_id=ctx.client_id or "",
-        client_host=_client_host(ctx)))
+        client_host=_client_host(ctx), api_version=ctx.api_version))
     if r.error:
         return R(error_code=r.error, error_message=r.message)
     assignment = None
@@ -78,8 +78,8 @@ async def handle_consumer_group_describe(ctx: RequestContext,
             out.append(R.DescribedGroup(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, group_id=gid))
             continue
         if d.error:
-            out.append(R.DescribedGroup(error_code=d.error, error_message=d.message, group_id=gid,
-                                        group_state="Dead"))
+            # Kafka leaves the state of a group it did not find empty (3.9 and 4.x alike)
+            out.append(R.DescribedGroup(error_code=d.error, error_message=d.message, group_id=gid))
             continue
         ops = -(2**31)
         if req.include_authorized_operations:
@@ -90,7 +90,8 @@ async def handle_consumer_group_describe(ctx: RequestContext,
             members=[R.Member(member_id=m.member_id, instance_id=m.instance_id, rack_id=m.rack_id,
                               member_epoch=m.member_epoch, client_id=m.client_id, client_host=m.client_host,
                               subscribed_topic_names=list(m.subscribed_topic_names),
-                              subscribed_topic_regex=m.subscribed_topic_regex,
+                              # Kafka's member keeps "" for no regex and describes it so
+                              subscribed_topic_regex=m.subscribed_topic_regex or "",
                               assignment=assignment(m.assigned), target_assignment=assignment(target))
                      for m, target in d.members or []]))
     return R(groups=out)

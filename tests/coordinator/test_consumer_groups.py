@@ -226,7 +226,34 @@ def test_heartbeat_error_codes(broker: BrokerProcess, topic_name: str) -> None:
         assert hb(raw, group_id=group, member_id=mid, member_epoch=1).error_code == ErrorCode.UNKNOWN_MEMBER_ID
         d = raw.request(69, 0, ConsumerGroupDescribeRequest(group_ids=[group, "no-such-group"]))
         assert [(g.group_id, g.error_code, g.group_state) for g in d.groups] == [
-            (group, 0, "Empty"), ("no-such-group", ErrorCode.GROUP_ID_NOT_FOUND, "Dead")]
+            (group, 0, "Empty"), ("no-such-group", ErrorCode.GROUP_ID_NOT_FOUND, "")]
+
+
+def test_v1_groups_follow_kafka_4_4_epochs(broker: BrokerProcess, topic_name: str) -> None:
+    """ConsumerGroupHeartbeat v1 (Kafka 4.x's) creates a group as Kafka 4.4 does (epoch 1 with an empty assignment,
+    so the first join makes it 2; KAFKA-20268), wants the member's own id (KIP-1082), and an emptied group's
+    assignment epoch follows its group epoch (KAFKA-20442); figures from tests/differential/kip848.py."""
+    create_topic(broker.bootstrap, topic_name, 2)
+    tid = topic_id(broker.bootstrap, topic_name)
+    group = "g1-" + topic_name
+    join = {"member_epoch": 0, "rebalance_timeout_ms": 5000, "subscribed_topic_names": [topic_name],
+            "topic_partitions": []}
+    with RawClient(broker.bootstrap) as raw:
+        r = hb(raw, 1, group_id=group, member_id="", **join)
+        assert (r.error_code, r.error_message) == (ErrorCode.INVALID_REQUEST, "MemberId can't be empty.")
+        mid = str(uuid.uuid4())
+        j = hb(raw, 1, group_id=group, member_id=mid, **join)
+        assert (j.error_code, j.member_id, j.member_epoch) == (0, mid, 2)
+        assert [(bytes(t.topic_id), t.partitions) for t in j.assignment.topic_partitions] == [(tid, [0, 1])]
+        (g,) = raw.request(69, 0, ConsumerGroupDescribeRequest(group_ids=[group])).groups
+        assert (g.group_state, g.group_epoch, g.assignment_epoch) == ("Stable", 2, 2)
+        assert [(m.member_epoch, m.subscribed_topic_regex) for m in g.members] == [(2, "")]
+        assert hb(raw, 1, group_id=group, member_id=mid, member_epoch=-1).error_code == 0
+        (g,) = raw.request(69, 0, ConsumerGroupDescribeRequest(group_ids=[group])).groups
+        assert (g.group_state, g.group_epoch, g.assignment_epoch, g.members) == ("Empty", 3, 3, [])
+        # v0 (Kafka 3.9's) creates a group as Kafka 3.9 does: the first join makes it epoch 1
+        j = hb(raw, 0, group_id="g0-" + topic_name, member_id="", **join)
+        assert (j.error_code, j.member_epoch) == (0, 1)
 
 
 # ---------------------------------------------------------------- broker restart

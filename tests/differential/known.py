@@ -224,18 +224,47 @@ def _auto_created(ours: Any, theirs: Any, auto_created: set[str] | frozenset[str
     return (any(creating(t) for t in theirs.topics) or bool(missing)) and Tally.same(ours, patched)
 
 
-# KIP-848 groups compared with Kafka 3.9 in KRaft mode (tests/differential/kip848.py): reason -> why.
+# KIP-848 groups compared with Kafka in KRaft mode (tests/differential/kip848.py): reason -> why.
 KIP848: dict[str, str] = {
     "Kafka 3.9 early access": "Kafka 3.9's consumer group coordinator is an early-access release: its "
-    "ConsumerGroupDescribe answers an unknown group id again (GROUP_ID_NOT_FOUND) beside the groups it found, leaves "
-    "the state of an unknown group empty and reports a member's missing subscription regex as ''; kbroker answers "
-    "as Kafka 4.x's (GA) coordinator: each group once, Dead, null (python -m tests.differential.kip848 --kafka 4.4)",
+    "ConsumerGroupDescribe answers an unknown group id once more (GROUP_ID_NOT_FOUND, one answer per coordinator "
+    "shard) beside the groups it found; kbroker answers each group once, as Kafka 4.x",
+    "Kafka 4.4 epochs of a v0 group": "Kafka 4.4 creates every group at epoch 1 with an empty target assignment at "
+    "epoch 1 (KAFKA-20268, so that a member can wait on epoch 1 while its first assignment is computed off the "
+    "request path), so a group's first join makes it epoch 2; Kafka 3.9-4.2 create it at 0 (first join: 1). "
+    "kbroker creates a group as the release whose ConsumerGroupHeartbeat version created it: v1 (Kafka 4.x's) as "
+    "Kafka 4.4, v0 (Kafka 3.9's) as Kafka 3.9, so a v0 group's epochs are one lower than Kafka 4.4's",
+    "Kafka 4.0-4.2 epochs of a v1 group": "the other side of the reason above: Kafka before 4.4 creates a group at "
+    "epoch 0 whatever the version, kbroker a v1-created group as Kafka 4.4, so its epochs are one higher than Kafka "
+    "4.2's; and Kafka before 4.4 leaves an emptied group's assignment epoch behind its group epoch (KAFKA-20442)",
+    "Kafka 4.x regex resolution": "Kafka 4.x resolves a member's SubscribedTopicRegex on a background thread: the "
+    "heartbeat that brings the regex is answered before it is resolved (the group's current epoch, no partitions) "
+    "and a later heartbeat gets the assignment; kbroker resolves the regex in the request (its first answer "
+    "carries the assignment, the epochs are the same once Kafka has resolved it)",
 }
 
 
-def kip848_reason(api_key: int, version: int, request: Any, ours: Any, theirs: Any) -> str | None:
-    """The KIP848 reason a differing answer pair falls under, or None."""
-    if api_key != 69 or isinstance(ours, str) or isinstance(theirs, str):
+def kip848_classifier(version: str) -> Any:
+    """The classifier of a comparison against Kafka `version`: the KIP848 reason of a differing answer pair."""
+    from bench.peers.kafka import full_version
+
+    kafka = tuple(int(x) for x in full_version(version).split(".")[:2])
+    major = kafka[0]
+
+    def classify(api_key: int, version: int, request: Any, ours: Any, theirs: Any) -> str | None:
+        if isinstance(ours, str) or isinstance(theirs, str):
+            return None
+        if major < 4:
+            return _kafka39_describe(api_key, ours, theirs)
+        return _kafka4_epochs(api_key, version, request, ours, theirs, kafka) or _kafka4_regex(
+            api_key, version, request, ours, theirs
+        )
+
+    return classify
+
+
+def _kafka39_describe(api_key: int, ours: Any, theirs: Any) -> str | None:
+    if api_key != 69:
         return None
     patched = copy.deepcopy(theirs)
     found = {g.group_id for g in patched.groups if g.error_code != GROUP_ID_NOT_FOUND}
@@ -245,11 +274,60 @@ def kip848_reason(api_key: int, version: int, request: Any, ours: Any, theirs: A
         if g.error_code == GROUP_ID_NOT_FOUND and (g.group_id in found or g.group_id in seen):
             continue  # the early-access coordinator's other answers for a group id (one per coordinator shard)
         seen.add(g.group_id)
-        if g.error_code == GROUP_ID_NOT_FOUND and g.group_state == "":
-            g.group_state = "Dead"
-        for m in g.members:
-            if m.subscribed_topic_regex == "":
-                m.subscribed_topic_regex = None
         groups.append(g)
     patched.groups = groups
     return "Kafka 3.9 early access" if Tally.same(ours, patched) else None
+
+
+V0_GROUP = "diff-848"  # kip848.GROUP, the group the v0 sequence creates
+V1_GROUPS = ("diff-848-v1", "diff-848-static", "diff-848-regex")  # the groups kip848's v1 sequences create
+
+
+def _kafka4_epochs(
+    api_key: int, version: int, request: Any, ours: Any, theirs: Any, kafka: tuple[int, int]
+) -> str | None:
+    """Kafka 4.4's epochs of the group a v0 heartbeat created, one lower, are kbroker's; Kafka 4.0-4.2's epochs of
+    a group v1 heartbeats created, one higher (an emptied group's assignment epoch at its group epoch), are."""
+    if kafka >= (4, 4):
+        groups, shift, reason = (V0_GROUP,), -1, "Kafka 4.4 epochs of a v0 group"
+    else:
+        groups, shift, reason = V1_GROUPS, 1, "Kafka 4.0-4.2 epochs of a v1 group"
+    named = {getattr(request, "group_id", None), *getattr(request, "group_ids", [])}
+    if not named & set(groups):
+        return None
+    patched = copy.deepcopy(theirs)
+    if api_key == 68:
+        if version != (0 if shift < 0 else 1) or patched.error_code:
+            return None
+        if patched.member_epoch > 0:
+            patched.member_epoch += shift
+    elif api_key == 69:
+        for g in patched.groups:
+            if g.group_id in groups and g.error_code == 0:
+                g.group_epoch += shift
+                g.assignment_epoch += shift
+                if shift > 0 and g.group_state == "Empty":
+                    g.assignment_epoch = g.group_epoch
+                for m in g.members:
+                    if m.member_epoch > 0:
+                        m.member_epoch += shift
+    else:
+        return None
+    return reason if Tally.same(ours, patched) else None
+
+
+def _kafka4_regex(api_key: int, version: int, request: Any, ours: Any, theirs: Any) -> str | None:
+    """Kafka's answer to the heartbeat bringing a regex, before it resolved it: kbroker's, less the partitions
+    and the epoch its resolution bumps."""
+    if api_key != 68 or not getattr(request, "subscribed_topic_regex", None) or request.member_epoch != 0:
+        return None
+    if (
+        ours.error_code
+        or theirs.error_code
+        or theirs.assignment is None
+        or theirs.assignment.topic_partitions
+    ):
+        return None
+    patched = copy.deepcopy(theirs)
+    patched.member_epoch, patched.assignment = ours.member_epoch, ours.assignment
+    return "Kafka 4.x regex resolution" if Tally.same(ours, patched) else None
