@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import socket
 import statistics
 import struct
 import sys
@@ -36,7 +35,14 @@ from kbroker.protocol.messages import ProduceRequest, RequestHeader
 from kbroker.protocol.records import build_batch
 
 from bench.harness import free_port
-from bench.produce_path import _CRC_AT, _CRC_FROM, _SEQUENCE_AT, create_topic, init_producer_id
+from bench.produce_path import (
+    _CRC_AT,
+    _CRC_FROM,
+    _SEQUENCE_AT,
+    connect_when_listening,
+    create_topic,
+    init_producer_id,
+)
 
 RECORDS = 10
 WARM = 200
@@ -166,15 +172,7 @@ def measure(requests: int, reps: int, profile: Path | None = None) -> list[float
 
         def client() -> None:
             try:
-                deadline = time.monotonic() + 30
-                while True:
-                    try:
-                        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-                        break
-                    except OSError:
-                        if time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.05)
+                sock = connect_when_listening(port)
                 with sock:
                     create_topic(sock, 1)
                     pid, epoch = init_producer_id(sock)

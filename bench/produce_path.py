@@ -75,6 +75,18 @@ def recv_response(sock: socket.socket, api_key: int, version: int) -> Any:
     return codec.decode_response(api_key, version, recv_exact(sock, size))[1]
 
 
+def connect_when_listening(port: int, timeout: float = 30.0) -> socket.socket:
+    """A connection to 127.0.0.1:port, retried while the broker starts."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=10)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def create_topic(sock: socket.socket, partitions: int) -> None:
     req = CreateTopicsRequest(topics=[CreateTopicsRequest.CreatableTopic(
         name="bench", num_partitions=partitions, replication_factor=1)], timeout_ms=30000)
@@ -106,15 +118,7 @@ def run_once(root: Path, requests: int, pipeline: int, records: int = 10, partit
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={**os.environ, **(env or {})})
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
+            sock = connect_when_listening(port)
             create_topic(sock, partitions)
             pid, epoch = init_producer_id(sock) if idempotent else (-1, -1)
             batch = build_batch([(None, b"v" * 100, (), 1_700_000_000_000 + i) for i in range(records)],
