@@ -16,11 +16,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import (
     AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
     NewTopic,
-    ResourceType,
 )
 from kbroker.protocol.messages import (
     MetadataRequest,
@@ -31,6 +27,7 @@ from kbroker.protocol.messages import (
 )
 
 from kbroker_tools.wire import WireClient
+from tests.broker.share.group_configs import EARLIEST_LONG_LOCKS, set_group_configs
 from tests.broker_process import BrokerProcess
 
 F = ShareFetchRequest
@@ -57,15 +54,7 @@ def setup(broker: BrokerProcess, topic: str, group: str, partitions: int = 1, ba
     """The topic with `batches` batches of BATCH records in partition 0 (one flush each); its topic id."""
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
-    configs = {"share.auto.offset.reset": "earliest", "share.record.lock.duration.ms": "60000"}
-    res = ConfigResource(
-        ResourceType.GROUP,
-        group,
-        incremental_configs=[
-            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()
-        ],
-    )
-    admin.incremental_alter_configs([res])[res].result(30)
+    set_group_configs(admin, group, EARLIEST_LONG_LOCKS)
     p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 50})
     for b in range(batches):
         for i in range(BATCH):

@@ -14,11 +14,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import (
     AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
     NewTopic,
-    ResourceType,
 )
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
@@ -29,6 +25,7 @@ from kbroker.protocol.messages import (
 )
 
 from kbroker_tools.wire import WireClient
+from tests.broker.share.group_configs import EARLIEST_LONG_LOCKS, set_group_configs
 from tests.broker.test_log_dirs import _broker as log_dirs_broker
 from tests.broker.test_log_dirs import _dir_of as dir_of
 from tests.broker.test_log_dirs import _placement as placement
@@ -53,16 +50,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 def setup(broker: BrokerProcess, topic: str, group: str, n: int) -> bytes:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
-    # the longest lock the broker allows: nothing in these tests comes back because a lock expired
-    configs = {"share.auto.offset.reset": "earliest", "share.record.lock.duration.ms": "60000"}
-    res = ConfigResource(
-        ResourceType.GROUP,
-        group,
-        incremental_configs=[
-            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()
-        ],
-    )
-    admin.incremental_alter_configs([res])[res].result(30)
+    set_group_configs(admin, group, EARLIEST_LONG_LOCKS)
     produce(broker, topic, 0, n)
     with WireClient(broker.bootstrap) as w:
         md = w.request(3, 12, MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic)]))

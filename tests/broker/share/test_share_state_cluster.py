@@ -12,11 +12,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import (
     AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
     NewTopic,
-    ResourceType,
 )
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
@@ -27,6 +23,7 @@ from kbroker.protocol.messages import (
 )
 
 from kbroker_tools.wire import WireClient
+from tests.broker.share.group_configs import EARLIEST_LONG_LOCKS, set_group_configs
 from tests.broker.share.test_share_sessions import ACCEPT, acquired, share_fetch
 from tests.broker.share.test_share_state_rpcs import read
 from tests.broker_process import BrokerProcess, wait_all_registered
@@ -110,18 +107,7 @@ def test_new_leader_without_a_state_replica_resumes(
     for f in made.values():
         f.result(T)
     group = "g-" + topic_name
-    res = ConfigResource(
-        ResourceType.GROUP,
-        group,
-        incremental_configs=[
-            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
-            for k, v in {
-                "share.auto.offset.reset": "earliest",
-                "share.record.lock.duration.ms": "60000",
-            }.items()
-        ],
-    )
-    admin.incremental_alter_configs([res])[res].result(T)
+    set_group_configs(admin, group, EARLIEST_LONG_LOCKS, T)
     p = Producer({"bootstrap.servers": b1.bootstrap, "acks": "all"})
     for i in range(10):
         p.produce(topic_name, f"v{i}".encode(), partition=0)
