@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from kbroker.protocol import codec
+from kbroker.coordinator.group_record_codec import decode_entry, encode_entry
 from kbroker.protocol.messages import (
     ConsumerGroupCurrentMemberAssignmentKey,
     ConsumerGroupCurrentMemberAssignmentValue,
@@ -29,7 +29,6 @@ from kbroker.protocol.messages import (
     ConsumerGroupTargetAssignmentMetadataKey,
     ConsumerGroupTargetAssignmentMetadataValue,
 )
-from kbroker.protocol.primitives import I16
 
 VALUE_VERSION = 0
 
@@ -73,23 +72,9 @@ class ConsumerGroupRecord:
     member_id: str | None
     value: Any | None  # the generated *Value object; None: tombstone
 
-    def key_bytes(self) -> bytes:
-        cls = KEY_CLASSES[self.type]
-        key = cls(group_id=self.group_id, member_id=self.member_id) if self.type in MEMBER_RECORDS \
-            else cls(group_id=self.group_id)
-        out = bytearray(I16.pack(int(self.type)))
-        codec.encode(key, int(self.type), out)
-        return bytes(out)
-
-    def value_bytes(self) -> bytes | None:
-        if self.value is None:
-            return None
-        out = bytearray(I16.pack(VALUE_VERSION))
-        codec.encode(self.value, VALUE_VERSION, out)
-        return bytes(out)
-
     def entry(self) -> tuple[bytes, bytes | None]:
-        return self.key_bytes(), self.value_bytes()
+        return encode_entry(self.type, self.group_id, self.member_id, self.value, KEY_CLASSES, MEMBER_RECORDS,
+                            key_version=int(self.type), value_version=VALUE_VERSION)
 
 
 def is_consumer_group_key(key_version: int) -> bool:
@@ -97,15 +82,8 @@ def is_consumer_group_key(key_version: int) -> bool:
 
 
 def parse(key: bytes, value: bytes | None) -> ConsumerGroupRecord:
-    (kv,) = I16.unpack_from(key, 0)
-    rtype = RecordType(kv)
-    k, _ = codec.decode(KEY_CLASSES[rtype], kv, key, 2)
-    member_id = k.member_id if rtype in MEMBER_RECORDS else None
-    if value is None:
-        return ConsumerGroupRecord(rtype, k.group_id, member_id, None)
-    # Later value versions only add tagged fields: version 0 reads them (and skips what it does not know).
-    v, _ = codec.decode(VALUE_CLASSES[rtype], VALUE_VERSION, value, 2)
-    return ConsumerGroupRecord(rtype, k.group_id, member_id, v)
+    return ConsumerGroupRecord(*decode_entry(key, value, RecordType, KEY_CLASSES, VALUE_CLASSES, MEMBER_RECORDS,
+                                             key_version_is_type=True, value_version=VALUE_VERSION))
 
 
 # ---------------------------------------------------------------- builders (Kafka's GroupCoordinatorRecordHelpers)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from kbroker.protocol import codec
+from kbroker.coordinator.group_record_codec import decode_entry, encode_entry
 from kbroker.protocol.messages import (
     ShareGroupCurrentMemberAssignmentKey,
     ShareGroupCurrentMemberAssignmentValue,
@@ -29,7 +29,6 @@ from kbroker.protocol.messages import (
     ShareGroupTargetAssignmentMetadataKey,
     ShareGroupTargetAssignmentMetadataValue,
 )
-from kbroker.protocol.primitives import I16
 
 # topic id -> partition indexes
 Assignment = dict[bytes, list[int]]
@@ -79,19 +78,7 @@ class ShareGroupRecord:
     value: Any | None  # the generated *Value object; None: tombstone
 
     def entry(self) -> tuple[bytes, bytes | None]:
-        cls = KEY_CLASSES[self.type]
-        key = (
-            cls(group_id=self.group_id, member_id=self.member_id)
-            if self.type in MEMBER_RECORDS
-            else cls(group_id=self.group_id)
-        )
-        k = bytearray(I16.pack(int(self.type)))
-        codec.encode(key, 0, k)
-        if self.value is None:
-            return bytes(k), None
-        v = bytearray(I16.pack(0))
-        codec.encode(self.value, 0, v)
-        return bytes(k), bytes(v)
+        return encode_entry(self.type, self.group_id, self.member_id, self.value, KEY_CLASSES, MEMBER_RECORDS)
 
 
 def is_share_group_key(key_version: int) -> bool:
@@ -99,14 +86,7 @@ def is_share_group_key(key_version: int) -> bool:
 
 
 def parse(key: bytes, value: bytes | None) -> ShareGroupRecord:
-    (kv,) = I16.unpack_from(key, 0)
-    rtype = RecordType(kv)
-    k, _ = codec.decode(KEY_CLASSES[rtype], 0, key, 2)
-    member_id = k.member_id if rtype in MEMBER_RECORDS else None
-    if value is None:
-        return ShareGroupRecord(rtype, k.group_id, member_id, None)
-    v, _ = codec.decode(VALUE_CLASSES[rtype], 0, value, 2)
-    return ShareGroupRecord(rtype, k.group_id, member_id, v)
+    return ShareGroupRecord(*decode_entry(key, value, RecordType, KEY_CLASSES, VALUE_CLASSES, MEMBER_RECORDS))
 
 
 # ---------------------------------------------------------------- builders (Kafka's GroupCoordinatorRecordHelpers)
