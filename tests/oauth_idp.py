@@ -34,8 +34,10 @@ def _json_part(value: dict[str, Any]) -> str:
 
 
 def unsecured_token(sub: str, lifetime_s: float = 3600, **claims: Any) -> str:
-    """An unsecured JWS as Kafka's OAuthBearerUnsecuredLoginCallbackHandler makes one."""
-    now = time.time()
+    """An unsecured JWS as Kafka's OAuthBearerUnsecuredLoginCallbackHandler makes one: its times in whole
+    milliseconds (time.milliseconds() / 1000.0), so a token checked within the millisecond it was made is not
+    issued in the future."""
+    now = int(time.time() * 1000) / 1000
     body = {"sub": sub, "iat": now, "exp": now + lifetime_s, **claims}
     return f"{_json_part({'alg': 'none'})}.{_json_part(body)}."
 
