@@ -643,6 +643,24 @@ class SharePartitionManager:
         self._snapshots[part] = (epoch, snaps)
         return snaps
 
+    def _coordinated(self, group_id: str, topic_id: bytes, partition: int, invalid: bool = False) -> tuple[int, int]:
+        """The share coordinator's checks, in Kafka's order, before a state RPC is served here: (error, the
+        __share_group_state partition holding the share-partition's state). `invalid`: the request's other
+        fields are out of range (INVALID_REQUEST, as a negative partition)."""
+        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
+        if state is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1
+        if partition < 0 or invalid:
+            return ErrorCode.INVALID_REQUEST, -1
+        part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
+        if not self._state_here(part):
+            return ErrorCode.NOT_COORDINATOR, part
+        name = self.server.topic_names_by_id().get(topic_id)
+        rec = self.server.metadata.topics.get(name) if name is not None else None
+        if rec is None or partition >= rec.num_partitions:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, part
+        return ErrorCode.NONE, part
+
     def _state_here(self, part: int) -> bool:
         """Whether this broker is the share coordinator of a __share_group_state partition: its leader, or the
         single node (no controller) where every partition is local."""
@@ -725,18 +743,9 @@ class SharePartitionManager:
         INVALID_REQUEST for a share-partition nobody initialized (or whose state was deleted), as Kafka's. A read
         with a newer leader epoch fences the former leader's writes, as Kafka's
         readStateAndMaybeUpdateLeaderEpoch."""
-        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
-        if state is None:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE, 0, -1, []
-        if partition < 0:
-            return ErrorCode.INVALID_REQUEST, 0, -1, []
-        part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
-        if not self._state_here(part):
-            return ErrorCode.NOT_COORDINATOR, 0, -1, []
-        name = self.server.topic_names_by_id().get(topic_id)
-        rec = self.server.metadata.topics.get(name) if name is not None else None
-        if rec is None or partition >= rec.num_partitions:
-            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, 0, -1, []
+        code, part = self._coordinated(group_id, topic_id, partition)
+        if code:
+            return code, 0, -1, []
         key = snapshot_key(group_id, topic_id, partition)
         try:
             # read again: a write through a former leader of this partition may have come by replication
@@ -758,18 +767,9 @@ class SharePartitionManager:
         """The share coordinator's side of ReadShareGroupStateSummary: (error, state epoch, leader epoch, start
         offset, delivery complete count); start offset -1 when nothing was written. Fences nothing (Kafka's
         summary is a plain read)."""
-        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
-        if state is None:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE, 0, -1, -1, -1
-        if partition < 0:
-            return ErrorCode.INVALID_REQUEST, 0, -1, -1, -1
-        part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
-        if not self._state_here(part):
-            return ErrorCode.NOT_COORDINATOR, 0, -1, -1, -1
-        name = self.server.topic_names_by_id().get(topic_id)
-        rec = self.server.metadata.topics.get(name) if name is not None else None
-        if rec is None or partition >= rec.num_partitions:
-            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, 0, -1, -1, -1
+        code, part = self._coordinated(group_id, topic_id, partition)
+        if code:
+            return code, 0, -1, -1, -1
         key = snapshot_key(group_id, topic_id, partition)
         try:
             snaps = self._state_snapshots(part, fresh=True)
@@ -1066,18 +1066,9 @@ class SharePartitionManager:
         and no in-flight batches, replicated before the answer; a state epoch below the saved one is
         FENCED_STATE_EPOCH. Initializing without a start offset a share-partition that has state already (the
         group coordinator retrying after a restart or a failed answer) keeps that state and its epoch."""
-        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
-        if state is None:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if partition < 0 or state_epoch < 0:
-            return ErrorCode.INVALID_REQUEST
-        part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
-        if not self._state_here(part):
-            return ErrorCode.NOT_COORDINATOR
-        name = self.server.topic_names_by_id().get(topic_id)
-        rec = self.server.metadata.topics.get(name) if name is not None else None
-        if rec is None or partition >= rec.num_partitions:
-            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        code, part = self._coordinated(group_id, topic_id, partition, invalid=state_epoch < 0)
+        if code:
+            return code
         key = snapshot_key(group_id, topic_id, partition)
         try:
             snaps = self._state_snapshots(part, fresh=True)
@@ -1171,18 +1162,9 @@ class SharePartitionManager:
     async def delete_state_of(self, group_id: str, topic_id: bytes, partition: int) -> int:
         """The share coordinator's side of DeleteShareGroupState: the snapshot tombstoned and replicated before
         the answer; a share-partition never written is nothing to delete."""
-        state = self.server.metadata.topics.get(SHARE_STATE_TOPIC)
-        if state is None:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if partition < 0:
-            return ErrorCode.INVALID_REQUEST
-        part = partition_for(coordinator_key(group_id, topic_id, partition), state.num_partitions)
-        if not self._state_here(part):
-            return ErrorCode.NOT_COORDINATOR
-        name = self.server.topic_names_by_id().get(topic_id)
-        rec = self.server.metadata.topics.get(name) if name is not None else None
-        if rec is None or partition >= rec.num_partitions:
-            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        code, part = self._coordinated(group_id, topic_id, partition)
+        if code:
+            return code
         key = snapshot_key(group_id, topic_id, partition)
         try:
             snaps = self._state_snapshots(part, fresh=True)
