@@ -6,6 +6,9 @@ replicated before the answer."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.security.acls import AclOperation, ResourceType
 from kbroker.broker.share_partition_manager import (
@@ -37,171 +40,150 @@ def _message(code: int, partition: int, uninitialized: str) -> str | None:
     return ErrorCode(code).name
 
 
+async def _each_partition(
+    ctx: RequestContext, topics: Any, topic_result: Any, answer: Callable[[bytes, Any, bool], Awaitable[Any]]
+) -> list[Any]:
+    """The share-state RPCs' walk: every partition of every topic answered in order by `answer(topic id,
+    partition, denied)`, denied when the caller lacks CLUSTER_ACTION on the cluster (as Kafka's KafkaApis)."""
+    denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
+    return [
+        topic_result(
+            topic_id=t.topic_id, partitions=[await answer(bytes(t.topic_id), p, denied) for p in t.partitions]
+        )
+        for t in topics
+    ]
+
+
 async def handle_write_share_group_state(
     ctx: RequestContext, req: WriteShareGroupStateRequest
 ) -> WriteShareGroupStateResponse:
     R = WriteShareGroupStateResponse
-    denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
     spm = SharePartitionManager.of(ctx.server)
-    results = []
-    for t in req.topics:
-        parts = []
-        for p in t.partitions:
-            if denied:
-                code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-            else:
-                batches = [
-                    (b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
-                    for b in p.state_batches
-                ]
-                code = await spm.call(
-                    spm.write_state,
-                    req.group_id,
-                    bytes(t.topic_id),
-                    p.partition,
-                    p.start_offset,
-                    batches,
-                    p.leader_epoch,
-                    p.state_epoch,
-                )
-            parts.append(
-                R.PartitionResult(
-                    partition=p.partition,
-                    error_code=code,
-                    error_message=_message(code, p.partition, WRITE_UNINITIALIZED),
-                )
+
+    async def answer(topic_id: bytes, p: Any, denied: bool) -> Any:
+        if denied:
+            code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        else:
+            batches = [
+                (b.first_offset, b.last_offset, b.delivery_state, b.delivery_count) for b in p.state_batches
+            ]
+            code = await spm.call(
+                spm.write_state,
+                req.group_id,
+                topic_id,
+                p.partition,
+                p.start_offset,
+                batches,
+                p.leader_epoch,
+                p.state_epoch,
             )
-        results.append(R.WriteStateResult(topic_id=t.topic_id, partitions=parts))
-    return R(results=results)
+        return R.PartitionResult(
+            partition=p.partition,
+            error_code=code,
+            error_message=_message(code, p.partition, WRITE_UNINITIALIZED),
+        )
+
+    return R(results=await _each_partition(ctx, req.topics, R.WriteStateResult, answer))
 
 
 async def handle_read_share_group_state(
     ctx: RequestContext, req: ReadShareGroupStateRequest
 ) -> ReadShareGroupStateResponse:
     R = ReadShareGroupStateResponse
-    denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
     spm = SharePartitionManager.of(ctx.server)
-    results = []
-    for t in req.topics:
-        parts = []
-        for p in t.partitions:
-            if denied:
-                code, epoch, start, batches = ErrorCode.CLUSTER_AUTHORIZATION_FAILED, 0, -1, []
-            else:
-                code, epoch, start, batches = await spm.call(
-                    spm.read_state, req.group_id, bytes(t.topic_id), p.partition, p.leader_epoch
-                )
-            parts.append(
-                R.PartitionResult(
-                    partition=p.partition,
-                    error_code=code,
-                    error_message=_message(code, p.partition, READ_UNINITIALIZED),
-                    state_epoch=epoch,
-                    start_offset=start,
-                    state_batches=[
-                        R.StateBatch(first_offset=f, last_offset=la, delivery_state=s, delivery_count=c)
-                        for f, la, s, c in batches
-                    ],
-                )
+
+    async def answer(topic_id: bytes, p: Any, denied: bool) -> Any:
+        if denied:
+            code, epoch, start, batches = ErrorCode.CLUSTER_AUTHORIZATION_FAILED, 0, -1, []
+        else:
+            code, epoch, start, batches = await spm.call(
+                spm.read_state, req.group_id, topic_id, p.partition, p.leader_epoch
             )
-        results.append(R.ReadStateResult(topic_id=t.topic_id, partitions=parts))
-    return R(results=results)
+        return R.PartitionResult(
+            partition=p.partition,
+            error_code=code,
+            error_message=_message(code, p.partition, READ_UNINITIALIZED),
+            state_epoch=epoch,
+            start_offset=start,
+            state_batches=[
+                R.StateBatch(first_offset=f, last_offset=la, delivery_state=s, delivery_count=c)
+                for f, la, s, c in batches
+            ],
+        )
+
+    return R(results=await _each_partition(ctx, req.topics, R.ReadStateResult, answer))
 
 
 async def handle_read_share_group_state_summary(
     ctx: RequestContext, req: ReadShareGroupStateSummaryRequest
 ) -> ReadShareGroupStateSummaryResponse:
     R = ReadShareGroupStateSummaryResponse
-    denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
     spm = SharePartitionManager.of(ctx.server)
-    results = []
-    for t in req.topics:
-        parts = []
-        for p in t.partitions:
-            if denied:
-                code, state_epoch, leader_epoch, start, done = (
-                    ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
-                    0,
-                    -1,
-                    -1,
-                    -1,
-                )
-            else:
-                code, state_epoch, leader_epoch, start, done = await spm.call(
-                    spm.read_summary, req.group_id, bytes(t.topic_id), p.partition
-                )
-            parts.append(
-                R.PartitionResult(
-                    partition=p.partition,
-                    error_code=code,
-                    error_message=ErrorCode(code).name if code else None,
-                    state_epoch=state_epoch,
-                    leader_epoch=leader_epoch,
-                    start_offset=start,
-                    delivery_complete_count=done,
-                )
+
+    async def answer(topic_id: bytes, p: Any, denied: bool) -> Any:
+        if denied:
+            code, state_epoch, leader_epoch, start, done = (
+                ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                0,
+                -1,
+                -1,
+                -1,
             )
-        results.append(R.ReadStateSummaryResult(topic_id=t.topic_id, partitions=parts))
-    return R(results=results)
+        else:
+            code, state_epoch, leader_epoch, start, done = await spm.call(
+                spm.read_summary, req.group_id, topic_id, p.partition
+            )
+        return R.PartitionResult(
+            partition=p.partition,
+            error_code=code,
+            error_message=ErrorCode(code).name if code else None,
+            state_epoch=state_epoch,
+            leader_epoch=leader_epoch,
+            start_offset=start,
+            delivery_complete_count=done,
+        )
+
+    return R(results=await _each_partition(ctx, req.topics, R.ReadStateSummaryResult, answer))
 
 
 async def handle_delete_share_group_state(
     ctx: RequestContext, req: DeleteShareGroupStateRequest
 ) -> DeleteShareGroupStateResponse:
     R = DeleteShareGroupStateResponse
-    denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
     spm = SharePartitionManager.of(ctx.server)
-    results = []
-    for t in req.topics:
-        parts = []
-        for p in t.partitions:
-            if denied:
-                code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-            else:
-                code = await spm.call(spm.delete_state_of, req.group_id, bytes(t.topic_id), p.partition)
-            parts.append(
-                R.PartitionResult(
-                    partition=p.partition,
-                    error_code=code,
-                    error_message=ErrorCode(code).name if code else None,
-                )
-            )
-        results.append(R.DeleteStateResult(topic_id=t.topic_id, partitions=parts))
-    return R(results=results)
+
+    async def answer(topic_id: bytes, p: Any, denied: bool) -> Any:
+        if denied:
+            code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        else:
+            code = await spm.call(spm.delete_state_of, req.group_id, topic_id, p.partition)
+        return R.PartitionResult(
+            partition=p.partition, error_code=code, error_message=ErrorCode(code).name if code else None
+        )
+
+    return R(results=await _each_partition(ctx, req.topics, R.DeleteStateResult, answer))
 
 
 async def handle_initialize_share_group_state(
     ctx: RequestContext, req: InitializeShareGroupStateRequest
 ) -> InitializeShareGroupStateResponse:
     R = InitializeShareGroupStateResponse
-    denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
     spm = SharePartitionManager.of(ctx.server)
-    results = []
-    for t in req.topics:
-        parts = []
-        for p in t.partitions:
-            if denied:
-                code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-            elif not req.group_id:
-                code = ErrorCode.INVALID_REQUEST
-            else:
-                code = await spm.call(
-                    spm.initialize_state_of,
-                    req.group_id,
-                    bytes(t.topic_id),
-                    p.partition,
-                    p.state_epoch,
-                    p.start_offset,
-                )
-            parts.append(
-                R.PartitionResult(
-                    partition=p.partition,
-                    error_code=code,
-                    error_message=ErrorCode(code).name if code else None,
-                )
+
+    async def answer(topic_id: bytes, p: Any, denied: bool) -> Any:
+        if denied:
+            code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        elif not req.group_id:
+            code = ErrorCode.INVALID_REQUEST
+        else:
+            code = await spm.call(
+                spm.initialize_state_of, req.group_id, topic_id, p.partition, p.state_epoch, p.start_offset
             )
-        results.append(R.InitializeStateResult(topic_id=t.topic_id, partitions=parts))
-    return R(results=results)
+        return R.PartitionResult(
+            partition=p.partition, error_code=code, error_message=ErrorCode(code).name if code else None
+        )
+
+    return R(results=await _each_partition(ctx, req.topics, R.InitializeStateResult, answer))
 
 
 HANDLERS = [
