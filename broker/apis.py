@@ -10,7 +10,7 @@ from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
 from kbroker.broker import metrics
-from kbroker.broker.network import CloseConnection, DelayedResponse, KafkaConnection, Response
+from kbroker.broker.network import CloseConnection, DelayedResponse, KafkaConnection, Parked, Response
 from kbroker.broker.quotas import REQUEST_QUOTA_EXEMPT
 from kbroker.broker.refusals import REFUSALS
 from kbroker.broker.security.acls import (
@@ -149,7 +149,7 @@ class KafkaApis:
         return sorted((h.api_key, h.min_version, h.max_version) for h in self.handlers.values())
 
     def handle(self, conn: KafkaConnection, frame: bytes
-               ) -> Response | DelayedResponse | Awaitable[Response | None] | None:
+               ) -> Response | DelayedResponse | Parked | Awaitable[Response | None] | None:
         try:
             header, pos = codec.decode_request_header(frame)
         except codec.DecodeError as e:
@@ -179,7 +179,7 @@ class KafkaApis:
         return self._finish(conn, header, started, handler.fn(ctx, request))
 
     def _finish(self, conn: KafkaConnection, header: RequestHeader, started: float, result: Any
-                ) -> Response | DelayedResponse | Awaitable[Response | None] | None:
+                ) -> Response | DelayedResponse | Parked | Awaitable[Response | None] | None:
         """Account a handled request and encode its answer (or wrap what completes it later)."""
         api_key = header.request_api_key
         if type(result) is Response:  # encoded by a direct path, which counted its failed partitions
@@ -187,6 +187,9 @@ class KafkaApis:
             elapsed = time.perf_counter() - started
             shard.busy_s += elapsed
             shard.request_done(api_key, elapsed)
+            return result
+        if type(result) is Parked:  # a direct path's answer completed by a callback, which counts the request
+            metrics.shard().busy_s += time.perf_counter() - started
             return result
         if type(result) is EncodedLater:
             metrics.shard().busy_s += time.perf_counter() - started
@@ -202,7 +205,7 @@ class KafkaApis:
             return self._complete_later(header, result, started, self._request_throttle(conn, header, busy))
         if result is not None and self.server.request_quota.quotas():
             _set_throttle(result, self._request_throttle(conn, header, time.perf_counter() - started))
-        response = None if result is None else self._encode(header, result)
+        response = None if result is None else self.encode(header, result)
         shard = metrics.shard()
         if api_key <= 1 and result is not None:  # Produce, Fetch: FailedProduce/FetchRequestsPerSec
             shard.answered(api_key, result)
@@ -227,7 +230,7 @@ class KafkaApis:
         body = await pending
         if body is not None and throttle:
             _set_throttle(body, throttle)
-        response = None if body is None else self._encode(header, body)
+        response = None if body is None else self.encode(header, body)
         shard = metrics.shard()
         if header.request_api_key <= 1 and body is not None:
             shard.answered(header.request_api_key, body)
@@ -235,7 +238,7 @@ class KafkaApis:
         return response
 
     @staticmethod
-    def _encode(header: RequestHeader, body: Any) -> Response:
+    def encode(header: RequestHeader, body: Any) -> Response:
         ext: list[tuple[int, Any]] = []
         frame = codec.encode_response(header.correlation_id, header.request_api_key, header.request_api_version, body, ext)
         return Response(frame, ext or None)
@@ -261,7 +264,7 @@ class KafkaApis:
             )
         self._log_unsupported(conn, header)
         body = cls(error_code=ErrorCode.UNSUPPORTED_VERSION)
-        return self._encode(header, body)
+        return self.encode(header, body)
 
     def _log_unsupported(self, conn: KafkaConnection, header: RequestHeader) -> None:
         api_key = header.request_api_key

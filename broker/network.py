@@ -86,6 +86,40 @@ class DelayedResponse:
         return self.answer.__await__()
 
 
+class Parked:
+    """An answer a callback completes (an idle long poll parked by broker/idle_fetch.py): when nothing is owed
+    before it the connection waits for it without a task of its own, and complete() sends it at once; otherwise the
+    answer task awaits it in its turn."""
+
+    __slots__ = ("conn", "answer", "done", "_future")
+
+    def __init__(self) -> None:
+        self.conn: KafkaConnection | None = None
+        self.answer: Response | BaseException | None = None
+        self.done = False
+        self._future: asyncio.Future[None] | None = None
+
+    def complete(self, answer: Response | BaseException) -> None:
+        """The answer (an exception closes the connection, as a handler's coroutine raising does)."""
+        if self.done:
+            return
+        self.done = True
+        self.answer = answer
+        if self._future is not None:
+            if not self._future.done():
+                self._future.set_result(None)
+        elif self.conn is not None:
+            self.conn._parked_done(self)
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        if not self.done:
+            self._future = asyncio.get_running_loop().create_future()
+            yield from self._future
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
 class RequestMemoryPool:
     """queued.max.request.bytes, in the shape of Kafka's MemoryPool: request bytes held by all connections
     (large requests' buffers, receive buffers past their initial size, requests queued behind one in flight).
@@ -223,6 +257,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._mute_ms = 0
         self._sendfile_remaining = 0  # bytes of the region being sendfile()d that the socket has not taken
         self._out: list[bytes | bytearray | memoryview] | None = None  # answers held for one write per read
+        # The last idle Fetch's plan on this connection (broker/idle_fetch.IdleFetch): its next identical Fetch takes it.
+        self.idle_fetch: Any = None
 
     # ------------------------------------------------------------ asyncio callbacks
 
@@ -471,6 +507,15 @@ class KafkaConnection(asyncio.BufferedProtocol):
             return
         if result is None:
             return
+        if type(result) is Parked:
+            if not self._answering and not self._answers and not result.done:
+                # Nothing owed before it: it waits without a task, and its callback answers (_parked_done).
+                result.conn = self
+                self._answers.append(result)
+                self._busy = True
+                return
+            self._owe(result, blocking=True)
+            return
         if isinstance(result, Response):
             if self._answering:
                 # The answer task may be sending an earlier answer still (sendfile in parts): queue behind it.
@@ -493,6 +538,31 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if not self._answering:
             self._answering = True
             self.loop.create_task(self._answer_in_order())
+
+    def _parked_done(self, parked: Parked) -> None:
+        """A parked answer completed while no task runs: send it, and if requests queued behind it or the client
+        must wait (a backlog, a throttle), the answer task takes over as after any other answer."""
+        if self._closed or not self._answers or self._answers[0] is not parked:
+            return
+        answer = parked.answer
+        if isinstance(answer, BaseException):
+            if isinstance(answer, CloseConnection):
+                log.warning("Closing connection %s: %s", self.peer, answer)
+            else:
+                log.error("Closing connection %s after an unexpected error completing a request", self.peer,
+                          exc_info=answer)
+            self.close(abort=True)
+            return
+        self._answers.popleft()
+        sent = answer is None or self._send(answer)
+        if sent and not self._pending and not self._mute_ms and not self._backlogged():
+            self._busy = False
+            if self._pool.enabled:
+                self._account()
+            return
+        self._answers.appendleft(None if sent else answer)
+        self._answering = True
+        self.loop.create_task(self._answer_in_order())
 
     async def _answer_in_order(self) -> None:
         """Send the answers owed in request order; once none is owed, process the requests that waited."""
@@ -700,8 +770,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         return self._closed
 
     def in_flight(self) -> bool:
-        # The answer task runs while any answer is owed or still being sent.
-        return self._answering and not self._closed
+        # The answer task runs while any answer is owed or still being sent; a parked answer is owed without it.
+        return (self._answering or bool(self._answers)) and not self._closed
 
     def close(self, abort: bool = False) -> None:
         if self._closed:
