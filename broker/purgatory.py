@@ -76,9 +76,14 @@ class FetchPurgatory:
     def add(self, waiter: Any, keys: Iterable[TopicPartition] | None = None) -> None:
         """Watch with a waiter of the caller's own (its wake(), keys and wants, as FetchWaiter's), on `keys` or
         all of its keys: broker/delayed_produce.py's requests, woken without a future."""
+        watchers = self._watchers
         with self._lock:
             for key in waiter.keys if keys is None else keys:
-                self._watchers.setdefault(key, set()).add(waiter)
+                ws = watchers.get(key)
+                if ws is None:
+                    watchers[key] = {waiter}  # no empty set made for every key already watched
+                else:
+                    ws.add(waiter)
 
     def unwatch(self, waiter: Any) -> None:
         with self._lock:

@@ -282,6 +282,12 @@ class LogManager:
         if log is not None:
             log.delete()
 
+    @property
+    def log_by_partition(self) -> Callable[[TopicPartition], Log | None]:
+        """The log of a partition, or None, without the offline check (a caller that made it once): a bound dict
+        lookup the idle Fetch path maps over its partitions."""
+        return self._logs.get
+
     def logs(self) -> list[Log]:
         return list(self._logs.values())
 

@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Any
 
-from kbroker.broker import metrics
+from kbroker.broker import idle_fetch, metrics
 from kbroker.broker.apis import ApiHandler, RequestContext
 from kbroker.broker.down_conversion import check_down_conversion, down_convert_fetched, legacy_fetch_magic
 from kbroker.broker.fetch_session import (
@@ -626,7 +626,7 @@ def handle_offset_for_leader_epoch(ctx: RequestContext, req: OffsetForLeaderEpoc
 
 
 HANDLERS = [
-    ApiHandler(1, 0, 17, handle_fetch),
+    ApiHandler(1, 0, 17, handle_fetch, direct=idle_fetch.direct_path(handle_fetch)),
     ApiHandler(2, 0, 9, handle_list_offsets),
     ApiHandler(23, 0, 4, handle_offset_for_leader_epoch),
 ]
