@@ -1,0 +1,351 @@
+"""The idle long poll's direct path (broker/idle_fetch.py).
+
+- The same Fetch frames sent to a broker with the direct path and to one without it (KBROKER_IDLE_FETCH=0: the
+  general handle_fetch for every request) get identical answers: idle requests at every version 4-17, repeated and
+  with their partitions rotated (the plan's cached answers), read_committed, and the requests the direct path hands
+  to the general one (data to return, an offset out of range, an unknown partition, a fenced leader epoch, a
+  partition named twice, no wait, a session). The topics get other ids on each broker: the answers are compared
+  with the ids swapped.
+- A parked Fetch is answered with the record as soon as it is produced, and an idle one with an empty answer once
+  its max wait is over.
+- Real clients (confluent-kafka and kafka-python) waiting with a long fetch.wait.max.ms get a record promptly when
+  it is produced, and while idle their Fetch requests are answered after their max wait, not before.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kbroker.protocol import codec
+from kbroker.protocol import records as R
+from kbroker.protocol.messages import (
+    CreateTopicsRequest,
+    FetchRequest,
+    FetchResponse,
+    MetadataRequest,
+    ProduceRequest,
+)
+
+from tests.broker_process import BrokerProcess
+from tests.clients import RawClient, ck_conf, wait_until
+
+F = FetchRequest
+NOW = 1_700_000_000_000
+TOPICS = {"a": 3, "b": 2}
+# The records produced before the Fetches: (topic, partition) -> count; other partitions stay empty.
+PRODUCED = {("a", 0): 3, ("a", 1): 2, ("b", 0): 4}
+
+
+@pytest.fixture(scope="module")
+def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
+    direct = BrokerProcess(tmp_path_factory.mktemp("direct")).start()
+    general = BrokerProcess(tmp_path_factory.mktemp("general"), env={"KBROKER_IDLE_FETCH": "0"}).start()
+    try:
+        for b in (direct, general):
+            _setup(b)
+        yield direct, general
+    finally:
+        direct.stop()
+        general.stop()
+
+
+def _setup(b: BrokerProcess) -> None:
+    with RawClient(b.bootstrap, timeout=15) as c:
+        create = CreateTopicsRequest(
+            topics=[
+                CreateTopicsRequest.CreatableTopic(name=n, num_partitions=k, replication_factor=1)
+                for n, k in TOPICS.items()
+            ],
+            timeout_ms=15000,
+        )
+        assert all(t.error_code == 0 for t in c.request(19, 7, create).topics)
+        for (topic, partition), n in PRODUCED.items():
+            _produce(c, topic, partition, n)
+
+
+def _produce(c: RawClient, topic: str, partition: int, n: int) -> None:
+    batch = R.build_batch([(None, b"v%d" % i, (), NOW + i) for i in range(n)])
+    req = ProduceRequest(
+        transactional_id=None,
+        acks=1,
+        timeout_ms=5000,
+        topic_data=[
+            ProduceRequest.TopicProduceData(
+                name=topic,
+                partition_data=[ProduceRequest.PartitionProduceData(index=partition, records=batch)],
+            )
+        ],
+    )
+    resp = c.request(0, 9, req)
+    assert resp.responses[0].partition_responses[0].error_code == 0
+
+
+def _topic_ids(c: RawClient) -> dict[str, bytes]:
+    meta = c.request(3, 12, MetadataRequest(topics=None, allow_auto_topic_creation=False))
+    return {t.name: t.topic_id for t in meta.topics}
+
+
+# A partition of a Fetch: (topic, partition, fetch offset, current leader epoch).
+Part = tuple[str, int, int, int]
+
+
+def _fetch(
+    version: int,
+    parts: list[Part],
+    ids: dict[str, bytes],
+    isolation: int = 0,
+    max_wait: int = 20,
+    min_bytes: int = 1,
+    session: tuple[int, int] = (0, -1),
+) -> F:
+    topics: list[F.FetchTopic] = []
+    for topic, partition, offset, epoch in parts:
+        entry = F.FetchPartition(
+            partition=partition,
+            current_leader_epoch=epoch,
+            fetch_offset=offset,
+            log_start_offset=-1,
+            partition_max_bytes=1 << 20,
+        )
+        # Consecutive partitions of a topic in one entry, as clients send them.
+        if topics and topics[-1].topic == topic:
+            topics[-1].partitions.append(entry)
+        else:
+            topics.append(F.FetchTopic(topic=topic, topic_id=ids[topic], partitions=[entry]))
+    return F(
+        replica_id=-1,
+        max_wait_ms=max_wait,
+        min_bytes=min_bytes,
+        max_bytes=50 << 20,
+        isolation_level=isolation,
+        session_id=session[0],
+        session_epoch=session[1],
+        topics=topics,
+    )
+
+
+IDLE: list[Part] = [("a", 0, 3, -1), ("a", 1, 2, -1), ("a", 2, 0, -1), ("b", 0, 4, -1), ("b", 1, 0, -1)]
+
+
+def _rotated(parts: list[Part], k: int) -> list[Part]:
+    return parts[k:] + parts[:k]
+
+
+def _requests() -> list[tuple[int, dict[str, Any]]]:
+    """(version, _fetch arguments): idle requests the direct path answers (again, rotated, read_committed), then
+    the ones it hands to the general path."""
+    out: list[tuple[int, dict[str, Any]]] = []
+    for v in range(4, 18):
+        out += [(v, {"parts": IDLE}), (v, {"parts": IDLE}), (v, {"parts": _rotated(IDLE, 1)})]
+    for v in (4, 11, 17):
+        out += [(v, {"parts": IDLE, "isolation": 1}), (v, {"parts": _rotated(IDLE, 3), "isolation": 1})]
+    out += [
+        (12, {"parts": [("a", 2, 0, 0), ("b", 1, 0, 0)]}),  # the leader epoch named, and it is this one
+        (12, {"parts": IDLE, "max_wait": 0}),
+        (12, {"parts": IDLE, "min_bytes": 0}),
+        (12, {"parts": [*IDLE[:2], ("b", 0, 0, -1)]}),  # data on b-0
+        (13, {"parts": [*IDLE, ("a", 0, 1, -1)]}),  # a partition named twice
+        (13, {"parts": [("a", 2, 7, -1)]}),  # an offset past the log end
+        (11, {"parts": [("a", 2, 0, -1), ("a", 9, 0, -1)]}),  # a partition that does not exist
+        (12, {"parts": [("a", 2, 0, 5)]}),  # a leader epoch ahead of the broker's: fenced
+        (12, {"parts": IDLE, "session": (12345, -1)}),  # epoch -1 closing an unknown session: sessionless
+        (12, {"parts": IDLE, "isolation": 3}),  # an isolation level Kafka throws on
+        (12, {"parts": IDLE}),  # after all of them, the idle request again
+        (17, {"parts": _rotated(IDLE, 2)}),
+    ]
+    return out
+
+
+def test_direct_and_general_paths_answer_the_same_bytes(brokers: tuple[BrokerProcess, BrokerProcess]) -> None:
+    conns = [RawClient(b.bootstrap, timeout=15) for b in brokers]
+    ids = [_topic_ids(c) for c in conns]
+    swap = [(ids[1][n], ids[0][n]) for n in TOPICS]
+    for correlation_id, (version, kwargs) in enumerate(_requests(), start=100):
+        for c, topic_ids in zip(conns, ids, strict=True):
+            c.send_bytes(_frame(version, correlation_id, _fetch(version, ids=topic_ids, **kwargs)))
+        direct, general = (c.recv_frame() for c in conns)
+        for theirs, ours in swap:
+            general = general.replace(theirs, ours)
+        assert direct == general, (version, kwargs, codec.decode_response(1, version, general)[1])
+        assert struct.unpack_from(">i", direct)[0] == correlation_id
+
+
+def _frame(version: int, correlation_id: int, body: Any) -> bytes:
+    from kbroker.protocol.messages import RequestHeader
+
+    header = RequestHeader(
+        request_api_key=1, request_api_version=version, correlation_id=correlation_id, client_id="t"
+    )
+    return bytes(codec.encode_request(header, body))
+
+
+def _records(resp: FetchResponse) -> int:
+    return sum(
+        len(list(R.iter_batch_headers(bytes(p.records)))) if p.records else 0
+        for t in resp.responses
+        for p in t.partitions
+    )
+
+
+def test_a_parked_fetch_wakes_with_the_record_and_an_idle_one_answers_after_its_wait(
+    brokers: tuple[BrokerProcess, BrokerProcess],
+) -> None:
+    for b in brokers:
+        with RawClient(b.bootstrap, timeout=15) as c, RawClient(b.bootstrap, timeout=15) as p:
+            ids = _topic_ids(c)
+            end = c.request(1, 12, _fetch(12, [("b", 1, 0, -1)], ids, max_wait=0)).responses[0].partitions[0]
+            parts = [("b", 1, end.high_watermark, -1)]
+            # Idle: empty, after the wait.
+            t0 = time.monotonic()
+            resp = c.request(1, 12, _fetch(12, parts, ids, max_wait=300))
+            waited = time.monotonic() - t0
+            assert 0.28 <= waited < 3.0 and _records(resp) == 0 and resp.error_code == 0
+            # Parked, then woken by the produce on another connection.
+            c.send_bytes(c.frame(1, 12, _fetch(12, parts, ids, max_wait=20_000)))
+            time.sleep(0.2)
+            t0 = time.monotonic()
+            _produce(p, "b", 1, 2)
+            resp = codec.decode_response(1, 12, c.recv_frame())[1]
+            assert time.monotonic() - t0 < 3.0
+            assert (
+                _records(resp) == 1
+                and resp.responses[0].partitions[0].high_watermark == end.high_watermark + 2
+            )
+
+
+# ---------------------------------------------------------------- real clients
+
+
+def _new_topic(b: BrokerProcess, name: str) -> None:
+    with RawClient(b.bootstrap, timeout=15) as c:
+        create = CreateTopicsRequest(
+            topics=[CreateTopicsRequest.CreatableTopic(name=name, num_partitions=2, replication_factor=1)],
+            timeout_ms=15000,
+        )
+        assert c.request(19, 7, create).topics[0].error_code == 0
+
+
+def _confluent_waiter(bootstrap: str, topic: str, max_wait_ms: int) -> tuple[Any, Callable[[], int]]:
+    import json
+
+    from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+
+    fetches = [0]
+
+    def stats(js: str) -> None:
+        fetches[0] = sum(b.get("req", {}).get("Fetch", 0) for b in json.loads(js).get("brokers", {}).values())
+
+    conf = ck_conf(
+        bootstrap,
+        **{
+            "group.id": "idle-fetch-tests",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": max_wait_ms,
+            "statistics.interval.ms": 200,
+        },
+    )
+    c = Consumer({**conf, "stats_cb": stats})  # ck_conf would spell it stats.cb
+    c.assign([TopicPartition(topic, p, OFFSET_END) for p in range(2)])
+    return c, lambda: fetches[0]
+
+
+def _kafka_python_waiter(bootstrap: str, topic: str, max_wait_ms: int) -> Any:
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        fetch_max_wait_ms=max_wait_ms,
+        request_timeout_ms=max_wait_ms + 20_000,
+        consumer_timeout_ms=100,
+    )
+    tps = [TopicPartition(topic, p) for p in range(2)]
+    c.assign(tps)
+    c.seek_to_end(*tps)
+    for tp in tps:
+        c.position(tp)
+    return c
+
+
+def test_real_consumers_get_a_record_promptly_while_long_polling(
+    broker: BrokerProcess, topic_name: str
+) -> None:
+    """Two clients wait with fetch.wait.max.ms 10 s; a record produced then reaches both well before that."""
+    _new_topic(broker, topic_name)
+    ck, _ = _confluent_waiter(broker.bootstrap, topic_name, 10_000)
+    kp = _kafka_python_waiter(broker.bootstrap, topic_name, 10_000)
+    got: dict[str, float] = {}
+    stop = threading.Event()
+
+    def poll_ck() -> None:
+        while not stop.is_set() and "ck" not in got:
+            m = ck.poll(0.1)
+            if m is not None and not m.error():
+                got["ck"] = time.monotonic()
+
+    def poll_kp() -> None:
+        while not stop.is_set() and "kp" not in got:
+            for recs in kp.poll(timeout_ms=100).values():
+                if recs:
+                    got["kp"] = time.monotonic()
+
+    threads = [threading.Thread(target=poll_ck), threading.Thread(target=poll_kp)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(3.0)  # both are parked in long polls by now
+        with RawClient(broker.bootstrap, timeout=15) as p:
+            t0 = time.monotonic()
+            _produce(p, topic_name, 1, 1)
+        wait_until(lambda: len(got) == 2, timeout=8.0, what="both consumers got the record")
+        assert max(got.values()) - t0 < 5.0, got
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        ck.close()
+        kp.close()
+
+
+def test_idle_real_consumers_are_answered_after_their_max_wait(
+    broker: BrokerProcess, topic_name: str
+) -> None:
+    """Idle, with fetch.wait.max.ms 500: each Fetch is answered (empty) once its wait is over, so the clients send
+    about two a second: librdkafka's count and kafka-python's fetch latency show it."""
+    _new_topic(broker, topic_name)
+    ck, fetches = _confluent_waiter(broker.bootstrap, topic_name, 500)
+    kp = _kafka_python_waiter(broker.bootstrap, topic_name, 500)
+    stop = threading.Event()
+
+    def poll_ck() -> None:
+        while not stop.is_set():
+            ck.poll(0.1)
+
+    def poll_kp() -> None:
+        while not stop.is_set():
+            kp.poll(timeout_ms=100)
+
+    threads = [threading.Thread(target=poll_ck), threading.Thread(target=poll_kp)]
+    try:
+        for t in threads:
+            t.start()
+        wait_until(lambda: fetches() > 0, timeout=10.0, what="librdkafka's first Fetch")
+        time.sleep(1.0)
+        before = fetches()
+        time.sleep(4.0)
+        sent = fetches() - before
+        latency = kp.metrics()["consumer-fetch-manager-metrics"]["fetch-latency-avg"]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        ck.close()
+        kp.close()
+    # 4 s at one answer per ~500 ms: 8, with room for the statistics' 200 ms steps and a slow machine.
+    assert 4 <= sent <= 14, sent
+    assert 400 <= latency <= 2000, latency
