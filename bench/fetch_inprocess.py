@@ -1,0 +1,232 @@
+"""The broker's own CPU per idle long-poll Fetch without sockets: what the request path costs in the interpreter.
+
+    python -m bench.fetch_inprocess [--requests N] [--reps R] [--max-wait-ms 1]
+
+As bench.produce_inprocess, for the idle row of bench.fetch_sessions / bench.idle_poll: a broker in this process,
+topics `idle_0..2` (4 partitions each, one record in each), and librdkafka's idle Fetch (v16, read_committed,
+10 partitions at their log end, the partition list rotated by one on every request as librdkafka does) fed to a
+KafkaConnection with a stub transport on its network thread, one at a time: framing, header decode, the handler,
+the long poll's wait (max wait `--max-wait-ms`, so the timer fires while the loop sleeps) and the empty answer's
+encode and write. The thread's CPU time per request is printed per repetition; `--floor` prints what the harness's
+own sleep per request costs (the loop's wake-ups), to subtract. Run it from each checkout (cwd)
+alternately to compare them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import uvloop
+from kbroker.broker.config import KafkaConfig
+from kbroker.broker.network import KafkaConnection
+from kbroker.broker.server import KafkaServer
+from kbroker.protocol import codec
+from kbroker.protocol.messages import (
+    CreateTopicsRequest,
+    FetchRequest,
+    MetadataRequest,
+    ProduceRequest,
+    RequestHeader,
+)
+from kbroker.protocol.records import build_batch
+
+from bench.harness import free_port
+from bench.produce_inprocess import StubTransport
+from bench.produce_path import connect_when_listening, recv_response
+
+WARM = 200
+VERSION = 16
+PARTS = [(t, p) for t in range(3) for p in range(4)][:10]
+
+
+def _request(sock: object, api_key: int, version: int, body: object) -> object:
+    header = RequestHeader(
+        request_api_key=api_key, request_api_version=version, correlation_id=1, client_id="b"
+    )
+    sock.sendall(bytes(codec.encode_request(header, body)))  # type: ignore[attr-defined]
+    return recv_response(sock, api_key, version)  # type: ignore[arg-type]
+
+
+def _setup(port: int) -> dict[str, bytes]:
+    with connect_when_listening(port) as sock:
+        C = CreateTopicsRequest
+        _request(
+            sock,
+            19,
+            7,
+            C(
+                topics=[
+                    C.CreatableTopic(name=f"idle_{t}", num_partitions=4, replication_factor=1)
+                    for t in range(3)
+                ],
+                timeout_ms=15000,
+            ),
+        )
+        batch = build_batch([(None, b"v" * 100, (), 1_700_000_000_000)])
+        P = ProduceRequest
+        _request(
+            sock,
+            0,
+            9,
+            P(
+                transactional_id=None,
+                acks=1,
+                timeout_ms=5000,
+                topic_data=[
+                    P.TopicProduceData(
+                        name=f"idle_{t}",
+                        partition_data=[P.PartitionProduceData(index=p, records=batch) for p in range(4)],
+                    )
+                    for t in range(3)
+                ],
+            ),
+        )
+        meta = _request(sock, 3, 12, MetadataRequest(topics=None, allow_auto_topic_creation=False))
+        return {t.name: t.topic_id for t in meta.topics}  # type: ignore[attr-defined]
+
+
+def _frames(ids: dict[str, bytes], count: int, max_wait_ms: int) -> list[bytes]:
+    out = []
+    for i in range(count):
+        k = i % len(PARTS)
+        order = PARTS[k:] + PARTS[:k]
+        topics: list[FetchRequest.FetchTopic] = []
+        for t, p in order:
+            entry = FetchRequest.FetchPartition(
+                partition=p,
+                current_leader_epoch=0,
+                fetch_offset=1,
+                last_fetched_epoch=-1,
+                log_start_offset=-1,
+                partition_max_bytes=1 << 20,
+            )
+            if topics and topics[-1].topic_id == ids[f"idle_{t}"]:
+                topics[-1].partitions.append(entry)
+            else:
+                topics.append(FetchRequest.FetchTopic(topic_id=ids[f"idle_{t}"], partitions=[entry]))
+        body = FetchRequest(
+            max_wait_ms=max_wait_ms,
+            min_bytes=1,
+            max_bytes=52428800,
+            isolation_level=1,
+            session_id=0,
+            session_epoch=-1,
+            topics=topics,
+            rack_id="",
+        )
+        header = RequestHeader(
+            request_api_key=1, request_api_version=VERSION, correlation_id=i, client_id="b"
+        )
+        out.append(bytes(codec.encode_request(header, body)))
+    return out
+
+
+def measure(
+    requests: int, reps: int, max_wait_ms: int, profile: Path | None = None, floor: bool = False
+) -> list[float]:
+    port = free_port()
+    results: list[float] = []
+    failure: list[BaseException] = []
+    with tempfile.TemporaryDirectory(prefix="kbroker-fetch-inprocess-") as data:
+        props = Path(data) / "server.properties"
+        props.write_text(
+            f"listeners=PLAINTEXT://127.0.0.1:{port}\nlog.dirs={data}/logs\nnum.network.threads=1\n"
+        )
+        server = KafkaServer(KafkaConfig.from_file(str(props), []))
+        loop = uvloop.new_event_loop()
+
+        async def feed_all(frames: list[bytes]) -> None:
+            conn = KafkaConnection(server.socket_server.processors[0], "in-process")
+            transport = StubTransport()
+            conn.connection_made(transport)  # type: ignore[arg-type]
+            pause = max_wait_ms / 1000 * 1.5 + 0.0005
+
+            async def feed(frame: bytes) -> None:
+                answers = transport.answers
+                buf = conn.get_buffer(-1)
+                buf[: len(frame)] = frame
+                conn.buffer_updated(len(frame))
+                while transport.answers == answers:
+                    await asyncio.sleep(pause)
+
+            if floor:
+                # The harness alone: one sleep per request, as a request's wait takes.
+                t0 = time.thread_time()
+                for _ in range(requests):
+                    await asyncio.sleep(pause)
+                results.append((time.thread_time() - t0) / requests * 1e6)
+                return
+            for frame in frames[:WARM]:
+                await feed(frame)
+            for rep in range(reps):
+                prof = cProfile.Profile() if profile is not None and rep == reps - 1 else None
+                if prof is not None:
+                    prof.enable()
+                t0 = time.thread_time()
+                for frame in frames[WARM + rep * requests : WARM + (rep + 1) * requests]:
+                    await feed(frame)
+                results.append((time.thread_time() - t0) / requests * 1e6)
+                if prof is not None:
+                    prof.disable()
+                    prof.dump_stats(str(profile))
+            resp = codec.decode_response(1, VERSION, bytes(transport.last)[4:])[1]
+            if (
+                resp.error_code
+                or len(resp.responses) == 0
+                or any(  # type: ignore[attr-defined]
+                    p.error_code or p.records
+                    for t in resp.responses
+                    for p in t.partitions  # type: ignore[attr-defined]
+                )
+            ):
+                raise RuntimeError(f"not the idle answer: {resp}")
+
+        def client() -> None:
+            try:
+                frames = _frames(_setup(port), WARM + reps * requests, max_wait_ms)
+                fut = asyncio.run_coroutine_threadsafe(
+                    feed_all(frames), server.socket_server.processors[0].loop
+                )
+                fut.result()
+            except BaseException as e:  # noqa: BLE001 - reported by the main thread
+                failure.append(e)
+            finally:
+                loop.call_soon_threadsafe(server.request_stop)
+
+        threading.Thread(target=client, daemon=True).start()
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(server.run_until_stopped())
+    if failure:
+        raise failure[0]
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.fetch_inprocess", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--max-wait-ms", type=int, default=1)
+    ap.add_argument("--profile", type=Path, help="cProfile stats of the last repetition into this file")
+    ap.add_argument(
+        "--floor", action="store_true", help="the harness's own CPU per request (its sleeps), no Fetch"
+    )
+    args = ap.parse_args(argv)
+    results = measure(args.requests, args.reps, args.max_wait_ms, args.profile, args.floor)
+    print(
+        "in-process broker CPU per idle Fetch (us): "
+        + " ".join(f"{r:.1f}" for r in results)
+        + f"; median {statistics.median(results):.1f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
