@@ -1,29 +1,33 @@
-"""The idle long poll's direct path: a consumer's Fetch that finds nothing new, answered from what the same
-connection's previous identical Fetch found, parked without a task and answered from a cached frame.
+"""The idle long poll's direct path: a consumer's Fetch that finds nothing new, answered from a plan its connection
+made once, parked without a task and answered from cached bytes.
 
 An idle consumer sends the same Fetch again and again: librdkafka names its partitions at the same offsets every
-fetch.wait.max.ms, so the request body is byte for byte the last one. The general path decoded it into objects,
-built a fetch context and a CachedPartition per partition, read every log (get_log, the offsets, a PartitionData
-each), watched the purgatory through a waiter with its own future, ran a task per waiting request and its coroutines,
-and built and encoded the empty answer at the end: ~300 us of CPU per idle Fetch of 10 partitions, 2.6x librdkafka's
-mock broker (docs/performance.md).
+fetch.wait.max.ms, moving the first partition of its list to the end each time. The general path decoded it into
+objects, built a fetch context and a CachedPartition per partition, read every log (get_log, the offsets, a
+PartitionData each), watched the purgatory through a waiter with its own future, ran a task per waiting request and
+its coroutines, and built and encoded the empty answer at the end: ~300 us of CPU per idle Fetch of 10 partitions,
+2.6-3x librdkafka's mock broker (docs/performance.md).
 
 Here the first such Fetch on a connection is decoded and checked once (`IdleFetch.plan`): a consumer (no replica),
-no fetch session (epoch -1 or Fetch < v7), read_uncommitted or read_committed, every partition named once, led here
-at the leader epoch the client names, and caught up (the high watermark, or for read_committed the last stable
-offset, at or below the fetch offset, which is within the log). Its answer (what the general path would send: the
-partitions' offsets, no records) is encoded once. A later Fetch on the connection with the same version and body is
-the same request; it takes the plan as long as nothing its answer depends on moved (`holds`): the topics map of the
-metadata (copy-on-write: any topic, partition, leader or config change replaces it), the same Log object for every
-partition, each log's fetch_state (log end, high watermark, log start, first unstable offset: equal states, equal
-answers), and a replicated partition's leader and epoch. Those are C-level compares (map over operator.attrgetter),
-no Python per partition.
+no fetch session (epoch -1 or Fetch < v7), read_uncommitted or read_committed, every topic known and every partition
+named once, led here at the leader epoch the client names, and caught up (the high watermark, or for read_committed
+the last stable offset, at or below the fetch offset, which is within the log). Each partition's answer (what the
+general path sends: its offsets, no records) is encoded once, keyed by the topic and the partition's request fields.
+A later Fetch with the same fields but its partitions, naming the same partitions in any order, gets those answers
+joined in its order (`IdleFetch.answer`), and once seen its body is answered without a decode (`answer_body`). The
+plan serves as long as nothing its answers depend on moved (`holds`): the topics map of the metadata (copy-on-write:
+any topic, partition, leader or config change replaces it), the same Log object for every partition, each log's
+fetch_state (log end, high watermark, log start, first unstable offset: equal states, equal answers), and a
+replicated partition's leader, epoch and log. Those are C-level compares (map over operator.attrgetter), no Python
+per partition.
 
-The request then waits (`_ParkedFetch`) on one purgatory entry and one timer, as network.Parked: the connection owes
-the answer without a task. At the timer it answers the cached frame with the request's correlation id (after the
-same `holds`). A notify on one of its partitions, or the broker closing, hands it to the general path for what is
-left of its wait: the body decoded, handle_fetch, its answer encoded as KafkaApis does. Anything else (an authorizer,
-fetch quotas, an offline log dir, a follower, a session, an error, data to return, bytes that do not decode) is the
+The request then waits (`_ParkedFetch`) on one timer, as a network.Parked: the connection owes the answer without a
+task. The plan is the purgatory's waiter for its partitions, watched across its requests and watched again only
+after a notify, which wakes the request waiting: the general path then serves it for what is left of its wait
+(handle_fetch, its answer encoded and counted as KafkaApis does), as it does when the broker closes. At the timer
+the cached answer goes out with the request's correlation id; the plan is checked again first only if something was
+notified since the wait began (the general path reads again only then). Anything else (an authorizer, fetch quotas,
+an offline log dir, a follower, a session, an error, data to return, bytes that do not decode, Fetch v0-v3) is the
 general path's from the start. KBROKER_IDLE_FETCH=0 turns the direct path off (the differential tests compare it
 with the general path on the same broker state).
 """
@@ -44,7 +48,7 @@ from kbroker.broker import metrics
 from kbroker.broker.apis import NOT_DIRECT, DirectFn, HandlerFn, KafkaApis, RequestContext
 from kbroker.broker.down_conversion import check_down_conversion
 from kbroker.broker.network import Parked, Response
-from kbroker.broker.purgatory import HIGH_WATERMARK
+from kbroker.broker.purgatory import HIGH_WATERMARK, FetchPurgatory
 from kbroker.protocol import codec
 from kbroker.protocol.errors import KafkaError
 from kbroker.protocol.messages import FetchRequest, FetchResponse
@@ -142,6 +146,11 @@ class IdleFetch:
         "max_wait_s",
         "min_bytes",
         "by_body",
+        "wants",
+        "watched",
+        "waiting",
+        "loop",
+        "thread_id",
     )
 
     def __init__(self, version: int, req: FetchRequest, server: KafkaServer) -> None:
@@ -164,6 +173,37 @@ class IdleFetch:
         # Answers already made, by request body (correlation id 0): librdkafka's rotations of its partition list
         # are a few bodies, each answered without a decode once seen.
         self.by_body: dict[bytes, bytes] = {}
+        # The plan is the purgatory's waiter for its partitions (keys, wants, wake), watched across its requests: a
+        # notify drops it from the partition that moved (watched False) and wakes the request waiting, if any; the
+        # next request watches again. Ten purgatory entries made and removed per idle Fetch cost a sixth of it.
+        self.wants = HIGH_WATERMARK
+        self.watched = False
+        self.waiting: _ParkedFetch | None = None
+        self.loop = asyncio.get_running_loop()
+        self.thread_id = threading.get_ident()
+
+    def wake(self) -> None:
+        """The purgatory's notify (from any thread)."""
+        self.watched = False
+        if threading.get_ident() == self.thread_id:
+            self._wake_waiting()
+        else:
+            self.loop.call_soon_threadsafe(self._wake_waiting)
+
+    def _wake_waiting(self) -> None:
+        waiting = self.waiting
+        if waiting is not None:
+            waiting.woken()
+
+    def watch(self, purgatory: FetchPurgatory) -> None:
+        if not self.watched:
+            self.watched = True
+            purgatory.add(self)
+
+    def release(self, purgatory: FetchPurgatory) -> None:
+        """No longer the connection's plan (replaced, or the connection closed): out of the purgatory."""
+        self.watched = False
+        purgatory.unwatch(self)
 
     def holds(self, server: KafkaServer) -> bool:
         """Whether the answers are still what the general path would give (see the module doc)."""
@@ -334,8 +374,8 @@ def _topic_bytes(version: int, t: FetchRequest.FetchTopic) -> bytes:
 
 
 class _ParkedFetch:
-    """An idle Fetch waiting out its max wait: one purgatory entry (its wake() and keys, as a FetchWaiter's) and one
-    timer; the connection's network.Parked takes the answer."""
+    """An idle Fetch waiting out its max wait: one timer, woken through its plan's purgatory entry; the
+    connection's network.Parked takes the answer."""
 
     __slots__ = (
         "ctx",
@@ -348,9 +388,6 @@ class _ParkedFetch:
         "started",
         "deadline",
         "loop",
-        "thread_id",
-        "keys",
-        "wants",
         "timer",
         "parked",
         "done",
@@ -377,45 +414,37 @@ class _ParkedFetch:
         self.answer = answer
         self.started = started
         self.deadline = time.monotonic() + entry.max_wait_s
-        self.loop = asyncio.get_running_loop()
-        self.thread_id = threading.get_ident()
-        self.keys = entry.keys
-        self.wants = HIGH_WATERMARK
+        self.loop = entry.loop
         self.timer: asyncio.TimerHandle | None = None
         self.parked = Parked()
         self.done = False
         self.generation = 0
 
     def start(self) -> bool:
-        """Watch, then check (a change between the check and the watch is not missed); False: the plan no longer
-        holds, nothing is left watched."""
+        """Wait, watched through the plan, then check (a change between the check and the watch is not missed);
+        False: the plan no longer holds."""
+        entry = self.entry
         purgatory = self.ctx.server.replica_manager.purgatory
-        purgatory.add(self)
+        entry.waiting = self
+        entry.watch(purgatory)
         self.generation = purgatory.generation
-        if purgatory.closing or not self.entry.holds(self.ctx.server):
+        if purgatory.closing or not entry.holds(self.ctx.server):
             self.done = True
-            purgatory.unwatch(self)
+            entry.waiting = None
             return False
-        self.timer = self.loop.call_later(self.entry.max_wait_s, self._expire)
+        self.timer = self.loop.call_later(entry.max_wait_s, self._expire)
         return True
-
-    def wake(self) -> None:
-        """The purgatory's notify: on this loop at once, else queued to it."""
-        if self.done:
-            return
-        if threading.get_ident() == self.thread_id:
-            self._woken()
-        else:
-            self.loop.call_soon_threadsafe(self._woken)
 
     def _finish_waiting(self) -> None:
         self.done = True
-        self.ctx.server.replica_manager.purgatory.unwatch(self)
+        if self.entry.waiting is self:
+            self.entry.waiting = None
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
 
-    def _woken(self) -> None:
+    def woken(self) -> None:
+        """A notify on one of the plan's partitions (on this loop): the general path for what is left of the wait."""
         if self.done:
             return
         self._finish_waiting()
@@ -474,6 +503,21 @@ class _ParkedFetch:
         self.parked.complete(response)
 
 
+def _replace_plan(ctx: RequestContext, plan: IdleFetch | None) -> IdleFetch | None:
+    """The connection's plan from now on; the one before leaves the purgatory (as it does when the connection
+    closes)."""
+    conn = ctx.conn
+    purgatory = ctx.server.replica_manager.purgatory
+    old = conn.idle_fetch
+    if old is not None:
+        old.release(purgatory)
+    if plan is not None and not conn.idle_fetch_hooked:
+        conn.idle_fetch_hooked = True
+        conn.close_hooks.append(lambda: _replace_plan(ctx, None))
+    conn.idle_fetch = plan
+    return plan
+
+
 def direct_path(general: HandlerFn) -> DirectFn | None:
     """The Fetch handler's direct path over `general` (handle_fetch); None when KBROKER_IDLE_FETCH=0."""
     if not ENABLED:
@@ -512,10 +556,10 @@ def direct_path(general: HandlerFn) -> DirectFn | None:
             if answer is None:
                 if req is None:
                     req, _ = codec.decode(FetchRequest, version, frame, pos)
-                entry = conn.idle_fetch = IdleFetch.plan(ctx, req)
+                entry = _replace_plan(ctx, IdleFetch.plan(ctx, req))
                 answer = entry.answer_body(body, req, correlation_id) if entry is not None else None
                 if entry is None or answer is None:
-                    conn.idle_fetch = None
+                    _replace_plan(ctx, None)
                     return general(ctx, req)
             assert entry is not None
             if entry.max_wait_s <= 0 or entry.min_bytes <= 0:
@@ -529,7 +573,7 @@ def direct_path(general: HandlerFn) -> DirectFn | None:
             if waiting.start():
                 return waiting.parked
             answer = None  # the plan no longer holds: planned again from this request
-        conn.idle_fetch = None
+        _replace_plan(ctx, None)
         if req is None:
             req, _ = codec.decode(FetchRequest, version, frame, pos)
         return general(ctx, req)

@@ -259,6 +259,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._out: list[bytes | bytearray | memoryview] | None = None  # answers held for one write per read
         # The last idle Fetch's plan on this connection (broker/idle_fetch.IdleFetch): its next identical Fetch takes it.
         self.idle_fetch: Any = None
+        self.idle_fetch_hooked = False  # its close hook (the plan leaves the purgatory) is registered
 
     # ------------------------------------------------------------ asyncio callbacks
 
