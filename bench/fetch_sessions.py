@@ -31,6 +31,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -205,9 +206,11 @@ def java_consume(ctx: Ctx, cp: str, t: Target, hw: dict[tuple[str, int], int], m
 
 
 def idle_consumers(ctx: Ctx, client: str, cp: str, t: Target, topics: list[str], nconsumers: int, window: float,
-                   tag: str, mport: int | None) -> dict[str, Any]:
+                   tag: str, mport: int | None,
+                   during: Callable[[], AbstractContextManager[Any]] = nullcontext) -> dict[str, Any]:
     """nconsumers consumers of `client` (java or confluent-kafka) join one group on the topics; once every partition
-    is assigned evenly and the group has been stable 3 s, the broker's CPU over `window` seconds."""
+    is assigned evenly and the group has been stable 3 s, the broker's CPU over `window` seconds (inside `during()`:
+    bench.idle_poll's profiler)."""
     tf = ctx.base / "idle-topics.txt"
     tf.write_text("".join(f"{x}\n" for x in topics))
     group = f"idle-{tag}-{time.monotonic_ns()}"
@@ -239,9 +242,10 @@ def idle_consumers(ctx: Ctx, client: str, cp: str, t: Target, topics: list[str],
         s0 = status(10, fresh=True)
         ts0 = time.monotonic()
         m0 = scrape(mport) if mport else {}
-        c0, w0 = t.cpu(), time.monotonic()
-        time.sleep(window)
-        c1, w1 = t.cpu(), time.monotonic()
+        with during():
+            c0, w0 = t.cpu(), time.monotonic()
+            time.sleep(window)
+            c1, w1 = t.cpu(), time.monotonic()
         m1 = scrape(mport) if mport else {}
         s1 = status(10, fresh=True)
         ts1 = time.monotonic()
