@@ -94,9 +94,10 @@ _INT32 = struct.Struct(">i")
 _HEAD = struct.Struct(">iiih")  # size, correlation id, throttle_time_ms, error_code (then the session id)
 FLEXIBLE_VERSION = 12
 SESSION_VERSION = 7
-# Request bodies a plan remembers answers for: a client's rotations of one partition list (librdkafka moves one
-# partition to the end on every Fetch, so as many bodies as partitions).
-MAX_BODIES = 64
+# What a plan remembers answers by body for: a client's rotations of one partition list (librdkafka moves one
+# partition to the end on every Fetch, so as many bodies as partitions), bodies and answers together at most this
+# many bytes per connection; past it, the rest are answered from the chunks.
+MAX_BODY_BYTES = 64 * 1024
 # The tagged structs of an answer's partitions at their defaults (the encoder's own instances, as fetch.py's _UNSET).
 _UNSET = {
     "diverging_epoch": codec.tagged_default(FetchResponse.EpochEndOffset),
@@ -146,6 +147,7 @@ class IdleFetch:
         "max_wait_s",
         "min_bytes",
         "by_body",
+        "body_bytes",
         "wants",
         "watched",
         "waiting",
@@ -173,6 +175,7 @@ class IdleFetch:
         # Answers already made, by request body (correlation id 0): librdkafka's rotations of its partition list
         # are a few bodies, each answered without a decode once seen.
         self.by_body: dict[bytes, bytes] = {}
+        self.body_bytes = 0
         # The plan is the purgatory's waiter for its partitions (keys, wants, wake), watched across its requests: a
         # notify drops it from the partition that moved (watched False) and wakes the request waiting, if any; the
         # next request watches again. Ten purgatory entries made and removed per idle Fetch cost a sixth of it.
@@ -242,7 +245,7 @@ class IdleFetch:
 
     def answer_body(self, body: bytes, req: FetchRequest | None, correlation_id: int) -> bytearray | None:
         """answer() for the request whose body is `body` (decoded as `req` when not seen before); remembered by
-        body, up to MAX_BODIES."""
+        body, up to MAX_BODY_BYTES."""
         seen = self.by_body.get(body)
         if seen is not None:
             out = bytearray(seen)
@@ -251,8 +254,9 @@ class IdleFetch:
         if req is None:
             return None
         out = self.answer(req, correlation_id)
-        if out is not None and len(self.by_body) < MAX_BODIES:
+        if out is not None and self.body_bytes + len(body) + len(out) <= MAX_BODY_BYTES:
             self.by_body[body] = bytes(out)
+            self.body_bytes += len(body) + len(out)
         return out
 
     def _encode(self, correlation_id: int, topics: list[tuple[Any, list[bytes]]]) -> bytearray:

@@ -349,3 +349,72 @@ def test_idle_real_consumers_are_answered_after_their_max_wait(
     # 4 s at one answer per ~500 ms: 8, with room for the statistics' 200 ms steps and a slow machine.
     assert 4 <= sent <= 14, sent
     assert 400 <= latency <= 2000, latency
+
+
+# ---------------------------------------------------------------- hostile bytes
+
+
+def _outcome(c: RawClient) -> bytes | None:
+    """The answer frame, or None when the broker closed the connection."""
+    try:
+        return c.recv_frame()
+    except (ConnectionError, OSError):
+        return None
+
+
+@pytest.mark.parametrize("version", [12, 16])
+def test_mutated_fetches_get_what_the_general_path_gives(
+    brokers: tuple[BrokerProcess, BrokerProcess], version: int
+) -> None:
+    """An idle Fetch primes each connection's plan, then copies with bytes of its partition list flipped, cut or
+    set (lengths, partition numbers, offsets, tagged fields) follow on the same connection: the direct path's
+    answer (or the connection closed) is the general path's, byte for byte."""
+    import random
+
+    rnd = random.Random(version)
+    conns: list[RawClient | None] = [None, None]
+    ids = [_topic_ids(RawClient(b.bootstrap, timeout=15)) for b in brokers]
+    swap = [(ids[1][n], ids[0][n]) for n in TOPICS]
+    idle = [_frame(version, 7, _fetch(version, IDLE, topic_ids)) for topic_ids in ids]
+    # The partition list starts after the fixed fields (replica id before v15, max wait, min and max bytes,
+    # isolation, session id and epoch), past the 4-byte size and the request header (key, version, correlation id,
+    # client id "t", and from v12 the header's tagged fields).
+    start = 4 + 8 + 2 + 1 + 1 + (4 if version < 15 else 0) + 4 + 4 + 4 + 1 + 4 + 4
+    for k in range(60):
+        kind = k % 3
+        at = rnd.randrange(start, len(idle[0]))
+        bit = rnd.randrange(8)
+        value = rnd.choice([0, 1, 0x7F, 0x80, 0xFF])
+        mutated = []
+        for frame in idle:
+            body = bytearray(frame)
+            if kind == 0:
+                body[at] ^= 1 << bit
+            elif kind == 1:
+                body = body[:at]
+                struct.pack_into(">i", body, 0, len(body) - 4)
+            else:
+                body[at] = value
+            mutated.append(bytes(body))
+        # Each broker gets the same bytes at the same offsets (the topic ids differ, so the positions match).
+        outcomes = []
+        for i, b in enumerate(brokers):
+            c = conns[i]
+            if c is None:
+                c = conns[i] = RawClient(b.bootstrap, timeout=15)
+            c.send_bytes(idle[i])
+            assert _outcome(c) is not None
+            c.send_bytes(mutated[i])
+            got = _outcome(c)
+            if got is None:
+                c.close()
+                conns[i] = None
+            outcomes.append(got)
+        direct, general = outcomes
+        if general is not None:
+            for theirs, ours in swap:
+                general = general.replace(theirs, ours)
+        assert direct == general, (k, mutated[0].hex())
+    for c in conns:
+        if c is not None:
+            c.close()
