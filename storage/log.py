@@ -49,6 +49,7 @@ from kbroker.storage.errors import (
     RecordTooLargeError,
 )
 from kbroker.storage.flush_stats import FLUSH_STATS
+from kbroker.storage.leader_append import next_batch
 from kbroker.storage.leader_epoch_cache import LeaderEpochFileCache
 from kbroker.storage.log_loader import (
     INDEX_SUFFIXES,
@@ -64,7 +65,6 @@ from kbroker.storage.producer_state import (
     ProducerStateEntry,
     ProducerStateManager,
     VerificationGuard,
-    in_sequence,
     validate_client_batch,
 )
 from kbroker.storage.recovery import recover_segment
@@ -529,25 +529,25 @@ class Log(ReplicaLogMixin):
                 return None
             if leader_epoch is not None and (leader_epoch < self.leader_epoch or not self._leading):
                 return None
-            entry = None
-            if pid >= 0:
-                entry = self.producer_state.producers.get(pid)
-                if (entry is None or entry.producer_epoch != h.producer_epoch or h.base_sequence < 0
-                        or entry.current_txn_first_offset is not None
-                        or not in_sequence(entry.last_seq, h.base_sequence)
-                        or entry.batch_with_sequence_range(h.base_sequence, h.last_sequence) is not None):
-                    return None
             first_offset = self._leo
             last_offset = first_offset + h.last_offset_delta
-            set_base_offset(buf, 0, first_offset)
-            h.base_offset = first_offset
+            entry = added = None
+            if pid >= 0:
+                entry = self.producer_state.producers.get(pid)
+                if entry is None or entry.producer_epoch != h.producer_epoch or entry.current_txn_first_offset \
+                        is not None:
+                    return None
+                # In sequence and not a retry: the metadata the entry gains once the batch is written.
+                added = next_batch(entry.batch_metadata, h.base_sequence, h.last_offset_delta, first_offset,
+                                   h.max_timestamp)
+                if added is None:
+                    return None
             if leader_epoch is not None:
-                set_partition_leader_epoch(buf, 0, leader_epoch)
-                h.partition_leader_epoch = leader_epoch
                 self.leader_epoch_cache.assign(leader_epoch, first_offset)
             segment = self._maybe_roll(size, now_ms, last_offset)
             try:
-                segment.append(buf, [(0, h)], now_ms)
+                # The base offset and leader epoch are set in buf by the same call that writes it.
+                segment.append_plain(buf, first_offset, leader_epoch, now_ms)
             except OSError as e:
                 raise KafkaStorageError(
                     f"error appending to {segment.log_path} of {self.name}: {errno.errorcode.get(e.errno or 0, e)} {e}"
@@ -556,9 +556,8 @@ class Log(ReplicaLogMixin):
             if self._hw_tracks_leo:
                 self._hw = last_offset + 1
             self._appended_messages += h.records_count
-            if entry is not None:
-                entry.batch_metadata.append(BatchMetadata(h.base_sequence, h.last_sequence, first_offset, last_offset,
-                                                          h.max_timestamp))
+            if entry is not None and added is not None:  # added is set whenever entry is
+                entry.batch_metadata.append(added)
                 entry.last_timestamp = h.max_timestamp
                 self._first_unstable = self.producer_state.first_unstable_offset  # as the general commit does
             self.producer_state.update_map_end_offset(last_offset + 1)
