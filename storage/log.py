@@ -400,7 +400,7 @@ class Log(ReplicaLogMixin):
         the one control batch of records holds, from the writer that built it (spares reading it back).
         """
         if from_client and PLAIN_APPEND:
-            info = self._append_plain(records, now_ms, leader_epoch)
+            info = self._append_plain(records, now_ms, leader_epoch, verification_guard)
             if info is not None:
                 return info
         config = self.config
@@ -490,12 +490,14 @@ class Log(ReplicaLogMixin):
         return LogAppendInfo(first_offset, last_offset, max_ts, offset_of_max, log_append_time,
                              self._log_start_offset, summary.num_records, summary.valid_bytes)
 
-    def _append_plain(self, records: bytes | bytearray | memoryview, now_ms: int, leader_epoch: int | None
-                      ) -> LogAppendInfo | None:
+    def _append_plain(self, records: bytes | bytearray | memoryview, now_ms: int, leader_epoch: int | None,
+                      verification_guard: VerificationGuard | None = None) -> LogAppendInfo | None:
         """append_as_leader for the common client append, with the same result: one CreateTime batch that passes
-        validation, without a producer or from a known idempotent producer at its epoch, in sequence and outside a
-        transaction. None, with nothing changed, for anything else: the general path then decides (the first
-        batch of a producer, retries, errors, transactions, topic recompression, LogAppendTime).
+        validation, without a producer or from a known producer at its epoch, in sequence; a transactional batch
+        continues the producer's open transaction here or opens one (verified by the guard when verification is
+        on), a plain one needs none open. None, with nothing changed, for anything else: the general path then
+        decides (the first batch of a producer, retries, errors, a plain batch inside a transaction, an unverified
+        one, topic recompression, LogAppendTime).
         It skips the staged copy of the producer's entry: every check is made before the write, and the entry
         is updated in place after it, under the lock as the general path's commit is."""
         config = self.config
@@ -515,7 +517,7 @@ class Log(ReplicaLogMixin):
             if len(summary.batches) != 1:
                 return None
             h = summary.batches[0][1]
-            if h.attributes & (ATTR_TIMESTAMP_TYPE | ATTR_TRANSACTIONAL) or summary.valid_bytes != len(records):
+            if h.attributes & ATTR_TIMESTAMP_TYPE or summary.valid_bytes != len(records):
                 return None
         # A writable buffer is the caller's private copy (the request frame), rewritten in place.
         buf = records if type(records) is bytearray or (type(records) is memoryview and not records.readonly) \
@@ -530,12 +532,20 @@ class Log(ReplicaLogMixin):
             if leader_epoch is not None and (leader_epoch < self.leader_epoch or not self._leading):
                 return None
             entry = None
+            opens_txn = False
             if pid >= 0:
                 entry = self.producer_state.producers.get(pid)
                 if (entry is None or entry.producer_epoch != h.producer_epoch or h.base_sequence < 0
-                        or entry.current_txn_first_offset is not None
                         or not in_sequence(entry.last_seq, h.base_sequence)
                         or entry.batch_with_sequence_range(h.base_sequence, h.last_sequence) is not None):
+                    return None
+                if h.attributes & ATTR_TRANSACTIONAL:
+                    # The general path's _check_verified and ProducerAppendInfo.append: the first transactional
+                    # batch here opens the producer's transaction, if the coordinator confirmed it (KIP-890).
+                    opens_txn = entry.current_txn_first_offset is None
+                    if opens_txn and verification_guard is not None and verification_guard.producer_id != pid:
+                        return None
+                elif entry.current_txn_first_offset is not None:
                     return None
             first_offset = self._leo
             last_offset = first_offset + h.last_offset_delta
@@ -560,6 +570,9 @@ class Log(ReplicaLogMixin):
                 entry.batch_metadata.append(BatchMetadata(h.base_sequence, h.last_sequence, first_offset, last_offset,
                                                           h.max_timestamp))
                 entry.last_timestamp = h.max_timestamp
+                if opens_txn:
+                    entry.current_txn_first_offset = first_offset
+                    self.producer_state.ongoing_txns[first_offset] = pid
                 self._first_unstable = self.producer_state.first_unstable_offset  # as the general commit does
             self.producer_state.update_map_end_offset(last_offset + 1)
         if h.max_timestamp > NO_TIMESTAMP:
