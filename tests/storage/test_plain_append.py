@@ -70,7 +70,9 @@ txn_appends = st.tuples(
 markers = st.tuples(
     st.just("marker"), st.sampled_from((1000, 1001)), _mostly(0, 1, 2), st.booleans(), _mostly(0, 1, -1)
 )
-txn_markers = st.tuples(st.just("marker"), st.sampled_from((1000, 1001)), st.just(0), st.booleans(), _mostly(0, -1))
+txn_markers = st.tuples(
+    st.just("marker"), st.sampled_from((1000, 1001)), st.just(0), st.booleans(), _mostly(0, -1)
+)
 
 configs = st.fixed_dictionaries(
     {
@@ -289,9 +291,9 @@ def test_plain_append_takes_transactional_appends(make_log: Any, monkeypatch: py
     assert send(False, None) == "InvalidTxnStateError"
     lg.append_control(7, 0, 0, False, NOW)  # ABORT at 5
     assert (lg.producer_state.ongoing_txns, lg.last_stable_offset) == ({}, 6)
-    assert [(t.producer_id, t.first_offset, t.last_offset) for t in lg.collect_aborted_transactions(0, 6)] == [
-        (7, 1, 5)
-    ]
+    assert [
+        (t.producer_id, t.first_offset, t.last_offset) for t in lg.collect_aborted_transactions(0, 6)
+    ] == [(7, 1, 5)]
     assert send(True, None) == 6  # verification off: opens the next transaction
     assert lg.producer_state.ongoing_txns == {6: 7}
     assert calls == [False, False, True, True, False, True]
