@@ -31,6 +31,7 @@ from kbroker.protocol.records import (
     RecordBatchHeader,
     decode_records,
     max_decompressed_size,
+    parse_batch_header,
     plain_client_batch,
     recompress_batches,
     set_base_offset,
@@ -596,12 +597,72 @@ class Log(ReplicaLogMixin):
         stale coordinator epoch TransactionCoordinatorFencedError. A marker for a producer without an open
         transaction here is written all the same and completes nothing.
         """
-        batch = build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now_ms)
-        info = self.append_as_leader(bytearray(batch), now_ms, leader_epoch=leader_epoch, from_client=False,
-                                     end_txn_marker=EndTxnMarker(commit, coordinator_epoch))
+        batch = bytearray(build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now_ms))
+        marker = EndTxnMarker(commit, coordinator_epoch)
+        info = self._append_marker(batch, producer_id, producer_epoch, marker, now_ms, leader_epoch) \
+            if PLAIN_APPEND else None
+        if info is None:
+            info = self.append_as_leader(batch, now_ms, leader_epoch=leader_epoch, from_client=False,
+                                         end_txn_marker=marker)
         logger.debug("Wrote %s marker of producer %d (epoch %d) at offset %d of %s", "COMMIT" if commit else "ABORT",
                      producer_id, producer_epoch, info.first_offset, self.name)
         return info
+
+    def _append_marker(self, buf: bytearray, producer_id: int, producer_epoch: int, marker: EndTxnMarker,
+                       now_ms: int, leader_epoch: int | None) -> LogAppendInfo | None:
+        """append_as_leader(from_client=False) for the marker batch append_control built, with the same result:
+        no validation of a batch the broker wrote, the producer's entry updated in place (Kafka's
+        appendEndTxnMarker: epoch, coordinator epoch, the transaction completed), the aborted-transaction index,
+        LSO and high watermark as the general commit keeps them. None, with nothing changed, where the general path
+        must decide: a stale producer or coordinator epoch (its error), topic recompression, a max.message.bytes
+        below the marker, a closed or moved log, a stale leader epoch."""
+        config = self.config
+        size = len(buf)
+        if producer_id < 0 or config.target_codec is not None or size > config.max_message_bytes:
+            return None
+        psm = self.producer_state
+        with self._lock:
+            if self._closed or self.replaced_by is not None:
+                return None
+            if leader_epoch is not None and (leader_epoch < self.leader_epoch or not self._leading):
+                return None
+            entry = psm.producers.get(producer_id)
+            if entry is None:
+                if marker.coordinator_epoch < -1:
+                    return None
+            elif producer_epoch < entry.producer_epoch or entry.coordinator_epoch > marker.coordinator_epoch:
+                return None
+            offset = self._leo
+            set_base_offset(buf, 0, offset)
+            if leader_epoch is not None:
+                set_partition_leader_epoch(buf, 0, leader_epoch)
+                self.leader_epoch_cache.assign(leader_epoch, offset)
+            h = parse_batch_header(buf)
+            segment = self._maybe_roll(size, now_ms, offset)
+            try:
+                segment.append(buf, [(0, h)], now_ms)
+            except OSError as e:
+                raise KafkaStorageError(
+                    f"error appending to {segment.log_path} of {self.name}: {errno.errorcode.get(e.errno or 0, e)} {e}"
+                ) from e
+            self._leo = offset + 1
+            if self._hw_tracks_leo:
+                self._hw = offset + 1
+            self._appended_messages += 1
+            if entry is None:
+                entry = psm.producers[producer_id] = ProducerStateEntry(producer_id)
+            first = entry.current_txn_first_offset
+            entry.maybe_update_producer_epoch(producer_epoch)
+            entry.current_txn_first_offset = None
+            entry.coordinator_epoch = marker.coordinator_epoch
+            entry.last_timestamp = h.max_timestamp
+            if first is not None:
+                self._update_producers([], [CompletedTxn(producer_id, first, offset, not marker.commit)], segment)
+            self._first_unstable = psm.first_unstable_offset
+            psm.update_map_end_offset(offset + 1)
+        log_append_time = now_ms if config.log_append_time else -1
+        return LogAppendInfo(offset, offset, now_ms if log_append_time >= 0 else h.max_timestamp, offset,
+                             log_append_time, self._log_start_offset, 1, size)
 
     def _analyze_producer_state(
         self, buf: bytearray | memoryview, summary: BatchesSummary, from_client: bool,

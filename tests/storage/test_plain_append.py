@@ -18,6 +18,7 @@ from kbroker.protocol.records import (
 )
 from kbroker.storage import log as log_module
 from kbroker.storage.config import LogConfig
+from kbroker.storage.errors import TransactionCoordinatorFencedError
 from kbroker.storage.log import Log
 from kbroker.storage.producer_state import VerificationGuard, encode_snapshot
 
@@ -250,7 +251,7 @@ def test_plain_append_takes_transactional_appends(make_log: Any, monkeypatch: py
     the coordinator's guard, or verification off) and those that continue it; the producer's first batch, one the
     coordinator did not confirm, and a plain batch inside the transaction take the general path, which refuses the
     last two. The transaction's first offset, the last stable offset and the aborted-transaction index are the
-    general path's."""
+    general path's; the ABORT marker takes Log._append_marker."""
     lg = make_log()
     calls = []
     original = Log._append_plain
@@ -261,6 +262,15 @@ def test_plain_append_takes_transactional_appends(make_log: Any, monkeypatch: py
         return info
 
     monkeypatch.setattr(Log, "_append_plain", counted)
+    markers = []
+    original_marker = Log._append_marker
+
+    def counted_marker(self: Log, *args: Any) -> Any:
+        info = original_marker(self, *args)
+        markers.append(info is not None)
+        return info
+
+    monkeypatch.setattr(Log, "_append_marker", counted_marker)
     seq = 0
 
     def send(txn: bool, guard: VerificationGuard | None) -> Any:
@@ -297,6 +307,11 @@ def test_plain_append_takes_transactional_appends(make_log: Any, monkeypatch: py
     assert send(True, None) == 6  # verification off: opens the next transaction
     assert lg.producer_state.ongoing_txns == {6: 7}
     assert calls == [False, False, True, True, False, True]
+    # The marker took the light append; a stale coordinator epoch is the general path's error.
+    assert markers == [True]
+    with pytest.raises(TransactionCoordinatorFencedError):
+        lg.append_control(7, 0, -1, True, NOW)
+    assert markers == [True, False] and lg.producer_state.ongoing_txns == {6: 7}
 
 
 def test_plain_append_of_compressed_batches_keeps_transactions(make_log: Any) -> None:
