@@ -468,17 +468,7 @@ class Log(ReplicaLogMixin):
                     return duplicate
             if leader_epoch is not None:
                 self.leader_epoch_cache.assign(leader_epoch, first_offset)
-            segment = self._maybe_roll(len(buf), now_ms, last_offset)
-            try:
-                segment.append(buf, summary.batches, now_ms)
-            except OSError as e:
-                raise KafkaStorageError(
-                    f"error appending to {segment.log_path} of {self.name}: {errno.errorcode.get(e.errno or 0, e)} {e}"
-                ) from e
-            self._leo = offset
-            if self._hw_tracks_leo:  # the ISR is this replica alone: committed as soon as it is in the log
-                self._hw = offset
-            self._appended_messages += summary.num_records
+            segment = self._write(buf, summary.batches, len(buf), now_ms, last_offset, summary.num_records)
             self._update_producers(updates, completed, segment)
             self.producer_state.update_map_end_offset(offset)
         if log_append_time >= 0:
@@ -556,17 +546,7 @@ class Log(ReplicaLogMixin):
                 set_partition_leader_epoch(buf, 0, leader_epoch)
                 h.partition_leader_epoch = leader_epoch
                 self.leader_epoch_cache.assign(leader_epoch, first_offset)
-            segment = self._maybe_roll(size, now_ms, last_offset)
-            try:
-                segment.append(buf, [(0, h)], now_ms)
-            except OSError as e:
-                raise KafkaStorageError(
-                    f"error appending to {segment.log_path} of {self.name}: {errno.errorcode.get(e.errno or 0, e)} {e}"
-                ) from e
-            self._leo = last_offset + 1
-            if self._hw_tracks_leo:
-                self._hw = last_offset + 1
-            self._appended_messages += h.records_count
+            self._write(buf, [(0, h)], size, now_ms, last_offset, h.records_count)
             if entry is not None:
                 entry.batch_metadata.append(BatchMetadata(h.base_sequence, h.last_sequence, first_offset, last_offset,
                                                           h.max_timestamp))
@@ -581,6 +561,29 @@ class Log(ReplicaLogMixin):
                                  h.records_count, size)
         return LogAppendInfo(first_offset, last_offset, -1, first_offset, -1, self._log_start_offset, h.records_count,
                              size)
+
+    def _write(self, buf: bytearray | memoryview | bytes, batches: list[tuple[int, RecordBatchHeader]], size: int,
+               now_ms: int, last_offset: int, num_records: int) -> LogSegment:
+        """Under the lock, offsets final: roll if due, write the batches, move the log end (and the high watermark
+        when this replica is the whole ISR: committed as soon as it is in the log)."""
+        segment = self._write_segment(buf, batches, size, now_ms, last_offset)
+        self._leo = last_offset + 1
+        if self._hw_tracks_leo:
+            self._hw = last_offset + 1
+        self._appended_messages += num_records
+        return segment
+
+    def _write_segment(self, buf: bytearray | memoryview | bytes, batches: list[tuple[int, RecordBatchHeader]],
+                       size: int, now_ms: int, last_offset: int) -> LogSegment:
+        """Roll if due and write the batches to the active segment; an OSError is the log's KafkaStorageError."""
+        segment = self._maybe_roll(size, now_ms, last_offset)
+        try:
+            segment.append(buf, batches, now_ms)
+        except OSError as e:
+            raise KafkaStorageError(
+                f"error appending to {segment.log_path} of {self.name}: {errno.errorcode.get(e.errno or 0, e)} {e}"
+            ) from e
+        return segment
 
     def _check_batch_sizes(self, summary: BatchesSummary, config: LogConfig) -> None:
         for pos, h in summary.batches:
@@ -638,17 +641,7 @@ class Log(ReplicaLogMixin):
                 set_partition_leader_epoch(buf, 0, leader_epoch)
                 self.leader_epoch_cache.assign(leader_epoch, offset)
             h = parse_batch_header(buf)
-            segment = self._maybe_roll(size, now_ms, offset)
-            try:
-                segment.append(buf, [(0, h)], now_ms)
-            except OSError as e:
-                raise KafkaStorageError(
-                    f"error appending to {segment.log_path} of {self.name}: {errno.errorcode.get(e.errno or 0, e)} {e}"
-                ) from e
-            self._leo = offset + 1
-            if self._hw_tracks_leo:
-                self._hw = offset + 1
-            self._appended_messages += 1
+            segment = self._write(buf, [(0, h)], size, now_ms, offset, 1)
             if entry is None:
                 entry = psm.producers[producer_id] = ProducerStateEntry(producer_id)
             first = entry.current_txn_first_offset

@@ -16,6 +16,8 @@ from kbroker.protocol import records as R
 from kbroker.protocol.accelerators import PURE_PYTHON_ENV
 from kbroker.protocol.messages import ProduceRequest, ProduceResponse, RequestHeader
 
+from tests.txn_support import produce_request
+
 NOW = 1_700_000_000_000
 P = ProduceRequest
 
@@ -152,17 +154,7 @@ def test_decode_takes_the_common_request() -> None:
 
 
 def _frame(txn_id: str | None, partitions: list[bytes], version: int = 9) -> tuple[bytearray, int]:
-    req = P(
-        transactional_id=txn_id,
-        acks=-1,
-        timeout_ms=30000,
-        topic_data=[
-            P.TopicProduceData(
-                name="t",
-                partition_data=[P.PartitionProduceData(index=i, records=r) for i, r in enumerate(partitions)],
-            )
-        ],
-    )
+    req = produce_request(txn_id, "t", list(enumerate(partitions)))
     header = RequestHeader(request_api_key=0, request_api_version=version, correlation_id=1, client_id="c")
     frame = bytearray(codec.encode_request(header, req)[4:])
     _, pos = codec.decode_request_header(frame)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kbroker.protocol.accelerators import PURE_PYTHON_ENV
 from kbroker.protocol.errors import ErrorCode
-from kbroker.protocol.messages import DescribeTransactionsRequest, ProduceRequest
+from kbroker.protocol.messages import DescribeTransactionsRequest
 from kbroker.protocol.records import build_batch
 
 from tests.broker.test_produce_consume import create_topic
@@ -31,6 +31,7 @@ from tests.txn_support import (
     Seen,
     ck_txn_producer,
     high_watermark_and_lso,
+    produce_request,
     read_ck,
     read_kp,
     read_txn_indexes,
@@ -70,17 +71,7 @@ def _stray_produce(
         base_sequence=0,
         is_transactional=True,
     )
-    req = ProduceRequest(
-        transactional_id=transactional_id,
-        acks=-1,
-        timeout_ms=10000,
-        topic_data=[
-            ProduceRequest.TopicProduceData(
-                name=topic,
-                partition_data=[ProduceRequest.PartitionProduceData(index=partition, records=batch)],
-            )
-        ],
-    )
+    req = produce_request(transactional_id, topic, [(partition, batch)])
     with RawClient(bootstrap) as raw:
         return int(raw.request(0, version, req).responses[0].partition_responses[0].error_code)
 

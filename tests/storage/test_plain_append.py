@@ -202,6 +202,10 @@ def _run(
 def test_plain_append_matches_general(
     config: dict[str, Any], ops: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _compare(config, ops, monkeypatch)
+
+
+def _compare(config: dict[str, Any], ops: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         plain = _run(config, ops, True, Path(tmp), monkeypatch)
         general = _run(config, ops, False, Path(tmp), monkeypatch)
@@ -214,26 +218,28 @@ def test_plain_append_matches_general(
 def test_plain_append_of_transactions_matches_general(
     config: dict[str, Any], ops: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        plain = _run(config, ops, True, Path(tmp), monkeypatch)
-        general = _run(config, ops, False, Path(tmp), monkeypatch)
-    assert plain[0] == general[0]
-    assert plain[1] == general[1]
+    _compare(config, ops, monkeypatch)
 
 
-def test_plain_append_takes_the_common_append(make_log: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fast path serves an idempotent producer's batches after its first (else the test above compares the
-    general path with itself)."""
-    lg = make_log()
-    calls = []
-    original = Log._append_plain
+def _taken(monkeypatch: pytest.MonkeyPatch, fast_path: str) -> list[bool]:
+    """Whether each call of the Log's fast path took the append (True) or left it to the general path."""
+    calls: list[bool] = []
+    original = getattr(Log, fast_path)
 
     def counted(self: Log, *args: Any) -> Any:
         info = original(self, *args)
         calls.append(info is not None)
         return info
 
-    monkeypatch.setattr(Log, "_append_plain", counted)
+    monkeypatch.setattr(Log, fast_path, counted)
+    return calls
+
+
+def test_plain_append_takes_the_common_append(make_log: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path serves an idempotent producer's batches after its first (else the test above compares the
+    general path with itself)."""
+    lg = make_log()
+    calls = _taken(monkeypatch, "_append_plain")
     for seq in range(0, 9, 3):
         batch = bytearray(
             build_batch([(None, b"v", [], NOW)] * 3, producer_id=7, producer_epoch=0, base_sequence=seq)
@@ -253,24 +259,8 @@ def test_plain_append_takes_transactional_appends(make_log: Any, monkeypatch: py
     last two. The transaction's first offset, the last stable offset and the aborted-transaction index are the
     general path's; the ABORT marker takes Log._append_marker."""
     lg = make_log()
-    calls = []
-    original = Log._append_plain
-
-    def counted(self: Log, *args: Any) -> Any:
-        info = original(self, *args)
-        calls.append(info is not None)
-        return info
-
-    monkeypatch.setattr(Log, "_append_plain", counted)
-    markers = []
-    original_marker = Log._append_marker
-
-    def counted_marker(self: Log, *args: Any) -> Any:
-        info = original_marker(self, *args)
-        markers.append(info is not None)
-        return info
-
-    monkeypatch.setattr(Log, "_append_marker", counted_marker)
+    calls = _taken(monkeypatch, "_append_plain")
+    markers = _taken(monkeypatch, "_append_marker")
     seq = 0
 
     def send(txn: bool, guard: VerificationGuard | None) -> Any:
