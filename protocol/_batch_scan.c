@@ -327,11 +327,11 @@ fail:
 }
 
 /* plain(buf, walk, compacted, check_ts, ts_low, ts_high) -> RecordBatchHeader | None: protocol/records.py's
- * plain_client_batch_py in one call. The header when buf is exactly one uncompressed, CreateTime, non-transactional
- * client batch that passes every check of scan (client rules) and whose records walk (protocol/_record_walk.c's
+ * plain_client_batch_py in one call. The header when buf is exactly one uncompressed, CreateTime, non-control
+ * client batch (transactional or not: the caller judges the producer's transaction) that passes every check of scan (client rules) and whose records walk (protocol/_record_walk.c's
  * walk, passed in) finds sound with nothing to report; None for anything else, which the caller then sends the
  * general way (validate_batches), so no message is needed here. */
-enum { ATTR_TIMESTAMP_TYPE = 0x08, ATTR_TRANSACTIONAL = 0x10 };
+enum { ATTR_TIMESTAMP_TYPE = 0x08 };
 
 static PyObject *plain(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -357,7 +357,7 @@ static PyObject *plain(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         goto none;
     if (h.records_count <= 0 || (int64_t)h.last_offset_delta != (int64_t)h.records_count - 1)
         goto none;
-    if (h.attributes & (ATTR_COMPRESSION_MASK | ATTR_TIMESTAMP_TYPE | ATTR_TRANSACTIONAL | ATTR_CONTROL))
+    if (h.attributes & (ATTR_COMPRESSION_MASK | ATTR_TIMESTAMP_TYPE | ATTR_CONTROL))
         goto none;
     uint32_t actual;
     if (end >= GIL_FREE_CRC) {
