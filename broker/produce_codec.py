@@ -1,8 +1,9 @@
 """The Produce request's direct decode and response encode (protocol/_produce.c) and their Python references.
 
-The common Produce request (v3+, every partition one valid non-transactional batch) is decoded straight into the
-tuples the handler needs and answered by a direct encoder, skipping the message objects, the per-partition checks
-of handle_produce (which could find nothing in it) and the generic response build and encode. The references below
+The common Produce request (v3+, every partition one valid batch, the transactional ones of one producer) is
+decoded straight into the tuples the handler needs and answered by a direct encoder, skipping the message objects,
+the per-partition checks of handle_produce that could find nothing in it (the transactional ones are made on the
+producer the decode returns) and the generic response build and encode. The references below
 define what the compiled functions must return (tests/broker/test_produce_codec.py compares them); the broker uses
 the direct path only when the C module is loaded, and the general path (messages, checks, codec) otherwise.
 """
@@ -22,8 +23,9 @@ MIN_VERSION, MAX_VERSION = 3, 11
 # (index, error_code, base_offset, log_append_time_ms, log_start_offset, error_message, record_errors)
 PartitionAnswer = tuple[int, int, int, int, int, "str | None", "list[tuple[int, str | None]] | None"]
 TopicAnswers = list[tuple[str, list[PartitionAnswer]]]
-# (transactional_id, acks, timeout_ms, [(name, [(index, records)])])
-DecodedProduce = tuple["str | None", int, int, list[tuple[str, list[tuple[int, Any]]]]]
+# (transactional_id, acks, timeout_ms, [(name, [(index, records)])], (producer_id, producer_epoch) of the
+# transactional batches or None)
+DecodedProduce = tuple["str | None", int, int, list[tuple[str, list[tuple[int, Any]]]], "tuple[int, int] | None"]
 
 _compiled = accelerators.load("_produce")
 COMPILED = _compiled is not None
@@ -35,6 +37,8 @@ _Err = ProduceResponse.BatchIndexAndErrorMessage
 _MAGIC = 16
 _TXN_BYTE = 22  # the low byte of the attributes (int16 at 21)
 _SIZE = struct.Struct(">i")
+_PRODUCER = struct.Struct(">qh")  # a batch's producer id and epoch, at 43
+_PRODUCER_AT = 43
 _PY_DECODE_ERRORS = (codec.DecodeError, struct.error, IndexError, OverflowError, MemoryError, ValueError)
 
 
@@ -53,18 +57,24 @@ def transactional_headers(records: Any) -> list[int]:
     return found
 
 
-def plain_records(version: int, records: Any) -> bool:
-    """Records the general path would append as they are: validateRecords passes, nothing transactional."""
-    return (
-        records is not None
-        and validate_records(version, records) is None
-        and not transactional_headers(records)
-    )
+def direct_records(version: int, records: Any) -> tuple[int, int] | None | bool:
+    """False unless validateRecords passes and no header handle_produce's transactional scans read is
+    transactional but the first; else the first batch's (producer id, epoch) when it is transactional, or None."""
+    if records is None or validate_records(version, records) is not None:
+        return False
+    found = transactional_headers(records)
+    if not found:
+        return None
+    if found != [0]:
+        return False
+    producer: tuple[int, int] = _PRODUCER.unpack_from(records, _PRODUCER_AT)
+    return producer
 
 
 def decode_py(frame: Any, pos: int, version: int) -> DecodedProduce | None:
-    """The reference of _produce.decode: the generated decoder's request as tuples, None for anything but the
-    common case (a refused or transactional partition, a null name or records, bytes that do not decode)."""
+    """The reference of _produce.decode: the generated decoder's request as tuples and the producer of its
+    transactional batches, None for anything but the common case (a refused partition, transactional batches of two
+    producers or after a partition's first batch, a null name or records, bytes that do not decode)."""
     if not MIN_VERSION <= version <= MAX_VERSION or not 0 <= pos <= len(frame):
         return None
     try:
@@ -72,16 +82,22 @@ def decode_py(frame: Any, pos: int, version: int) -> DecodedProduce | None:
     except _PY_DECODE_ERRORS:
         return None
     topics = []
+    producer = None
     for t in req.topic_data:
         if t.name is None:
             return None
         parts = []
         for p in t.partition_data:
-            if not plain_records(version, p.records):
+            found = direct_records(version, p.records)
+            if found is False:
                 return None
+            if found is not None:
+                if producer is not None and producer != found:
+                    return None  # two producers: INVALID_PRODUCER_ID_MAPPING, the general path's answer
+                producer = found
             parts.append((p.index, p.records))
         topics.append((t.name, parts))
-    return req.transactional_id, req.acks, req.timeout_ms, topics
+    return req.transactional_id, req.acks, req.timeout_ms, topics, producer
 
 
 def response_of(answers: TopicAnswers, throttle_ms: int, current_leader: Any) -> ProduceResponse:

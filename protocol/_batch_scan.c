@@ -17,14 +17,24 @@
  * plain(buf, walk, compacted, check_ts, ts_low, ts_high) -> RecordBatchHeader | None
  *   the leader's fast path (protocol/records.py's plain_client_batch): see below.
  *
+ * write_plain(buf, fd, position, base_offset, leader_epoch, since, interval, max_ts, max_ts_offset)
+ *   -> (last_offset, since, indexed, max_ts, max_ts_offset)
+ *   the same fast path's write (storage/leader_append.py's write_plain_py): see below.
+ *
+ * configure_metadata(BatchMetadata)   once: the slot offsets of storage/producer_state.py's BatchMetadata
+ * next_batch(batches, base_sequence, last_offset_delta, first_offset, max_timestamp) -> BatchMetadata | None
+ *   the same fast path's producer-state check (storage/leader_append.py's next_batch_py): see below.
+ *
  * Every read is bounds-checked against the buffer; headers are built straight into the dataclass's slots.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { HEADER_SIZE = 61, LOG_OVERHEAD = 12, BATCH_OVERHEAD = HEADER_SIZE - LOG_OVERHEAD, CRC_START = 21 };
 enum { ATTR_COMPRESSION_MASK = 0x07, ATTR_CONTROL = 0x20, COMPRESSION_ZSTD = 4 };
@@ -135,25 +145,32 @@ static void parse(const uint8_t *p, Header *h)
     h->records_count = (int32_t)be32(p + 57);
 }
 
-static PyObject *header_object(const Header *h)
+/* An instance of a slots dataclass with its n int fields set straight into their slots (offsets), as its
+ * __init__ would set them; frozen dataclasses included (their __setattr__ only refuses later changes). */
+static PyObject *slotted(PyTypeObject *cls, const Py_ssize_t *offsets, const long long *values, int n)
 {
-    PyObject *obj = header_cls->tp_alloc(header_cls, 0);
+    PyObject *obj = cls->tp_alloc(cls, 0);
     if (obj == NULL)
         return NULL;
-    long long values[NFIELDS] = {
-        h->base_offset, h->batch_length, h->partition_leader_epoch, h->magic, h->crc, h->attributes,
-        h->last_offset_delta, h->base_timestamp, h->max_timestamp, h->producer_id, h->producer_epoch,
-        h->base_sequence, h->records_count,
-    };
-    for (int i = 0; i < NFIELDS; i++) {
+    for (int i = 0; i < n; i++) {
         PyObject *v = PyLong_FromLongLong(values[i]);
         if (v == NULL) {
             Py_DECREF(obj);
             return NULL;
         }
-        *(PyObject **)((char *)obj + field_offset[i]) = v;
+        *(PyObject **)((char *)obj + offsets[i]) = v;
     }
     return obj;
+}
+
+static PyObject *header_object(const Header *h)
+{
+    const long long values[NFIELDS] = {
+        h->base_offset, h->batch_length, h->partition_leader_epoch, h->magic, h->crc, h->attributes,
+        h->last_offset_delta, h->base_timestamp, h->max_timestamp, h->producer_id, h->producer_epoch,
+        h->base_sequence, h->records_count,
+    };
+    return slotted(header_cls, field_offset, values, NFIELDS);
 }
 
 /* The fault found at a batch: (corrupt, message). */
@@ -310,11 +327,11 @@ fail:
 }
 
 /* plain(buf, walk, compacted, check_ts, ts_low, ts_high) -> RecordBatchHeader | None: protocol/records.py's
- * plain_client_batch_py in one call. The header when buf is exactly one uncompressed, CreateTime, non-transactional
- * client batch that passes every check of scan (client rules) and whose records walk (protocol/_record_walk.c's
+ * plain_client_batch_py in one call. The header when buf is exactly one uncompressed, CreateTime, non-control
+ * client batch (transactional or not: the caller judges the producer's transaction) that passes every check of scan (client rules) and whose records walk (protocol/_record_walk.c's
  * walk, passed in) finds sound with nothing to report; None for anything else, which the caller then sends the
  * general way (validate_batches), so no message is needed here. */
-enum { ATTR_TIMESTAMP_TYPE = 0x08, ATTR_TRANSACTIONAL = 0x10 };
+enum { ATTR_TIMESTAMP_TYPE = 0x08 };
 
 static PyObject *plain(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -340,7 +357,7 @@ static PyObject *plain(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         goto none;
     if (h.records_count <= 0 || (int64_t)h.last_offset_delta != (int64_t)h.records_count - 1)
         goto none;
-    if (h.attributes & (ATTR_COMPRESSION_MASK | ATTR_TIMESTAMP_TYPE | ATTR_TRANSACTIONAL | ATTR_CONTROL))
+    if (h.attributes & (ATTR_COMPRESSION_MASK | ATTR_TIMESTAMP_TYPE | ATTR_CONTROL))
         goto none;
     uint32_t actual;
     if (end >= GIL_FREE_CRC) {
@@ -400,24 +417,231 @@ done:
     return result;
 }
 
-static PyObject *configure(PyObject *mod, PyObject *cls)
+/* write_plain(buf, fd, position, base_offset, leader_epoch, since, interval, max_ts, max_ts_offset)
+ *   -> (last_offset, since, indexed, max_ts, max_ts_offset)
+ * storage/leader_append.py's write_plain_py in one call: the leader's write of one batch that plain() passed. Sets
+ * its baseOffset and (leader_epoch not None) partitionLeaderEpoch in buf, both outside the CRC; writes buf whole at
+ * position of fd with the GIL released (a short write continues; on an error the file is cut back to position and
+ * OSError raised); then the segment's index bookkeeping of LogSegment._index_batches for this one batch: the
+ * segment's largest timestamp and its offset, whether the offset and time indexes get an entry at position (more
+ * than interval bytes since the last), and the bytes since the last entry after it. */
+enum { OFF_BATCH_LENGTH = 8, OFF_LEADER_EPOCH = 12, OFF_LAST_OFFSET_DELTA = 23, OFF_MAX_TIMESTAMP = 35 };
+
+static inline void put_be32(uint8_t *p, uint32_t v)
 {
-    if (!PyType_Check(cls)) {
-        PyErr_SetString(PyExc_TypeError, "configure(RecordBatchHeader): a class");
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+static int as_int64(PyObject *o, long long *out)
+{
+    *out = PyLong_AsLongLong(o);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *write_plain(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError,
+                        "write_plain(buf, fd, position, base_offset, leader_epoch, since, interval, max_ts, "
+                        "max_ts_offset)");
         return NULL;
     }
-    PyTypeObject *type = (PyTypeObject *)cls;
-    for (int i = 0; i < NFIELDS; i++) {
-        PyObject *descr = PyDict_GetItemString(type->tp_dict, FIELD_NAMES[i]);
+    long long fd, position, base_offset, epoch = -1, since, interval, max_ts, max_ts_offset;
+    if (as_int64(args[1], &fd) < 0 || as_int64(args[2], &position) < 0 || as_int64(args[3], &base_offset) < 0 ||
+        (args[4] != Py_None && as_int64(args[4], &epoch) < 0) || as_int64(args[5], &since) < 0 ||
+        as_int64(args[6], &interval) < 0 || as_int64(args[7], &max_ts) < 0 || as_int64(args[8], &max_ts_offset) < 0)
+        return NULL;
+    if (fd < 0 || fd > INT32_MAX || position < 0 || base_offset < 0 ||
+        (args[4] != Py_None && (epoch < INT32_MIN || epoch > INT32_MAX))) {
+        PyErr_SetString(PyExc_ValueError, "write_plain: fd, position, base_offset or leader_epoch out of range");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    uint8_t *b = view.buf;
+    const Py_ssize_t len = view.len;
+    if (len < HEADER_SIZE || (int64_t)(int32_t)be32(b + OFF_BATCH_LENGTH) + LOG_OVERHEAD != (int64_t)len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "write_plain: buf is not one whole batch");
+        return NULL;
+    }
+    const int64_t lod = (int32_t)be32(b + OFF_LAST_OFFSET_DELTA);
+    if (base_offset > INT64_MAX - (lod > 0 ? lod : 0)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "write_plain: base_offset out of range");
+        return NULL;
+    }
+    if (since <= interval && since > INT64_MAX - len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "write_plain: since out of range");
+        return NULL;
+    }
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)((uint64_t)base_offset >> (56 - 8 * i));
+    if (args[4] != Py_None)
+        put_be32(b + OFF_LEADER_EPOCH, (uint32_t)(int32_t)epoch);
+    Py_ssize_t done = 0;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (done < len) {
+        ssize_t n = pwrite((int)fd, b + done, (size_t)(len - done), (off_t)(position + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            err = n < 0 ? errno : EIO;
+            break;
+        }
+        done += n;
+    }
+    if (err && ftruncate((int)fd, (off_t)position) < 0) {
+        /* the next append overwrites the tail at position anyway */
+    }
+    Py_END_ALLOW_THREADS
+    if (err) {
+        PyBuffer_Release(&view);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    const int64_t last = base_offset + lod;
+    const int64_t batch_max_ts = (int64_t)be64(b + OFF_MAX_TIMESTAMP);
+    PyBuffer_Release(&view);
+    if (batch_max_ts > max_ts) {
+        max_ts = batch_max_ts;
+        max_ts_offset = last;
+    }
+    const int indexed = since > interval;
+    since = (indexed ? 0 : since) + len;
+    return Py_BuildValue("(LLOLL)", (long long)last, since, indexed ? Py_True : Py_False, max_ts, max_ts_offset);
+}
+
+/* ------------------------------------------------------------------------------------------------ producers */
+
+enum { META_FIELDS = 5, INT32_WRAP = 0x7FFFFFFF };
+static const char *const META_NAMES[META_FIELDS] = {
+    "first_seq", "last_seq", "first_offset", "last_offset", "max_timestamp",
+};
+static PyTypeObject *metadata_cls;             /* BatchMetadata, set by configure_metadata() */
+static Py_ssize_t meta_offset[META_FIELDS];   /* its slots, in META_NAMES order */
+
+/* The offsets of cls's object slots named in names: 0, or -1 with TypeError when one is not such a slot. */
+static int slot_offsets(PyTypeObject *type, const char *const *names, int n, Py_ssize_t *out)
+{
+    for (int i = 0; i < n; i++) {
+        PyObject *descr = PyDict_GetItemString(type->tp_dict, names[i]);
         if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type) ||
             ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", type->tp_name, FIELD_NAMES[i]);
-            return NULL;
+            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", type->tp_name, names[i]);
+            return -1;
         }
-        field_offset[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
+        out[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
     }
-    Py_XSETREF(header_cls, (PyTypeObject *)Py_NewRef(cls));
+    return 0;
+}
+
+/* configure() and configure_metadata(): keep cls in *kept and its slots' offsets. */
+static PyObject *configure_class(PyObject *cls, const char *const *names, int n, Py_ssize_t *offsets,
+                                 PyTypeObject **kept)
+{
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "configure: a class");
+        return NULL;
+    }
+    if (slot_offsets((PyTypeObject *)cls, names, n, offsets) < 0)
+        return NULL;
+    Py_XSETREF(*kept, (PyTypeObject *)Py_NewRef(cls));
     Py_RETURN_NONE;
+}
+
+static PyObject *configure_metadata(PyObject *mod, PyObject *cls)
+{
+    return configure_class(cls, META_NAMES, META_FIELDS, meta_offset, &metadata_cls);
+}
+
+/* Field i of a BatchMetadata as an int64: 0, or -1 with an exception (an unset slot, a value that is no int64). */
+static int meta_field(PyObject *m, int i, long long *out)
+{
+    PyObject *v = *(PyObject **)((char *)m + meta_offset[i]);
+    if (v == NULL) {
+        PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%s'", Py_TYPE(m)->tp_name, META_NAMES[i]);
+        return -1;
+    }
+    return as_int64(v, out);
+}
+
+/* next_batch(batches, base_sequence, last_offset_delta, first_offset, max_timestamp) -> BatchMetadata | None
+ * storage/leader_append.py's next_batch_py in one call: the metadata a producer's entry gains (after the write) for
+ * its next batch, when the batch's base sequence follows the entry's last (batches: its retained BatchMetadata,
+ * oldest first; sequences wrap from Int32 max to 0) and its sequence range is none of the retained batches'; None
+ * for anything else (a gap, a retry, no sequence), which the general path then answers. The batches' fields are
+ * int64s (they come from batch headers and snapshots). */
+static PyObject *next_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "next_batch(batches, base_sequence, last_offset_delta, first_offset, max_timestamp)");
+        return NULL;
+    }
+    if (metadata_cls == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_metadata(BatchMetadata) first");
+        return NULL;
+    }
+    long long base_seq, lod, first_offset, max_ts;
+    if (as_int64(args[1], &base_seq) < 0 || as_int64(args[2], &lod) < 0 || as_int64(args[3], &first_offset) < 0 ||
+        as_int64(args[4], &max_ts) < 0)
+        return NULL;
+    if (base_seq > INT32_MAX || lod < INT32_MIN || lod > INT32_MAX || first_offset < 0 ||
+        first_offset > INT64_MAX - INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "next_batch: base_sequence, last_offset_delta or first_offset out of range");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "next_batch: batches must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!Py_IS_TYPE(items[i], metadata_cls)) {
+            PyErr_Format(PyExc_TypeError, "next_batch: batches hold %s, not %s", Py_TYPE(items[i])->tp_name,
+                         metadata_cls->tp_name);
+            goto fail;
+        }
+    }
+    long long last_seq = -1; /* NO_SEQUENCE: a producer without retained batches */
+    if (n > 0 && meta_field(items[n - 1], 1, &last_seq) < 0)
+        goto fail;
+    /* base_seq - 1, not last_seq + 1: a snapshot's last_seq may be INT64_MAX (found by the sanitized fuzz) */
+    if (base_seq < 0 || !(base_seq - 1 == last_seq || (base_seq == 0 && last_seq == INT32_WRAP))) {
+        Py_DECREF(seq);
+        Py_RETURN_NONE;
+    }
+    /* Python's %, never negative: (base + lod) mod 2^31 */
+    long long last = (base_seq + lod) % ((long long)INT32_WRAP + 1);
+    if (last < 0)
+        last += (long long)INT32_WRAP + 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long f, l;
+        if (meta_field(items[i], 0, &f) < 0 || meta_field(items[i], 1, &l) < 0)
+            goto fail;
+        if (f == base_seq && l == last) {
+            Py_DECREF(seq);
+            Py_RETURN_NONE;
+        }
+    }
+    Py_DECREF(seq);
+    const long long values[META_FIELDS] = {base_seq, last, first_offset, first_offset + lod, max_ts};
+    return slotted(metadata_cls, meta_offset, values, META_FIELDS);
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyObject *configure(PyObject *mod, PyObject *cls)
+{
+    return configure_class(cls, FIELD_NAMES, NFIELDS, field_offset, &header_cls);
 }
 
 static PyObject *crc(PyObject *mod, PyObject *args)
@@ -438,6 +662,12 @@ static PyMethodDef methods[] = {
      "max_ts_batch, error)"},
     {"plain", (PyCFunction)(void (*)(void))plain, METH_FASTCALL,
      "plain(buf, walk, compacted, check_ts, ts_low, ts_high) -> RecordBatchHeader | None"},
+    {"write_plain", (PyCFunction)(void (*)(void))write_plain, METH_FASTCALL,
+     "write_plain(buf, fd, position, base_offset, leader_epoch, since, interval, max_ts, max_ts_offset) -> "
+     "(last_offset, since, indexed, max_ts, max_ts_offset)"},
+    {"configure_metadata", configure_metadata, METH_O, "configure_metadata(BatchMetadata)"},
+    {"next_batch", (PyCFunction)(void (*)(void))next_batch, METH_FASTCALL,
+     "next_batch(batches, base_sequence, last_offset_delta, first_offset, max_timestamp) -> BatchMetadata | None"},
     {"crc32c", crc, METH_VARARGS,
      "crc32c(buf, table=False): CRC-32C as scan computes it (table: the portable code, not the instruction)"},
     {NULL, NULL, 0, NULL},

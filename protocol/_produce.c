@@ -1,12 +1,14 @@
 /* The Produce request's common case in one call each way (broker/produce_codec.py holds the Python references).
  *
  * decode(frame, pos, version)
- *   -> (transactional_id, acks, timeout_ms, [(name, [(index, records), ...]), ...]) or None
+ *   -> (transactional_id, acks, timeout_ms, [(name, [(index, records), ...]), ...], producer) or None
  *   A Produce v3-v11 body at frame[pos:] whose every partition carries records that pass Kafka's
- *   ProduceRequest.validateRecords (one magic-2 batch, zstd from v7) and hold no transactional batch header;
- *   records are memoryview slices of the frame, as the generated decoder makes them. None for anything else
- *   (malformed, null records or names, a refusal, a transactional batch): the caller then takes the general path,
- *   which decides the answer or the error. Trailing bytes are ignored, as the general path does.
+ *   ProduceRequest.validateRecords (one magic-2 batch, zstd from v7); records are memoryview slices of the frame,
+ *   as the generated decoder makes them. producer: (producer_id, producer_epoch) of the transactional batches, all
+ *   of one producer and each the first batch of its records, or None when no batch header handle_produce's
+ *   transactional scans read is transactional. None for anything else (malformed, null records or names, a
+ *   refusal, transactional headers of two producers or after a partition's first batch): the caller then takes
+ *   the general path, which decides the answer or the error. Trailing bytes are ignored, as the general path does.
  *
  * encode_response(correlation_id, version, throttle_ms, [(name, [(index, error_code, base_offset,
  *                 log_append_time_ms, log_start_offset, error_message, record_errors), ...]), ...]) -> bytearray
@@ -31,6 +33,7 @@ static inline uint32_t be32(const uint8_t *p)
 {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
+static inline uint64_t be64(const uint8_t *p) { return ((uint64_t)be32(p) << 32) | be32(p + 4); }
 
 /* ------------------------------------------------------------------------------------------------ decode */
 
@@ -133,9 +136,19 @@ static int skip_tagged(const Reader *r, Py_ssize_t *pos)
     return 0;
 }
 
-/* Kafka's ProduceRequest.validateRecords passes (broker/produce_validation.py) and no batch header the
- * transactional scan of handle_produce reads is transactional. */
-static int plain_records(const uint8_t *d, Py_ssize_t len, long version)
+/* The producer of the request's transactional batches: found is 0 until one is seen. */
+typedef struct {
+    int found;
+    int64_t id;
+    int16_t epoch;
+} Producer;
+
+enum { PRODUCER_ID_AT = 43, PRODUCER_EPOCH_AT = 51 };
+
+/* Kafka's ProduceRequest.validateRecords passes (broker/produce_validation.py), and of the batch headers the
+ * transactional scans of handle_produce read only the first may be transactional, from the request's one
+ * producer (noted in txn). */
+static int plain_records(const uint8_t *d, Py_ssize_t len, long version, Producer *txn)
 {
     if (len < LOG_OVERHEAD)
         return 0;
@@ -160,8 +173,17 @@ static int plain_records(const uint8_t *d, Py_ssize_t len, long version)
     }
     Py_ssize_t pos = 0;
     while (len - pos >= HEADER_SIZE) {
-        if (d[pos + MAGIC_AT] == 2 && (d[pos + TXN_BYTE_AT] & ATTR_TRANSACTIONAL))
-            return 0;
+        if (d[pos + MAGIC_AT] == 2 && (d[pos + TXN_BYTE_AT] & ATTR_TRANSACTIONAL)) {
+            if (pos != 0)
+                return 0;
+            int64_t id = (int64_t)be64(d + PRODUCER_ID_AT);
+            int16_t epoch = (int16_t)be16(d + PRODUCER_EPOCH_AT);
+            if (txn->found && (txn->id != id || txn->epoch != epoch))
+                return 0; /* a second producer: INVALID_PRODUCER_ID_MAPPING, the general path's answer */
+            txn->found = 1;
+            txn->id = id;
+            txn->epoch = epoch;
+        }
         int64_t s = (int32_t)be32(d + pos + SIZE_AT);
         if (s <= 0)
             break;
@@ -171,7 +193,7 @@ static int plain_records(const uint8_t *d, Py_ssize_t len, long version)
 }
 
 /* The partitions of one topic; NULL with no error set: not the common case. */
-static PyObject *decode_partitions(const Reader *r, Py_ssize_t *pos, PyObject *view, long version)
+static PyObject *decode_partitions(const Reader *r, Py_ssize_t *pos, PyObject *view, long version, Producer *txn)
 {
     int64_t n;
     Py_ssize_t p = *pos;
@@ -189,7 +211,7 @@ static PyObject *decode_partitions(const Reader *r, Py_ssize_t *pos, PyObject *v
         int64_t size;
         if (read_length(r, &p, 0, &size) < 0 || size < 0 || size > r->len - p)
             goto no;
-        if (!plain_records(r->b + p, (Py_ssize_t)size, version))
+        if (!plain_records(r->b + p, (Py_ssize_t)size, version, txn))
             goto no;
         PyObject *records = PySequence_GetSlice(view, p, p + (Py_ssize_t)size);
         if (records == NULL)
@@ -243,6 +265,7 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Reader r = {(const uint8_t *)buf->buf, buf->len, version >= FLEXIBLE_VERSION};
     Py_ssize_t p = start;
     PyObject *txn_id = NULL, *topics = NULL, *result = NULL;
+    Producer txn = {0, 0, 0};
     int rc = read_string(&r, &p, &txn_id);
     if (rc == -2)
         goto fail;
@@ -269,7 +292,7 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(name);
             goto no;
         }
-        PyObject *parts = decode_partitions(&r, &p, view, version);
+        PyObject *parts = decode_partitions(&r, &p, view, version, &txn);
         if (parts == NULL) {
             Py_DECREF(name);
             if (PyErr_Occurred())
@@ -290,7 +313,10 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (skip_tagged(&r, &p) < 0)
         goto no;
-    result = Py_BuildValue("(NhiN)", txn_id, acks, timeout_ms, topics);
+    if (txn.found)
+        result = Py_BuildValue("(NhiN(Lh))", txn_id, acks, timeout_ms, topics, (long long)txn.id, txn.epoch);
+    else
+        result = Py_BuildValue("(NhiNO)", txn_id, acks, timeout_ms, topics, Py_None);
     Py_DECREF(view);
     return result;
 no:
@@ -549,7 +575,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL,
-     "decode(frame, pos, version) -> (transactional_id, acks, timeout_ms, [(name, [(index, records)])]) | None"},
+     "decode(frame, pos, version) -> (transactional_id, acks, timeout_ms, [(name, [(index, records)])], "
+     "(producer_id, producer_epoch) | None) | None"},
     {"encode_response", (PyCFunction)(void (*)(void))encode_response, METH_FASTCALL,
      "encode_response(correlation_id, version, throttle_ms, [(name, [(index, error_code, base_offset, "
      "log_append_time_ms, log_start_offset, error_message, record_errors)])]) -> bytearray"},

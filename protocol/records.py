@@ -447,15 +447,16 @@ SCAN_IMPLEMENTATION = accelerators.describe("_batch_scan", _scan_compiled)
 
 def plain_client_batch_py(buf: Buffer, compacted: bool, timestamp_bounds: tuple[int, int] | None
                           ) -> RecordBatchHeader | None:
-    """The header of buf when it is exactly one uncompressed, CreateTime, non-transactional client batch that
-    validate_batches(buf, from_client=True, ...) passes with nothing to refuse; None for anything else (the caller
-    then takes validate_batches, which gives the answer or the error). The leader's append fast path; the
-    reference for protocol/_batch_scan.c's plain (tests/protocol/test_batch_scan.py compares them)."""
+    """The header of buf when it is exactly one uncompressed, CreateTime client batch (transactional or not: the
+    caller judges the producer's transaction) that validate_batches(buf, from_client=True, ...) passes with nothing
+    to refuse; None for anything else (the caller then takes validate_batches, which gives the answer or the error).
+    The leader's append fast path; the reference for protocol/_batch_scan.c's plain (tests/protocol/
+    test_batch_scan.py compares them)."""
     batches, _, valid_bytes, _, _, _, _, fault = scan_batches_py(buf, True, False)
     if fault is not None or len(batches) != 1:
         return None
     h = batches[0][1]
-    if h.attributes & (ATTR_COMPRESSION_MASK | ATTR_TIMESTAMP_TYPE | ATTR_TRANSACTIONAL):
+    if h.attributes & (ATTR_COMPRESSION_MASK | ATTR_TIMESTAMP_TYPE):
         return None
     view = buf if isinstance(buf, memoryview) else memoryview(buf)
     found = walk_records_py(view[BATCH_HEADER_SIZE:valid_bytes], h.records_count, consecutive=True,

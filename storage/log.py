@@ -31,6 +31,7 @@ from kbroker.protocol.records import (
     RecordBatchHeader,
     decode_records,
     max_decompressed_size,
+    parse_batch_header,
     plain_client_batch,
     recompress_batches,
     set_base_offset,
@@ -49,6 +50,7 @@ from kbroker.storage.errors import (
     RecordTooLargeError,
 )
 from kbroker.storage.flush_stats import FLUSH_STATS
+from kbroker.storage.leader_append import next_batch
 from kbroker.storage.leader_epoch_cache import LeaderEpochFileCache
 from kbroker.storage.log_loader import (
     INDEX_SUFFIXES,
@@ -64,7 +66,6 @@ from kbroker.storage.producer_state import (
     ProducerStateEntry,
     ProducerStateManager,
     VerificationGuard,
-    in_sequence,
     validate_client_batch,
 )
 from kbroker.storage.recovery import recover_segment
@@ -400,7 +401,7 @@ class Log(ReplicaLogMixin):
         the one control batch of records holds, from the writer that built it (spares reading it back).
         """
         if from_client and PLAIN_APPEND:
-            info = self._append_plain(records, now_ms, leader_epoch)
+            info = self._append_plain(records, now_ms, leader_epoch, verification_guard)
             if info is not None:
                 return info
         config = self.config
@@ -467,17 +468,7 @@ class Log(ReplicaLogMixin):
                     return duplicate
             if leader_epoch is not None:
                 self.leader_epoch_cache.assign(leader_epoch, first_offset)
-            segment = self._maybe_roll(len(buf), now_ms, last_offset)
-            try:
-                segment.append(buf, summary.batches, now_ms)
-            except OSError as e:
-                raise KafkaStorageError(
-                    f"error appending to {segment.log_path} of {self.name}: {errno.errorcode.get(e.errno or 0, e)} {e}"
-                ) from e
-            self._leo = offset
-            if self._hw_tracks_leo:  # the ISR is this replica alone: committed as soon as it is in the log
-                self._hw = offset
-            self._appended_messages += summary.num_records
+            segment = self._write(buf, summary.batches, len(buf), now_ms, last_offset, summary.num_records)
             self._update_producers(updates, completed, segment)
             self.producer_state.update_map_end_offset(offset)
         if log_append_time >= 0:
@@ -490,12 +481,14 @@ class Log(ReplicaLogMixin):
         return LogAppendInfo(first_offset, last_offset, max_ts, offset_of_max, log_append_time,
                              self._log_start_offset, summary.num_records, summary.valid_bytes)
 
-    def _append_plain(self, records: bytes | bytearray | memoryview, now_ms: int, leader_epoch: int | None
-                      ) -> LogAppendInfo | None:
+    def _append_plain(self, records: bytes | bytearray | memoryview, now_ms: int, leader_epoch: int | None,
+                      verification_guard: VerificationGuard | None = None) -> LogAppendInfo | None:
         """append_as_leader for the common client append, with the same result: one CreateTime batch that passes
-        validation, without a producer or from a known idempotent producer at its epoch, in sequence and outside a
-        transaction. None, with nothing changed, for anything else: the general path then decides (the first
-        batch of a producer, retries, errors, transactions, topic recompression, LogAppendTime).
+        validation, without a producer or from a known producer at its epoch, in sequence; a transactional batch
+        continues the producer's open transaction here or opens one (verified by the guard when verification is
+        on), a plain one needs none open. None, with nothing changed, for anything else: the general path then
+        decides (the first batch of a producer, retries, errors, a plain batch inside a transaction, an unverified
+        one, topic recompression, LogAppendTime).
         It skips the staged copy of the producer's entry: every check is made before the write, and the entry
         is updated in place after it, under the lock as the general path's commit is."""
         config = self.config
@@ -515,7 +508,7 @@ class Log(ReplicaLogMixin):
             if len(summary.batches) != 1:
                 return None
             h = summary.batches[0][1]
-            if h.attributes & (ATTR_TIMESTAMP_TYPE | ATTR_TRANSACTIONAL) or summary.valid_bytes != len(records):
+            if h.attributes & ATTR_TIMESTAMP_TYPE or summary.valid_bytes != len(records):
                 return None
         # A writable buffer is the caller's private copy (the request frame), rewritten in place.
         buf = records if type(records) is bytearray or (type(records) is memoryview and not records.readonly) \
@@ -529,37 +522,42 @@ class Log(ReplicaLogMixin):
                 return None
             if leader_epoch is not None and (leader_epoch < self.leader_epoch or not self._leading):
                 return None
-            entry = None
-            if pid >= 0:
-                entry = self.producer_state.producers.get(pid)
-                if (entry is None or entry.producer_epoch != h.producer_epoch or h.base_sequence < 0
-                        or entry.current_txn_first_offset is not None
-                        or not in_sequence(entry.last_seq, h.base_sequence)
-                        or entry.batch_with_sequence_range(h.base_sequence, h.last_sequence) is not None):
-                    return None
             first_offset = self._leo
             last_offset = first_offset + h.last_offset_delta
-            set_base_offset(buf, 0, first_offset)
-            h.base_offset = first_offset
+            entry = added = None
+            opens_txn = False
+            if pid >= 0:
+                entry = self.producer_state.producers.get(pid)
+                if entry is None or entry.producer_epoch != h.producer_epoch:
+                    return None
+                if h.attributes & ATTR_TRANSACTIONAL:
+                    # The general path's _check_verified and ProducerAppendInfo.append: the first transactional
+                    # batch here opens the producer's transaction, if the coordinator confirmed it (KIP-890).
+                    opens_txn = entry.current_txn_first_offset is None
+                    if opens_txn and verification_guard is not None and verification_guard.producer_id != pid:
+                        return None
+                elif entry.current_txn_first_offset is not None:
+                    return None
+                # In sequence and not a retry: the metadata the entry gains once the batch is written.
+                added = next_batch(entry.batch_metadata, h.base_sequence, h.last_offset_delta, first_offset,
+                                   h.max_timestamp)
+                if added is None:
+                    return None
             if leader_epoch is not None:
-                set_partition_leader_epoch(buf, 0, leader_epoch)
-                h.partition_leader_epoch = leader_epoch
                 self.leader_epoch_cache.assign(leader_epoch, first_offset)
             segment = self._maybe_roll(size, now_ms, last_offset)
             try:
-                segment.append(buf, [(0, h)], now_ms)
+                # The base offset and leader epoch are set in buf by the same call that writes it.
+                segment.append_plain(buf, first_offset, leader_epoch, now_ms)
             except OSError as e:
-                raise KafkaStorageError(
-                    f"error appending to {segment.log_path} of {self.name}: {errno.errorcode.get(e.errno or 0, e)} {e}"
-                ) from e
-            self._leo = last_offset + 1
-            if self._hw_tracks_leo:
-                self._hw = last_offset + 1
-            self._appended_messages += h.records_count
-            if entry is not None:
-                entry.batch_metadata.append(BatchMetadata(h.base_sequence, h.last_sequence, first_offset, last_offset,
-                                                          h.max_timestamp))
+                raise self._storage_error(segment, e) from e
+            self._end_moved(last_offset, h.records_count)
+            if entry is not None and added is not None:  # added is set whenever entry is
+                entry.batch_metadata.append(added)
                 entry.last_timestamp = h.max_timestamp
+                if opens_txn:
+                    entry.current_txn_first_offset = first_offset
+                    self.producer_state.ongoing_txns[first_offset] = pid
                 self._first_unstable = self.producer_state.first_unstable_offset  # as the general commit does
             self.producer_state.update_map_end_offset(last_offset + 1)
         if h.max_timestamp > NO_TIMESTAMP:
@@ -567,6 +565,35 @@ class Log(ReplicaLogMixin):
                                  h.records_count, size)
         return LogAppendInfo(first_offset, last_offset, -1, first_offset, -1, self._log_start_offset, h.records_count,
                              size)
+
+    def _write(self, buf: bytearray | memoryview | bytes, batches: list[tuple[int, RecordBatchHeader]], size: int,
+               now_ms: int, last_offset: int, num_records: int) -> LogSegment:
+        """Under the lock, offsets final: roll if due, write the batches, move the log end (and the high watermark
+        when this replica is the whole ISR: committed as soon as it is in the log)."""
+        segment = self._write_segment(buf, batches, size, now_ms, last_offset)
+        self._end_moved(last_offset, num_records)
+        return segment
+
+    def _end_moved(self, last_offset: int, num_records: int) -> None:
+        """After a write: the log end moves, and the high watermark with it when this replica is the whole ISR."""
+        self._leo = last_offset + 1
+        if self._hw_tracks_leo:
+            self._hw = last_offset + 1
+        self._appended_messages += num_records
+
+    def _storage_error(self, segment: LogSegment, e: OSError) -> KafkaStorageError:
+        return KafkaStorageError(
+            f"error appending to {segment.log_path} of {self.name}: {errno.errorcode.get(e.errno or 0, e)} {e}")
+
+    def _write_segment(self, buf: bytearray | memoryview | bytes, batches: list[tuple[int, RecordBatchHeader]],
+                       size: int, now_ms: int, last_offset: int) -> LogSegment:
+        """Roll if due and write the batches to the active segment; an OSError is the log's KafkaStorageError."""
+        segment = self._maybe_roll(size, now_ms, last_offset)
+        try:
+            segment.append(buf, batches, now_ms)
+        except OSError as e:
+            raise self._storage_error(segment, e) from e
+        return segment
 
     def _check_batch_sizes(self, summary: BatchesSummary, config: LogConfig) -> None:
         for pos, h in summary.batches:
@@ -583,12 +610,62 @@ class Log(ReplicaLogMixin):
         stale coordinator epoch TransactionCoordinatorFencedError. A marker for a producer without an open
         transaction here is written all the same and completes nothing.
         """
-        batch = build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now_ms)
-        info = self.append_as_leader(bytearray(batch), now_ms, leader_epoch=leader_epoch, from_client=False,
-                                     end_txn_marker=EndTxnMarker(commit, coordinator_epoch))
+        batch = bytearray(build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now_ms))
+        marker = EndTxnMarker(commit, coordinator_epoch)
+        info = self._append_marker(batch, producer_id, producer_epoch, marker, now_ms, leader_epoch) \
+            if PLAIN_APPEND else None
+        if info is None:
+            info = self.append_as_leader(batch, now_ms, leader_epoch=leader_epoch, from_client=False,
+                                         end_txn_marker=marker)
         logger.debug("Wrote %s marker of producer %d (epoch %d) at offset %d of %s", "COMMIT" if commit else "ABORT",
                      producer_id, producer_epoch, info.first_offset, self.name)
         return info
+
+    def _append_marker(self, buf: bytearray, producer_id: int, producer_epoch: int, marker: EndTxnMarker,
+                       now_ms: int, leader_epoch: int | None) -> LogAppendInfo | None:
+        """append_as_leader(from_client=False) for the marker batch append_control built, with the same result:
+        no validation of a batch the broker wrote, the producer's entry updated in place (Kafka's
+        appendEndTxnMarker: epoch, coordinator epoch, the transaction completed), the aborted-transaction index,
+        LSO and high watermark as the general commit keeps them. None, with nothing changed, where the general path
+        must decide: a stale producer or coordinator epoch (its error), topic recompression, a max.message.bytes
+        below the marker, a closed or moved log, a stale leader epoch."""
+        config = self.config
+        size = len(buf)
+        if producer_id < 0 or config.target_codec is not None or size > config.max_message_bytes:
+            return None
+        psm = self.producer_state
+        with self._lock:
+            if self._closed or self.replaced_by is not None:
+                return None
+            if leader_epoch is not None and (leader_epoch < self.leader_epoch or not self._leading):
+                return None
+            entry = psm.producers.get(producer_id)
+            if entry is None:
+                if marker.coordinator_epoch < -1:
+                    return None
+            elif producer_epoch < entry.producer_epoch or entry.coordinator_epoch > marker.coordinator_epoch:
+                return None
+            offset = self._leo
+            set_base_offset(buf, 0, offset)
+            if leader_epoch is not None:
+                set_partition_leader_epoch(buf, 0, leader_epoch)
+                self.leader_epoch_cache.assign(leader_epoch, offset)
+            h = parse_batch_header(buf)
+            segment = self._write(buf, [(0, h)], size, now_ms, offset, 1)
+            if entry is None:
+                entry = psm.producers[producer_id] = ProducerStateEntry(producer_id)
+            first = entry.current_txn_first_offset
+            entry.maybe_update_producer_epoch(producer_epoch)
+            entry.current_txn_first_offset = None
+            entry.coordinator_epoch = marker.coordinator_epoch
+            entry.last_timestamp = h.max_timestamp
+            if first is not None:
+                self._update_producers([], [CompletedTxn(producer_id, first, offset, not marker.commit)], segment)
+            self._first_unstable = psm.first_unstable_offset
+            psm.update_map_end_offset(offset + 1)
+        log_append_time = now_ms if config.log_append_time else -1
+        return LogAppendInfo(offset, offset, now_ms if log_append_time >= 0 else h.max_timestamp, offset,
+                             log_append_time, self._log_start_offset, 1, size)
 
     def _analyze_producer_state(
         self, buf: bytearray | memoryview, summary: BatchesSummary, from_client: bool,

@@ -16,7 +16,6 @@ under the lock and read without it (a plain int: readers see the old or the new 
 
 from __future__ import annotations
 
-import errno
 import logging
 import threading
 import time
@@ -76,7 +75,7 @@ class ReplicaLogMixin:
         def _rebuild_producer_state_from(self, start: int, end: int,
                                          rebuild_txn_indexes: set[int] | None = None) -> None: ...
         def _check_open(self) -> None: ...
-        def _maybe_roll(self, size: int, now_ms: int, max_offset: int): ...  # type: ignore[no-untyped-def]
+        def _write_segment(self, buf, batches, size: int, now_ms: int, last_offset: int): ...  # type: ignore[no-untyped-def]
         def _analyze_producer_state(self, buf, summary, from_client):  # type: ignore[no-untyped-def]
             ...
         def _update_producers(self, updates, completed, segment) -> None:  # type: ignore[no-untyped-def]
@@ -120,13 +119,7 @@ class ReplicaLogMixin:
                     if epoch >= 0:
                         cache.assign(epoch, h.base_offset)
             updates, completed, _ = self._analyze_producer_state(buf, summary, False)
-            segment = self._maybe_roll(len(buf), now_ms, last_offset)
-            try:
-                segment.append(buf, batches, now_ms)
-            except OSError as e:
-                raise KafkaStorageError(
-                    f"error appending to {segment.log_path} of {self.name}: {errno.errorcode.get(e.errno or 0, e)} {e}"
-                ) from e
+            segment = self._write_segment(buf, batches, len(buf), now_ms, last_offset)
             self._leo = expected
             self._appended_messages += summary.num_records
             self._update_producers(updates, completed, segment)

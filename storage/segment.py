@@ -21,6 +21,7 @@ from kbroker.protocol.records import (
 )
 from kbroker.storage.file_handles import LazyFile, OpenFile
 from kbroker.storage.index import OffsetIndex, TimeIndex
+from kbroker.storage.leader_append import write_plain
 from kbroker.storage.transaction_index import TXN_INDEX_SUFFIX, TransactionIndex
 
 LOG_SUFFIX = ".log"
@@ -233,6 +234,30 @@ class LogSegment:
         if len(recent) > _RECENT_BATCHES:  # bounded however many batches one append brings (a follower's catch-up)
             self._recent = recent[-(_RECENT_BATCHES // 2):]
         self._size = start + len(view)
+
+    def append_plain(self, buf: bytearray | memoryview, base_offset: int, leader_epoch: int | None,
+                     now_ms: int) -> None:
+        """append() for the leader's fast path (Log._append_plain): buf is one whole batch, its base offset (and
+        leader epoch) assigned here; the write and the index bookkeeping are one call (storage/leader_append.py)."""
+        start = self._size
+        max_ts = self._max_ts if self._max_ts is not None else self.max_timestamp_and_offset
+        writer = self._writer()  # held while the call writes to its descriptor
+        last, since, indexed, ts, ts_offset = write_plain(
+            buf, writer.fd, start, base_offset, leader_epoch, self._bytes_since_last_index_entry,
+            self.index_interval_bytes, max_ts[0], max_ts[1])
+        if ts != max_ts[0]:  # the batch holds a larger timestamp than the segment had
+            self._max_ts = (ts, ts_offset)
+        if self._rolling_base_ms is None:
+            self._rolling_base_ms = now_ms
+        if indexed:
+            self.index.append(last, start)
+            self.time_index.maybe_append(ts, ts_offset, skip_full_check=True)
+        self._bytes_since_last_index_entry = since
+        recent = self._recent
+        recent.append((last, start))
+        if len(recent) > _RECENT_BATCHES:
+            self._recent = recent[-(_RECENT_BATCHES // 2):]
+        self._size = start + len(buf)
 
     def _index_batch(self, position: int, header: RecordBatchHeader) -> None:
         self._index_batches(position, ((0, header),))

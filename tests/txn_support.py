@@ -330,6 +330,16 @@ def read_txn_indexes(partition_dir: Path) -> list[TxnIndexEntry]:
     return out
 
 
+def produce_request(transactional_id: str | None, topic: str, partitions: Sequence[tuple[int, bytes | None]],
+                    acks: int = -1, timeout_ms: int = 10000) -> Any:
+    """A ProduceRequest of one topic: (partition, records) each."""
+    from kbroker.protocol.messages import ProduceRequest
+
+    return ProduceRequest(transactional_id=transactional_id, acks=acks, timeout_ms=timeout_ms, topic_data=[
+        ProduceRequest.TopicProduceData(name=topic, partition_data=[
+            ProduceRequest.PartitionProduceData(index=i, records=r) for i, r in partitions])])
+
+
 class RawTxnProducer:
     """A transactional producer spoken in raw frames (InitProducerId v4, AddPartitionsToTxn v3, Produce v9,
     EndTxn v3), for the steps a client library will not take on request (an EndTxn and nothing after)."""
@@ -367,16 +377,13 @@ class RawTxnProducer:
 
     def produce(self, topic: str, partition: int, values: Sequence[bytes], version: int = 9) -> tuple[int, int]:
         """(error code, base offset) of one transactional batch."""
-        from kbroker.protocol.messages import ProduceRequest
         from kbroker.protocol.records import build_batch
 
         seq = self.sequences.get((topic, partition), 0)
         now = int(time.time() * 1000)
         batch = build_batch([(None, v, [], now) for v in values], producer_id=self.producer_id,
                             producer_epoch=self.producer_epoch, base_sequence=seq, is_transactional=True)
-        req = ProduceRequest(transactional_id=self.transactional_id, acks=-1, timeout_ms=10000, topic_data=[
-            ProduceRequest.TopicProduceData(name=topic, partition_data=[
-                ProduceRequest.PartitionProduceData(index=partition, records=batch)])])
+        req = produce_request(self.transactional_id, topic, [(partition, batch)])
         pr = self.raw.request(0, version, req).responses[0].partition_responses[0]
         if pr.error_code == 0:
             self.sequences[(topic, partition)] = seq + len(values)

@@ -170,13 +170,30 @@ def handle_produce_direct(ctx: RequestContext, frame: bytes | bytearray, pos: in
     decoded = produce_codec.decode(frame, pos, version)
     if decoded is None or decoded[1] not in (0, 1, -1) or _named_twice(decoded[3]):
         return NOT_DIRECT  # handle_produce answers these in Kafka's order
-    # What handle_produce checks before appending finds nothing in this request: every partition holds one batch
-    # that validateRecords passes and no transactional batch, so there is no transactional id to authorize, no
-    # second transaction and nothing for the coordinator to verify.
+    txn_id, acks, timeout_ms, topics, producer = decoded
+    # What handle_produce checks before appending finds nothing else in this request: every partition holds one
+    # batch that validateRecords passes, and its transactional batches (each a partition's first) are of one
+    # producer, so there is no second transaction; without an authorizer a transactional id is all they need.
+    failed: dict[tuple[str, int], Refusal] = {}
     guards: dict[tuple[str, int], VerificationGuard] | None = (
         {} if server.config.effective("transaction.partition.verification.enable", server.metadata.broker_configs)
         else None)
-    result = _append(ctx, decoded[3], decoded[1], decoded[2], {}, guards, direct=True, started=started)
+    if producer is not None:
+        if txn_id is None:
+            return NOT_DIRECT  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED for the whole request
+        if guards is not None:
+            # KIP-890, as handle_produce: the partitions this batch would open the transaction on are confirmed
+            # by the coordinator first, when it can answer at once; else the general path waits for it.
+            to_append = {(name, index): records for name, parts in topics for index, records in parts
+                         if _exists(ctx, (name, index))}
+            to_verify = _first_transactional_batches(ctx, to_append)
+            if to_verify is not None:
+                unverified = server.txn_verifier.verify_now(txn_id, *to_verify)
+                if unverified is None:
+                    return NOT_DIRECT
+                failed = _verification_failures(unverified, version)
+                guards = _guards(to_verify[0], to_verify[2], unverified)
+    result = _append(ctx, topics, acks, timeout_ms, failed, guards, direct=True, started=started)
     if type(result) is not tuple:
         return result
     answers, throttle = result

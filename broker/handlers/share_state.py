@@ -40,15 +40,34 @@ def _message(code: int, partition: int, uninitialized: str) -> str | None:
     return ErrorCode(code).name
 
 
+# Errors.CLUSTER_AUTHORIZATION_FAILED.message(), which Kafka's toGlobalErrorResponse sets on every partition
+CLUSTER_AUTHORIZATION_FAILED_MESSAGE = "Cluster authorization failed."
+
+
 async def _each_partition(
-    ctx: RequestContext, topics: Any, topic_result: Any, answer: Callable[[bytes, Any, bool], Awaitable[Any]]
+    ctx: RequestContext,
+    topics: Any,
+    topic_result: Any,
+    partition_result: Any,
+    answer: Callable[[bytes, Any], Awaitable[Any]],
 ) -> list[Any]:
     """The share-state RPCs' walk: every partition of every topic answered in order by `answer(topic id,
-    partition, denied)`, denied when the caller lacks CLUSTER_ACTION on the cluster (as Kafka's KafkaApis)."""
+    partition)`; a caller without CLUSTER_ACTION on the cluster gets Kafka's toGlobalErrorResponse instead: each
+    partition CLUSTER_AUTHORIZATION_FAILED with its message, the other fields at the schema's defaults."""
     denied = not ctx.authorized(AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)
     return [
         topic_result(
-            topic_id=t.topic_id, partitions=[await answer(bytes(t.topic_id), p, denied) for p in t.partitions]
+            topic_id=t.topic_id,
+            partitions=[
+                partition_result(
+                    partition=p.partition,
+                    error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                    error_message=CLUSTER_AUTHORIZATION_FAILED_MESSAGE,
+                )
+                if denied
+                else await answer(bytes(t.topic_id), p)
+                for p in t.partitions
+            ],
         )
         for t in topics
     ]
@@ -60,30 +79,27 @@ async def handle_write_share_group_state(
     R = WriteShareGroupStateResponse
     spm = SharePartitionManager.of(ctx.server)
 
-    async def answer(topic_id: bytes, p: Any, denied: bool) -> Any:
-        if denied:
-            code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-        else:
-            batches = [
-                (b.first_offset, b.last_offset, b.delivery_state, b.delivery_count) for b in p.state_batches
-            ]
-            code = await spm.call(
-                spm.write_state,
-                req.group_id,
-                topic_id,
-                p.partition,
-                p.start_offset,
-                batches,
-                p.leader_epoch,
-                p.state_epoch,
-            )
+    async def answer(topic_id: bytes, p: Any) -> Any:
+        batches = [
+            (b.first_offset, b.last_offset, b.delivery_state, b.delivery_count) for b in p.state_batches
+        ]
+        code = await spm.call(
+            spm.write_state,
+            req.group_id,
+            topic_id,
+            p.partition,
+            p.start_offset,
+            batches,
+            p.leader_epoch,
+            p.state_epoch,
+        )
         return R.PartitionResult(
             partition=p.partition,
             error_code=code,
             error_message=_message(code, p.partition, WRITE_UNINITIALIZED),
         )
 
-    return R(results=await _each_partition(ctx, req.topics, R.WriteStateResult, answer))
+    return R(results=await _each_partition(ctx, req.topics, R.WriteStateResult, R.PartitionResult, answer))
 
 
 async def handle_read_share_group_state(
@@ -92,13 +108,10 @@ async def handle_read_share_group_state(
     R = ReadShareGroupStateResponse
     spm = SharePartitionManager.of(ctx.server)
 
-    async def answer(topic_id: bytes, p: Any, denied: bool) -> Any:
-        if denied:
-            code, epoch, start, batches = ErrorCode.CLUSTER_AUTHORIZATION_FAILED, 0, -1, []
-        else:
-            code, epoch, start, batches = await spm.call(
-                spm.read_state, req.group_id, topic_id, p.partition, p.leader_epoch
-            )
+    async def answer(topic_id: bytes, p: Any) -> Any:
+        code, epoch, start, batches = await spm.call(
+            spm.read_state, req.group_id, topic_id, p.partition, p.leader_epoch
+        )
         return R.PartitionResult(
             partition=p.partition,
             error_code=code,
@@ -111,7 +124,7 @@ async def handle_read_share_group_state(
             ],
         )
 
-    return R(results=await _each_partition(ctx, req.topics, R.ReadStateResult, answer))
+    return R(results=await _each_partition(ctx, req.topics, R.ReadStateResult, R.PartitionResult, answer))
 
 
 async def handle_read_share_group_state_summary(
@@ -120,19 +133,10 @@ async def handle_read_share_group_state_summary(
     R = ReadShareGroupStateSummaryResponse
     spm = SharePartitionManager.of(ctx.server)
 
-    async def answer(topic_id: bytes, p: Any, denied: bool) -> Any:
-        if denied:
-            code, state_epoch, leader_epoch, start, done = (
-                ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
-                0,
-                -1,
-                -1,
-                -1,
-            )
-        else:
-            code, state_epoch, leader_epoch, start, done = await spm.call(
-                spm.read_summary, req.group_id, topic_id, p.partition
-            )
+    async def answer(topic_id: bytes, p: Any) -> Any:
+        code, state_epoch, leader_epoch, start, done = await spm.call(
+            spm.read_summary, req.group_id, topic_id, p.partition
+        )
         return R.PartitionResult(
             partition=p.partition,
             error_code=code,
@@ -143,7 +147,9 @@ async def handle_read_share_group_state_summary(
             delivery_complete_count=done,
         )
 
-    return R(results=await _each_partition(ctx, req.topics, R.ReadStateSummaryResult, answer))
+    return R(
+        results=await _each_partition(ctx, req.topics, R.ReadStateSummaryResult, R.PartitionResult, answer)
+    )
 
 
 async def handle_delete_share_group_state(
@@ -152,16 +158,13 @@ async def handle_delete_share_group_state(
     R = DeleteShareGroupStateResponse
     spm = SharePartitionManager.of(ctx.server)
 
-    async def answer(topic_id: bytes, p: Any, denied: bool) -> Any:
-        if denied:
-            code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-        else:
-            code = await spm.call(spm.delete_state_of, req.group_id, topic_id, p.partition)
+    async def answer(topic_id: bytes, p: Any) -> Any:
+        code = await spm.call(spm.delete_state_of, req.group_id, topic_id, p.partition)
         return R.PartitionResult(
             partition=p.partition, error_code=code, error_message=ErrorCode(code).name if code else None
         )
 
-    return R(results=await _each_partition(ctx, req.topics, R.DeleteStateResult, answer))
+    return R(results=await _each_partition(ctx, req.topics, R.DeleteStateResult, R.PartitionResult, answer))
 
 
 async def handle_initialize_share_group_state(
@@ -170,10 +173,8 @@ async def handle_initialize_share_group_state(
     R = InitializeShareGroupStateResponse
     spm = SharePartitionManager.of(ctx.server)
 
-    async def answer(topic_id: bytes, p: Any, denied: bool) -> Any:
-        if denied:
-            code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-        elif not req.group_id:
+    async def answer(topic_id: bytes, p: Any) -> Any:
+        if not req.group_id:
             code = ErrorCode.INVALID_REQUEST
         else:
             code = await spm.call(
@@ -183,7 +184,9 @@ async def handle_initialize_share_group_state(
             partition=p.partition, error_code=code, error_message=ErrorCode(code).name if code else None
         )
 
-    return R(results=await _each_partition(ctx, req.topics, R.InitializeStateResult, answer))
+    return R(
+        results=await _each_partition(ctx, req.topics, R.InitializeStateResult, R.PartitionResult, answer)
+    )
 
 
 HANDLERS = [

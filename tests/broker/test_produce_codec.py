@@ -16,6 +16,8 @@ from kbroker.protocol import records as R
 from kbroker.protocol.accelerators import PURE_PYTHON_ENV
 from kbroker.protocol.messages import ProduceRequest, ProduceResponse, RequestHeader
 
+from tests.txn_support import produce_request
+
 NOW = 1_700_000_000_000
 P = ProduceRequest
 
@@ -31,10 +33,13 @@ _record = st.tuples(st.none() | st.binary(max_size=8), st.binary(max_size=40), s
 
 @st.composite
 def records(draw: st.DrawFn) -> bytes | None:
-    """Mostly the common case (one plain batch), else what sends a request the general way: transactional, two
-    batches, zstd, a legacy magic, a partial batch after it, cut short, null."""
+    """Mostly the common case (one plain or transactional batch; the transactional ones of two producers or
+    epochs now and then), else what sends a request the general way: two batches, zstd, a legacy magic, a partial
+    batch after it (transactional or not), cut short, null."""
     kind = draw(
-        st.sampled_from(["plain"] * 6 + ["txn", "two", "zstd", "magic1", "tail", "cut", "null", "empty"])
+        st.sampled_from(
+            ["plain"] * 6 + ["txn"] * 3 + ["two", "zstd", "magic1", "tail", "cut", "null", "empty"]
+        )
     )
     if kind == "null":
         return None
@@ -44,8 +49,8 @@ def records(draw: st.DrawFn) -> bytes | None:
     one = R.build_batch(
         draw(st.lists(_record, min_size=1, max_size=3)),
         compression=R.COMPRESSION_GZIP if draw(st.booleans()) else R.COMPRESSION_NONE,
-        producer_id=7 if idempotent or kind == "txn" else -1,
-        producer_epoch=0 if idempotent or kind == "txn" else -1,
+        producer_id=draw(st.sampled_from([7, 7, 7, 8])) if kind == "txn" else 7 if idempotent else -1,
+        producer_epoch=draw(st.sampled_from([0, 0, 0, 1])) if kind == "txn" else 0 if idempotent else -1,
         base_sequence=0 if idempotent or kind == "txn" else -1,
         is_transactional=kind == "txn",
     )
@@ -143,9 +148,80 @@ def test_decode_takes_the_common_request() -> None:
         frame = bytearray(codec.encode_request(header, req)[4:])
         _, pos = codec.decode_request_header(frame)
         decoded = _same(frame, pos, version)
-        assert decoded is not None and decoded[:3] == (None, 1, 30000)
+        assert decoded is not None and decoded[:3] == (None, 1, 30000) and decoded[4] is None
         assert decoded[3][0][0] == "bench" and bytes(decoded[3][0][1][0][1]) == batch
     assert pc.decode(frame, pos, 2) is None and pc.decode(frame, pos, 12) is None
+
+
+def _frame(txn_id: str | None, partitions: list[bytes], version: int = 9) -> tuple[bytearray, int]:
+    req = produce_request(txn_id, "t", list(enumerate(partitions)))
+    header = RequestHeader(request_api_key=0, request_api_version=version, correlation_id=1, client_id="c")
+    frame = bytearray(codec.encode_request(header, req)[4:])
+    _, pos = codec.decode_request_header(frame)
+    return frame, pos
+
+
+def test_decode_names_the_producer_of_transactional_batches() -> None:
+    """Transactional batches of one producer take the direct path, with that producer named for the handler's
+    checks; two producers (or epochs), or a transactional header after a partition's first batch, do not."""
+
+    def txn(pid: int, epoch: int, seq: int = 0, codec_: int = R.COMPRESSION_NONE) -> bytes:
+        return R.build_batch(
+            [(None, b"v" * 20, (), NOW)] * 3,
+            producer_id=pid,
+            producer_epoch=epoch,
+            base_sequence=seq,
+            is_transactional=True,
+            compression=codec_,
+        )
+
+    plain = R.build_batch([(None, b"v", (), NOW)], producer_id=7, producer_epoch=3, base_sequence=0)
+    frame, pos = _frame("tx", [txn(7, 3), txn(7, 3, 5, R.COMPRESSION_GZIP), plain])
+    decoded = _same(frame, pos, 9)
+    assert decoded is not None and decoded[0] == "tx" and decoded[4] == (7, 3)
+    frame, pos = _frame(None, [txn(2**62, 0)])  # no transactional id: still decoded, the handler refuses it
+    assert _same(frame, pos, 9)[4] == (2**62, 0)
+    for partitions in ([txn(7, 3), txn(8, 3)], [txn(7, 3), txn(7, 4)], [plain + txn(7, 3)[:70]]):
+        frame, pos = _frame("tx", partitions)
+        assert _same(frame, pos, 9) is None
+
+
+@st.composite
+def txn_records(draw: st.DrawFn) -> bytes:
+    """A transactional producer's partition: its batch (of one of two producers, at one of two epochs), a plain
+    idempotent one, or one with a partial transactional header after it."""
+    kind = draw(st.sampled_from(["txn"] * 4 + ["plain", "tail"]))
+    batch = R.build_batch(
+        draw(st.lists(_record, min_size=1, max_size=3)),
+        compression=draw(st.sampled_from([R.COMPRESSION_NONE, R.COMPRESSION_GZIP])),
+        producer_id=draw(st.sampled_from([7, 7, 7, 8])),
+        producer_epoch=draw(st.sampled_from([0, 0, 0, 1])),
+        base_sequence=draw(st.integers(0, 9)),
+        is_transactional=kind == "txn",
+    )
+    if kind == "tail":
+        tail = R.build_batch(
+            [(None, b"x" * 20, (), NOW)],
+            producer_id=7,
+            producer_epoch=0,
+            base_sequence=0,
+            is_transactional=True,
+        )
+        return batch + tail[: draw(st.integers(R.BATCH_HEADER_SIZE, len(tail) - 1))]
+    return batch
+
+
+@given(st.none() | st.just("tx"), st.lists(txn_records(), min_size=1, max_size=3), st.integers(3, 11))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_decode_agrees_on_transactional_requests(
+    txn_id: str | None, partitions: list[bytes], version: int
+) -> None:
+    frame, pos = _frame(txn_id, partitions, version)
+    decoded = _same(frame, pos, version)
+    producers = {struct.unpack_from(">qh", r, 43) for r in partitions if r[22] & R.ATTR_TRANSACTIONAL}
+    if decoded is not None:
+        assert decoded[4] == (next(iter(producers)) if producers else None)
+        assert len(producers) <= 1
 
 
 _SPECIAL_INT32 = [-(2**31), -2, -1, 0, 1, 0x7FFF, 0x8000, 2**31 - 1]

@@ -6,14 +6,24 @@ for the common requests the direct path takes and for the ones it hands back (~5
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kbroker.broker import produce_codec
 from kbroker.protocol import codec
 from kbroker.protocol import records as R
 from kbroker.protocol.accelerators import PURE_PYTHON_ENV
-from kbroker.protocol.messages import CreateTopicsRequest, ProduceRequest, RequestHeader
+from kbroker.protocol.messages import (
+    AddPartitionsToTxnRequest,
+    CreateTopicsRequest,
+    DescribeTransactionsRequest,
+    EndTxnRequest,
+    InitProducerIdRequest,
+    ProduceRequest,
+    RequestHeader,
+)
 
 from tests.broker_process import BrokerProcess
 from tests.clients import RawClient
@@ -138,3 +148,118 @@ def test_direct_and_general_paths_answer_the_same_bytes(brokers: tuple[BrokerPro
     assert answered == len(_requests()) - 1
     assert "produce path compiled" in brokers[0].read_log()
     assert "produce path pure Python" in brokers[1].read_log()
+
+
+def _txn_produce(version: int, txn_id: str | None, *topics: tuple[str, list[tuple[int, bytes | None]]]) -> P:
+    req = _produce(version, -1, *topics)
+    req.transactional_id = txn_id
+    return req
+
+
+def test_transactional_produce_answers_the_same_bytes(brokers: tuple[BrokerProcess, BrokerProcess]) -> None:
+    """A transactional producer's Produce requests, now on the direct path when the coordinator can confirm the
+    partitions at once (KIP-890): the same answers as handle_produce for batches in the transaction, for partitions
+    never added (INVALID_TXN_STATE, TRANSACTION_ABORTABLE from v11), before AddPartitionsToTxn and after EndTxn, a
+    retry, a plain batch inside the transaction, two producers, no transactional id, a fenced epoch."""
+    conns = [RawClient(b.bootstrap, timeout=15) for b in brokers]
+    create = C(topics=[C.CreatableTopic(name="x", num_partitions=3, replication_factor=1)], timeout_ms=15000)
+    for conn in conns:
+        assert conn.request(19, 7, create).topics[0].error_code == 0
+    ids = set()
+    for conn in conns:
+        resp = conn.request(
+            22,
+            4,
+            InitProducerIdRequest(
+                transactional_id="tx", transaction_timeout_ms=60000, producer_id=-1, producer_epoch=-1
+            ),
+        )
+        assert resp.error_code == 0
+        ids.add((resp.producer_id, resp.producer_epoch))
+    assert len(ids) == 1  # two fresh brokers hand out the same id: the same batches go to both
+    ((pid, epoch),) = ids
+
+    def txn(seq: int, n: int = 2, **other: int) -> bytes:
+        fields = {"producer_id": pid, "producer_epoch": epoch, "base_sequence": seq, **other}
+        return _batch(n, is_transactional=True, **fields)
+
+    def add(*partitions: int) -> tuple[str, Any]:
+        return (
+            "add",
+            AddPartitionsToTxnRequest(
+                v3_and_below_transactional_id="tx",
+                v3_and_below_producer_id=pid,
+                v3_and_below_producer_epoch=epoch,
+                v3_and_below_topics=[
+                    AddPartitionsToTxnRequest.AddPartitionsToTxnTopic(name="x", partitions=list(partitions))
+                ],
+            ),
+        )
+
+    def end(commit: bool) -> tuple[str, Any]:
+        return (
+            "end",
+            EndTxnRequest(transactional_id="tx", producer_id=pid, producer_epoch=epoch, committed=commit),
+        )
+
+    steps: list[tuple[Any, ...]] = [
+        ("produce", 9, _txn_produce(9, "tx", ("x", [(0, txn(0))]))),  # before AddPartitionsToTxn
+        add(0, 1),
+        ("produce", 9, _txn_produce(9, "tx", ("x", [(0, txn(0))]))),
+        (
+            "produce",
+            11,
+            _txn_produce(11, "tx", ("x", [(0, txn(2)), (2, txn(0))])),
+        ),  # x-2 not in the transaction
+        ("produce", 9, _txn_produce(9, "tx", ("x", [(2, txn(0))]))),
+        ("produce", 9, _txn_produce(9, "tx", ("x", [(1, txn(0, 3)), (0, txn(4, 1))]))),
+        ("produce", 9, _txn_produce(9, "tx", ("x", [(0, txn(4, 1))]))),  # a retry: its first offsets again
+        ("produce", 9, _txn_produce(9, None, ("x", [(0, txn(5))]))),  # no transactional id
+        ("produce", 9, _txn_produce(9, "tx", ("x", [(0, txn(5)), (1, txn(0, producer_id=pid + 1))]))),
+        ("produce", 9, _txn_produce(9, "tx", ("x", [(0, txn(5, producer_epoch=epoch + 1))]))),
+        (
+            "produce",
+            9,
+            _txn_produce(
+                9, "tx", ("x", [(0, _batch(1, producer_id=pid, producer_epoch=epoch, base_sequence=5))])
+            ),
+        ),  # plain, in a transaction
+        ("produce", 9, _txn_produce(9, "tx", ("x", [(0, txn(5, 2, compression=R.COMPRESSION_GZIP))]))),
+        end(True),
+        ("produce", 9, _txn_produce(9, "tx", ("x", [(0, txn(7))]))),  # after EndTxn: not in a transaction
+        add(0),
+        ("produce", 9, _txn_produce(9, "tx", ("x", [(0, txn(7))]))),
+        end(False),
+    ]
+    correlation_id = 100
+    for step in steps:
+        correlation_id += 1
+        if step[0] == "produce":
+            frame = _frame(0, step[1], correlation_id, step[2])
+            for conn in conns:
+                conn.send_bytes(frame)
+            direct, general = (conn.recv_frame() for conn in conns)
+            assert direct == general, (step, codec.decode_response(0, step[1], general)[1])
+            continue
+        for conn in conns:
+            if step[0] == "add":
+                codes = [
+                    r.partition_error_code
+                    for t in conn.request(24, 3, step[1]).results_by_topic_v3_and_below
+                    for r in t.results_by_partition
+                ]
+                assert codes == [0] * len(codes)
+            else:
+                assert conn.request(26, 3, step[1]).error_code == 0
+                # EndTxn answers once Prepare* is written; the markers follow. Until they are, the partitions still
+                # hold the open transaction that a batch would join (as in Kafka): wait for Complete*.
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline:
+                    state = conn.request(65, 0, DescribeTransactionsRequest(transactional_ids=["tx"]))
+                    if state.transaction_states[0].transaction_state.startswith("Complete"):
+                        break
+                    time.sleep(0.02)
+                else:
+                    raise AssertionError(f"the transaction did not complete: {state}")
+    for conn in conns:
+        conn.close()

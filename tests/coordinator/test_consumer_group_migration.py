@@ -185,7 +185,9 @@ def test_classic_group_upgrades_then_downgrades_under_produce(broker: BrokerProc
 
 
 def test_mixed_group_survives_a_broker_kill(tmp_path: Path, topic_name: str) -> None:
-    b = BrokerProcess(tmp_path / "broker", OVERRIDES)
+    # Sessions long enough for two restarts on a loaded machine, and the librdkafka member reconnecting at most a
+    # second apart (its default backoff grows to 10 s while the broker is down, beyond a 6 s session).
+    b = BrokerProcess(tmp_path / "broker", {**OVERRIDES, "group.consumer.session.timeout.ms": "15000"})
     b.start()
     stop = threading.Event()
     kp_records: list[tuple[float, int, int]] = []
@@ -210,7 +212,8 @@ def test_mixed_group_survives_a_broker_kill(tmp_path: Path, topic_name: str) -> 
         kp.start()
         wait_until(lambda: kp_records, timeout=30, what="kafka-python consumes")
         modern = Member(b.bootstrap, group, topic_name, **{"group.protocol": "consumer",
-                                                           "metadata.recovery.strategy": "none"})
+                                                           "metadata.recovery.strategy": "none",
+                                                           "reconnect.backoff.max.ms": 1000})
         modern.start()
         producer.join(30)
         d = wait_until(lambda: (lambda g: g if g.group_state == "Stable" and len(g.members) == 2 else None)(

@@ -260,14 +260,17 @@ def test_v1_groups_follow_kafka_4_4_epochs(broker: BrokerProcess, topic_name: st
 
 
 def test_members_continue_after_the_broker_is_killed(tmp_path: Path, topic_name: str) -> None:
-    b = BrokerProcess(tmp_path / "broker", OVERRIDES)
+    # A session long enough for a restart on a loaded machine, and reconnects at most a second apart: librdkafka's
+    # default backoff grows to 10 s while the broker is down, longer than the tests' 6 s sessions.
+    b = BrokerProcess(tmp_path / "broker", kip848_broker(session_ms=15000))
     b.start()
     members: list[Member] = []
     try:
         create_topic(b.bootstrap, topic_name, 4)
         group = "g-" + topic_name
         producer = produce_steadily(b.bootstrap, topic_name, 800, 400, 4)
-        members = [Member(b.bootstrap, group, [topic_name], **{"metadata.recovery.strategy": "none"})
+        members = [Member(b.bootstrap, group, [topic_name], **{"metadata.recovery.strategy": "none",
+                                                                "reconnect.backoff.max.ms": 1000})
                    for _ in range(2)]
         for m in members:
             m.start()

@@ -242,25 +242,26 @@ def controller_failover(mixed: MixedCluster) -> None:
     goes_on(load, "before any failure")
     followers_caught_on(mixed, topic)
 
-    mixed.kill(1)
-    log("kill -9 Kafka 1 (controller, leader of partition 0)")
-    controller_is(mixed, topic, 0)
-    leads(mixed, topic, 0, [0, 1], "elected by kbroker controller 0")
-    goes_on(load, "kbroker 0 alone")
-    start(mixed, 1)
-    full_isr(mixed, topic)
-    leads(mixed, topic, 1, [0], "kbroker controller 0's preferred-leader rebalance made Kafka 1 leader")
-    goes_on(load, "Kafka 1 leads partition 0 again")
-
-    mixed.kill(0)
-    log("kill -9 kbroker 0 (controller, leader of partition 1)")
-    controller_is(mixed, topic, 1)
-    leads(mixed, topic, 1, [0, 1], "elected by Kafka controller 1")
-    goes_on(load, "Kafka 1 alone")
-    start(mixed, 0)
-    full_isr(mixed, topic)
-    leads(mixed, topic, 0, [1], "Kafka controller 1's preferred-leader rebalance made kbroker 0 leader")
-    goes_on(load, "kbroker 0 leads partition 1 again")
+    # Kafka 1 (controller, leader of partition 0) dies, then kbroker 0 (controller, leader of partition 1): each
+    # time the other kind's controller elects, and its preferred-leader rebalance gives the partition back.
+    for victim, survivor, partition in ((1, 0, 0), (0, 1, 1)):
+        kind = {0: "kbroker", 1: "Kafka"}
+        dead, alive = f"{kind[victim]} {victim}", f"{kind[survivor]} {survivor}"
+        mixed.kill(victim)
+        log(f"kill -9 {dead} (controller, leader of partition {partition})")
+        controller_is(mixed, topic, survivor)
+        leads(mixed, topic, survivor, [0, 1], f"elected by {kind[survivor]} controller {survivor}")
+        goes_on(load, f"{alive} alone")
+        start(mixed, victim)
+        full_isr(mixed, topic)
+        leads(
+            mixed,
+            topic,
+            victim,
+            [partition],
+            f"{kind[survivor]} controller {survivor}'s preferred-leader rebalance made {dead} leader",
+        )
+        goes_on(load, f"{dead} leads partition {partition} again")
     finish_load(mixed, topic, load, thread, lossless=True)
     logs_equal(mixed, topic)
 

@@ -90,21 +90,25 @@ def _fetch_offsets(group: str, topic: str | None = "diff-b", stable: bool = Fals
     return OffsetFetchRequest(groups=[G(group_id=group, topics=topics)], require_stable=stable)
 
 
+def range_join(group: str, topic: str, member: str, rebalance_timeout_ms: int) -> JoinGroupRequest:
+    """JoinGroup v7 of a classic consumer member subscribed to `topic` with the range assignor (10 s session)."""
+    return JoinGroupRequest(
+        group_id=group,
+        session_timeout_ms=10000,
+        rebalance_timeout_ms=rebalance_timeout_ms,
+        member_id=member,
+        protocol_type="consumer",
+        protocols=[JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=subscription(topic))],
+    )
+
+
 def group_offsets(pair: Pair) -> None:
     """A one-member classic group commits offsets with good and wrong generations and member ids, fetches them,
     is described and listed while Stable, refuses deleting its subscribed topic's offsets and itself, leaves, and is
     deleted once Empty."""
-    protocols = [JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=subscription("diff-b"))]
 
     def join(member: str) -> JoinGroupRequest:
-        return JoinGroupRequest(
-            group_id=GROUP,
-            session_timeout_ms=10000,
-            rebalance_timeout_ms=5000,
-            member_id=member,
-            protocol_type="consumer",
-            protocols=protocols,
-        )
+        return range_join(GROUP, "diff-b", member, rebalance_timeout_ms=5000)
 
     first_ours, first_theirs, _ = pair.both(JOIN, 7, join(""))
     ours, theirs, _ = pair.each(JOIN, 7, join(first_ours.member_id), join(first_theirs.member_id))
@@ -304,17 +308,9 @@ def classic_rebalance(pair: Pair) -> None:
     rejoins and is removed; the second never sends SyncGroup and is removed in turn when the rebalance timeout passes
     again (Kafka's pending-sync expiry), leaving the group Empty."""
     group = "diff-rebalance"
-    protocols = [JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=subscription("diff-a"))]
 
     def join(member: str) -> JoinGroupRequest:
-        return JoinGroupRequest(
-            group_id=group,
-            session_timeout_ms=10000,
-            rebalance_timeout_ms=1000,
-            member_id=member,
-            protocol_type="consumer",
-            protocols=protocols,
-        )
+        return range_join(group, "diff-a", member, rebalance_timeout_ms=1000)
 
     def joined(first: tuple[Any, Any, Any]) -> tuple[Any, Any]:
         ours, theirs, _ = pair.each(JOIN, 7, join(first[0].member_id), join(first[1].member_id))

@@ -43,9 +43,11 @@ public class MixedGroupCompat {
 
     static int seen = 0;
     static final Set<String> distinct = new HashSet<>();
+    /** Members whose last commit was refused (by a rebalance): they commit again on their next poll. */
+    static final Set<KafkaConsumer<byte[], byte[]>> uncommitted = new HashSet<>();
 
     /** One poll per member; what it read is printed and committed (a commit refused by a rebalance is retried
-     * by the next one: at-least-once). */
+     * on the member's next poll, records or not: at-least-once). */
     static void pollAll(List<KafkaConsumer<byte[], byte[]>> members) {
         for (KafkaConsumer<byte[], byte[]> c : members) {
             ConsumerRecords<byte[], byte[]> recs = c.poll(Duration.ofMillis(50));
@@ -54,11 +56,13 @@ public class MixedGroupCompat {
                 distinct.add(r.partition() + ":" + r.offset());
                 seen++;
             }
-            if (!recs.isEmpty()) {
+            if (!recs.isEmpty() || uncommitted.contains(c)) {
                 try {
                     c.commitSync(Duration.ofSeconds(5));
+                    uncommitted.remove(c);
                 } catch (RuntimeException e) {
                     System.out.println("COMMIT-RETRY " + e.getClass().getSimpleName());
+                    uncommitted.add(c);
                 }
             }
         }
@@ -101,12 +105,13 @@ public class MixedGroupCompat {
             + c3.assignment().size());
         // 3. it leaves: the classic members take everything back and read every record
         c3.close();
+        uncommitted.remove(c3);  // its partitions' new owners read on from its last commit and commit them
         System.out.println("OK consumer member left");
-        while (assigned(classic) != partitions || distinct.size() < records) {
+        while (assigned(classic) != partitions || distinct.size() < records || !uncommitted.isEmpty()) {
             pollAll(classic);
             check(System.currentTimeMillis() < deadline,
                   "classic members after the downgrade: " + assigned(classic) + " partitions, "
-                  + distinct.size() + " records");
+                  + distinct.size() + " records, " + uncommitted.size() + " members to commit again");
         }
         System.out.println("OK classic again " + distinct.size() + " " + seen);
         c1.close();

@@ -4,7 +4,8 @@ protocol/_codec.c against codec.py's generated functions (encode every request a
 broker advertises, then decode mutated encodings with both) and protocol/_record_walk.c against
 record_walk.walk_records_py (record bodies with any varint widths, then mutated) and protocol/_batch_scan.c against
 records.scan_batches_py (batch sets with mutated headers, CRCs mended or not; its plain against
-records.plain_client_batch_py, one batch mutated), protocol/_frames.c against framing.split_py and
+records.plain_client_batch_py, one batch mutated; its write_plain and next_batch against storage/leader_append.py's references),
+protocol/_frames.c against framing.split_py and
 protocol/_produce.c against broker/produce_codec.py's references (Produce requests, then mutated, and their answers): the two must agree on every
 accept/refuse and on what they return. Run by tools/sanitize_build.py on ASan/UBSan builds of the accelerators
 (the point: a memory error in C shows up there, not as a wrong answer), and importable for a plain run.
@@ -16,6 +17,7 @@ import argparse
 import random
 import struct
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -24,9 +26,11 @@ from kbroker.broker import produce_codec
 from kbroker.protocol import codec, framing, record_walk
 from kbroker.protocol import records as R
 from kbroker.protocol.messages import ProduceRequest, RequestHeader
+from kbroker.storage.producer_state import BatchMetadata
 
 from tests.protocol.test_codec import CASES, _cls, filled, normalize
 from tests.protocol.test_record_walk import NOW, VARINT_FIELDS, record_with_widths
+from tests.storage.test_leader_append import next_both, write_both
 
 _PY_DECODE_ERRORS = (codec.DecodeError, struct.error, IndexError, OverflowError, MemoryError, ValueError)
 _SPECIAL = (0x00, 0x01, 0x7F, 0x80, 0xFE, 0xFF)
@@ -201,6 +205,57 @@ def plain_round(rng: random.Random) -> None:
         _plain_both(bad)
 
 
+def write_round(rng: random.Random) -> None:
+    """The leader's fast-path write (_batch_scan.c's write_plain): one batch, mostly whole, at edge positions,
+    offsets, epochs and index state; the buffers and files after must match the reference's."""
+    data = bytearray(
+        R.build_batch(
+            [
+                (b"k", rng.randbytes(rng.randint(0, 40)), (), NOW + rng.choice([0, 5, -5]))
+                for _ in range(rng.randint(1, 4))
+            ],
+            producer_id=5,
+            base_sequence=0,
+        )
+    )
+    if rng.random() < 0.3:
+        data = bytearray(_mutate(rng, bytes(data)))
+    edge = [0, 1, -1, 2**31 - 1, -(2**31), 2**63 - 1, -(2**63)]
+    args = (
+        rng.choice([0, 0, 7, 4096, -1]),
+        rng.choice([0, 1, 10**6, 2**63 - 1, 2**63 - 2, -1]),
+        rng.choice([None, None, 0, 3, 2**31 - 1, -(2**31), 2**31]),
+        rng.choice([0, 100, 5000, *edge]),
+        rng.choice([4096, 1, 0, *edge]),
+        rng.choice([-1, NOW, NOW + 10, *edge]),
+        rng.choice([0, 3, *edge]),
+    )
+    make_buf = rng.choice(
+        [bytearray, bytes, lambda b: memoryview(bytearray(b)), lambda b: memoryview(bytearray(b))[2:]]
+    )
+    write_both(bytes(data), make_buf, rng.randbytes(rng.randint(0, 30)), args)
+
+
+def next_batch_round(rng: random.Random) -> None:
+    """The leader's fast-path producer check (_batch_scan.c's next_batch): retained batches in sequence or not,
+    the next batch after them, a retry, a gap, a wrap at Int32 max."""
+    edge = [0, 1, -1, 2**31 - 1, 2**31 - 2, -(2**31), 2**31, 2**63 - 1, -(2**63)]
+    batches = []
+    seq = rng.choice([0, 5, 2**31 - 3])
+    for i in range(rng.randint(0, 5)):
+        first = seq if rng.random() < 0.8 else rng.choice(edge)
+        last = rng.choice(
+            [min(first + rng.randint(0, 3), 2**63 - 1), rng.choice(edge)]
+        )  # int64s, as in snapshots
+        batches.append(BatchMetadata(first, last, i, i + 1, rng.choice(edge)))
+        seq = last + 1 if last < 2**31 - 1 else 0
+    base = rng.choice([seq, seq, seq, seq - 1, seq + 1, 0, *edge])
+    if batches and rng.random() < 0.2:
+        base = rng.choice(batches).first_seq
+    args = (base, rng.choice([0, 1, 3, *edge]), rng.choice([0, 7, 2**63 - 2**31, *edge]), rng.choice(edge))
+    next_both(rng.choice([list, tuple, deque])(batches), args)
+
+
 def framing_round(rng: random.Random) -> None:
     """protocol/_frames.c's split: frames back to back, sizes that lie, cut anywhere, any range of the buffer."""
     out = bytearray(rng.randbytes(rng.randint(0, 6)))
@@ -310,6 +365,8 @@ ROUNDS: list[tuple[str, Callable[[random.Random], None], int]] = [
     ("produce", produce_round, 2),
     ("plain batch", plain_round, 1),
     ("framing", framing_round, 1),
+    ("plain write", write_round, 1),
+    ("next batch", next_batch_round, 1),
 ]
 
 

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ from kbroker.protocol.records import (
     parse_batch_header,
     validate_batches,
 )
+from kbroker.storage import leader_append
+from kbroker.storage import segment as segment_module
 from kbroker.storage.errors import KafkaStorageError, OffsetOutOfRangeError, RecordTooLargeError
 from kbroker.storage.log import Log
 from kbroker.storage.segment import _PAGE, _SCAN_CHUNK, _scan_chunk
@@ -165,6 +169,9 @@ def test_storage_error_keeps_log_consistent(make_log, monkeypatch) -> None:
         return real(fd, data, pos)
 
     monkeypatch.setattr(os, "pwrite", failing)
+    # The fast path's write is C (protocol/_batch_scan.c) unless switched off: its Python reference here, whose
+    # os.pwrite the failure replaces (the C's own partial write is the test below).
+    monkeypatch.setattr(segment_module, "write_plain", leader_append.write_plain_py)
     with pytest.raises(KafkaStorageError) as ei:
         log.append_as_leader(batch(3), NOW)
     assert ei.value.error_code == 56
@@ -172,6 +179,29 @@ def test_storage_error_keeps_log_consistent(make_log, monkeypatch) -> None:
     assert os.path.getsize(log.active_segment.log_path) == size
     assert log.append_as_leader(batch(3), NOW).first_offset == 2
     assert [r.offset for r in read_all(log)] == list(range(5))
+
+
+def test_partial_write_at_the_file_size_limit_keeps_log_consistent(make_log) -> None:
+    """A real short write: the file size limit (RLIMIT_FSIZE) lets 7 bytes of the batch through, then the kernel
+    refuses with EFBIG; whichever write runs (C or its reference) cuts the file back and the log stays as it was."""
+    log = make_log()
+    log.append_as_leader(batch(2, producer_id=7, producer_epoch=0, base_sequence=0), NOW)
+    log.append_as_leader(batch(2, producer_id=7, producer_epoch=0, base_sequence=2), NOW)  # the fast path from here
+    size = log.active_segment.size
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size + 7, old_limit[1]))
+        with pytest.raises(KafkaStorageError) as ei:
+            log.append_as_leader(batch(3, producer_id=7, producer_epoch=0, base_sequence=4), NOW)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert ei.value.error_code == 56 and "EFBIG" in str(ei.value)
+    assert log.log_end_offset == 4 and log.active_segment.size == size
+    assert os.path.getsize(log.active_segment.log_path) == size
+    assert log.append_as_leader(batch(3, producer_id=7, producer_epoch=0, base_sequence=4), NOW).first_offset == 4
+    assert [r.offset for r in read_all(log)] == list(range(7))
 
 
 def test_producer_state_hook(make_log) -> None:

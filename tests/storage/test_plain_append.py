@@ -18,8 +18,9 @@ from kbroker.protocol.records import (
 )
 from kbroker.storage import log as log_module
 from kbroker.storage.config import LogConfig
+from kbroker.storage.errors import TransactionCoordinatorFencedError
 from kbroker.storage.log import Log
-from kbroker.storage.producer_state import encode_snapshot
+from kbroker.storage.producer_state import VerificationGuard, encode_snapshot
 
 from tests.storage.storage_helpers import NOW
 
@@ -32,7 +33,8 @@ def _mostly(common: Any, *rare: Any) -> st.SearchStrategy[Any]:
 
 
 # One append: (producer, epoch, sequence step, records, keyed, timestamp shift, transactional, codec, LogAppendTime
-# mark, leader epoch, writable buffer, flipped byte)
+# mark, leader epoch, writable buffer, flipped byte, verification guard: None (verification off), "own" (the
+# coordinator confirmed this producer's transaction), "none" (it did not: Kafka's sentinel guard))
 appends = st.tuples(
     st.sampled_from(PIDS),
     _mostly(0, 1, 2),
@@ -40,12 +42,37 @@ appends = st.tuples(
     st.integers(1, 4),
     _mostly(True, False),
     _mostly(0, -10_000_000, 10_000_000),
-    st.sampled_from((False, False, True)),
+    st.sampled_from((False, False, True, True)),
     st.sampled_from((COMPRESSION_NONE, COMPRESSION_GZIP)),
     _mostly(False, True),
     _mostly(1, None, 0, 2),
     st.booleans(),
     _mostly(None, 13, 30, 70),
+    st.sampled_from((None, "own", "own", "none")),
+)
+# The same, biased to transactions: two producers at their epochs, mostly in sequence and transactional, whole
+# batches, so that the fast path opens, continues and (after a marker) reopens transactions often.
+txn_appends = st.tuples(
+    st.sampled_from((1000, 1000, 1001)),
+    st.just(0),
+    _mostly(0, 1, "dup"),
+    st.integers(1, 3),
+    st.just(True),
+    _mostly(0, 10_000_000),
+    _mostly(True, False),
+    st.sampled_from((COMPRESSION_NONE, COMPRESSION_GZIP)),
+    st.just(False),
+    _mostly(1, None),
+    st.booleans(),
+    st.just(None),
+    st.sampled_from((None, "own", "own", "none")),
+)
+# A COMMIT or ABORT marker the coordinator writes: ("marker", producer, epoch, commit, coordinator epoch)
+markers = st.tuples(
+    st.just("marker"), st.sampled_from((1000, 1001)), _mostly(0, 1, 2), st.booleans(), _mostly(0, 1, -1)
+)
+txn_markers = st.tuples(
+    st.just("marker"), st.sampled_from((1000, 1001)), st.just(0), st.booleans(), _mostly(0, -1)
 )
 
 configs = st.fixed_dictionaries(
@@ -61,16 +88,26 @@ configs = st.fixed_dictionaries(
 )
 
 
-def _outcome(lg: Log, records: bytes | bytearray, now: int, leader_epoch: int | None) -> Any:
+def _outcome(lg: Log, records: bytes | bytearray, now: int, leader_epoch: int | None, guard: Any) -> Any:
     try:
-        return lg.append_as_leader(records, now, leader_epoch=leader_epoch)
+        return lg.append_as_leader(records, now, leader_epoch=leader_epoch, verification_guard=guard)
+    except Exception as e:  # noqa: BLE001 - the error is the outcome compared
+        return (type(e).__name__, str(e).replace(str(lg.dir.parent), "DIR"))
+
+
+def _marker(lg: Log, op: tuple[Any, ...], now: int) -> Any:
+    _, pid, epoch, commit, coordinator_epoch = op
+    try:
+        return lg.append_control(pid, epoch, coordinator_epoch, commit, now, leader_epoch=1)
     except Exception as e:  # noqa: BLE001 - the error is the outcome compared
         return (type(e).__name__, str(e).replace(str(lg.dir.parent), "DIR"))
 
 
 def _state(lg: Log) -> tuple[Any, ...]:
     files = sorted(
-        (p.name, p.read_bytes()) for p in lg.dir.iterdir() if p.suffix in (".log", ".index", ".timeindex")
+        (p.name, p.read_bytes())
+        for p in lg.dir.iterdir()
+        if p.suffix in (".log", ".index", ".timeindex", ".txnindex")
     )
     for seg in lg.segments:
         seg.index.flush()
@@ -82,6 +119,9 @@ def _state(lg: Log) -> tuple[Any, ...]:
         files,
         producers,
         dict(lg.producer_state.ongoing_txns),
+        lg.last_stable_offset,
+        lg.fetch_state,
+        lg.collect_aborted_transactions(0, lg.log_end_offset),
         [tuple(e) for e in lg.leader_epoch_cache.entries],
     )
 
@@ -106,20 +146,25 @@ def _run(
     last: dict[int, tuple[int, int]] = {}
     answers = []
     try:
-        for i, (
-            pid,
-            epoch,
-            step,
-            n,
-            keyed,
-            shift,
-            txn,
-            codec,
-            lat,
-            leader_epoch,
-            writable,
-            flip,
-        ) in enumerate(ops):
+        for i, op in enumerate(ops):
+            if op[0] == "marker":
+                answers.append(_marker(lg, op, NOW + i))
+                continue
+            (
+                pid,
+                epoch,
+                step,
+                n,
+                keyed,
+                shift,
+                txn,
+                codec,
+                lat,
+                leader_epoch,
+                writable,
+                flip,
+                guard,
+            ) = op
             if step == "dup" and pid in last:
                 seq, n = last[pid]
             elif step == "zero":
@@ -140,8 +185,11 @@ def _run(
             raw = bytearray(build_batch(recs, **kw))
             if flip is not None and flip < len(raw):
                 raw[flip] ^= 0x5A
-            answers.append(_outcome(lg, raw if writable else bytes(raw), NOW + i, leader_epoch))
-            if pid >= 0 and seq >= 0:
+            verification = None if guard is None else VerificationGuard(pid if guard == "own" else -1)
+            answers.append(_outcome(lg, raw if writable else bytes(raw), NOW + i, leader_epoch, verification))
+            # A refused batch leaves the producer's sequence where it was (a client retries or bumps its epoch), so
+            # one refusal does not send the rest of the run down the general path's sequence errors.
+            if pid >= 0 and seq >= 0 and not isinstance(answers[-1], tuple):
                 next_seq[(pid, epoch)] = seq + n
                 last[pid] = (seq, n)
         return answers, _state(lg)
@@ -150,10 +198,14 @@ def _run(
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(config=configs, ops=st.lists(appends, min_size=1, max_size=20))
+@given(config=configs, ops=st.lists(appends | markers, min_size=1, max_size=20))
 def test_plain_append_matches_general(
     config: dict[str, Any], ops: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _compare(config, ops, monkeypatch)
+
+
+def _compare(config: dict[str, Any], ops: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         plain = _run(config, ops, True, Path(tmp), monkeypatch)
         general = _run(config, ops, False, Path(tmp), monkeypatch)
@@ -161,19 +213,33 @@ def test_plain_append_matches_general(
     assert plain[1] == general[1]
 
 
-def test_plain_append_takes_the_common_append(make_log: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fast path serves an idempotent producer's batches after its first (else the test above compares the
-    general path with itself)."""
-    lg = make_log()
-    calls = []
-    original = Log._append_plain
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(config=configs, ops=st.lists(txn_appends | txn_appends | txn_markers, min_size=2, max_size=30))
+def test_plain_append_of_transactions_matches_general(
+    config: dict[str, Any], ops: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _compare(config, ops, monkeypatch)
+
+
+def _taken(monkeypatch: pytest.MonkeyPatch, fast_path: str) -> list[bool]:
+    """Whether each call of the Log's fast path took the append (True) or left it to the general path."""
+    calls: list[bool] = []
+    original = getattr(Log, fast_path)
 
     def counted(self: Log, *args: Any) -> Any:
         info = original(self, *args)
         calls.append(info is not None)
         return info
 
-    monkeypatch.setattr(Log, "_append_plain", counted)
+    monkeypatch.setattr(Log, fast_path, counted)
+    return calls
+
+
+def test_plain_append_takes_the_common_append(make_log: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path serves an idempotent producer's batches after its first (else the test above compares the
+    general path with itself)."""
+    lg = make_log()
+    calls = _taken(monkeypatch, "_append_plain")
     for seq in range(0, 9, 3):
         batch = bytearray(
             build_batch([(None, b"v", [], NOW)] * 3, producer_id=7, producer_epoch=0, base_sequence=seq)
@@ -186,9 +252,61 @@ def test_plain_append_takes_the_common_append(make_log: Any, monkeypatch: pytest
     ] == [(0, 2, 0), (3, 5, 3), (6, 8, 6)]
 
 
+def test_plain_append_takes_transactional_appends(make_log: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A known producer's transactional batches take the fast path: the one that opens its transaction here (with
+    the coordinator's guard, or verification off) and those that continue it; the producer's first batch, one the
+    coordinator did not confirm, and a plain batch inside the transaction take the general path, which refuses the
+    last two. The transaction's first offset, the last stable offset and the aborted-transaction index are the
+    general path's; the ABORT marker takes Log._append_marker."""
+    lg = make_log()
+    calls = _taken(monkeypatch, "_append_plain")
+    markers = _taken(monkeypatch, "_append_marker")
+    seq = 0
+
+    def send(txn: bool, guard: VerificationGuard | None) -> Any:
+        nonlocal seq
+        batch = bytearray(
+            build_batch(
+                [(None, b"v", [], NOW)] * 2,
+                producer_id=7,
+                producer_epoch=0,
+                base_sequence=seq,
+                is_transactional=txn,
+            )
+        )
+        try:
+            info = lg.append_as_leader(batch, NOW, verification_guard=guard)
+        except Exception as e:  # noqa: BLE001 - the refusal is the answer checked
+            return type(e).__name__
+        seq += 2
+        return info.first_offset
+
+    first = build_batch([(None, b"v", [], NOW)], producer_id=7, producer_epoch=0, base_sequence=0)
+    lg.append_as_leader(bytearray(first), NOW)  # the producer's first batch here: the general path
+    seq = 1
+    assert send(True, VerificationGuard()) == "InvalidTxnStateError"  # not confirmed by the coordinator
+    assert send(True, VerificationGuard(7)) == 1
+    assert (lg.producer_state.ongoing_txns, lg.last_stable_offset) == ({1: 7}, 1)
+    assert send(True, VerificationGuard()) == 3  # inside its open transaction: no confirmation needed
+    assert send(False, None) == "InvalidTxnStateError"
+    lg.append_control(7, 0, 0, False, NOW)  # ABORT at 5
+    assert (lg.producer_state.ongoing_txns, lg.last_stable_offset) == ({}, 6)
+    assert [
+        (t.producer_id, t.first_offset, t.last_offset) for t in lg.collect_aborted_transactions(0, 6)
+    ] == [(7, 1, 5)]
+    assert send(True, None) == 6  # verification off: opens the next transaction
+    assert lg.producer_state.ongoing_txns == {6: 7}
+    assert calls == [False, False, True, True, False, True]
+    # The marker took the light append; a stale coordinator epoch is the general path's error.
+    assert markers == [True]
+    with pytest.raises(TransactionCoordinatorFencedError):
+        lg.append_control(7, 0, -1, True, NOW)
+    assert markers == [True, False] and lg.producer_state.ongoing_txns == {6: 7}
+
+
 def test_plain_append_of_compressed_batches_keeps_transactions(make_log: Any) -> None:
-    """A compressed batch takes the fast path after its general validation; a transactional one does not (it opens
-    a transaction), and a plain batch inside that transaction is refused as in the general path."""
+    """A compressed batch takes the fast path after its general validation, transactional or not; a plain batch
+    inside the transaction is refused as in the general path."""
     lg = make_log()
     answers = []
     for seq, txn in ((0, False), (3, False), (6, True), (9, False)):

@@ -150,78 +150,43 @@ def test_group_moves_and_offsets_reach_other_brokers(
             92, 0, D(group_id=group, topics=[D.DeleteShareGroupOffsetsRequestTopic(topic_name=topic_name)])
         )
         assert (deleted.error_code, deleted.responses[0].error_code) == (0, 0)
-    with WireClient(b3.bootstrap) as w:
-        topic_id = bytes(
-            next(t.topic_id for t in describe_topics(b3.bootstrap, topic_name) if t.name == topic_name)
-        )
-        # broker 3's share-partition (start offset 8) learns that its state is gone: all 8 records again
-        member = str(uuid.uuid4())
-        join_at(b2.bootstrap, group, topic_name, member)
-        got = wait_until(
-            lambda: acquired(share_fetch(w, group, member, 0, topic_id, wait_ms=1000)) or None,
-            timeout=T,
-            what="records after DeleteShareGroupOffsets",
-        )
-        assert offsets(got) == [(o, 1) for o in range(8)]
-        share_fetch(w, group, member, -1, topic_id)  # closes the session, releasing them
-    leave(b2.bootstrap, group, member)
-
-    with WireClient(b2.bootstrap) as w:
-        A = AlterShareGroupOffsetsRequest
-        altered = w.request(
-            91,
-            0,
-            A(
-                group_id=group,
-                topics=[
-                    A.AlterShareGroupOffsetsRequestTopic(
-                        topic_name=topic_name,
-                        partitions=[
-                            A.AlterShareGroupOffsetsRequestPartition(partition_index=0, start_offset=6)
-                        ],
-                    )
-                ],
-            ),
-        )
-        assert altered.error_code == 0
-        assert [p.error_code for p in altered.responses[0].partitions] == [0]
-    with WireClient(b3.bootstrap) as w:
-        member = str(uuid.uuid4())
-        join_at(b2.bootstrap, group, topic_name, member)
-        got = wait_until(
-            lambda: acquired(share_fetch(w, group, member, 0, topic_id, wait_ms=1000)) or None,
-            timeout=T,
-            what="records after AlterShareGroupOffsets",
-        )
-        assert offsets(got) == [(6, 1), (7, 1)]
-        share_fetch(w, group, member, -1, topic_id)
-    leave(b2.bootstrap, group, member)
+    topic_id = bytes(
+        next(t.topic_id for t in describe_topics(b3.bootstrap, topic_name) if t.name == topic_name)
+    )
+    # broker 3's share-partition (start offset 8) learns that its state is gone: all 8 records again
+    assert first_read(b2, b3, group, topic_name, topic_id, "after DeleteShareGroupOffsets") == [
+        (o, 1) for o in range(8)
+    ]
+    assert alter(b2.bootstrap, group, topic_name, 6) == (0, [0])
+    assert first_read(b2, b3, group, topic_name, topic_id, "after AlterShareGroupOffsets") == [(6, 1), (7, 1)]
     # -1 on the coordinator (broker 2) for a partition led by broker 3: Kafka's uninitialized start offset,
     # which broker 3 resolves by the group's share.auto.offset.reset (earliest) on its next read
     assert alter(b2.bootstrap, group, topic_name, -1) == (0, [0])
     assert alter(b2.bootstrap, group, topic_name, -2) == (0, [ErrorCode.INVALID_REQUEST])
-    with WireClient(b3.bootstrap) as w:
-        member = str(uuid.uuid4())
-        join_at(b2.bootstrap, group, topic_name, member)
-        got = wait_until(
-            lambda: acquired(share_fetch(w, group, member, 0, topic_id, wait_ms=1000)) or None,
-            timeout=T,
-            what="records after AlterShareGroupOffsets to -1",
-        )
-        assert offsets(got) == [(o, 1) for o in range(8)]
-        share_fetch(w, group, member, -1, topic_id)
-    leave(b2.bootstrap, group, member)
+    assert first_read(b2, b3, group, topic_name, topic_id, "after AlterShareGroupOffsets to -1") == [
+        (o, 1) for o in range(8)
+    ]
     # DeleteGroups on the group coordinator: broker 3's share-partition reads the (deleted) state again
     admin.delete_consumer_groups([group])[group].result(T)
-    with WireClient(b3.bootstrap) as w:
-        member = str(uuid.uuid4())
-        join_at(b2.bootstrap, group, topic_name, member)
+    assert first_read(b2, b3, group, topic_name, topic_id, "after DeleteGroups") == [(o, 1) for o in range(8)]
+
+
+def first_read(
+    coordinator: BrokerProcess, leader: BrokerProcess, group: str, topic: str, topic_id: bytes, what: str
+) -> list[tuple[int, int]]:
+    """A new member (joined on the group coordinator) reads from the share-partition's leader: (offset, delivery
+    count) of what it acquires first; it then closes its share session (releasing them) and leaves."""
+    member = str(uuid.uuid4())
+    join_at(coordinator.bootstrap, group, topic, member)
+    with WireClient(leader.bootstrap) as w:
         got = wait_until(
             lambda: acquired(share_fetch(w, group, member, 0, topic_id, wait_ms=1000)) or None,
             timeout=T,
-            what="records after DeleteGroups",
+            what=f"records {what}",
         )
-        assert offsets(got) == [(o, 1) for o in range(8)]
+        share_fetch(w, group, member, -1, topic_id)
+    leave(coordinator.bootstrap, group, member)
+    return offsets(got)
 
 
 def alter(bootstrap: str, group: str, topic: str, start: int) -> tuple[int, list[int]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import (
@@ -453,3 +454,47 @@ def test_a_change_whose_records_are_not_written_is_rolled_back(
         assert beat(w, a, epoch, [topic_name, *long_names])[0] == 0
         after = described(w)
         assert after[0] > before[0] and after[1] == {a: sorted([topic_name, *long_names])}
+
+
+def test_a_caller_without_cluster_action_is_refused_as_kafka(tmp_path: Path) -> None:
+    """The five share-state RPCs from a principal without CLUSTER_ACTION on the cluster (ANONYMOUS, Kafka's ACL
+    authorizer, no ACLs): Kafka 4.x's toGlobalErrorResponse, each partition of each topic in order,
+    CLUSTER_AUTHORIZATION_FAILED with Errors' message and the other fields at the schema's defaults; nothing is
+    read or written. Sent as WireClient's and RawClient's frames alike."""
+    b = BrokerProcess(tmp_path, {"authorizer.class.name": "kafka.security.authorizer.AclAuthorizer"})
+    b.start()
+    a, c = bytes(range(16)), bytes(range(1, 17))
+    denied = (ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "Cluster authorization failed.")
+    I, X, S = InitializeShareGroupStateRequest, DeleteShareGroupStateRequest, ReadShareGroupStateSummaryRequest  # noqa: E741
+    requests = [
+        (83, 0, I(group_id="g", topics=[I.InitializeStateData(topic_id=t, partitions=[
+            I.PartitionData(partition=p, state_epoch=1) for p in ps]) for t, ps in ((a, [0, 2]), (c, [1]))])),
+        (84, 0, Q(group_id="g", topics=[Q.ReadStateData(topic_id=t, partitions=[
+            Q.PartitionData(partition=p, leader_epoch=3) for p in ps]) for t, ps in ((a, [0, 2]), (c, [1]))])),
+        (85, 0, W(group_id="g", topics=[W.WriteStateData(topic_id=t, partitions=[
+            W.PartitionData(partition=p, leader_epoch=3, start_offset=5, state_batches=[
+                W.StateBatch(first_offset=5, last_offset=6, delivery_state=0, delivery_count=1)])
+            for p in ps]) for t, ps in ((a, [0, 2]), (c, [1]))])),
+        (86, 0, X(group_id="g", topics=[X.DeleteStateData(topic_id=t, partitions=[
+            X.PartitionData(partition=p) for p in ps]) for t, ps in ((a, [0, 2]), (c, [1]))])),
+        (87, 1, S(group_id="g", topics=[S.ReadStateSummaryData(topic_id=t, partitions=[
+            S.PartitionData(partition=p, leader_epoch=3) for p in ps]) for t, ps in ((a, [0, 2]), (c, [1]))])),
+    ]
+    try:
+        with WireClient(b.bootstrap) as w, RawClient(b.bootstrap) as raw:
+            for key, version, body in requests:
+                for r in (w.request(key, version, body), raw.request(key, version, body)):
+                    assert [
+                        (bytes(t.topic_id), [(p.partition, p.error_code, p.error_message) for p in t.partitions])
+                        for t in r.results
+                    ] == [(a, [(0, *denied), (2, *denied)]), (c, [(1, *denied)])], key
+                    for p in (p for t in r.results for p in t.partitions):
+                        if key == 84:
+                            assert (p.state_epoch, p.start_offset, p.state_batches) == (0, 0, [])
+                        if key == 87:
+                            assert (p.state_epoch, p.leader_epoch, p.start_offset, p.delivery_complete_count) == (
+                                0, 0, 0, -1)
+        # nothing was made: no partition of the share-group state topic on disk
+        assert not list((b.data_dir / "logs").glob("__share_group_state-*"))
+    finally:
+        b.stop()
