@@ -19,13 +19,9 @@ import asyncio
 import cProfile
 import statistics
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
-import uvloop
-from kbroker.broker.config import KafkaConfig
 from kbroker.broker.network import KafkaConnection
 from kbroker.broker.server import KafkaServer
 from kbroker.protocol import codec
@@ -38,8 +34,7 @@ from kbroker.protocol.messages import (
 )
 from kbroker.protocol.records import build_batch
 
-from bench.harness import free_port
-from bench.produce_inprocess import StubTransport
+from bench.produce_inprocess import StubTransport, run_beside
 from bench.produce_path import connect_when_listening, recv_response
 
 WARM = 200
@@ -132,17 +127,9 @@ def _frames(ids: dict[str, bytes], count: int, max_wait_ms: int) -> list[bytes]:
 def measure(
     requests: int, reps: int, max_wait_ms: int, profile: Path | None = None, floor: bool = False
 ) -> list[float]:
-    port = free_port()
     results: list[float] = []
-    failure: list[BaseException] = []
-    with tempfile.TemporaryDirectory(prefix="kbroker-fetch-inprocess-") as data:
-        props = Path(data) / "server.properties"
-        props.write_text(
-            f"listeners=PLAINTEXT://127.0.0.1:{port}\nlog.dirs={data}/logs\nnum.network.threads=1\n"
-        )
-        server = KafkaServer(KafkaConfig.from_file(str(props), []))
-        loop = uvloop.new_event_loop()
 
+    def client(server: KafkaServer, port: int) -> None:
         async def feed_all(frames: list[bytes]) -> None:
             conn = KafkaConnection(server.socket_server.processors[0], "in-process")
             transport = StubTransport()
@@ -189,23 +176,10 @@ def measure(
             ):
                 raise RuntimeError(f"not the idle answer: {resp}")
 
-        def client() -> None:
-            try:
-                frames = _frames(_setup(port), WARM + reps * requests, max_wait_ms)
-                fut = asyncio.run_coroutine_threadsafe(
-                    feed_all(frames), server.socket_server.processors[0].loop
-                )
-                fut.result()
-            except BaseException as e:  # noqa: BLE001 - reported by the main thread
-                failure.append(e)
-            finally:
-                loop.call_soon_threadsafe(server.request_stop)
+        frames = _frames(_setup(port), WARM + reps * requests, max_wait_ms)
+        asyncio.run_coroutine_threadsafe(feed_all(frames), server.socket_server.processors[0].loop).result()
 
-        threading.Thread(target=client, daemon=True).start()
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(server.run_until_stopped())
-    if failure:
-        raise failure[0]
+    run_beside("kbroker-fetch-inprocess-", client)
     return results
 
 

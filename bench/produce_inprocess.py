@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,34 @@ class StubTransport:
         pass
 
 
+def run_beside(prefix: str, client: Callable[[KafkaServer, int], None]) -> None:
+    """A broker in this process (one network thread, a temporary log dir, a free port) run on this thread until
+    `client(server, port)`, on a thread of its own, returns; what the client raised is raised here."""
+    port = free_port()
+    failure: list[BaseException] = []
+    with tempfile.TemporaryDirectory(prefix=prefix) as data:
+        props = Path(data) / "server.properties"
+        props.write_text(
+            f"listeners=PLAINTEXT://127.0.0.1:{port}\nlog.dirs={data}/logs\nnum.network.threads=1\n"
+        )
+        server = KafkaServer(KafkaConfig.from_file(str(props), []))
+        loop = uvloop.new_event_loop()
+
+        def run() -> None:
+            try:
+                client(server, port)
+            except BaseException as e:  # noqa: BLE001 - reported by the main thread
+                failure.append(e)
+            finally:
+                loop.call_soon_threadsafe(server.request_stop)
+
+        threading.Thread(target=run, daemon=True).start()
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(server.run_until_stopped())
+    if failure:
+        raise failure[0]
+
+
 def _frames(pid: int, epoch: int, count: int) -> list[bytes]:
     batch = build_batch(
         [(None, b"v" * 100, (), 1_700_000_000_000 + i) for i in range(RECORDS)],
@@ -118,18 +147,18 @@ def _frames(pid: int, epoch: int, count: int) -> list[bytes]:
 
 def measure(requests: int, reps: int, profile: Path | None = None) -> list[float]:
     """Thread CPU microseconds per request, one figure per repetition."""
-    port = free_port()
     results: list[float] = []
-    failure: list[BaseException] = []
-    with tempfile.TemporaryDirectory(prefix="kbroker-inprocess-") as data:
-        props = Path(data) / "server.properties"
-        props.write_text(
-            f"listeners=PLAINTEXT://127.0.0.1:{port}\nlog.dirs={data}/logs\nnum.network.threads=1\n"
-        )
-        server = KafkaServer(KafkaConfig.from_file(str(props), []))
-        loop = uvloop.new_event_loop()
 
-        def feed_all(frames: list[bytes], done: threading.Event) -> None:
+    def client(server: KafkaServer, port: int) -> None:
+        sock = connect_when_listening(port)
+        with sock:
+            create_topic(sock, 1)
+            pid, epoch = init_producer_id(sock)
+        frames = _frames(pid, epoch, WARM + reps * requests)
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def feed_all() -> None:
             try:
                 conn = KafkaConnection(server.socket_server.processors[0], "in-process")
                 transport = StubTransport()
@@ -165,31 +194,17 @@ def measure(requests: int, reps: int, profile: Path | None = None) -> list[float
                     raise RuntimeError(
                         f"{transport.answers} answers, the last {part}: expected offset {expected}"
                     )
-            except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            except BaseException as e:  # noqa: BLE001 - raised on the client's thread
                 failure.append(e)
             finally:
                 done.set()
 
-        def client() -> None:
-            try:
-                sock = connect_when_listening(port)
-                with sock:
-                    create_topic(sock, 1)
-                    pid, epoch = init_producer_id(sock)
-                frames = _frames(pid, epoch, WARM + reps * requests)
-                done = threading.Event()
-                server.socket_server.processors[0].loop.call_soon_threadsafe(feed_all, frames, done)
-                done.wait()
-            except BaseException as e:  # noqa: BLE001 - reported by the main thread
-                failure.append(e)
-            finally:
-                loop.call_soon_threadsafe(server.request_stop)
+        server.socket_server.processors[0].loop.call_soon_threadsafe(feed_all)
+        done.wait()
+        if failure:
+            raise failure[0]
 
-        threading.Thread(target=client, daemon=True).start()
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(server.run_until_stopped())
-    if failure:
-        raise failure[0]
+    run_beside("kbroker-inprocess-", client)
     return results
 
 
