@@ -99,6 +99,9 @@ def test_three_share_consumers_on_two_partitions(
         "6000",
         "20",
         "50",
+        # the records are produced once all three have joined: a member that has none 45 s after it subscribed is one
+        # whose partitions the others took whole (it would otherwise wait the default 90 s)
+        "45000",
     ]
     procs = [
         subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)

@@ -13,6 +13,7 @@ import org.apache.kafka.common.serialization.StringDeserializer;
  * "REJECT ..." per rejection, "ACKFAIL p offset value delivery error" per acknowledgement the broker refused (the
  * record comes back: delivery is at least once), then DONE.
  * Args: bootstrap topic group count idleMs maxPollRecords pauseMs (a pause per poll, a slow worker)
+ *       [firstRecordMs: how long to wait for a first record, 90 s by default]
  */
 public class ShareConsumerCompat {
     public static void main(String[] args) {
@@ -32,7 +33,8 @@ public class ShareConsumerCompat {
             // The idle clock starts with the first record: joining takes a while on a busy machine.
             long started = System.currentTimeMillis();
             long lastData = -1;
-            while (lastData < 0 ? System.currentTimeMillis() - started < 90_000
+            long firstRecordMs = args.length > 7 ? Long.parseLong(args[7]) : 90_000;
+            while (lastData < 0 ? System.currentTimeMillis() - started < firstRecordMs
                                 : System.currentTimeMillis() - lastData < idleMs) {
                 ConsumerRecords<String, String> recs = c.poll(Duration.ofMillis(200));
                 for (ConsumerRecord<String, String> r : recs) {
