@@ -78,7 +78,13 @@ def test_failed_leader_dir_moves_leadership_and_returns_after_restart(
             timeout=20,
             what=f"{t} led by broker {x} with the whole ISR",
         )
-    placement = _placement(broken.bootstrap)
+    # The observer learns the leadership from the controller's UpdateMetadata, which can come before broker x has
+    # made the logs its LeaderAndIsr asks for: wait until x describes both.
+    def both_described() -> dict[tuple[str, int, bool], tuple[str, int]] | None:
+        m = _placement(broken.bootstrap)
+        return m if {(DOOMED, 0, False), (HEALTHY, 0, False)} <= m.keys() else None
+
+    placement = wait_until(both_described, timeout=20, what=f"broker {x} has both logs")
     bad, good = Path(placement[(DOOMED, 0, False)][0]), Path(placement[(HEALTHY, 0, False)][0])
     assert bad != good, f"the two topics' logs went to different dirs of broker {x}"
 
