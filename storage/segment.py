@@ -231,8 +231,7 @@ class LogSegment:
             self._rolling_base_ms = now_ms if now_ms is not None else (batches[0][1].max_timestamp if batches else None)
         recent = self._recent
         self._index_batches(start, batches, recent)
-        if len(recent) > _RECENT_BATCHES:  # bounded however many batches one append brings (a follower's catch-up)
-            self._recent = recent[-(_RECENT_BATCHES // 2):]
+        self._bound_recent(recent)
         self._size = start + len(view)
 
     def append_plain(self, buf: bytearray | memoryview, base_offset: int, leader_epoch: int | None,
@@ -255,9 +254,13 @@ class LogSegment:
         self._bytes_since_last_index_entry = since
         recent = self._recent
         recent.append((last, start))
+        self._bound_recent(recent)
+        self._size = start + len(buf)
+
+    def _bound_recent(self, recent: list[tuple[int, int]]) -> None:
+        """The recent batches' list kept bounded however many batches one append brings (a follower's catch-up)."""
         if len(recent) > _RECENT_BATCHES:
             self._recent = recent[-(_RECENT_BATCHES // 2):]
-        self._size = start + len(buf)
 
     def _index_batch(self, position: int, header: RecordBatchHeader) -> None:
         self._index_batches(position, ((0, header),))
