@@ -547,12 +547,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             return
         answer = parked.answer
         if isinstance(answer, BaseException):
-            if isinstance(answer, CloseConnection):
-                log.warning("Closing connection %s: %s", self.peer, answer)
-            else:
-                log.error("Closing connection %s after an unexpected error completing a request", self.peer,
-                          exc_info=answer)
-            self.close(abort=True)
+            self._close_after(answer)
             return
         self._answers.popleft()
         sent = answer is None or self._send(answer)
@@ -591,20 +586,24 @@ class KafkaConnection(asyncio.BufferedProtocol):
                         self._account()
                     if "queue" in self._paused and len(self._pending) < MAX_QUEUED_PER_CONNECTION // 2:
                         self._resume("queue")
-        except CloseConnection as e:
-            log.warning("Closing connection %s: %s", self.peer, e)
-            self.close(abort=True)
-        except (ConnectionError, OSError) as e:
-            if not self._closed:
-                log.info("Connection %s failed while sending: %s", self.peer, e)
-                self.close(abort=True)
-        except Exception:
-            log.exception("Closing connection %s after an unexpected error completing a request", self.peer)
-            self.close(abort=True)
+        except Exception as e:
+            self._close_after(e)
         finally:
             self._answering = False
             if self._closed:
                 self._drop_answers()
+
+    def _close_after(self, e: BaseException) -> None:
+        """An answer could not be completed or sent: the connection closes, logged by what went wrong."""
+        if isinstance(e, CloseConnection):
+            log.warning("Closing connection %s: %s", self.peer, e)
+        elif isinstance(e, (ConnectionError, OSError)):
+            if self._closed:
+                return
+            log.info("Connection %s failed while sending: %s", self.peer, e)
+        else:
+            log.error("Closing connection %s after an unexpected error completing a request", self.peer, exc_info=e)
+        self.close(abort=True)
 
     def _drop_answers(self) -> None:
         """The connection is gone: answers still owed are never awaited, so their coroutines are closed."""
