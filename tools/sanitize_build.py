@@ -29,7 +29,6 @@ FLAGS = [
     "-fno-omit-frame-pointer",
     "-fsanitize=address,undefined",
     "-fno-sanitize-recover=all",
-    "-shared",
     "-fPIC",
     "-Wall",
 ]
@@ -54,17 +53,28 @@ def runtime(name: str) -> str:
     return path
 
 
-def build(out: Path) -> list[Path]:
-    """Compile each accelerator with the sanitizers into out/; the paths of the built modules."""
-    runtime("libasan.so")
+def build(
+    out: Path,
+    compiler: str = "gcc",
+    flags: list[str] = FLAGS,
+    link: list[str] = FLAGS,
+    sources: Path = ROOT / "protocol",
+) -> list[Path]:
+    """Compile each accelerator with the sanitizers into out/; the paths of the built modules. The process that
+    loads them preloads the ASan runtime (gcc's libasan here; atheris's, which carries libFuzzer too, for
+    tools/coverage_fuzz.py's clang build, linked without `link`'s sanitizer flags)."""
+    if compiler == "gcc":
+        runtime("libasan.so")
     out.mkdir(parents=True, exist_ok=True)
     include = sysconfig.get_paths()["include"]
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     built = []
     for name in MODULES:
         target = out / f"{name}{suffix}"
-        cmd = ["gcc", *FLAGS, f"-I{include}", str(ROOT / "protocol" / f"{name}.c"), "-o", str(target)]
-        subprocess.run(cmd, check=True)
+        obj = out / f"{name}.o"
+        source = str(sources / f"{name}.c")
+        subprocess.run([compiler, *flags, "-c", f"-I{include}", source, "-o", str(obj)], check=True)
+        subprocess.run([compiler, "-shared", *link, str(obj), "-o", str(target)], check=True)
         built.append(target)
     return built
 

@@ -266,9 +266,12 @@ def framing_round(rng: random.Random) -> None:
     del out[rng.randint(0, len(out)) :]
     start = rng.randint(0, len(out))
     end = rng.randint(start, len(out))
-    max_request = rng.choice([8, 30, 2**31 - 1])
-    c = framing._compiled.split(out, start, end, max_request)  # type: ignore[union-attr]
-    assert c == framing.split_py(out, start, end, max_request), (out.hex(), start, end, max_request)
+    _split_both(out, start, end, rng.choice([8, 30, 2**31 - 1]))
+
+
+def _split_both(buf: bytearray, start: int, end: int, max_request: int) -> None:
+    c = framing._compiled.split(buf, start, end, max_request)  # type: ignore[union-attr]
+    assert c == framing.split_py(buf, start, end, max_request), (buf.hex(), start, end, max_request)
 
 
 def _produce_frame(rng: random.Random, version: int) -> tuple[bytes, int]:
