@@ -156,10 +156,10 @@ class Log(ReplicaLogMixin):
         self.partition = partition
         self.name = f"{topic}-{partition}"  # the topic-partition, as Kafka's logs name themselves
         self.config = config
-        # What _append_plain needs of the config, computed once per config object (LogConfig is frozen): the
-        # plain path applies, the topic is compacted, timestamps are bounded.
-        self._plain_config: LogConfig | None = None
-        self._plain_facts = (False, False, False)
+        # What every append asks of the config, computed once per config object (LogConfig is frozen, its
+        # properties are calls): see _config_facts.
+        self._facts_config: LogConfig | None = None
+        self._facts: tuple[bool, bool, bool, int] = (False, False, False, 0)
         self.producer_state = ProducerStateManager(dir, self.name)
         self.leader_epoch_cache = LeaderEpochFileCache(dir, self.name)
         self.leader_epoch = 0
@@ -490,6 +490,14 @@ class Log(ReplicaLogMixin):
         return LogAppendInfo(first_offset, last_offset, max_ts, offset_of_max, log_append_time,
                              self._log_start_offset, summary.num_records, summary.valid_bytes)
 
+    def _config_facts(self, config: LogConfig) -> tuple[bool, bool, bool, int]:
+        """(the plain append applies: the producer's compression and CreateTime; the topic is compacted;
+        timestamps are bounded; max_segment_ms), kept until the log's config is replaced."""
+        self._facts = (config.compression_type == "producer" and config.message_timestamp_type == "CreateTime",
+                       config.compact, config.timestamp_bounds(0) is not None, config.max_segment_ms)
+        self._facts_config = config
+        return self._facts
+
     def _append_plain(self, records: bytes | bytearray | memoryview, now_ms: int, leader_epoch: int | None,
                       verification_guard: VerificationGuard | None = None) -> PlainAppended | None:
         """append_as_leader for the common client append, with the same result as a tuple of LogAppendInfo's fields
@@ -502,11 +510,7 @@ class Log(ReplicaLogMixin):
         It skips the staged copy of the producer's entry: every check is made before the write, and the entry
         is updated in place after it, under the lock as the general path's commit is."""
         config = self.config
-        if config is not self._plain_config:
-            self._plain_facts = (config.compression_type == "producer" and config.message_timestamp_type == "CreateTime",
-                                 config.compact, config.timestamp_bounds(0) is not None)
-            self._plain_config = config
-        applies, compacted, bounded = self._plain_facts
+        applies, compacted, bounded, _ = self._facts if config is self._facts_config else self._config_facts(config)
         if not applies:
             return None
         bounds = config.timestamp_bounds(now_ms) if bounded else None
@@ -578,7 +582,8 @@ class Log(ReplicaLogMixin):
                 if opens_txn:
                     entry.current_txn_first_offset = first_offset  # type: ignore[union-attr]
                     psm.ongoing_txns[first_offset] = pid
-                self._first_unstable = psm.first_unstable_offset  # as the general commit does
+                # As the general commit does (first_unstable_offset: the first open transaction's, None without)
+                self._first_unstable = psm.first_unstable_offset if psm.ongoing_txns else None
             psm.map_end_offset = last_offset + 1  # ProducerStateManager.update_map_end_offset
         if h.max_timestamp > NO_TIMESTAMP:
             return (first_offset, last_offset, h.max_timestamp, last_offset, -1, self._log_start_offset,
@@ -767,12 +772,13 @@ class Log(ReplicaLogMixin):
         if seg_size == 0:
             return seg
         cfg = self.config
+        max_segment_ms = (self._facts if cfg is self._facts_config else self._config_facts(cfg))[3]
         base = seg._rolling_base_ms
         if base is None:
             base = seg.rolling_base_ms()
         if (
             seg_size > cfg.segment_bytes - size
-            or (base is not None and now_ms - base > cfg.max_segment_ms)
+            or (base is not None and now_ms - base > max_segment_ms)
             or seg.index._count >= seg.index.max_entries
             or seg.time_index._count >= seg.time_index.max_entries
             or not 0 <= max_offset - seg.base_offset <= _INT32_MAX

@@ -249,7 +249,7 @@ def _append_plain_one(ctx: RequestContext, topics: list[tuple[str, list[tuple[in
     counters.produced(name, appended[6], len(records))
     answered: TopicAnswers = [(name, [(index, 0, appended[0], -1, appended[5], None, None)])]
     if (acks == 1 and lg.unflushed_messages < lg.config.flush_messages
-            and server.produce_quota.quota_for(ctx.client_id) is None):
+            and not server.produce_quota.quotas()):  # no byte-rate quota anywhere: _answer's quota_for is None
         # Nothing to wait for and no throttle: _answer's (answers, 0), encoded at once.
         header = ctx.header
         return Response(produce_codec.encode_response(header.correlation_id, header.request_api_version, 0,
