@@ -235,6 +235,8 @@ def _append_plain_one(ctx: RequestContext, topics: list[tuple[str, list[tuple[in
         return _NOT_PLAIN
     try:
         appended = lg._append_plain(records, int(time.time() * 1000), epoch)
+        if appended is not None:  # inside the try, as in ReplicaManager._append: a failing wake-up is answered
+            rm.appended(name, index, lg, appended[1])
     except Exception as e:  # noqa: BLE001 - the partition's error code, as _append's
         if isinstance(e, KafkaStorageError):
             rm.append_failed(name, index, lg, e)
@@ -244,7 +246,6 @@ def _append_plain_one(ctx: RequestContext, topics: list[tuple[str, list[tuple[in
     if appended is None:
         return _NOT_PLAIN
     last_offset = appended[1]
-    rm.appended(name, index, lg, last_offset)
     counters = metrics.shard()
     counters.produced(name, appended[6], len(records))
     answered: TopicAnswers = [(name, [(index, 0, appended[0], -1, appended[5], None, None)])]
