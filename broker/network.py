@@ -347,7 +347,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
             # Without the C the loop below does it all (framing.split_py would only add a call).
             for frame in framing.split(self._buf, self._start, self._end, self.max_request)[0]:
                 self._start += 4 + len(frame)
-                self._dispatch(frame)
+                if self._busy:
+                    self._dispatch(frame)  # queued behind the request it waits for
+                else:
+                    self._process(frame)  # _dispatch's common case, without its call
                 if self._closed:
                     return
         buf = self._buf

@@ -190,11 +190,25 @@ class ReplicaManager:
 
     def _append(self, topic: str, partition: int, records: Any, required_acks: int,
                 verification_guard: VerificationGuard | None) -> Any:
-        self._check_online(topic, partition)
+        lg, epoch = self.leader_log_for_append(topic, partition, required_acks)
+        try:
+            info = lg.append_as_leader(records, int(time.time() * 1000), leader_epoch=epoch,
+                                       verification_guard=verification_guard)
+        except LogReplacedError:
+            raise
+        except KafkaStorageError as e:
+            self.append_failed(topic, partition, lg, e)
+            raise
+        self.appended(topic, partition, lg, info.last_offset)
+        return lg, info
+
+    def leader_log_for_append(self, topic: str, partition: int, required_acks: int) -> tuple[Log, int]:
+        """The log a client's append goes to and the leader epoch its batches get, or KafkaError with Kafka's code
+        (the partition offline, unknown, led elsewhere; acks=all with too few in sync). Nothing is changed, so
+        the direct Produce path may ask and then leave the request to the general one."""
         p = self.partitions.get((topic, partition))
         if p is None:
-            lg = self.get_log(topic, partition)
-            epoch = LEADER_EPOCH
+            lg = self.get_log(topic, partition)  # its first check: the log dir online
             if required_acks == -1:
                 min_isr = self.min_insync_replicas(topic)
                 if min_isr > 1:
@@ -203,24 +217,23 @@ class ReplicaManager:
                         ErrorCode.NOT_ENOUGH_REPLICAS,
                         f"The size of the current ISR 1 is insufficient to satisfy the min.isr requirement of {min_isr}",
                     )
-        else:
-            lg = p.leader_log()
-            epoch = p.leader_epoch
-            if required_acks == -1:
-                p.check_enough_replicas(self.min_insync_replicas(topic))
-        try:
-            info = lg.append_as_leader(records, int(time.time() * 1000), leader_epoch=epoch,
-                                       verification_guard=verification_guard)
-        except LogReplacedError:
-            raise
-        except KafkaStorageError as e:
-            log.error("Append to %s-%d at offset %d failed (KAFKA_STORAGE_ERROR): %s",
-                      topic, partition, lg.log_end_offset, e)
-            self.server.log_manager.maybe_fail_dir(lg, e)
-            raise
-        # Without followers to wait for, the high watermark moved with the log end.
-        self.purgatory.notify((topic, partition), ANY if lg.high_watermark > info.last_offset else LOG_END)
-        return lg, info
+            return lg, LEADER_EPOCH
+        self._check_online(topic, partition)
+        lg = p.leader_log()
+        if required_acks == -1:
+            p.check_enough_replicas(self.min_insync_replicas(topic))
+        return lg, p.leader_epoch
+
+    def append_failed(self, topic: str, partition: int, lg: Log, e: KafkaStorageError) -> None:
+        """A client append that failed in the log's storage: logged, and the log dir failed unless the disk is full."""
+        log.error("Append to %s-%d at offset %d failed (KAFKA_STORAGE_ERROR): %s",
+                  topic, partition, lg.log_end_offset, e)
+        self.server.log_manager.maybe_fail_dir(lg, e)
+
+    def appended(self, topic: str, partition: int, lg: Log, last_offset: int) -> None:
+        """After a client append: the fetches waiting on the partition are told (without followers to wait for,
+        the high watermark moved with the log end)."""
+        self.purgatory.notify((topic, partition), ANY if lg.high_watermark > last_offset else LOG_END)
 
     async def wait_for_replication(self, pending: list[tuple[str, int, int]],
                                    timeout_ms: int) -> dict[TopicPartition, ErrorCode]:

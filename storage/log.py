@@ -50,6 +50,7 @@ from kbroker.storage.errors import (
     RecordTooLargeError,
 )
 from kbroker.storage.flush_stats import FLUSH_STATS
+from kbroker.storage.index import _INT32_MAX
 from kbroker.storage.leader_append import next_batch
 from kbroker.storage.leader_epoch_cache import LeaderEpochFileCache
 from kbroker.storage.log_loader import (
@@ -103,6 +104,10 @@ class LogAppendInfo:
     valid_bytes: int
 
 
+# LogAppendInfo's fields in its order, as Log._append_plain returns them.
+PlainAppended = tuple[int, int, int, int, int, int, int, int]
+
+
 @dataclass(slots=True)
 class FetchDataInfo:
     fetch_offset: int
@@ -151,6 +156,10 @@ class Log(ReplicaLogMixin):
         self.partition = partition
         self.name = f"{topic}-{partition}"  # the topic-partition, as Kafka's logs name themselves
         self.config = config
+        # What every append asks of the config, computed once per config object (LogConfig is frozen, its
+        # properties are calls): see _config_facts.
+        self._facts_config: LogConfig | None = None
+        self._facts: tuple[bool, bool, bool, int] = (False, False, False, 0)
         self.producer_state = ProducerStateManager(dir, self.name)
         self.leader_epoch_cache = LeaderEpochFileCache(dir, self.name)
         self.leader_epoch = 0
@@ -401,9 +410,9 @@ class Log(ReplicaLogMixin):
         the one control batch of records holds, from the writer that built it (spares reading it back).
         """
         if from_client and PLAIN_APPEND:
-            info = self._append_plain(records, now_ms, leader_epoch, verification_guard)
-            if info is not None:
-                return info
+            plain = self._append_plain(records, now_ms, leader_epoch, verification_guard)
+            if plain is not None:
+                return LogAppendInfo(*plain)
         config = self.config
         if from_client and 0 <= first_magic(records) <= MAGIC_V1:
             # Magic 0/1 (Produce v0-v2 from clients of Kafka 0.8-0.10): stored as one v2 batch.
@@ -481,28 +490,38 @@ class Log(ReplicaLogMixin):
         return LogAppendInfo(first_offset, last_offset, max_ts, offset_of_max, log_append_time,
                              self._log_start_offset, summary.num_records, summary.valid_bytes)
 
+    def _config_facts(self, config: LogConfig) -> tuple[bool, bool, bool, int]:
+        """(the plain append applies: the producer's compression and CreateTime; the topic is compacted;
+        timestamps are bounded; max_segment_ms), kept until the log's config is replaced."""
+        self._facts = (config.compression_type == "producer" and config.message_timestamp_type == "CreateTime",
+                       config.compact, config.timestamp_bounds(0) is not None, config.max_segment_ms)
+        self._facts_config = config
+        return self._facts
+
     def _append_plain(self, records: bytes | bytearray | memoryview, now_ms: int, leader_epoch: int | None,
-                      verification_guard: VerificationGuard | None = None) -> LogAppendInfo | None:
-        """append_as_leader for the common client append, with the same result: one CreateTime batch that passes
-        validation, without a producer or from a known producer at its epoch, in sequence; a transactional batch
-        continues the producer's open transaction here or opens one (verified by the guard when verification is
-        on), a plain one needs none open. None, with nothing changed, for anything else: the general path then
-        decides (the first batch of a producer, retries, errors, a plain batch inside a transaction, an unverified
-        one, topic recompression, LogAppendTime).
+                      verification_guard: VerificationGuard | None = None) -> PlainAppended | None:
+        """append_as_leader for the common client append, with the same result as a tuple of LogAppendInfo's fields
+        (the direct Produce path reads it without the object): one CreateTime batch that passes validation,
+        without a producer or from a known producer at its epoch, in sequence; a transactional batch continues
+        the producer's open transaction here or opens one (verified by the guard when verification is on), a plain
+        one needs none open. None, with nothing changed, for anything else: the general path then decides (the
+        first batch of a producer, retries, errors, a plain batch inside a transaction, an unverified one, topic
+        recompression, LogAppendTime).
         It skips the staged copy of the producer's entry: every check is made before the write, and the entry
         is updated in place after it, under the lock as the general path's commit is."""
         config = self.config
-        if config.compression_type != "producer" or config.message_timestamp_type != "CreateTime":
+        applies, compacted, bounded, _ = self._facts if config is self._facts_config else self._config_facts(config)
+        if not applies:
             return None
-        bounds = config.timestamp_bounds(now_ms)
-        h = plain_client_batch(records, config.compact, bounds)
+        bounds = config.timestamp_bounds(now_ms) if bounded else None
+        h = plain_client_batch(records, compacted, bounds)
         if h is None:
             # A compressed batch (librdkafka's lz4 and zstd): the general path's own validation, the same call it
             # would make first for a magic-2 set (its errors are the general path's), then the fast path.
             if not (len(records) >= BATCH_HEADER_SIZE and records[16] == 2 and records[22] & ATTR_COMPRESSION_MASK):
                 return None
             summary = validate_batches(
-                records, from_client=True, topic_partition=self.name, compacted=config.compact,
+                records, from_client=True, topic_partition=self.name, compacted=compacted,
                 timestamp_bounds=bounds, log_append_time=False,
                 max_decompressed=max_decompressed_size(config.max_message_bytes))
             if len(summary.batches) != 1:
@@ -526,8 +545,9 @@ class Log(ReplicaLogMixin):
             last_offset = first_offset + h.last_offset_delta
             entry = added = None
             opens_txn = False
+            psm = self.producer_state
             if pid >= 0:
-                entry = self.producer_state.producers.get(pid)
+                entry = psm.producers.get(pid)
                 if entry is None or entry.producer_epoch != h.producer_epoch:
                     return None
                 if h.attributes & ATTR_TRANSACTIONAL:
@@ -551,20 +571,24 @@ class Log(ReplicaLogMixin):
                 segment.append_plain(buf, first_offset, leader_epoch, now_ms)
             except OSError as e:
                 raise self._storage_error(segment, e) from e
-            self._end_moved(last_offset, h.records_count)
-            if entry is not None and added is not None:  # added is set whenever entry is
-                entry.batch_metadata.append(added)
-                entry.last_timestamp = h.max_timestamp
+            # _end_moved, inline on this path
+            self._leo = last_offset + 1
+            if self._hw_tracks_leo:
+                self._hw = last_offset + 1
+            self._appended_messages += h.records_count
+            if added is not None:  # set whenever entry is
+                entry.batch_metadata.append(added)  # type: ignore[union-attr]
+                entry.last_timestamp = h.max_timestamp  # type: ignore[union-attr]
                 if opens_txn:
-                    entry.current_txn_first_offset = first_offset
-                    self.producer_state.ongoing_txns[first_offset] = pid
-                self._first_unstable = self.producer_state.first_unstable_offset  # as the general commit does
-            self.producer_state.update_map_end_offset(last_offset + 1)
+                    entry.current_txn_first_offset = first_offset  # type: ignore[union-attr]
+                    psm.ongoing_txns[first_offset] = pid
+                # As the general commit does (first_unstable_offset: the first open transaction's, None without)
+                self._first_unstable = psm.first_unstable_offset if psm.ongoing_txns else None
+            psm.map_end_offset = last_offset + 1  # ProducerStateManager.update_map_end_offset
         if h.max_timestamp > NO_TIMESTAMP:
-            return LogAppendInfo(first_offset, last_offset, h.max_timestamp, last_offset, -1, self._log_start_offset,
-                                 h.records_count, size)
-        return LogAppendInfo(first_offset, last_offset, -1, first_offset, -1, self._log_start_offset, h.records_count,
-                             size)
+            return (first_offset, last_offset, h.max_timestamp, last_offset, -1, self._log_start_offset,
+                    h.records_count, size)
+        return first_offset, last_offset, -1, first_offset, -1, self._log_start_offset, h.records_count, size
 
     def _write(self, buf: bytearray | memoryview | bytes, batches: list[tuple[int, RecordBatchHeader]], size: int,
                now_ms: int, last_offset: int, num_records: int) -> LogSegment:
@@ -740,14 +764,24 @@ class Log(ReplicaLogMixin):
             raise LogReplacedError(f"log {self.name} moved to {self.replaced_by.dir.parent}")
 
     def _maybe_roll(self, size: int, now_ms: int, max_offset: int) -> LogSegment:
+        """The active segment, rolled first if this append is due a new one. The append path asks on every
+        request, so the checks read the segment's fields instead of its properties (the same tests as
+        LogSegment.time_waited_for_roll, _Index.is_full and can_convert_to_relative_offset)."""
         seg = self._segments[-1]
+        seg_size = seg._size
+        if seg_size == 0:
+            return seg
         cfg = self.config
-        if seg.size > 0 and (
-            seg.size > cfg.segment_bytes - size
-            or seg.time_waited_for_roll(now_ms) > cfg.max_segment_ms
-            or seg.index.is_full
-            or seg.time_index.is_full
-            or not seg.can_convert_to_relative_offset(max_offset)
+        max_segment_ms = (self._facts if cfg is self._facts_config else self._config_facts(cfg))[3]
+        base = seg._rolling_base_ms
+        if base is None:
+            base = seg.rolling_base_ms()
+        if (
+            seg_size > cfg.segment_bytes - size
+            or (base is not None and now_ms - base > max_segment_ms)
+            or seg.index._count >= seg.index.max_entries
+            or seg.time_index._count >= seg.time_index.max_entries
+            or not 0 <= max_offset - seg.base_offset <= _INT32_MAX
         ):
             return self.roll()
         return seg

@@ -240,7 +240,7 @@ class LogSegment:
         leader epoch) assigned here; the write and the index bookkeeping are one call (storage/leader_append.py)."""
         start = self._size
         max_ts = self._max_ts if self._max_ts is not None else self.max_timestamp_and_offset
-        writer = self._writer()  # held while the call writes to its descriptor
+        writer = self._file.get()  # held while the call writes to its descriptor (_writer, without the call)
         last, since, indexed, ts, ts_offset = write_plain(
             buf, writer.fd, start, base_offset, leader_epoch, self._bytes_since_last_index_entry,
             self.index_interval_bytes, max_ts[0], max_ts[1])
@@ -254,7 +254,8 @@ class LogSegment:
         self._bytes_since_last_index_entry = since
         recent = self._recent
         recent.append((last, start))
-        self._bound_recent(recent)
+        if len(recent) > _RECENT_BATCHES:  # _bound_recent's test, without its call on every append
+            self._bound_recent(recent)
         self._size = start + len(buf)
 
     def _bound_recent(self, recent: list[tuple[int, int]]) -> None:

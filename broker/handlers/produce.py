@@ -42,6 +42,7 @@ from kbroker.protocol.records import (
     RecordValidationError,
     parse_batch_header,
 )
+from kbroker.storage import log as log_module
 from kbroker.storage.errors import KafkaStorageError
 from kbroker.storage.producer_state import VerificationGuard
 
@@ -61,6 +62,7 @@ _MAGIC = 16
 _PRODUCER = struct.Struct(">qh")  # producer id and epoch
 _BATCH_LENGTH = struct.Struct(">i")
 _NO_GUARD = VerificationGuard()
+_NOT_PLAIN: Any = object()  # _append_plain_one: the request is _append's
 
 
 def _error(index: int, code: ErrorCode, message: str | None = None,
@@ -168,9 +170,15 @@ def handle_produce_direct(ctx: RequestContext, frame: bytes | bytearray, pos: in
     header = ctx.header
     version = header.request_api_version
     decoded = produce_codec.decode(frame, pos, version)
-    if decoded is None or decoded[1] not in (0, 1, -1) or _named_twice(decoded[3]):
+    if decoded is None or decoded[1] not in (0, 1, -1):
         return NOT_DIRECT  # handle_produce answers these in Kafka's order
     txn_id, acks, timeout_ms, topics, producer = decoded
+    if producer is None and len(topics) == 1 and len(topics[0][1]) == 1 and log_module.PLAIN_APPEND:
+        result = _append_plain_one(ctx, topics, acks, timeout_ms, started)
+        if result is not _NOT_PLAIN:
+            return result
+    elif _named_twice(topics):
+        return NOT_DIRECT
     # What handle_produce checks before appending finds nothing else in this request: every partition holds one
     # batch that validateRecords passes, and its transactional batches (each a partition's first) are of one
     # producer, so there is no second transaction; without an authorizer a transactional id is all they need.
@@ -193,12 +201,66 @@ def handle_produce_direct(ctx: RequestContext, frame: bytes | bytearray, pos: in
                     return NOT_DIRECT
                 failed = _verification_failures(unverified, version)
                 guards = _guards(to_verify[0], to_verify[2], unverified)
-    result = _append(ctx, topics, acks, timeout_ms, failed, guards, direct=True, started=started)
+    return _direct_answer(ctx, _append(ctx, topics, acks, timeout_ms, failed, guards, direct=True, started=started))
+
+
+def _direct_answer(ctx: RequestContext, result: Any) -> Any:
+    """What _append returned for the direct path: (answers, throttle) encoded by the direct encoder (the failed
+    partitions counted), anything else as it is."""
     if type(result) is not tuple:
         return result
     answers, throttle = result
     metrics.shard().answered_produce(answers)
-    return Response(produce_codec.encode_response(header.correlation_id, version, throttle, answers))
+    header = ctx.header
+    return Response(produce_codec.encode_response(header.correlation_id, header.request_api_version, throttle,
+                                                  answers))
+
+
+def _append_plain_one(ctx: RequestContext, topics: list[tuple[str, list[tuple[int, Any]]]], acks: int,
+                      timeout_ms: int, started: float) -> Any:
+    """handle_produce_direct for the most common request: one partition, led here, one batch without a transaction
+    that the log's plain append takes (Log._append_plain: an idempotent producer's next batch, or a batch without
+    a producer). The same answer as _append's, in one function from the decoded request to the encoded response;
+    _NOT_PLAIN, with nothing changed, for anything else (the partition unknown, led elsewhere or offline, an
+    internal topic, a producer's first batch or a retry...), which _append then serves as before."""
+    name, parts = topics[0]
+    index, records = parts[0]
+    if name in INTERNAL_TOPICS or not records:
+        return _NOT_PLAIN
+    server = ctx.server
+    rm = server.replica_manager
+    try:
+        lg, epoch = rm.leader_log_for_append(name, index, acks)
+    except Exception:  # noqa: BLE001 - _append answers the partition's error
+        return _NOT_PLAIN
+    try:
+        appended = lg._append_plain(records, int(time.time() * 1000), epoch)
+        if appended is not None:  # inside the try, as in ReplicaManager._append: a failing wake-up is answered
+            rm.appended(name, index, lg, appended[1])
+    except Exception as e:  # noqa: BLE001 - the partition's error code, as _append's
+        if isinstance(e, KafkaStorageError):
+            rm.append_failed(name, index, lg, e)
+        failure = _append_failure(rm, name, index, e)
+        return _direct_answer(ctx, _answer(ctx, topics, [(name, [failure])], acks, timeout_ms, [], [], False,
+                                           failure[1] == ErrorCode.NOT_LEADER_OR_FOLLOWER, True, started))
+    if appended is None:
+        return _NOT_PLAIN
+    last_offset = appended[1]
+    counters = metrics.shard()
+    counters.produced(name, appended[6], len(records))
+    answered: TopicAnswers = [(name, [(index, 0, appended[0], -1, appended[5], None, None)])]
+    if (acks == 1 and lg.unflushed_messages < lg.config.flush_messages
+            and not server.produce_quota.quotas()):  # no byte-rate quota anywhere: _answer's quota_for is None
+        # Nothing to wait for and no throttle: _answer's (answers, 0), encoded at once.
+        header = ctx.header
+        return Response(produce_codec.encode_response(header.correlation_id, header.request_api_version, 0,
+                                                      answered))
+    to_flush = [(lg, last_offset)] if rm.needs_flush(lg) else []
+    delayed = [(name, index, last_offset + 1)] if acks == -1 and last_offset >= lg.high_watermark else []
+    # The plain append's batch is magic 2: sequenced when it names a producer.
+    sequenced = records[_PRODUCER_ID] != 0xFF
+    return _direct_answer(ctx, _answer(ctx, topics, answered, acks, timeout_ms, to_flush, delayed, sequenced, False,
+                                       True, started))
 
 
 def _refuse_all(req: ProduceRequest, code: ErrorCode) -> ProduceResponse | None:
@@ -337,6 +399,23 @@ def _failure(index: int, code: ErrorCode, message: str | None = None,
             [(e.batch_index, e.message) for e in record_errors] if record_errors else None)
 
 
+def _append_failure(rm: Any, name: str, index: int, e: Exception) -> PartitionAnswer:
+    """The answer of a partition whose append raised: Kafka's error code, message, record errors and log start."""
+    code = error_of(e)
+    if code == ErrorCode.UNKNOWN_SERVER_ERROR:
+        log.error("Produce to %s-%d failed", name, index, exc_info=e)
+    elif code in _PRODUCER_STATE_ERRORS:
+        # Rare, and what makes an idempotent client bump its epoch: worth a line each.
+        log.info("Produce to %s-%d refused with %s: %s", name, index, code.name, e)
+    # Records refused one by one (v8+): the client fails just those and retries nothing else.
+    record_errors = e.record_errors if isinstance(e, RecordValidationError) else None
+    log_start = -1 if code in _NO_LOG_START_ERRORS else _log_start_offset(rm, name, index)
+    # Kafka names no message for an unknown partition (hasCustomErrorMessage false), as handle_produce
+    # answers it before the append.
+    message = None if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION else str(e) or None
+    return _failure(index, code, message, record_errors, log_start)
+
+
 def _append(ctx: RequestContext, topics: list[tuple[str, list[tuple[int, Any]]]], acks: int, timeout_ms: int,
             failed: dict[tuple[str, int], Refusal], guards: dict[tuple[str, int], VerificationGuard] | None,
             direct: bool = False, started: float = 0.0) -> Any:
@@ -378,20 +457,9 @@ def _append(ctx: RequestContext, topics: list[tuple[str, list[tuple[int, Any]]]]
             try:
                 lg, info = rm.append(name, index, records, acks, guard)
             except Exception as e:  # noqa: BLE001 - every failure becomes this partition's error code
-                code = error_of(e)
-                not_leader = not_leader or code == ErrorCode.NOT_LEADER_OR_FOLLOWER
-                if code == ErrorCode.UNKNOWN_SERVER_ERROR:
-                    log.exception("Produce to %s-%d failed", name, index)
-                elif code in _PRODUCER_STATE_ERRORS:
-                    # Rare, and what makes an idempotent client bump its epoch: worth a line each.
-                    log.info("Produce to %s-%d refused with %s: %s", name, index, code.name, e)
-                # Records refused one by one (v8+): the client fails just those and retries nothing else.
-                record_errors = e.record_errors if isinstance(e, RecordValidationError) else None
-                log_start = -1 if code in _NO_LOG_START_ERRORS else _log_start_offset(rm, name, index)
-                # Kafka names no message for an unknown partition (hasCustomErrorMessage false), as handle_produce
-                # answers it before the append.
-                message = None if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION else str(e) or None
-                parts.append(_failure(index, code, message, record_errors, log_start))
+                failure = _append_failure(rm, name, index, e)
+                not_leader = not_leader or failure[1] == ErrorCode.NOT_LEADER_OR_FOLLOWER
+                parts.append(failure)
                 continue
             counters.produced(name, info.num_records, len(records))
             if magic == 2 and len(records) >= BATCH_HEADER_SIZE and records[_PRODUCER_ID] != 0xFF:
@@ -405,6 +473,16 @@ def _append(ctx: RequestContext, topics: list[tuple[str, list[tuple[int, Any]]]]
             answers[name].extend(parts)
         elif parts:
             answers[name] = parts
+    return _answer(ctx, topics, list(answers.items()), acks, timeout_ms, to_flush, delayed, sequenced, not_leader,
+                   direct, started)
+
+
+def _answer(ctx: RequestContext, topics: list[tuple[str, list[tuple[int, Any]]]], answered: TopicAnswers,
+            acks: int, timeout_ms: int, to_flush: list[tuple[Any, int]], delayed: list[tuple[str, int, int]],
+            sequenced: bool, not_leader: bool, direct: bool, started: float) -> Any:
+    """_append's answer once the partitions are appended: the client's byte-rate quota, then what waits (fsync,
+    replication) or nothing (acks=0); direct: (answers, throttle) when nothing does, for the direct encoder."""
+    rm = ctx.server.replica_manager
     throttle = 0
     quota = ctx.server.produce_quota
     if quota.quota_for(ctx.client_id) is not None:  # most clients have none: skip the byte count
@@ -417,7 +495,6 @@ def _append(ctx: RequestContext, topics: list[tuple[str, list[tuple[int, Any]]]]
         if to_flush:
             rm.flush_in_background(to_flush)
         return None
-    answered: TopicAnswers = list(answers.items())
     if direct and not (not_leader or to_flush):
         if not delayed:
             return answered, throttle

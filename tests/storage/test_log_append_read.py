@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from kbroker.protocol.records import (
     BATCH_HEADER_SIZE,
+    INVALID_TIMESTAMP,
     TIMESTAMP_LOG_APPEND_TIME,
     CorruptRecordError,
     InvalidRecordError,
+    RecordValidationError,
     build_batch,
     decode_records,
     iter_batch_headers,
@@ -114,6 +116,27 @@ def test_record_too_large_and_keyless_compacted(make_log) -> None:
     assert ei2.value.error_code == 87
     assert log.append_as_leader(kv_batch([(b"a", b"1"), (b"b", None)], compression=3), NOW).num_records == 2
     assert log.log_end_offset == 2
+
+
+def test_config_update_reaches_the_append_path(make_log) -> None:
+    """The append reads segment.ms, max.compaction.lag.ms and the timestamp bounds from facts it keeps per config
+    object (Log._config_facts): a replaced config is what the next append uses."""
+    log = make_log()
+    log.append_as_leader(batch(1), NOW)
+    log.append_as_leader(batch(1), NOW + 10_000)
+    assert len(log.segments) == 1
+    log.update_config(log.config.replace(segment_ms=5_000))
+    log.append_as_leader(batch(1), NOW + 10_001)  # the first segment began 10 s earlier: a roll
+    assert [s.base_offset for s in log.segments] == [0, 2]
+    log.update_config(log.config.replace(segment_ms=3_600_000, cleanup_policy="compact",
+                                         max_compaction_lag_ms=1_000))
+    log.append_as_leader(batch(1), NOW + 12_000)  # max.compaction.lag.ms rolls a compacted topic's segment
+    assert [s.base_offset for s in log.segments] == [0, 2, 3]
+    log.update_config(log.config.replace(message_timestamp_difference_max_ms=1_000))
+    with pytest.raises(RecordValidationError) as refused:
+        log.append_as_leader(batch(1, ts=NOW), NOW + 12_000)
+    assert refused.value.error_code == INVALID_TIMESTAMP
+    assert log.log_end_offset == 4
 
 
 def test_control_batches_only_from_internal_writers(make_log) -> None:
