@@ -14,20 +14,35 @@ named once, led here at the leader epoch the client names, and caught up (the hi
 the last stable offset, at or below the fetch offset, which is within the log). Each partition's answer (what the
 general path sends: its offsets, no records) is encoded once, keyed by the topic and the partition's request fields.
 A later Fetch with the same fields but its partitions, naming the same partitions in any order, gets those answers
-joined in its order (`IdleFetch.answer`), and once seen its body is answered without a decode (`answer_body`). The
-plan serves as long as nothing its answers depend on moved (`holds`): the topics map of the metadata (copy-on-write:
+joined in its order (`IdleFetch.answer`), and once seen its frame (past the correlation id) is answered without a
+decode: KafkaApis.handle gives every request of a connection with a plan to `IdleFetch.take` first, before it
+decodes the header or dispatches (that was a third of this path's Python).
+
+A fetch session's idle Fetch (KIP-227; the Java client, kafka-python) is an incremental Fetch naming no partition
+and forgetting none, the same bytes every time but the epoch. Its plan (`IdleFetch._plan_session`) is made when the
+session is a consumer's, at the request's epoch, and every partition of it is led here, caught up, and was last told
+the offsets it has now (its CachedPartition's high watermark, log start and last stable offset): the general path's
+incremental answer would then be empty. A later request matching the plan's bytes but the epoch, at the epoch the
+session expects, gets FetchManager.new_context's bookkeeping (the epoch checked under the cache's lock and moved on,
+the session touched in the LRU order) and the empty answer; any other epoch, an evicted or replaced session, a
+partition named or forgotten is the general path's (INVALID_FETCH_SESSION_EPOCH, FETCH_SESSION_ID_NOT_FOUND, ...).
+Woken, or moved at its timer, it goes on in handle_fetch's incremental context at the epoch it set
+(fetch.resume_incremental), which also answers INVALID_FETCH_SESSION_EPOCH if another request of the session came
+meanwhile.
+
+The plan serves as long as nothing its answers depend on moved (`holds`): the topics map of the metadata (copy-on-write:
 any topic, partition, leader or config change replaces it), the same Log object for every partition, each log's
 fetch_state (log end, high watermark, log start, first unstable offset: equal states, equal answers), and a
 replicated partition's leader, epoch and log. Those are C-level compares (map over operator.attrgetter), no Python
 per partition.
 
-The request then waits (`_ParkedFetch`) on one timer, as a network.Parked: the connection owes the answer without a
-task. The plan is the purgatory's waiter for its partitions, watched across its requests and watched again only
+The request then waits (`_ParkedFetch`, itself the network.Parked answer) on one timer: the connection owes the
+answer without a task. The plan is the purgatory's waiter for its partitions, watched across its requests and watched again only
 after a notify, which wakes the request waiting: the general path then serves it for what is left of its wait
 (handle_fetch, its answer encoded and counted as KafkaApis does), as it does when the broker closes. At the timer
 the cached answer goes out with the request's correlation id; the plan is checked again first only if something was
 notified since the wait began (the general path reads again only then). Anything else (an authorizer, fetch quotas,
-an offline log dir, a follower, a session, an error, data to return, bytes that do not decode, Fetch v0-v3) is the
+an offline log dir, a follower, a full Fetch of a session, an error, data to return, bytes that do not decode, Fetch v0-v3) is the
 general path's from the start. KBROKER_IDLE_FETCH=0 turns the direct path off (the differential tests compare it
 with the general path on the same broker state).
 """

@@ -351,6 +351,45 @@ def test_kafka_python_sessions_read_the_same_on_both_paths(
     assert got[0] == got[1] and len(got[0]) == 3, got
 
 
+def test_idle_fetches_are_counted_once_each(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """RequestMetrics count every Fetch the direct path answers, once: planned, taken before the dispatch, answered
+    at once (no wait) or after the wait, a session's; the latency histogram counts the same requests."""
+    from tests.broker.test_metrics import scrape, value
+    from tests.broker_process import free_port, wait_for_port
+
+    port = free_port()
+    b = BrokerProcess(tmp_path_factory.mktemp("metrics"), {"metrics.port": str(port)}).start()
+    try:
+        wait_for_port(port)
+        _new_topic(b, "counted")
+        with RawClient(b.bootstrap, timeout=15) as c:
+            ids = _topic_ids(c)
+            parts: list[Part] = [("counted", 0, 0, -1), ("counted", 1, 0, -1)]
+            before = scrape(port)
+            sent = 0
+            for k in range(6):
+                c.request(1, 12, _fetch(12, _rotated(parts, k), ids, max_wait=10))
+                sent += 1
+            for _ in range(4):
+                c.request(1, 16, _fetch(16, parts, ids, max_wait=0))
+                sent += 1
+            sid = c.request(1, 12, _fetch(12, parts, ids, max_wait=10, session=(0, 0))).session_id
+            sent += 1
+            for epoch in range(1, 6):
+                assert c.request(1, 12, _incremental(12, (sid, epoch), [], ids, max_wait=10)).error_code == 0
+                sent += 1
+            after = scrape(port)
+    finally:
+        b.stop()
+    requests = "kafka_network_requestmetrics_requests_total"
+    count = "kafka_network_requestmetrics_totaltimems_count"
+    assert value(after, requests, request="Fetch") - value(before, requests, request="Fetch") == sent
+    assert value(after, count, request="Fetch") == value(after, requests, request="Fetch")
+    assert value(
+        after, "kafka_network_requestmetrics_totaltimems_bucket", request="Fetch", le="+Inf"
+    ) == value(after, count, request="Fetch")
+
+
 # ---------------------------------------------------------------- real clients
 
 
