@@ -323,6 +323,47 @@ def test_session_fetches_answer_as_the_general_path(
         c.close()
 
 
+def test_a_parked_session_fetch_overtaken_on_another_connection(
+    brokers: tuple[BrokerProcess, BrokerProcess],
+) -> None:
+    """An idle incremental Fetch parks on one connection; the session's next epoch comes on another connection
+    meanwhile and is answered; the parked one then answers INVALID_FETCH_SESSION_EPOCH at the end of its wait (the
+    general path's update_and_generate), and the session goes on at the epoch after the second: the same on both
+    brokers."""
+    version = 12
+    topic = "overtaken"
+    for b in brokers:
+        _new_topic(b, topic)
+    firsts = [RawClient(b.bootstrap, timeout=15) for b in brokers]
+    seconds = [RawClient(b.bootstrap, timeout=15) for b in brokers]
+    ids = [_topic_ids(c) for c in firsts]
+    sessions = []
+    for c, i in zip(firsts, ids, strict=True):
+        created = c.request(
+            1, version, _fetch(version, [(topic, 0, 0, -1), (topic, 1, 0, -1)], i, session=(0, 0))
+        )
+        sessions.append(created.session_id)
+    outcomes: list[list[FetchResponse]] = [[], []]
+    for k, (first, second, i, sid) in enumerate(zip(firsts, seconds, ids, sessions, strict=True)):
+        for epoch in (1, 2):  # planned, then taken from the plan
+            outcomes[k].append(first.request(1, version, _incremental(version, (sid, epoch), [], i)))
+        first.send_bytes(first.frame(1, version, _incremental(version, (sid, 3), [], i, max_wait=1500)))
+        time.sleep(0.3)
+        outcomes[k].append(second.request(1, version, _incremental(version, (sid, 4), [], i, max_wait=0)))
+        outcomes[k].append(codec.decode_response(1, version, first.recv_frame())[1])
+        outcomes[k].append(first.request(1, version, _incremental(version, (sid, 5), [], i)))
+    for rs, sid in zip(outcomes, sessions, strict=True):
+        assert [(r.error_code, r.session_id == sid, len(r.responses)) for r in rs] == [
+            (0, True, 0),
+            (0, True, 0),
+            (0, True, 0),
+            (71, True, 0),
+            (0, True, 0),
+        ], rs
+    for c in (*firsts, *seconds):
+        c.close()
+
+
 def test_kafka_python_sessions_read_the_same_on_both_paths(
     brokers: tuple[BrokerProcess, BrokerProcess], topic_name: str
 ) -> None:
