@@ -30,11 +30,11 @@ Woken, or moved at its timer, it goes on in handle_fetch's incremental context a
 (fetch.resume_incremental), which also answers INVALID_FETCH_SESSION_EPOCH if another request of the session came
 meanwhile.
 
-The plan serves as long as nothing its answers depend on moved (`holds`): the topics map of the metadata (copy-on-write:
-any topic, partition, leader or config change replaces it), the same Log object for every partition, each log's
-fetch_state (log end, high watermark, log start, first unstable offset: equal states, equal answers), and a
-replicated partition's leader, epoch and log. Those are C-level compares (map over operator.attrgetter), no Python
-per partition.
+The plan serves as long as nothing its answers depend on moved (`holds`): the topics map of the metadata
+(copy-on-write: any topic, partition, leader or config change replaces it), the log manager's logs_version (any Log
+added, replaced or removed moves it), each log's fetch_state (log end, high watermark, log start, first unstable
+offset: equal states, equal answers), and a replicated partition's leader, epoch and log. Those are C-level compares
+(map over operator.attrgetter), no Python per partition.
 
 The request then waits (`_ParkedFetch`, itself the network.Parked answer) on one timer: the connection owes the
 answer without a task. The plan is the purgatory's waiter for its partitions, watched across its requests and watched again only
@@ -165,7 +165,7 @@ class IdleFetch:
         "topics",
         "keys",
         "logs",
-        "log_of",
+        "logs_version",
         "states",
         "parts",
         "leadership",
@@ -211,7 +211,8 @@ class IdleFetch:
         self.topics = server.metadata.topics
         self.keys: list[tuple[str, int]] = []
         self.logs: list[Log] = []
-        self.log_of = server.log_manager.log_by_partition
+        # Taken before any log is looked up: a log added, replaced or removed from now on moves it (holds).
+        self.logs_version = server.log_manager.logs_version
         self.states: list[Any] = []
         self.parts: list[Any] = []
         self.leadership: list[Any] = []
@@ -269,10 +270,11 @@ class IdleFetch:
 
     def holds(self, server: KafkaServer) -> bool:
         """Whether the answers are still what the general path would give (see the module doc)."""
+        log_manager = server.log_manager
         return (
             server.metadata.topics is self.topics
-            and not server.log_manager.offline_partitions
-            and list(map(self.log_of, self.keys)) == self.logs
+            and not log_manager.offline_partitions
+            and log_manager.logs_version == self.logs_version
             and list(map(_FETCH_STATE, self.logs)) == self.states
             and list(map(_LEADERSHIP, self.parts)) == self.leadership
             and (self.configs is None or list(map(_CONFIG, self.logs)) == self.configs)
