@@ -466,7 +466,9 @@ class IdleFetch:
         if replica_id >= 0 or req.isolation_level not in (0, 1):
             return None
         if version >= SESSION_VERSION and req.session_epoch > 0:
-            return cls._plan_session(ctx, req, frame, pos, general, resume)
+            if req.topics or req.forgotten_topics_data or req.session_id == 0:
+                return None
+            return cls(version, req, server, frame, general, resume)._plan_session(req, frame, pos)
         if (
             not req.topics
             or req.forgotten_topics_data
@@ -514,24 +516,13 @@ class IdleFetch:
                 plan.count += 1
         return plan._complete()
 
-    @classmethod
-    def _plan_session(
-        cls,
-        ctx: RequestContext,
-        req: FetchRequest,
-        frame: bytes | bytearray,
-        pos: int,
-        general: HandlerFn,
-        resume: ResumeFn,
-    ) -> IdleFetch | None:
-        """An incremental Fetch naming no partition and forgetting none (the Java client's idle Fetch): planned
-        when the session is at the request's epoch, a consumer's, and every partition of it is led here, caught up
-        and was last told the offsets it has now, so that the general path's incremental answer would be empty."""
-        server = ctx.server
-        version = ctx.api_version
-        if req.topics or req.forgotten_topics_data or req.session_id == 0:
-            return None
-        plan = cls(version, req, server, frame, general, resume)
+    def _plan_session(self, req: FetchRequest, frame: bytes | bytearray, pos: int) -> IdleFetch | None:
+        """This plan for an incremental Fetch naming no partition and forgetting none (the Java client's idle Fetch):
+        made when the session is at the request's epoch, a consumer's, and every partition of it is led here, caught
+        up and was last told the offsets it has now, so that the general path's incremental answer would be empty."""
+        plan = self
+        server = plan.server
+        version = plan.version
         cache = plan.cache
         with cache.lock:
             session = cache.get(req.session_id)
