@@ -8,8 +8,9 @@ topics `idle_0..2` (4 partitions each, one record in each), and librdkafka's idl
 KafkaConnection with a stub transport on its network thread, one at a time: framing, header decode, the handler,
 the long poll's wait (max wait `--max-wait-ms`, so the timer fires while the loop sleeps) and the empty answer's
 encode and write. The thread's CPU time per request is printed per repetition; `--floor` prints what the harness's
-own sleep per request costs (the loop's wake-ups), to subtract. Run it from each checkout (cwd)
-alternately to compare them.
+own sleep per request costs (the loop's wake-ups), to subtract. `--session` feeds the Java client's idle Fetch
+instead: a full Fetch creating a fetch session over the same partitions (KIP-227), then incremental Fetches naming
+no partition, each at the session's next epoch. Run it from each checkout (cwd) alternately to compare them.
 """
 
 from __future__ import annotations
@@ -88,7 +89,28 @@ def _setup(port: int) -> dict[str, bytes]:
         return {t.name: t.topic_id for t in meta.topics}  # type: ignore[attr-defined]
 
 
-def _frames(ids: dict[str, bytes], count: int, max_wait_ms: int) -> list[bytes]:
+def _session_frames(session_id: int, count: int, max_wait_ms: int) -> list[bytes]:
+    """The Java client's idle incremental Fetches in a session: no partition, epochs 1, 2, ..."""
+    out = []
+    for i in range(count):
+        body = FetchRequest(
+            max_wait_ms=max_wait_ms,
+            min_bytes=1,
+            max_bytes=52428800,
+            isolation_level=0,
+            session_id=session_id,
+            session_epoch=i + 1,
+            topics=[],
+            rack_id="",
+        )
+        header = RequestHeader(
+            request_api_key=1, request_api_version=VERSION, correlation_id=i, client_id="b"
+        )
+        out.append(bytes(codec.encode_request(header, body)))
+    return out
+
+
+def _frames(ids: dict[str, bytes], count: int, max_wait_ms: int, session_epoch: int = -1) -> list[bytes]:
     out = []
     for i in range(count):
         k = i % len(PARTS)
@@ -113,7 +135,7 @@ def _frames(ids: dict[str, bytes], count: int, max_wait_ms: int) -> list[bytes]:
             max_bytes=52428800,
             isolation_level=1,
             session_id=0,
-            session_epoch=-1,
+            session_epoch=session_epoch,
             topics=topics,
             rack_id="",
         )
@@ -125,7 +147,12 @@ def _frames(ids: dict[str, bytes], count: int, max_wait_ms: int) -> list[bytes]:
 
 
 def measure(
-    requests: int, reps: int, max_wait_ms: int, profile: Path | None = None, floor: bool = False
+    requests: int,
+    reps: int,
+    max_wait_ms: int,
+    profile: Path | None = None,
+    floor: bool = False,
+    session: bool = False,
 ) -> list[float]:
     results: list[float] = []
 
@@ -151,6 +178,12 @@ def measure(
                     await asyncio.sleep(pause)
                 results.append((time.thread_time() - t0) / requests * 1e6)
                 return
+            if session:
+                await feed(frames[0])  # the full Fetch (epoch 0) that creates the session
+                created = codec.decode_response(1, VERSION, bytes(transport.last)[4:])[1]
+                if not created.session_id:  # type: ignore[attr-defined]
+                    raise RuntimeError(f"no session: {created}")
+                frames = _session_frames(created.session_id, len(frames), max_wait_ms)  # type: ignore[attr-defined]
             for frame in frames[:WARM]:
                 await feed(frame)
             for rep in range(reps):
@@ -167,7 +200,7 @@ def measure(
             resp = codec.decode_response(1, VERSION, bytes(transport.last)[4:])[1]
             if (
                 resp.error_code
-                or len(resp.responses) == 0
+                or (len(resp.responses) == 0) != session
                 or any(  # type: ignore[attr-defined]
                     p.error_code or p.records
                     for t in resp.responses
@@ -176,7 +209,7 @@ def measure(
             ):
                 raise RuntimeError(f"not the idle answer: {resp}")
 
-        frames = _frames(_setup(port), WARM + reps * requests, max_wait_ms)
+        frames = _frames(_setup(port), WARM + reps * requests, max_wait_ms, 0 if session else -1)
         asyncio.run_coroutine_threadsafe(feed_all(frames), server.socket_server.processors[0].loop).result()
 
     run_beside("kbroker-fetch-inprocess-", client)
@@ -192,8 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--floor", action="store_true", help="the harness's own CPU per request (its sleeps), no Fetch"
     )
+    ap.add_argument(
+        "--session", action="store_true", help="the Java client's idle incremental Fetch in a fetch session"
+    )
     args = ap.parse_args(argv)
-    results = measure(args.requests, args.reps, args.max_wait_ms, args.profile, args.floor)
+    results = measure(args.requests, args.reps, args.max_wait_ms, args.profile, args.floor, args.session)
     print(
         "in-process broker CPU per idle Fetch (us): "
         + " ".join(f"{r:.1f}" for r in results)

@@ -1,7 +1,7 @@
 """fetch_sessions' idle long-poll row alone, with kbroker from several checkouts and the mock in one run.
 
     python -m bench.idle_poll [--root CHECKOUT ...] [--env-b KEY=VALUE ...] [--consumers 100] [--window 15]
-        [--reps 3] [--no-mock] [--profile out.raw]
+        [--reps 3] [--no-mock] [--profile out.raw] [--client java]
 
 The row of bench.fetch_sessions (b) without its loading and Java runs: `--consumers` confluent-kafka consumers in one
 group (round-robin) long-poll topics of 4 partitions, 10 partitions each (so `--consumers` x 10 / 4 topics, one
@@ -9,7 +9,9 @@ message in each partition), fetch.wait.max.ms at librdkafka's default 500 ms. On
 CPU over `--window` seconds divided by the Fetch requests the clients sent (librdkafka's statistics): CPU per idle
 Fetch of 10 partitions. Each repetition runs every kbroker (each --root, each environment) and the mock in turn,
 each freshly started, so the ratios compare runs minutes apart on this shared machine. `--profile` records py-spy
-(raw, --gil), or for `*.perf` `perf record -g`, of the first kbroker's window in the first repetition.
+(raw, --gil), or for `*.perf` `perf record -g`, of the first kbroker's window in the first repetition. `--client java`:
+the Java consumers of fetch_sessions' Java row instead (one fetch session each, incremental Fetches; their Fetch
+count from the client's metrics), kbroker only.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import clients
-from bench.fetch_sessions import idle_consumers
+from bench.fetch_sessions import idle_consumers, java_classpath
 from bench.harness import ROOT, Ctx, KBroker, Peer, Perf, PySpy, Target, free_port, workdir
 
 
@@ -55,20 +57,28 @@ def _start_from(b: RootBroker, timeout: float) -> float:
 
 
 def one(
-    ctx: Ctx, t: Target, nconsumers: int, window: float, tag: str, mport: int | None, profile: Path | None
+    ctx: Ctx,
+    t: Target,
+    nconsumers: int,
+    window: float,
+    tag: str,
+    mport: int | None,
+    profile: Path | None,
+    client: str = "confluent-kafka",
 ) -> dict[str, Any]:
     topics = [f"idle_{k}" for k in range(max(1, nconsumers * 10 // 4))]
     t.create_topics(topics)
     clients.produce(
         t.bootstrap, clients.partitions_of(topics), 4 * len(topics), [b"x" * 100], {}, timeout=120
     )
+    cp = java_classpath(ctx) if client == "java" else ""
     if profile is None:
-        return idle_consumers(ctx, "confluent-kafka", "", t, topics, nconsumers, window, tag, mport)
+        return idle_consumers(ctx, client, cp, t, topics, nconsumers, window, tag, mport)
     sampler = Perf if profile.suffix == ".perf" else PySpy
     return idle_consumers(
         ctx,
-        "confluent-kafka",
-        "",
+        client,
+        cp,
         t,
         topics,
         nconsumers,
@@ -90,6 +100,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-mock", action="store_true")
     ap.add_argument("--profile", type=Path)
+    ap.add_argument("--client", choices=["confluent-kafka", "java"], default="confluent-kafka")
     args = ap.parse_args()
     roots = [r.resolve() for r in (args.root or [ROOT])]
     envs: list[dict[str, str]] = [{}]
@@ -102,7 +113,7 @@ def main() -> None:
         runs: list[tuple[str, Any]] = [
             (f"{r}{' ' + ' '.join(e) if e else ''}", (r, e)) for r in roots for e in envs
         ]
-        if not args.no_mock:
+        if not args.no_mock and args.client != "java":
             runs.append(("mock", None))
         for label, spec in runs:
             mport = None
@@ -114,7 +125,9 @@ def main() -> None:
             try:
                 t.start()
                 prof = args.profile if args.profile and rep == 0 and spec == (roots[0], envs[0]) else None
-                r = one(ctx, t, args.consumers, args.window, f"{rep}-{len(results)}", mport, prof)
+                r = one(
+                    ctx, t, args.consumers, args.window, f"{rep}-{len(results)}", mport, prof, args.client
+                )
             finally:
                 t.stop()
             fetch_s = r["client_fetch_per_s"]

@@ -14,20 +14,35 @@ named once, led here at the leader epoch the client names, and caught up (the hi
 the last stable offset, at or below the fetch offset, which is within the log). Each partition's answer (what the
 general path sends: its offsets, no records) is encoded once, keyed by the topic and the partition's request fields.
 A later Fetch with the same fields but its partitions, naming the same partitions in any order, gets those answers
-joined in its order (`IdleFetch.answer`), and once seen its body is answered without a decode (`answer_body`). The
-plan serves as long as nothing its answers depend on moved (`holds`): the topics map of the metadata (copy-on-write:
-any topic, partition, leader or config change replaces it), the same Log object for every partition, each log's
-fetch_state (log end, high watermark, log start, first unstable offset: equal states, equal answers), and a
-replicated partition's leader, epoch and log. Those are C-level compares (map over operator.attrgetter), no Python
-per partition.
+joined in its order (`IdleFetch.answer`), and once seen its frame (past the correlation id) is answered without a
+decode: KafkaApis.handle gives every request of a connection with a plan to `IdleFetch.take` first, before it
+decodes the header or dispatches (that was a third of this path's Python).
 
-The request then waits (`_ParkedFetch`) on one timer, as a network.Parked: the connection owes the answer without a
-task. The plan is the purgatory's waiter for its partitions, watched across its requests and watched again only
+A fetch session's idle Fetch (KIP-227; the Java client, kafka-python) is an incremental Fetch naming no partition
+and forgetting none, the same bytes every time but the epoch. Its plan (`IdleFetch._plan_session`) is made when the
+session is a consumer's, at the request's epoch, and every partition of it is led here, caught up, and was last told
+the offsets it has now (its CachedPartition's high watermark, log start and last stable offset): the general path's
+incremental answer would then be empty. A later request matching the plan's bytes but the epoch, at the epoch the
+session expects, gets FetchManager.new_context's bookkeeping (the epoch checked under the cache's lock and moved on,
+the session touched in the LRU order) and the empty answer; any other epoch, an evicted or replaced session, a
+partition named or forgotten is the general path's (INVALID_FETCH_SESSION_EPOCH, FETCH_SESSION_ID_NOT_FOUND, ...).
+Woken, or moved at its timer, it goes on in handle_fetch's incremental context at the epoch it set
+(fetch.resume_incremental), which also answers INVALID_FETCH_SESSION_EPOCH if another request of the session came
+meanwhile.
+
+The plan serves as long as nothing its answers depend on moved (`holds`): the topics map of the metadata
+(copy-on-write: any topic, partition, leader or config change replaces it), the log manager's logs_version (any Log
+added, replaced or removed moves it), each log's fetch_state (log end, high watermark, log start, first unstable
+offset: equal states, equal answers), and a replicated partition's leader, epoch and log. Those are C-level compares
+(map over operator.attrgetter), no Python per partition.
+
+The request then waits (`_ParkedFetch`, itself the network.Parked answer) on one timer: the connection owes the
+answer without a task. The plan is the purgatory's waiter for its partitions, watched across its requests and watched again only
 after a notify, which wakes the request waiting: the general path then serves it for what is left of its wait
 (handle_fetch, its answer encoded and counted as KafkaApis does), as it does when the broker closes. At the timer
 the cached answer goes out with the request's correlation id; the plan is checked again first only if something was
 notified since the wait began (the general path reads again only then). Anything else (an authorizer, fetch quotas,
-an offline log dir, a follower, a session, an error, data to return, bytes that do not decode, Fetch v0-v3) is the
+an offline log dir, a follower, a full Fetch of a session, an error, data to return, bytes that do not decode, Fetch v0-v3) is the
 general path's from the start. KBROKER_IDLE_FETCH=0 turns the direct path off (the differential tests compare it
 with the general path on the same broker state).
 """
@@ -41,21 +56,24 @@ import os
 import struct
 import threading
 import time
+from collections.abc import Callable
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
 from kbroker.broker import metrics
 from kbroker.broker.apis import NOT_DIRECT, DirectFn, HandlerFn, KafkaApis, RequestContext
 from kbroker.broker.down_conversion import check_down_conversion
-from kbroker.broker.network import Parked, Response
+from kbroker.broker.fetch_session import FetchSession, next_epoch
+from kbroker.broker.network import KafkaConnection, Parked, Response
 from kbroker.broker.purgatory import HIGH_WATERMARK, FetchPurgatory
 from kbroker.protocol import codec
 from kbroker.protocol.errors import KafkaError
 from kbroker.protocol.messages import FetchRequest, FetchResponse
+from kbroker.storage.log import Log
 
 if TYPE_CHECKING:
+    from kbroker.broker.replica_manager import ReplicaManager
     from kbroker.broker.server import KafkaServer
-    from kbroker.storage.log import Log
 
 ENABLED = os.environ.get("KBROKER_IDLE_FETCH", "1") != "0"
 # Fetch v4 is the first with an isolation level and the last stable offset; the general path serves v0-v3.
@@ -65,7 +83,8 @@ READ_COMMITTED = 1
 # Down-conversion's refusals depend on the topic config for Fetch < v10 (down_conversion.check_down_conversion).
 FIRST_UNCONVERTED_VERSION = 10
 
-_FETCH_STATE = operator.attrgetter("fetch_state")
+# Log.fetch_state's own getter, called without the property (a tenth of the plan's check).
+_FETCH_STATE = Log.fetch_state.fget
 _LEADERSHIP = operator.attrgetter("leader_id", "leader_epoch", "log")
 _CONFIG = operator.attrgetter("config")
 # Everything of a request but its partitions: equal, and the partitions the same, the answer is the same.
@@ -94,6 +113,12 @@ _INT32 = struct.Struct(">i")
 _HEAD = struct.Struct(">iiih")  # size, correlation id, throttle_time_ms, error_code (then the session id)
 FLEXIBLE_VERSION = 12
 SESSION_VERSION = 7
+# Where a request's session epoch lies after the body's start: past the replica id (before v15), max wait, min and
+# max bytes, isolation level and session id.
+SESSION_EPOCH_AT = 4 + 4 + 4 + 4 + 1 + 4
+# handle_fetch's incremental Fetch in the context a request's session bookkeeping made: (ctx, request, session,
+# the epoch the bookkeeping gave it).
+ResumeFn = Callable[[RequestContext, FetchRequest, FetchSession, int], Any]
 # What a plan remembers answers by body for: a client's rotations of one partition list (librdkafka moves one
 # partition to the end on every Fetch, so as many bodies as partitions), bodies and answers together at most this
 # many bytes per connection; past it, the rest are answered from the chunks.
@@ -127,7 +152,8 @@ class IdleFetch:
     """One connection's idle Fetch: the request's fields but its partitions (`fixed`), the encoded answer of each
     partition it names (`chunks`, by topic and partition fields), and what those answers depend on. A request with
     the same fields naming the same partitions in any order (librdkafka rotates them on every Fetch) is answered
-    from the chunks."""
+    from the chunks. A session's plan (`session` set) answers the session's next incremental Fetch with nothing
+    changed: the same bytes but the epoch, which must be the session's."""
 
     __slots__ = (
         "version",
@@ -139,7 +165,7 @@ class IdleFetch:
         "topics",
         "keys",
         "logs",
-        "log_of",
+        "logs_version",
         "states",
         "parts",
         "leadership",
@@ -153,9 +179,29 @@ class IdleFetch:
         "waiting",
         "loop",
         "thread_id",
+        "head",
+        "server",
+        "general",
+        "resume",
+        "session",
+        "cache",
+        "session_epoch",
+        "frame_len",
+        "prefix",
+        "suffix",
+        "epoch_at",
+        "session_answer",
     )
 
-    def __init__(self, version: int, req: FetchRequest, server: KafkaServer) -> None:
+    def __init__(
+        self,
+        version: int,
+        req: FetchRequest,
+        server: KafkaServer,
+        frame: bytes | bytearray,
+        general: HandlerFn,
+        resume: ResumeFn,
+    ) -> None:
         self.version = version
         self.fixed = _FIXED(req)
         self.by_id = version >= 13
@@ -165,15 +211,17 @@ class IdleFetch:
         self.topics = server.metadata.topics
         self.keys: list[tuple[str, int]] = []
         self.logs: list[Log] = []
-        self.log_of = server.log_manager.log_by_partition
+        # Taken before any log is looked up: a log added, replaced or removed from now on moves it (holds).
+        self.logs_version = server.log_manager.logs_version
         self.states: list[Any] = []
         self.parts: list[Any] = []
         self.leadership: list[Any] = []
         self.configs: list[Any] | None = None
         self.max_wait_s = req.max_wait_ms / 1000.0
         self.min_bytes = req.min_bytes
-        # Answers already made, by request body (correlation id 0): librdkafka's rotations of its partition list
-        # are a few bodies, each answered without a decode once seen.
+        # Answers already made, by what follows the correlation id in the request frame (the client id and the
+        # body): librdkafka's rotations of its partition list are a few frames, each answered without a decode once
+        # seen, before KafkaApis decodes the header (take).
         self.by_body: dict[bytes, bytes] = {}
         self.body_bytes = 0
         # The plan is the purgatory's waiter for its partitions (keys, wants, wake), watched across its requests: a
@@ -184,6 +232,18 @@ class IdleFetch:
         self.waiting: _ParkedFetch | None = None
         self.loop = asyncio.get_running_loop()
         self.thread_id = threading.get_ident()
+        self.head = bytes(frame[:4])  # the api key (1) and version
+        self.server = server
+        self.general = general
+        self.resume = resume
+        self.session: FetchSession | None = None
+        self.cache = server.fetch_manager.cache
+        self.session_epoch = 0
+        self.frame_len = 0
+        self.prefix = b""
+        self.suffix = b""
+        self.epoch_at = 0
+        self.session_answer = b""
 
     def wake(self) -> None:
         """The purgatory's notify (from any thread)."""
@@ -210,14 +270,115 @@ class IdleFetch:
 
     def holds(self, server: KafkaServer) -> bool:
         """Whether the answers are still what the general path would give (see the module doc)."""
+        log_manager = server.log_manager
         return (
             server.metadata.topics is self.topics
-            and not server.log_manager.offline_partitions
-            and list(map(self.log_of, self.keys)) == self.logs
+            and not log_manager.offline_partitions
+            and log_manager.logs_version == self.logs_version
             and list(map(_FETCH_STATE, self.logs)) == self.states
             and list(map(_LEADERSHIP, self.parts)) == self.leadership
             and (self.configs is None or list(map(_CONFIG, self.logs)) == self.configs)
         )
+
+    # ------------------------------------------------------------ requests
+
+    def take(self, conn: KafkaConnection, frame: bytes | bytearray) -> Response | _ParkedFetch | None:
+        """KafkaApis.handle's first look, before the header is decoded: this plan's request again (a frame seen
+        before but for its correlation id, or the session's next epoch), answered or parked and counted as
+        KafkaApis counts a direct path's; None: anything else, which takes the general dispatch."""
+        if not frame.startswith(self.head):
+            return None
+        server = self.server
+        if (
+            server.authorizer is not None
+            or server.request_quota.quotas()
+            or server.fetch_quota.quotas()
+            or server.log_manager.offline_partitions
+        ):
+            return None
+        started = time.perf_counter()
+        if self.session is None:
+            seen = self.by_body.get(bytes(memoryview(frame)[8:]))
+            if seen is None:
+                return None
+        elif self.session_matches(frame):
+            seen = self.session_answer
+        else:
+            return None
+        answer = bytearray(seen)
+        answer[4:8] = frame[4:8]  # the correlation id
+        result = self.serve(conn, frame, answer, started, None, None)
+        if result is not None:
+            shard = metrics.shard()
+            elapsed = time.perf_counter() - started
+            shard.busy_s += elapsed
+            if type(result) is Response:
+                shard.request_done(1, elapsed)
+        return result
+
+    def session_matches(self, frame: bytes | bytearray) -> bool:
+        """The frame is the session plan's request at the epoch the session expects (no partition changed, none
+        forgotten, the same fields)."""
+        return (
+            len(frame) == self.frame_len
+            and frame.startswith(self.prefix, 8)
+            and frame.endswith(self.suffix)
+            and _INT32.unpack_from(frame, self.epoch_at)[0] == self.session_epoch
+        )
+
+    def answer_request(
+        self, frame: bytes | bytearray, req: FetchRequest, correlation_id: int
+    ) -> bytearray | None:
+        """The answer frame to a decoded request if it is this plan's, else None."""
+        if self.session is not None:
+            if not self.session_matches(frame):
+                return None
+            out = bytearray(self.session_answer)
+            _INT32.pack_into(out, 4, correlation_id)
+            return out
+        return self.answer_body(bytes(memoryview(frame)[8:]), req, correlation_id)
+
+    def serve(
+        self,
+        conn: KafkaConnection,
+        frame: bytes | bytearray,
+        answer: bytearray,
+        started: float,
+        req: FetchRequest | None,
+        ctx: RequestContext | None,
+    ) -> Response | _ParkedFetch | None:
+        """The request answered now (no wait) or parked, the session's bookkeeping done; None (nothing done):
+        the plan no longer holds, or the session moved on."""
+        if self.max_wait_s <= 0 or self.min_bytes <= 0:
+            # Answered at once, as the general path answers a poll that may not wait or wants nothing.
+            if not self.holds(self.server) or (self.session is not None and not self._next_epoch()):
+                return None
+            return Response(answer)
+        waiting = _ParkedFetch(self, conn, frame, answer, started, req, ctx)
+        if not waiting.start():
+            return None
+        if self.session is not None:
+            # FetchManager.new_context's bookkeeping of an incremental Fetch naming no partition, after the check
+            # (which the general path makes after it: a plan that fails leaves the session to the general path).
+            if not self._next_epoch():
+                waiting.cancel()
+                return None
+            waiting.expected = self.session_epoch
+        return waiting
+
+    def _next_epoch(self) -> bool:
+        """new_context for the session: still the cache's, at the epoch the request names; touched (LRU) and its
+        epoch moved on. False: anything else (the general path answers it, with its error)."""
+        session = self.session
+        assert session is not None
+        cache = self.cache
+        with cache.lock:
+            if cache.sessions.get(session.id) is not session or session.epoch != self.session_epoch:
+                return False
+            cache.touch(session, cache.clock_ms())
+            session.epoch = next_epoch(session.epoch)
+        self.session_epoch = session.epoch
+        return True
 
     def answer(self, req: FetchRequest, correlation_id: int) -> bytearray | None:
         """The answer frame to `req` from the chunks, or None when `req` is not this plan's request (other fields,
@@ -243,16 +404,14 @@ class IdleFetch:
             return None
         return self._encode(correlation_id, topics)
 
-    def answer_body(self, body: bytes, req: FetchRequest | None, correlation_id: int) -> bytearray | None:
-        """answer() for the request whose body is `body` (decoded as `req` when not seen before); remembered by
-        body, up to MAX_BODY_BYTES."""
+    def answer_body(self, body: bytes, req: FetchRequest, correlation_id: int) -> bytearray | None:
+        """answer() for the request whose frame past its correlation id is `body`; remembered by it, up to
+        MAX_BODY_BYTES."""
         seen = self.by_body.get(body)
         if seen is not None:
             out = bytearray(seen)
             _INT32.pack_into(out, 4, correlation_id)
             return out
-        if req is None:
-            return None
         out = self.answer(req, correlation_id)
         if out is not None and self.body_bytes + len(body) + len(out) <= MAX_BODY_BYTES:
             self.by_body[body] = bytes(out)
@@ -283,9 +442,20 @@ class IdleFetch:
         _INT32.pack_into(out, 0, len(out) - 4)
         return out
 
+    # ------------------------------------------------------------ plans
+
     @classmethod
-    def plan(cls, ctx: RequestContext, req: FetchRequest) -> IdleFetch | None:
-        """The plan of a Fetch whose every partition is caught up, else None (the general path serves it)."""
+    def plan(
+        cls,
+        ctx: RequestContext,
+        req: FetchRequest,
+        frame: bytes | bytearray,
+        pos: int,
+        general: HandlerFn,
+        resume: ResumeFn,
+    ) -> IdleFetch | None:
+        """The plan of a Fetch whose every partition is caught up (or of a session's incremental Fetch whose every
+        partition is caught up and was told so), else None (the general path serves it)."""
         server = ctx.server
         version = ctx.api_version
         replica_id = (
@@ -293,15 +463,19 @@ class IdleFetch:
             if version >= 15
             else req.replica_id
         )
+        if replica_id >= 0 or req.isolation_level not in (0, 1):
+            return None
+        if version >= SESSION_VERSION and req.session_epoch > 0:
+            if req.topics or req.forgotten_topics_data or req.session_id == 0:
+                return None
+            return cls(version, req, server, frame, general, resume)._plan_session(req, frame, pos)
         if (
-            replica_id >= 0
-            or req.isolation_level not in (0, 1)
-            or not req.topics
+            not req.topics
             or req.forgotten_topics_data
             or (version >= SESSION_VERSION and (req.session_epoch != FINAL_EPOCH or req.session_id != 0))
         ):
             return None
-        plan = cls(version, req, server)
+        plan = cls(version, req, server, frame, general, resume)
         by_id = plan.by_id
         names = server.topic_names_by_id() if by_id else None
         rm = server.replica_manager
@@ -317,32 +491,11 @@ class IdleFetch:
                 plan.topic_bytes[key] = _topic_bytes(version, t)
             for p in t.partitions:
                 tp = (name, p.partition)
-                try:
-                    # Leader only, as the general path for Fetch < v11; a v11+ consumer reading a follower (KIP-392)
-                    # is the general path's.
-                    lg = rm.get_log(name, p.partition, p.current_leader_epoch)
-                    if version < FIRST_UNCONVERTED_VERSION:
-                        check_down_conversion(lg.config, version)
-                except KafkaError:
-                    return None
-                part = rm.partitions.get(tp)
-                state = lg.fetch_state
-                leo, hw, log_start, _ = state
-                lso = lg.last_stable_offset
-                offset = p.fetch_offset
-                if (
-                    not (lso if committed else hw) <= offset <= leo
-                    or offset < log_start
-                    or tp in seen
-                    or lg.fetch_state != state
-                ):
+                state = _caught_up(plan, rm, tp, p, committed) if tp not in seen else None
+                if state is None:
                     return None
                 seen.add(tp)
-                plan.keys.append(tp)
-                plan.logs.append(lg)
-                plan.states.append(state)
-                if part is not None:
-                    plan.parts.append(part)
+                _, hw, log_start, lso = state
                 chunk = bytearray()
                 encode_partition(
                     FetchResponse.PartitionData(
@@ -361,12 +514,98 @@ class IdleFetch:
                 )
                 plan.chunks[(key, _PARTITION(p))] = bytes(chunk)
                 plan.count += 1
-        if not plan.count or server.metadata.topics is not plan.topics:
+        return plan._complete()
+
+    def _plan_session(self, req: FetchRequest, frame: bytes | bytearray, pos: int) -> IdleFetch | None:
+        """This plan for an incremental Fetch naming no partition and forgetting none (the Java client's idle Fetch):
+        made when the session is at the request's epoch, a consumer's, and every partition of it is led here, caught
+        up and was last told the offsets it has now, so that the general path's incremental answer would be empty."""
+        plan = self
+        server = plan.server
+        version = plan.version
+        cache = plan.cache
+        with cache.lock:
+            session = cache.get(req.session_id)
+            if (
+                session is None
+                or session.epoch != req.session_epoch
+                or session.privileged
+                or session.uses_topic_ids != (version >= 13)
+            ):
+                return None
+            cached = list(session.partitions.values())
+        rm = server.replica_manager
+        committed = req.isolation_level == READ_COMMITTED
+        topics = server.metadata.topics
+        for cp in cached:
+            name = cp.topic
+            if name is None:
+                return None
+            if plan.by_id:
+                rec = topics.get(name)
+                if rec is None or rec.topic_id != cp.topic_id:
+                    return None
+            state = _caught_up(plan, rm, (name, cp.partition), cp.req, committed)
+            if (
+                state is None
+                or (cp.high_watermark, cp.local_log_start_offset, cp.last_stable_offset) != state[1:]
+            ):
+                return None
+        if not cached:
             return None
-        plan.leadership = list(map(_LEADERSHIP, plan.parts))
-        if version < FIRST_UNCONVERTED_VERSION:
-            plan.configs = list(map(_CONFIG, plan.logs))
-        return plan
+        plan.session = session
+        plan.session_epoch = req.session_epoch
+        plan.epoch_at = pos + (SESSION_EPOCH_AT if version < 15 else SESSION_EPOCH_AT - 4)
+        plan.frame_len = len(frame)
+        plan.prefix = bytes(frame[8 : plan.epoch_at])
+        plan.suffix = bytes(frame[plan.epoch_at + 4 :])
+        plan.session_answer = bytes(
+            codec.encode_response(
+                0,
+                1,
+                version,
+                FetchResponse(throttle_time_ms=0, error_code=0, session_id=session.id, responses=[]),
+            )
+        )
+        return plan._complete()
+
+    def _complete(self) -> IdleFetch | None:
+        """The plan, if the metadata did not change while it was made."""
+        if not self.keys or self.server.metadata.topics is not self.topics:
+            return None
+        self.leadership = list(map(_LEADERSHIP, self.parts))
+        if self.version < FIRST_UNCONVERTED_VERSION:
+            self.configs = list(map(_CONFIG, self.logs))
+        return self
+
+
+def _caught_up(
+    plan: IdleFetch, rm: ReplicaManager, tp: tuple[str, int], p: FetchRequest.FetchPartition, committed: bool
+) -> tuple[int, int, int, int] | None:
+    """A partition's (log end, high watermark, log start, last stable offset) when it is led here at the epoch
+    the request names, may be read at this version and the fetch offset is at the end of what the consumer may
+    read; the plan then depends on it. None: the general path's partition."""
+    try:
+        # Leader only, as the general path for Fetch < v11; a v11+ consumer reading a follower (KIP-392) is the
+        # general path's.
+        lg = rm.get_log(tp[0], tp[1], p.current_leader_epoch)
+        if plan.version < FIRST_UNCONVERTED_VERSION:
+            check_down_conversion(lg.config, plan.version)
+    except KafkaError:
+        return None
+    state = lg.fetch_state
+    leo, hw, log_start, _ = state
+    lso = lg.last_stable_offset
+    offset = p.fetch_offset
+    if not (lso if committed else hw) <= offset <= leo or offset < log_start or lg.fetch_state != state:
+        return None
+    plan.keys.append(tp)
+    plan.logs.append(lg)
+    plan.states.append(state)
+    part = rm.partitions.get(tp)
+    if part is not None:
+        plan.parts.append(part)
+    return leo, hw, log_start, lso
 
 
 def _topic_bytes(version: int, t: FetchRequest.FetchTopic) -> bytes:
@@ -377,112 +616,129 @@ def _topic_bytes(version: int, t: FetchRequest.FetchTopic) -> bytes:
     return (_uvarint(len(name) + 1) if version >= FLEXIBLE_VERSION else struct.pack(">h", len(name))) + name
 
 
-class _ParkedFetch:
-    """An idle Fetch waiting out its max wait: one timer, woken through its plan's purgatory entry; the
-    connection's network.Parked takes the answer."""
+class _ParkedFetch(Parked):
+    """An idle Fetch waiting out its max wait, itself the connection's network.Parked answer: one timer, woken
+    through its plan's purgatory entry."""
 
     __slots__ = (
-        "ctx",
-        "general",
-        "entry",
-        "req",
+        "plan",
+        "client",
         "frame",
-        "pos",
-        "answer",
+        "ready",
         "started",
+        "req",
+        "ctx",
         "deadline",
-        "loop",
         "timer",
-        "parked",
-        "done",
+        "finished",
         "generation",
+        "expected",
     )
 
     def __init__(
         self,
-        ctx: RequestContext,
-        general: HandlerFn,
-        entry: IdleFetch,
-        req: FetchRequest | None,
+        plan: IdleFetch,
+        client: KafkaConnection,
         frame: bytes | bytearray,
-        pos: int,
-        answer: bytearray,
+        ready: bytearray,
         started: float,
+        req: FetchRequest | None,
+        ctx: RequestContext | None,
     ) -> None:
-        self.ctx = ctx
-        self.general = general
-        self.entry = entry
-        self.req = req  # None: not decoded (an answer remembered by body); _general decodes it
-        self.frame = frame
-        self.pos = pos
-        self.answer = answer
-        self.started = started
-        self.deadline = time.monotonic() + entry.max_wait_s
-        self.loop = entry.loop
-        self.timer: asyncio.TimerHandle | None = None
-        self.parked = Parked()
+        # Parked's fields, set here rather than through its __init__ (a call less per request).
+        self.conn = None
+        self.answer = None
         self.done = False
+        self._future = None
+        self.plan = plan
+        self.client = client
+        self.frame = frame
+        self.ready = ready
+        self.started = started
+        # None, both: the request came through IdleFetch.take, undecoded; _general decodes it when needed.
+        self.req = req
+        self.ctx = ctx
+        self.deadline = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.finished = False
         self.generation = 0
+        self.expected = 0  # a session's epoch after this request's bookkeeping
 
     def start(self) -> bool:
         """Wait, watched through the plan, then check (a change between the check and the watch is not missed);
         False: the plan no longer holds."""
-        entry = self.entry
-        purgatory = self.ctx.server.replica_manager.purgatory
-        entry.waiting = self
-        entry.watch(purgatory)
+        plan = self.plan
+        purgatory = plan.server.replica_manager.purgatory
+        plan.waiting = self
+        plan.watch(purgatory)
         self.generation = purgatory.generation
-        if purgatory.closing or not entry.holds(self.ctx.server):
-            self.done = True
-            entry.waiting = None
+        if purgatory.closing or not plan.holds(plan.server):
+            self.finished = True
+            plan.waiting = None
             return False
-        self.timer = self.loop.call_later(entry.max_wait_s, self._expire)
+        self.deadline = time.monotonic() + plan.max_wait_s
+        self.timer = plan.loop.call_later(plan.max_wait_s, self._expire)
         return True
 
+    def cancel(self) -> None:
+        """Not to be answered after all (start() succeeded, the session's bookkeeping did not)."""
+        self._finish_waiting()
+
     def _finish_waiting(self) -> None:
-        self.done = True
-        if self.entry.waiting is self:
-            self.entry.waiting = None
+        self.finished = True
+        if self.plan.waiting is self:
+            self.plan.waiting = None
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
 
     def woken(self) -> None:
         """A notify on one of the plan's partitions (on this loop): the general path for what is left of the wait."""
-        if self.done:
+        if self.finished:
             return
         self._finish_waiting()
         left_ms = math.ceil((self.deadline - time.monotonic()) * 1000)
         self._general(max(0, left_ms))
 
     def _expire(self) -> None:
-        if self.done:
+        if self.finished:
             return
         self.timer = None
         self._finish_waiting()
-        if self.ctx.server.replica_manager.purgatory.generation != self.generation and not self.entry.holds(
-            self.ctx.server
-        ):
+        plan = self.plan
+        session = plan.session
+        if (
+            plan.server.replica_manager.purgatory.generation != self.generation
+            and not plan.holds(plan.server)
+        ) or (session is not None and session.epoch != self.expected):
             # Something was notified since the wait began (the general path then reads again) and what this answer
-            # depends on moved: the general path answers, now.
+            # depends on moved, or another request of the session came meanwhile (INVALID_FETCH_SESSION_EPOCH, as
+            # the general path's update_and_generate answers): the general path answers, now.
             self._general(0)
             return
         metrics.shard().request_done(1, time.perf_counter() - self.started)
-        self.parked.complete(Response(self.answer))
+        self.complete(Response(self.ready))
 
     def _general(self, max_wait_ms: int) -> None:
-        """The general path for what is left of the wait: handled, encoded and counted as KafkaApis does."""
+        """The general path for what is left of the wait (for a session, in the incremental context this request's
+        bookkeeping made): handled, encoded and counted as KafkaApis does."""
+        plan = self.plan
         try:
             req = self.req
-            if req is None:
-                req, _ = codec.decode(FetchRequest, self.ctx.api_version, self.frame, self.pos)
+            if self.ctx is None or req is None:
+                header, pos = codec.decode_request_header(self.frame)
+                self.ctx = RequestContext(plan.server, self.client, header)
+                req, _ = codec.decode(FetchRequest, plan.version, self.frame, pos)
             req.max_wait_ms = max_wait_ms
-            result = self.general(self.ctx, req)
+            if plan.session is None:
+                result = plan.general(self.ctx, req)
+            else:
+                result = plan.resume(self.ctx, req, plan.session, self.expected)
         except Exception as e:  # noqa: BLE001 - the connection closes, as when a handler raises
-            self.parked.complete(e)
+            self.complete(e)
             return
         if type(result) is CoroutineType:
-            self.loop.create_task(self._await(result))
+            plan.loop.create_task(self._await(result))
         else:
             self._answer(result)
 
@@ -490,21 +746,21 @@ class _ParkedFetch:
         try:
             body = await pending
         except Exception as e:  # noqa: BLE001
-            self.parked.complete(e)
+            self.complete(e)
             return
         self._answer(body)
 
     def _answer(self, body: Any) -> None:
-        header = self.ctx.header
+        assert self.ctx is not None
         try:
-            response = KafkaApis.encode(header, body)
+            response = KafkaApis.encode(self.ctx.header, body)
         except Exception as e:  # noqa: BLE001
-            self.parked.complete(e)
+            self.complete(e)
             return
         shard = metrics.shard()
         shard.answered(1, body)
         shard.request_done(1, time.perf_counter() - self.started)
-        self.parked.complete(response)
+        self.complete(response)
 
 
 def _replace_plan(ctx: RequestContext, plan: IdleFetch | None) -> IdleFetch | None:
@@ -522,8 +778,10 @@ def _replace_plan(ctx: RequestContext, plan: IdleFetch | None) -> IdleFetch | No
     return plan
 
 
-def direct_path(general: HandlerFn) -> DirectFn | None:
-    """The Fetch handler's direct path over `general` (handle_fetch); None when KBROKER_IDLE_FETCH=0."""
+def direct_path(general: HandlerFn, resume: ResumeFn) -> DirectFn | None:
+    """The Fetch handler's direct path over `general` (handle_fetch; `resume`: its incremental Fetch in a context
+    already made); None when KBROKER_IDLE_FETCH=0. A plan's own requests are taken before this, by
+    KafkaApis.handle (IdleFetch.take); this plans, and answers what take left (a plan's first rotations)."""
     if not ENABLED:
         return None
 
@@ -538,48 +796,30 @@ def direct_path(general: HandlerFn) -> DirectFn | None:
         ):
             return NOT_DIRECT
         started = time.perf_counter()
+        try:
+            req, _ = codec.decode(FetchRequest, version, frame, pos)
+        except codec.DecodeError:
+            return NOT_DIRECT  # KafkaApis closes the connection with its message
         conn = ctx.conn
         correlation_id = ctx.header.correlation_id
-        body = bytes(memoryview(frame)[pos:])
         entry: IdleFetch | None = conn.idle_fetch
-        req: FetchRequest | None = None
-        # The connection's plan first: its answer if the request is the plan's, checked (holds) once watched.
         answer = (
-            entry.answer_body(body, None, correlation_id)
+            entry.answer_request(frame, req, correlation_id)
             if entry is not None and entry.version == version
             else None
         )
-        if answer is None:
-            try:
-                req, _ = codec.decode(FetchRequest, version, frame, pos)
-            except codec.DecodeError:
-                return NOT_DIRECT  # KafkaApis closes the connection with its message
-            if entry is not None and entry.version == version:
-                answer = entry.answer_body(body, req, correlation_id)
         for _ in range(2):
             if answer is None:
-                if req is None:
-                    req, _ = codec.decode(FetchRequest, version, frame, pos)
-                entry = _replace_plan(ctx, IdleFetch.plan(ctx, req))
-                answer = entry.answer_body(body, req, correlation_id) if entry is not None else None
-                if entry is None or answer is None:
-                    _replace_plan(ctx, None)
-                    return general(ctx, req)
+                entry = _replace_plan(ctx, IdleFetch.plan(ctx, req, frame, pos, general, resume))
+                answer = entry.answer_request(frame, req, correlation_id) if entry is not None else None
+                if answer is None:
+                    break
             assert entry is not None
-            if entry.max_wait_s <= 0 or entry.min_bytes <= 0:
-                # Answered at once, as the general path answers a poll that may not wait or wants nothing.
-                if not entry.holds(server):
-                    answer = None
-                    continue
-                metrics.shard().request_done(1, time.perf_counter() - started)
-                return Response(answer)
-            waiting = _ParkedFetch(ctx, general, entry, req, frame, pos, answer, started)
-            if waiting.start():
-                return waiting.parked
+            result = entry.serve(conn, frame, answer, started, req, ctx)
+            if result is not None:
+                return result
             answer = None  # the plan no longer holds: planned again from this request
         _replace_plan(ctx, None)
-        if req is None:
-            req, _ = codec.decode(FetchRequest, version, frame, pos)
         return general(ctx, req)
 
     return handle_idle_fetch

@@ -511,7 +511,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             return
         if result is None:
             return
-        if type(result) is Parked:
+        if isinstance(result, Parked):  # broker/idle_fetch.py's parked requests are Parked themselves
             if not self._answering and not self._answers and not result.done:
                 # Nothing owed before it: it waits without a task, and its callback answers (_parked_done).
                 result.conn = self

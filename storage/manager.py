@@ -93,6 +93,9 @@ class LogManager:
         self._pending_lock = threading.Lock()
         self._logs_with_pending_deletes: set[Log] = set()
         self._logs: dict[TopicPartition, Log] = {}
+        # Moves whenever a partition's Log object is added, replaced or removed: a reader that saw a value and a log
+        # still has that log while the value is the same (the idle Fetch path's plan checks one int, not each log).
+        self.logs_version = 0
         self._log_dir_of: dict[TopicPartition, Path] = {}
         self._topic_configs: dict[str, LogConfig] = {}
         self._pending_dir_deletes: list[_PendingDirDelete] = []
@@ -173,6 +176,7 @@ class LogManager:
                 # Older cleaners left empty compressed batches that make librdkafka abort: none may be served.
                 rewrite_empty_compressed_batches(log, log.cleaner_checkpoint)
             self._logs[tp] = log
+            self.logs_version += 1
             self._log_dir_of[tp] = log_dir
             self._watch_pending_deletes(log)
             loaded += 1
@@ -233,6 +237,7 @@ class LogManager:
             except OSError as e:
                 raise KafkaStorageError(f"cannot create log for {topic}-{partition} in {log_dir}: {e}") from e
             self._logs[tp] = log
+            self.logs_version += 1
             self._log_dir_of[tp] = log_dir
             self._watch_pending_deletes(log)
             if announce:
@@ -259,6 +264,7 @@ class LogManager:
             self._preferred_dirs.pop(tp, None)
             self.offline_partitions.discard(tp)
             log = self._logs.pop(tp, None)
+            self.logs_version += 1
             self._log_dir_of.pop(tp, None)
             if log is None:
                 return
@@ -278,15 +284,10 @@ class LogManager:
         tp = (topic, partition)
         with self._lock:
             log = self._logs.pop(tp, None)
+            self.logs_version += 1
             self._log_dir_of.pop(tp, None)
         if log is not None:
             log.delete()
-
-    @property
-    def log_by_partition(self) -> Callable[[TopicPartition], Log | None]:
-        """The log of a partition, or None, without the offline check (a caller that made it once): a bound dict
-        lookup the idle Fetch path maps over its partitions."""
-        return self._logs.get
 
     def logs(self) -> list[Log]:
         return list(self._logs.values())
@@ -451,6 +452,7 @@ class LogManager:
             current.replaced_by = new
             with self._lock:
                 self._logs[tp] = new
+                self.logs_version += 1
                 self._log_dir_of[tp] = dest
                 self._future_logs.pop(tp, None)
                 self._preferred_dirs.pop(tp, None)
@@ -494,6 +496,7 @@ class LogManager:
             gone = [tp for tp, d in self._log_dir_of.items() if d == log_dir]
             for tp in gone:
                 closing.append(self._logs.pop(tp))
+                self.logs_version += 1
                 del self._log_dir_of[tp]
                 self.offline_partitions.add(tp)
             for tp, future in list(self._future_logs.items()):

@@ -354,6 +354,22 @@ def handle_fetch(ctx: RequestContext, req: FetchRequest) -> Any:
             return FetchResponse(error_code=context.error, session_id=INVALID_SESSION_ID, responses=[])
     else:
         context = SessionlessFetchContext(fetch_data)
+    return _fetch_in_context(ctx, req, context, by_id, replica_id)
+
+
+def resume_incremental(ctx: RequestContext, req: FetchRequest, session: FetchSession, epoch: int) -> Any:
+    """A consumer's incremental Fetch naming no partition whose session bookkeeping (new_context: the epoch checked
+    and moved on to `epoch`, the session touched) broker/idle_fetch.py made: the rest of handle_fetch, when it
+    cannot answer it from its plan (a partition moved)."""
+    by_id = ctx.api_version >= 13
+    context = IncrementalFetchContext(ctx.server.fetch_manager.cache, session,
+                                      ctx.server.topic_names_by_id() if by_id else {})
+    context.expected_epoch = epoch
+    return _fetch_in_context(ctx, req, context, by_id, -1)
+
+
+def _fetch_in_context(ctx: RequestContext, req: FetchRequest, context: FetchContext, by_id: bool,
+                      replica_id: int) -> Any:
     plan = _FetchPlan(ctx, req, context.partitions(), by_id, replica_id,
                       context.session if replica_id >= 0 and isinstance(context, IncrementalFetchContext) else None)
     if req.isolation_level not in (0, 1) and plan.any_to_read():
@@ -626,7 +642,7 @@ def handle_offset_for_leader_epoch(ctx: RequestContext, req: OffsetForLeaderEpoc
 
 
 HANDLERS = [
-    ApiHandler(1, 0, 17, handle_fetch, direct=idle_fetch.direct_path(handle_fetch)),
+    ApiHandler(1, 0, 17, handle_fetch, direct=idle_fetch.direct_path(handle_fetch, resume_incremental)),
     ApiHandler(2, 0, 9, handle_list_offsets),
     ApiHandler(23, 0, 4, handle_offset_for_leader_epoch),
 ]

@@ -6,6 +6,8 @@
   to the general one (data to return, an offset out of range, an unknown partition, a fenced leader epoch, a
   partition named twice, no wait, a session). The topics get other ids on each broker: the answers are compared
   with the ids swapped.
+- A fetch session's incremental Fetches (KIP-227) likewise, at v7, v12 and v17: idle ones, epoch errors, data,
+  a parked one woken by data; kafka-python's consumer (sessions) reads the same records from both brokers.
 - A parked Fetch is answered with the record as soon as it is produced, and an idle one with an empty answer once
   its max wait is over.
 - Real clients (confluent-kafka and kafka-python) waiting with a long fetch.wait.max.ms get a record promptly when
@@ -216,6 +218,217 @@ def test_a_parked_fetch_wakes_with_the_record_and_an_idle_one_answers_after_its_
                 _records(resp) == 1
                 and resp.responses[0].partitions[0].high_watermark == end.high_watermark + 2
             )
+
+
+# ---------------------------------------------------------------- fetch sessions (KIP-227)
+
+
+def _session_id_zeroed(frame: bytes, version: int) -> bytes:
+    """The answer with its session id (random per broker) set to 0: after the correlation id, the header's tagged
+    fields (v12+), throttle_time_ms and error_code."""
+    at = 4 + (1 if version >= 12 else 0) + 4 + 2
+    return frame[:at] + bytes(4) + frame[at + 4 :]
+
+
+def _incremental(
+    version: int, session: tuple[int, int], parts: list[Part], ids: dict[str, bytes], max_wait: int = 20
+) -> F:
+    return _fetch(version, parts, ids, max_wait=max_wait, session=session)
+
+
+@pytest.mark.parametrize("version", [7, 12, 17])
+def test_session_fetches_answer_as_the_general_path(
+    brokers: tuple[BrokerProcess, BrokerProcess], version: int
+) -> None:
+    """A fetch session over the two partitions of a topic of its own, as the Java client and kafka-python drive one:
+    the full fetch that creates it; idle incremental Fetches naming no partition (the direct path's once planned);
+    a repeated epoch (INVALID_FETCH_SESSION_EPOCH) and an unknown session id (FETCH_SESSION_ID_NOT_FOUND), after which
+    the session goes on; a record produced (the next incremental answer carries it), its partition's new offset
+    sent, idle again; a parked incremental Fetch woken by a record. Both brokers give the same bytes but the session
+    ids (and the topic ids, swapped)."""
+    topic = f"sess{version}"
+    for b in brokers:
+        _new_topic(b, topic)
+    conns = [RawClient(b.bootstrap, timeout=15) for b in brokers]
+    producers = [RawClient(b.bootstrap, timeout=15) for b in brokers]
+    ids = [_topic_ids(c) for c in conns]
+    swap = [(ids[1][n], ids[0][n]) for n in [*TOPICS, topic]]
+    correlation = iter(range(1000, 2000))
+
+    def exchange(
+        make: Callable[[dict[str, bytes], int], F], check: Callable[[FetchResponse], bool]
+    ) -> list[FetchResponse]:
+        cid = next(correlation)
+        for c, topic_ids, sid in zip(conns, ids, sessions, strict=True):
+            c.send_bytes(_frame(version, cid, make(topic_ids, sid)))
+        answers = [c.recv_frame() for c in conns]
+        direct, general = (_session_id_zeroed(a, version) for a in answers)
+        for theirs, ours in swap:
+            general = general.replace(theirs, ours)
+        decoded = [codec.decode_response(1, version, a)[1] for a in answers]
+        assert direct == general, (version, decoded[1])
+        assert all(check(r) for r in decoded), decoded[0]
+        return decoded
+
+    def idle(r: FetchResponse) -> bool:
+        return r.error_code == 0 and not r.responses
+
+    sessions = [0, 0]
+    created = exchange(
+        lambda i, _: _incremental(version, (0, 0), [(topic, 0, 0, -1), (topic, 1, 0, -1)], i),
+        lambda r: r.error_code == 0 and r.session_id != 0 and _records(r) == 0,
+    )
+    sessions = [r.session_id for r in created]
+    epoch = 1
+    for _ in range(4):
+        exchange(lambda i, s, e=epoch: _incremental(version, (s, e), [], i), idle)
+        epoch += 1
+    # The epoch just used again, then an unknown session: errors, and the session is still at its epoch.
+    exchange(lambda i, s: _incremental(version, (s, epoch - 1), [], i), lambda r: r.error_code == 71)
+    exchange(lambda i, s: _incremental(version, (s ^ 0x5A5A, epoch), [], i), lambda r: r.error_code == 70)
+    exchange(lambda i, s, e=epoch: _incremental(version, (s, e), [], i), idle)
+    epoch += 1
+    for p in producers:
+        _produce(p, topic, 0, 2)
+    exchange(lambda i, s: _incremental(version, (s, epoch), [], i), lambda r: _records(r) == 1)
+    epoch += 1
+    # The client's new position on partition 0 (altered), then idle again.
+    exchange(lambda i, s: _incremental(version, (s, epoch), [(topic, 0, 2, -1)], i), idle)
+    epoch += 1
+    for _ in range(3):
+        exchange(lambda i, s, e=epoch: _incremental(version, (s, e), [], i), idle)
+        epoch += 1
+    # Parked for 20 s, woken by a record on partition 1.
+    cid = next(correlation)
+    for c, topic_ids, sid in zip(conns, ids, sessions, strict=True):
+        c.send_bytes(
+            _frame(version, cid, _incremental(version, (sid, epoch), [], topic_ids, max_wait=20_000))
+        )
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    for p in producers:
+        _produce(p, topic, 1, 1)
+    answers = [c.recv_frame() for c in conns]
+    assert time.monotonic() - t0 < 5.0
+    direct, general = (_session_id_zeroed(a, version) for a in answers)
+    for theirs, ours in swap:
+        general = general.replace(theirs, ours)
+    assert direct == general
+    assert _records(codec.decode_response(1, version, answers[0])[1]) == 1
+    epoch += 1
+    exchange(lambda i, s: _incremental(version, (s, epoch), [(topic, 1, 1, -1)], i), idle)
+    epoch += 1
+    exchange(lambda i, s, e=epoch: _incremental(version, (s, e), [], i), idle)
+    for c in (*conns, *producers):
+        c.close()
+
+
+def test_a_parked_session_fetch_overtaken_on_another_connection(
+    brokers: tuple[BrokerProcess, BrokerProcess],
+) -> None:
+    """An idle incremental Fetch parks on one connection; the session's next epoch comes on another connection
+    meanwhile and is answered; the parked one then answers INVALID_FETCH_SESSION_EPOCH at the end of its wait (the
+    general path's update_and_generate), and the session goes on at the epoch after the second: the same on both
+    brokers."""
+    version = 12
+    topic = "overtaken"
+    for b in brokers:
+        _new_topic(b, topic)
+    firsts = [RawClient(b.bootstrap, timeout=15) for b in brokers]
+    seconds = [RawClient(b.bootstrap, timeout=15) for b in brokers]
+    ids = [_topic_ids(c) for c in firsts]
+    sessions = []
+    for c, i in zip(firsts, ids, strict=True):
+        created = c.request(
+            1, version, _fetch(version, [(topic, 0, 0, -1), (topic, 1, 0, -1)], i, session=(0, 0))
+        )
+        sessions.append(created.session_id)
+    outcomes: list[list[FetchResponse]] = [[], []]
+    for k, (first, second, i, sid) in enumerate(zip(firsts, seconds, ids, sessions, strict=True)):
+        for epoch in (1, 2):  # planned, then taken from the plan
+            outcomes[k].append(first.request(1, version, _incremental(version, (sid, epoch), [], i)))
+        first.send_bytes(first.frame(1, version, _incremental(version, (sid, 3), [], i, max_wait=1500)))
+        time.sleep(0.3)
+        outcomes[k].append(second.request(1, version, _incremental(version, (sid, 4), [], i, max_wait=0)))
+        outcomes[k].append(codec.decode_response(1, version, first.recv_frame())[1])
+        outcomes[k].append(first.request(1, version, _incremental(version, (sid, 5), [], i)))
+    for rs, sid in zip(outcomes, sessions, strict=True):
+        assert [(r.error_code, r.session_id == sid, len(r.responses)) for r in rs] == [
+            (0, True, 0),
+            (0, True, 0),
+            (0, True, 0),
+            (71, True, 0),
+            (0, True, 0),
+        ], rs
+    for c in (*firsts, *seconds):
+        c.close()
+
+
+def test_kafka_python_sessions_read_the_same_on_both_paths(
+    brokers: tuple[BrokerProcess, BrokerProcess], topic_name: str
+) -> None:
+    """kafka-python's consumer (incremental fetch sessions, Fetch v12) long-polls an idle topic on each broker, then
+    gets the records produced meanwhile: the same records at the same offsets from both, promptly."""
+    got: list[list[tuple[int, int, bytes]]] = []
+    for b in brokers:
+        _new_topic(b, topic_name)
+        kp = _kafka_python_waiter(b.bootstrap, topic_name, 2_000)
+        try:
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:  # idle incremental Fetches, parked
+                assert not kp.poll(timeout_ms=200)
+            with RawClient(b.bootstrap, timeout=15) as p:
+                _produce(p, topic_name, 0, 2)
+                _produce(p, topic_name, 1, 1)
+            t0 = time.monotonic()
+            seen: list[tuple[int, int, bytes]] = []
+            while len(seen) < 3 and time.monotonic() - t0 < 10:
+                for tp, recs in kp.poll(timeout_ms=200).items():
+                    seen += [(tp.partition, r.offset, r.value) for r in recs]
+            assert time.monotonic() - t0 < 5.0
+            got.append(sorted(seen))
+        finally:
+            kp.close()
+    assert got[0] == got[1] and len(got[0]) == 3, got
+
+
+def test_idle_fetches_are_counted_once_each(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """RequestMetrics count every Fetch the direct path answers, once: planned, taken before the dispatch, answered
+    at once (no wait) or after the wait, a session's; the latency histogram counts the same requests."""
+    from tests.broker.test_metrics import scrape, value
+    from tests.broker_process import free_port, wait_for_port
+
+    port = free_port()
+    b = BrokerProcess(tmp_path_factory.mktemp("metrics"), {"metrics.port": str(port)}).start()
+    try:
+        wait_for_port(port)
+        _new_topic(b, "counted")
+        with RawClient(b.bootstrap, timeout=15) as c:
+            ids = _topic_ids(c)
+            parts: list[Part] = [("counted", 0, 0, -1), ("counted", 1, 0, -1)]
+            before = scrape(port)
+            sent = 0
+            for k in range(6):
+                c.request(1, 12, _fetch(12, _rotated(parts, k), ids, max_wait=10))
+                sent += 1
+            for _ in range(4):
+                c.request(1, 16, _fetch(16, parts, ids, max_wait=0))
+                sent += 1
+            sid = c.request(1, 12, _fetch(12, parts, ids, max_wait=10, session=(0, 0))).session_id
+            sent += 1
+            for epoch in range(1, 6):
+                assert c.request(1, 12, _incremental(12, (sid, epoch), [], ids, max_wait=10)).error_code == 0
+                sent += 1
+            after = scrape(port)
+    finally:
+        b.stop()
+    requests = "kafka_network_requestmetrics_requests_total"
+    count = "kafka_network_requestmetrics_totaltimems_count"
+    assert value(after, requests, request="Fetch") - value(before, requests, request="Fetch") == sent
+    assert value(after, count, request="Fetch") == value(after, requests, request="Fetch")
+    assert value(
+        after, "kafka_network_requestmetrics_totaltimems_bucket", request="Fetch", le="+Inf"
+    ) == value(after, count, request="Fetch")
 
 
 # ---------------------------------------------------------------- real clients
