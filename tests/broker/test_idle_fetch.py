@@ -609,6 +609,10 @@ def test_mutated_fetches_get_what_the_general_path_gives(
             else:
                 body[at] = value
             mutated.append(bytes(body))
+        if (mutated[0] == idle[0]) != (mutated[1] == idle[1]):
+            # a byte of a topic id set to what one broker's id already has there: that request is unchanged and
+            # the other names an unknown topic; not the same request to both
+            continue
         # Each broker gets the same bytes at the same offsets (the topic ids differ, so the positions match).
         outcomes = []
         for i, b in enumerate(brokers):
