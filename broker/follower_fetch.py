@@ -22,7 +22,7 @@ re-read on a wake-up, answer at the deadline). The answer is written by replica_
 Anything else is the general path's: another version, a consumer, a new or closing session, a session error (after
 the context is made, on the request decoded by the generated decoder: serve_fetch), any partition answering an error
 or a diverging epoch (the general response, handlers/fetch.response_of, encoded as KafkaApis does).
-KBROKER_FOLLOWER_FETCH_DIRECT=0 turns the path off; tests/broker/test_follower_fetch.py runs clusters both ways.
+KBROKER_FOLLOWER_FETCH_DIRECT=0 turns the path off; tests/coordinator/test_replication_paths.py runs a cluster of both kinds.
 """
 
 from __future__ import annotations
