@@ -1,5 +1,5 @@
-"""A follower's incremental Fetch on the leader without the generated request and response objects, and its long
-poll without a task.
+"""A follower's incremental Fetch on the leader without the generated response objects, and its long poll without
+a task.
 
 Every replication round a leader answers each follower's Fetch: the follower's position moved, so the request
 names that partition at its new offset (KIP-227 incremental session), parks until the next append, and is answered
@@ -8,50 +8,55 @@ ran the long poll as a coroutine awaited by KafkaApis' own coroutine (a FetchWai
 per step), built a FetchResponse with a topic object per answer and had the generated encoder walk it: about a third
 of the leader's CPU per round was the two Fetch requests (docs/performance.md).
 
-Here (`follower_fetch`) a Fetch v12 body that is a follower's common request (replica id set, read_uncommitted, an
-existing session at epoch > 0, no tagged fields; replica_fetch_codec.decode_fetch_request) is read from its bytes
-into the session's CachedPartitions, and from there the general path's own pieces run unchanged: the fetch
-manager's context (the session's epoch, its partitions updated and forgotten), `_FetchPlan.read` (each partition
-read, the follower's position and the high watermark recorded through ReplicaManager.record_follower_fetch: ISR
-expansion, high watermark advance, the purgatories notified; the quiet partitions left unread), and
-`update_and_generate`. The wait is `_FollowerPoll`, the purgatory's waiter itself, with one timer, answering through
-a network.Parked; it follows `_long_poll` step for step (watch, read again only if something was notified since,
-re-read on a wake-up, answer at the deadline). The answer is written by replica_fetch_codec.encode_fetch_answer
-(header, per-partition fields, the segment's file region spliced in by the sender, not copied).
+Here (`follower_fetch`) a follower's Fetch v12 (replica id set, read_uncommitted, an existing session at epoch > 0)
+goes from its decoded request to its answer without those steps, and the general path's own pieces run unchanged in
+between: the fetch manager's context (the session's epoch, its partitions updated and forgotten), `_FetchPlan.read`
+(each partition read, the follower's position and the high watermark recorded through
+ReplicaManager.record_follower_fetch: ISR expansion, high watermark advance, the purgatories notified; the quiet
+partitions left unread), and `update_and_generate`. The wait is `_FollowerPoll`, the purgatory's waiter itself,
+with one timer, answering through a network.Parked; it follows `_long_poll` step for step (watch, read again only if
+something was notified since, re-read on a wake-up, answer at the deadline). The answer is written by
+replica_fetch_codec.encode_fetch_answer (header, per-partition fields, the segment's file region spliced in by the
+sender, not copied). The request itself is decoded by the generated decoder: compiled, it takes ~2.5 us for a
+follower's request and its objects are the session's entries as they are, where reading the same fields in Python
+took 6-7 us (and the objects would still be made for the session).
 
-Anything else is the general path's: another version, a consumer, a new or closing session, a session error (after
-the context is made, on the request decoded by the generated decoder: serve_fetch), any partition answering an error
-or a diverging epoch (the general response, handlers/fetch.response_of, encoded as KafkaApis does).
-KBROKER_FOLLOWER_FETCH_DIRECT=0 turns the path off; tests/coordinator/test_replication_paths.py runs a cluster of both kinds.
+Anything else is the general path's: another version, a consumer, a new or closing session, a session error (once
+the context is made: serve_fetch), any partition answering an error or a diverging epoch (the general response,
+handlers/fetch.response_of, encoded as KafkaApis does). KBROKER_FOLLOWER_FETCH_DIRECT=0 turns the path off;
+tests/coordinator/test_replication_paths.py runs a cluster of both kinds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import struct
 import threading
 import time
 from typing import Any
 
 from kbroker.broker import metrics
 from kbroker.broker.apis import NOT_DIRECT, DirectFn, HandlerFn, KafkaApis, RequestContext
-from kbroker.broker.fetch_session import (
-    INVALID_SESSION_ID,
-    CachedPartition,
-    IncrementalFetchContext,
-    PartitionKey,
-    session_id_has_no_shard,
+from kbroker.broker.fetch_session import INVALID_SESSION_ID, IncrementalFetchContext, session_id_has_no_shard
+from kbroker.broker.handlers.fetch import (
+    _UNSET,
+    _fetch_data,
+    _FetchPlan,
+    _forgotten,
+    _respond,
+    response_of,
+    serve_fetch,
 )
-from kbroker.broker.handlers.fetch import _UNSET, _FetchPlan, _respond, response_of, serve_fetch
 from kbroker.broker.network import Parked, Response
 from kbroker.broker.purgatory import LOG_END
-from kbroker.broker.replica_fetch_codec import FETCH_VERSION, decode_fetch_request, encode_fetch_answer
+from kbroker.broker.replica_fetch_codec import FETCH_VERSION, encode_fetch_answer
 from kbroker.protocol import codec
-from kbroker.protocol.fieldspec import ZERO_UUID
 from kbroker.protocol.messages import FetchRequest
 
 ENABLED = os.environ.get("KBROKER_FOLLOWER_FETCH_DIRECT", "1") != "0"
-_FetchPartition = FetchRequest.FetchPartition
+_I32 = struct.Struct(">i")
+_NO_NAMES: dict[bytes, str] = {}  # Fetch v12 names its topics: no topic ids to resolve
 _NO_DIVERGING = _UNSET["diverging_epoch"]
 _NO_LEADER = _UNSET["current_leader"]
 _NO_SNAPSHOT = _UNSET["snapshot_id"]
@@ -65,7 +70,7 @@ def direct_path(general: HandlerFn, idle: DirectFn | None) -> DirectFn | None:
 
     def handle_fetch_direct(ctx: RequestContext, frame: bytes | bytearray, pos: int) -> Any:
         if ctx.api_version == FETCH_VERSION:
-            result = follower_fetch(ctx, frame, pos)
+            result = follower_fetch(ctx, frame, pos, general)
             if result is not NOT_DIRECT:
                 return result
         return NOT_DIRECT if idle is None else idle(ctx, frame, pos)
@@ -73,47 +78,39 @@ def direct_path(general: HandlerFn, idle: DirectFn | None) -> DirectFn | None:
     return handle_fetch_direct
 
 
-def follower_fetch(ctx: RequestContext, frame: bytes | bytearray, pos: int) -> Any:
-    """A follower's incremental Fetch v12: its Response, a Parked answer, a general body (a session error, an error
-    in a partition), or NOT_DIRECT when the request is not that case (nothing was changed then)."""
-    parsed = decode_fetch_request(frame, pos)
-    if parsed is None:
-        return NOT_DIRECT
-    replica_id, max_wait_ms, min_bytes, max_bytes, isolation, session_id, epoch, topics, forgotten = parsed
+def follower_fetch(ctx: RequestContext, frame: bytes | bytearray, pos: int, general: HandlerFn) -> Any:
+    """A follower's Fetch v12: its Response, a Parked answer, a general body or coroutine (handle_fetch's: not an
+    incremental fetch, a session error, an error in a partition), or NOT_DIRECT for a consumer's (nothing read)."""
+    if len(frame) - pos < 4 or _I32.unpack_from(frame, pos)[0] < 0:
+        return NOT_DIRECT  # a consumer's (replica_id -1): the idle long poll's path, which may not decode it at all
+    try:
+        # The generated decoder, compiled: cheaper than reading these fields in Python (see the module doc).
+        req, _ = codec.decode(FetchRequest, FETCH_VERSION, frame, pos)
+    except codec.DecodeError:
+        return NOT_DIRECT  # KafkaApis closes the connection with its message
+    session_id, epoch = req.session_id, req.session_epoch
     if (
-        replica_id < 0
-        or isolation != 0
+        req.isolation_level != 0
         or session_id == INVALID_SESSION_ID
         or epoch <= 0
         or session_id_has_no_shard(session_id)
     ):
-        return NOT_DIRECT
+        return general(ctx, req)
     started = time.perf_counter()
-    # The request's partitions by topic-partition, as handle_fetch's _fetch_data (a partition named twice: the last).
-    fetch_data: dict[PartitionKey, CachedPartition] = {}
-    for topic, entries in topics:
-        for e in entries:
-            fetch_data[(topic, e[0])] = CachedPartition(topic, ZERO_UUID, e[0], _FetchPartition(*e))
-    to_forget = [(topic, p) for topic, ps in forgotten for p in ps]
     context = ctx.server.fetch_manager.new_context(
-        FETCH_VERSION, session_id, epoch, True, fetch_data, to_forget, {}
+        FETCH_VERSION,
+        session_id,
+        epoch,
+        True,
+        _fetch_data(req, False, _NO_NAMES),
+        _forgotten(req, False),
+        _NO_NAMES,
     )
     if type(context) is not IncrementalFetchContext:
         # The session is unknown, at another epoch, or was emptied by this request: the general path from here.
-        req, _ = codec.decode(FetchRequest, FETCH_VERSION, frame, pos)
-        return serve_fetch(ctx, req, context, False, replica_id)
-    # What _FetchPlan reads of the request: its byte limit and isolation level.
-    req = FetchRequest(
-        replica_id=replica_id,
-        max_wait_ms=max_wait_ms,
-        min_bytes=min_bytes,
-        max_bytes=max_bytes,
-        isolation_level=0,
-        session_id=session_id,
-        session_epoch=epoch,
-    )
-    plan = _FetchPlan(ctx, req, context.partitions(), False, replica_id, context.session)
-    return _FollowerPoll(ctx, plan, context, started, max_wait_ms, min_bytes).first()
+        return serve_fetch(ctx, req, context, False, req.replica_id)
+    plan = _FetchPlan(ctx, req, context.partitions(), False, req.replica_id, context.session)
+    return _FollowerPoll(ctx, plan, context, started, req.max_wait_ms, req.min_bytes).first()
 
 
 class _FollowerPoll:

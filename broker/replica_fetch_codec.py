@@ -1,5 +1,5 @@
 """Replication's Fetch v12 without the generated message objects: the follower's request written and the leader's
-answer read (and, on the leader, an answer to a follower written) straight from and into bytes.
+answer read, and on the leader the answer to a follower written, straight from and into bytes.
 
 Per replication round a follower builds one incremental Fetch (one or two partitions moved) and applies one answer;
 the generated classes cost a FetchRequest, a FetchTopic and a FetchPartition per request, a FetchResponse, a topic
@@ -164,83 +164,6 @@ def decode_fetch_response(frame: bytes | bytearray | memoryview) -> tuple[int, l
         if view[pos] != 0 or pos + 1 != len(view):
             return None
         return session_id, out
-    except (IndexError, ValueError, struct.error, UnicodeDecodeError):
-        return None
-
-
-# What the leader's direct path reads of a follower's Fetch v12: (replica_id, max_wait_ms, min_bytes, max_bytes,
-# isolation_level, session_id, session_epoch, topics, forgotten topics).
-ParsedRequest = tuple[int, int, int, int, int, int, int, list[tuple[str, list[Entry]]], list[tuple[str, list[int]]]]
-_ENTRY_SIZE = _PARTITION.size
-
-
-def _string(view: memoryview, pos: int) -> tuple[str, int] | None:
-    n, pos = _read_uv(view, pos)
-    end = pos + n - 1
-    if n == 0 or end > len(view):
-        return None
-    return str(view[pos:end], "utf-8"), end
-
-
-def decode_fetch_request(frame: bytes | bytearray | memoryview, pos: int) -> ParsedRequest | None:
-    """The fields of a Fetch v12 request body starting at `pos`, or None when the body is not what a follower sends
-    (a tagged field anywhere, such as a cluster id; a null string or array; trailing bytes) or does not parse: the
-    generated decoder then reads it."""
-    view = memoryview(frame)
-    try:
-        replica_id, max_wait_ms, min_bytes, max_bytes, isolation, session_id, epoch = _BODY_HEAD.unpack_from(view, pos)
-        pos += _BODY_HEAD.size
-        ntopics, pos = _read_uv(view, pos)
-        if ntopics == 0:
-            return None
-        topics: list[tuple[str, list[Entry]]] = []
-        unpack = _PARTITION.unpack_from
-        for _ in range(ntopics - 1):
-            got = _string(view, pos)
-            if got is None:
-                return None
-            topic, pos = got
-            nparts, pos = _read_uv(view, pos)
-            if nparts == 0:
-                return None
-            entries: list[Entry] = []
-            for _ in range(nparts - 1):
-                entries.append(unpack(view, pos))
-                pos += _ENTRY_SIZE
-                if view[pos] != 0:
-                    return None
-                pos += 1
-            if view[pos] != 0:
-                return None
-            pos += 1
-            topics.append((topic, entries))
-        nforgotten, pos = _read_uv(view, pos)
-        if nforgotten == 0:
-            return None
-        forgotten: list[tuple[str, list[int]]] = []
-        for _ in range(nforgotten - 1):
-            got = _string(view, pos)
-            if got is None:
-                return None
-            topic, pos = got
-            nparts, pos = _read_uv(view, pos)
-            if nparts == 0:
-                return None
-            end = pos + 4 * (nparts - 1)
-            if end > len(view):
-                return None
-            forgotten.append((topic, list(struct.unpack_from(f">{nparts - 1}i", view, pos))))
-            pos = end
-            if view[pos] != 0:
-                return None
-            pos += 1
-        rack = _string(view, pos)
-        if rack is None:
-            return None
-        pos = rack[1]
-        if view[pos] != 0 or pos + 1 != len(view):
-            return None
-        return replica_id, max_wait_ms, min_bytes, max_bytes, isolation, session_id, epoch, topics, forgotten
     except (IndexError, ValueError, struct.error, UnicodeDecodeError):
         return None
 

@@ -13,14 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kbroker.broker.replica_fetch_codec import (
     FETCH_VERSION,
-    decode_fetch_request,
     decode_fetch_response,
     encode_fetch_answer,
     encode_fetch_request,
 )
 from kbroker.broker.replica_fetcher import _request_objects
 from kbroker.protocol import codec
-from kbroker.protocol.messages import FetchRequest, FetchResponse, RequestHeader
+from kbroker.protocol.messages import FetchResponse, RequestHeader
 from kbroker.storage.file_handles import OpenFile
 from kbroker.storage.segment import FileRecordsSlice
 
@@ -256,77 +255,3 @@ def test_the_leaders_answer_equals_the_generated_encoders(
         frame, ext = encode_fetch_answer(correlation_id, session_id, parts)
         assert bytes(frame) == bytes(reference)
         assert [(o, r.position, r.size) for o, r in ext] == [(o, r.position, r.size) for o, r in ext_ref]
-
-
-def _request_fields(body: bytes) -> tuple[Any, ...]:
-    req, _ = codec.decode(FetchRequest, FETCH_VERSION, body, 0)
-    return (
-        req.replica_id,
-        req.max_wait_ms,
-        req.min_bytes,
-        req.max_bytes,
-        req.isolation_level,
-        req.session_id,
-        req.session_epoch,
-        [
-            (
-                t.topic,
-                [
-                    (
-                        p.partition,
-                        p.current_leader_epoch,
-                        p.fetch_offset,
-                        p.last_fetched_epoch,
-                        p.log_start_offset,
-                        p.partition_max_bytes,
-                    )
-                    for p in t.partitions
-                ],
-            )
-            for t in req.topics
-        ],
-        [(t.topic, list(t.partitions)) for t in req.forgotten_topics_data],
-    )
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    fixed=st.tuples(i32, i32, i32, i32),
-    session=st.tuples(i32, i32),
-    topics=st.lists(st.tuples(names, st.lists(entries, max_size=4)), max_size=4),
-    forgotten=st.lists(st.tuples(names, st.lists(i32, max_size=50)), max_size=3),
-)
-def test_the_leaders_request_decode_equals_the_generated_decoders_fields(
-    fixed: tuple[int, int, int, int],
-    session: tuple[int, int],
-    topics: list[tuple[str, list[tuple[int, int, int, int, int, int]]]],
-    forgotten: list[tuple[str, list[int]]],
-) -> None:
-    frame = bytes(encode_fetch_request(7, b"follower", *fixed, *session, topics, forgotten))
-    _, pos = codec.decode_request_header(frame[4:])
-    body = frame[4 + pos :]
-    decoded = decode_fetch_request(body, 0)
-    assert decoded is not None
-    assert decoded == _request_fields(body)
-    # Hostile: any cut or extension is refused or read the same.
-    for cut in range(0, len(body), max(1, len(body) // 7)):
-        for hostile in (body[:cut], body + b"\x00", body[:cut] + b"\x01\x00"):
-            got = decode_fetch_request(hostile, 0)
-            if got is not None:
-                assert got == _request_fields(hostile)
-
-
-@settings(max_examples=300, deadline=None)
-@given(data=st.binary(max_size=120))
-def test_hostile_request_bytes_decode_to_none_or_to_what_the_generated_decoder_reads(data: bytes) -> None:
-    got = decode_fetch_request(data, 0)
-    if got is not None:
-        assert got == _request_fields(data)
-
-
-def test_a_request_with_a_tagged_cluster_id_is_left_to_the_generated_decoder() -> None:
-    req = _request_objects(2, 500, 1, 1 << 20, 5, 3, {"t": [(0, 1, 10, 1, 0, 1 << 20)]}, {})
-    req.cluster_id = "c"
-    body = bytes(codec.encode(req, FETCH_VERSION))
-    assert _request_fields(body)[5:7] == (5, 3)
-    assert decode_fetch_request(body, 0) is None
