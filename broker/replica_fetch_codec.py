@@ -15,6 +15,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from kbroker.protocol.primitives import read_uvarint, write_uvarint
+
 FETCH_VERSION = 12  # the fetcher's (replica_fetcher.FETCH_VERSION): replica_id in the body, topics by name
 
 # A request's partition as the fetcher keeps it: (partition, current_leader_epoch, fetch_offset, last_fetched_epoch,
@@ -35,25 +37,17 @@ _ANSWER_HEAD = struct.Struct(">iiBihi")  # size, correlation id, header tags, th
 _PART_FIELDS = struct.Struct(">ihqqqBi")  # ... log_start_offset, aborted (length), preferred_read_replica
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+def _put_uv(out: bytearray, n: int) -> None:
+    if n < 0x80:
+        out.append(n)  # every count and length of a follower's fetch: no call
+    else:
+        write_uvarint(out, n)
 
 
-_SMALL = tuple(_uvarint(n) for n in range(256))
-
-
-def _uv(n: int) -> bytes:
-    return _SMALL[n] if n < 256 else _uvarint(n)
-
-
-def _compact_string(s: str) -> bytes:
+def _put_compact_string(out: bytearray, s: str) -> None:
     b = s.encode()
-    return _uv(len(b) + 1) + b
+    _put_uv(out, len(b) + 1)
+    out += b
 
 
 def encode_fetch_request(
@@ -74,41 +68,25 @@ def encode_fetch_request(
     out += client_id
     out.append(0)  # the header's tagged fields
     out += _BODY_HEAD.pack(replica_id, max_wait_ms, min_bytes, max_bytes, 0, session_id, session_epoch)
-    out += _uv(len(topics) + 1)
+    _put_uv(out, len(topics) + 1)
     pack = _PARTITION.pack
     for topic, entries in topics:
-        out += _compact_string(topic)
-        out += _uv(len(entries) + 1)
+        _put_compact_string(out, topic)
+        _put_uv(out, len(entries) + 1)
         for e in entries:
             out += pack(*e)
             out.append(0)
         out.append(0)
-    out += _uv(len(forgotten) + 1)
+    _put_uv(out, len(forgotten) + 1)
     for topic, parts in forgotten:
-        out += _compact_string(topic)
-        out += _uv(len(parts) + 1)
+        _put_compact_string(out, topic)
+        _put_uv(out, len(parts) + 1)
         for p in parts:
             out += _I32.pack(p)
         out.append(0)
     out += b"\x01\x00"  # rack_id "" (compact), the body's tagged fields
     _I32.pack_into(out, 0, len(out) - 4)
     return out
-
-
-def _read_uv(buf: Any, pos: int) -> tuple[int, int]:
-    b = buf[pos]
-    if b < 0x80:
-        return b, pos + 1
-    n, shift = 0, 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        n |= (b & 0x7F) << shift
-        if b < 0x80:
-            return n, pos
-        shift += 7
-        if shift > 28:
-            raise ValueError("varint too long")
 
 
 def decode_fetch_response(frame: bytes | bytearray | memoryview) -> tuple[int, list[Fetched]] | None:
@@ -122,13 +100,13 @@ def decode_fetch_response(frame: bytes | bytearray | memoryview) -> tuple[int, l
         if error:
             return None
         pos = 15
-        ntopics, pos = _read_uv(view, pos)
+        ntopics, pos = read_uvarint(view, pos)
         if ntopics == 0:
             return None  # a null array: the generated decoder's to judge
         out: list[Fetched] = []
         unpack = _PART_HEAD.unpack_from
         for _ in range(ntopics - 1):
-            n, pos = _read_uv(view, pos)
+            n, pos = read_uvarint(view, pos)
             if n == 0:
                 return None
             end = pos + n - 1
@@ -136,7 +114,7 @@ def decode_fetch_response(frame: bytes | bytearray | memoryview) -> tuple[int, l
                 return None
             topic = str(view[pos:end], "utf-8")
             pos = end
-            nparts, pos = _read_uv(view, pos)
+            nparts, pos = read_uvarint(view, pos)
             if nparts == 0:
                 return None
             for _ in range(nparts - 1):
@@ -146,7 +124,7 @@ def decode_fetch_response(frame: bytes | bytearray | memoryview) -> tuple[int, l
                 if perr or view[pos] > 1:
                     return None
                 pos += 5
-                n, pos = _read_uv(view, pos)
+                n, pos = read_uvarint(view, pos)
                 records = None
                 if n > 1:
                     end = pos + n - 1
@@ -177,23 +155,23 @@ def encode_fetch_answer(
     spliced in by the sender (the frame's size counts it)."""
     ext: list[tuple[int, Any]] = []
     out = bytearray(_ANSWER_HEAD.pack(0, correlation_id, 0, 0, 0, session_id))
-    out += _uv(len(topics) + 1)
+    _put_uv(out, len(topics) + 1)
     pack = _PART_FIELDS.pack
     file_bytes = 0
     for topic, parts in topics:
-        out += _compact_string(topic)
-        out += _uv(len(parts) + 1)
+        _put_compact_string(out, topic)
+        _put_uv(out, len(parts) + 1)
         for partition, hw, lso, log_start, records in parts:
             # Aborted transactions [] (length 1), as the general path's answer to a follower.
             out += pack(partition, 0, hw, lso, log_start, 1, -1)
             if records is None:
                 out.append(0)
             elif isinstance(records, bytes | bytearray | memoryview):
-                out += _uv(len(records) + 1)
+                _put_uv(out, len(records) + 1)
                 out += records
             else:
                 size = records.size
-                out += _uv(size + 1)
+                _put_uv(out, size + 1)
                 ext.append((len(out), records))
                 file_bytes += size
             out.append(0)
