@@ -167,7 +167,8 @@ class _FollowerPoll:
         self.generation = self.purgatory.generation
         self.read = plan.read()
         _, nbytes, has_error = self.read
-        if nbytes >= self.min_bytes or self.max_wait_ms <= 0 or has_error or not plan.has_keys():
+        # plan.has_keys(): a session of Fetch v12 names its topics, so any partition is one to watch.
+        if nbytes >= self.min_bytes or self.max_wait_ms <= 0 or has_error or not plan.parts:
             return self._answer()
         self.keys = plan.keys()
         self.loop = asyncio.get_running_loop()
@@ -243,6 +244,7 @@ class _FollowerPoll:
             return
         if answer is None:
             return
+        shard = metrics.shard()
         if type(answer) is not Response:
             # A general body (an error somewhere): encoded and its failed partitions counted, as KafkaApis does.
             try:
@@ -250,9 +252,9 @@ class _FollowerPoll:
             except Exception as e:  # noqa: BLE001
                 self.parked.complete(e)
                 return
-            metrics.shard().answered(1, answer)
+            shard.answered(1, answer)
             answer = response
-        metrics.shard().request_done(1, time.perf_counter() - self.started)
+        shard.request_done(1, time.perf_counter() - self.started)
         self.parked.complete(answer)
 
     def _answer(self) -> Any:
