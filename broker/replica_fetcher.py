@@ -379,9 +379,9 @@ class ReplicaFetcherThread:
             session.answered(direct[0], send, forgotten)
             with self._lock:
                 for topic, partition, hw, _, records in direct[1]:
-                    s = by_tp.get((topic, partition))
-                    if s is not None and self._current(s):
-                        self._append(s, records, hw)
+                    state = by_tp.get((topic, partition))
+                    if state is not None and self._current(state):
+                        self._append(state, records, hw)
             return
         assert resp is not None
         if resp.error_code:  # an int compared: the ErrorCode enum is built only for what is logged or raised
