@@ -58,7 +58,8 @@ class _Connection(asyncio.Protocol):
     def __init__(self, broker_id: int) -> None:
         self.broker_id = broker_id
         self.transport: asyncio.Transport | None = None
-        self.pending: dict[int, tuple[int, int, asyncio.Future[Any]]] = {}
+        # correlation id -> (api key, version, future); version None: the future takes the frame undecoded.
+        self.pending: dict[int, tuple[int, int | None, asyncio.Future[Any]]] = {}
         self.closed = False
         self._buf = bytearray()
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
@@ -110,6 +111,9 @@ class _Connection(asyncio.Protocol):
             raise ConnectionError(f"response with unknown correlation id {correlation_id} from broker {self.broker_id}")
         api_key, version, fut = entry
         if fut.done():
+            return
+        if version is None:
+            fut.set_result(frame)
             return
         try:
             _, body = codec.decode_response(api_key, version, frame)
@@ -171,10 +175,25 @@ class BrokerClient:
         correlation_id = next(self._correlation) & 0x7FFFFFFF
         header = RequestHeader(request_api_key=api_key, request_api_version=version, correlation_id=correlation_id,
                                client_id=self.client_id)
+        return await self._exchange(conn, broker_id, purpose, api_key, version, correlation_id,
+                                    codec.encode_request(header, body))
+
+    async def request_frame(self, broker_id: int, api_key: int, encode: Callable[[int], bytes | bytearray],
+                            purpose: str = "default") -> bytes:
+        """request() for a caller that writes its own request frame (`encode(correlation id)`, size-prefixed,
+        this client's client id) and reads the answer frame itself: correlation id onwards, undecoded."""
+        conn = await self._connection(broker_id, purpose)
+        correlation_id = next(self._correlation) & 0x7FFFFFFF
+        frame: bytes = await self._exchange(conn, broker_id, purpose, api_key, None, correlation_id,
+                                            encode(correlation_id))
+        return frame
+
+    async def _exchange(self, conn: _Connection, broker_id: int, purpose: str, api_key: int, version: int | None,
+                        correlation_id: int, request: bytes | bytearray) -> Any:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         conn.pending[correlation_id] = (api_key, version, fut)
-        conn.write(bytes(codec.encode_request(header, body)))
+        conn.write(bytes(request))
         # A timer on the future, not wait_for: that wraps the wait in one more future and loop iteration.
         timer = loop.call_later(self.request_timeout, _time_out, fut)
         try:

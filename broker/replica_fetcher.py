@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import operator
+import os
 import threading
 import time
 import zlib
@@ -26,6 +27,8 @@ from typing import TYPE_CHECKING
 
 from kbroker.broker.fetch_session import next_epoch
 from kbroker.broker.inter_broker import partitions_by_topic
+from kbroker.broker.replica_fetch_codec import Entry, decode_fetch_response, encode_fetch_request
+from kbroker.protocol import codec
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.messages import (
     FetchRequest,
@@ -48,6 +51,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("kbroker.replica_fetcher")
 
 FETCH_VERSION = 12  # replica_id, last_fetched_epoch and diverging_epoch, topics by name
+# The request written and the answer's common case read without the generated message objects
+# (broker/replica_fetch_codec.py); KBROKER_REPLICA_FETCH_DIRECT=0 keeps the generated codec for every fetch (the
+# reference, which the direct path falls back to for anything unusual in an answer).
+DIRECT = os.environ.get("KBROKER_REPLICA_FETCH_DIRECT", "1") != "0"
 OFFSET_FOR_LEADER_EPOCH_VERSION = 4
 # How soon a partition is fetched again after its leader answered UNKNOWN_LEADER_EPOCH (see _delay).
 _LEADER_CATCH_UP_S = 0.05
@@ -60,9 +67,10 @@ class PartitionFetchState:
     leader_epoch: int
     truncating: bool = True
     delayed_until: float = 0.0
-    # The request entry last asked with, reused while its position stays (None: build it again): the session then
-    # tells an unchanged partition by identity, and an idle one costs no new entry per fetch.
-    entry: FetchRequest.FetchPartition | None = None
+    # The request entry last asked with (replica_fetch_codec.Entry: FetchPartition's v12 fields), reused while its
+    # position stays (None: build it again): the session then tells an unchanged partition by identity, and an idle
+    # one costs no new entry per fetch.
+    entry: Entry | None = None
     # The log's fetch_position the entry was built from (None with no entry): compared at C level on every fetch.
     entry_position: tuple[int, int] | None = None
     tp: TopicPartition = ("", -1)
@@ -108,10 +116,10 @@ class FollowerFetchSession:
     def __init__(self) -> None:
         self.session_id = 0
         self.epoch = 0  # 0: the next fetch is a full one
-        self._sent: dict[TopicPartition, FetchRequest.FetchPartition] = {}
+        self._sent: dict[TopicPartition, Entry] = {}
 
-    def request(self, wanted: dict[TopicPartition, FetchRequest.FetchPartition]
-                ) -> tuple[dict[TopicPartition, FetchRequest.FetchPartition], list[TopicPartition], int, int]:
+    def request(self, wanted: dict[TopicPartition, Entry]
+                ) -> tuple[dict[TopicPartition, Entry], list[TopicPartition], int, int]:
         """(partitions to send, partitions to forget, session id, epoch) for a fetch of `wanted`."""
         if self.epoch == 0:
             return wanted, [], self.session_id, 0
@@ -123,7 +131,7 @@ class FollowerFetchSession:
         forgotten = [] if sent.keys() == wanted.keys() else [tp for tp in sent if tp not in wanted]
         return send, forgotten, self.session_id, self.epoch
 
-    def answered(self, session_id: int, sent: dict[TopicPartition, FetchRequest.FetchPartition],
+    def answered(self, session_id: int, sent: dict[TopicPartition, Entry],
                  forgotten: list[TopicPartition]) -> None:
         if self.epoch == 0:
             # A full fetch: the leader opened a session (or had no room: session id 0, full fetches go on).
@@ -164,6 +172,7 @@ class ReplicaFetcherThread:
         self._failing = False  # one warning per streak of failed requests, not one per backoff
         self.session = FollowerFetchSession()
         self.client = server.inter_broker.new_client()
+        self._client_id = self.client.client_id.encode()
         self._wake = asyncio.Event()
         self._fetching = False  # a Fetch is in flight (on the loop only)
         self._restart = False  # it was given up so the next one carries newly added partitions
@@ -325,7 +334,6 @@ class ReplicaFetcherThread:
     # -- fetching ------------------------------------------------------------------------------
 
     async def _fetch(self, states: list[PartitionFetchState], max_wait_ms: int) -> None:
-        F = FetchRequest
         session = self.session
         # Entries are built again only where the log moved (most partitions are idle: found at C level). The latest
         # epoch moves only with the log end, except in a truncation, which forgets the entry.
@@ -333,30 +341,49 @@ class ReplicaFetcherThread:
             p = s.partition
             lg = p.log
             position = s.entry_position = lg.fetch_position
-            s.entry = F.FetchPartition(
-                partition=p.partition, current_leader_epoch=s.leader_epoch, fetch_offset=position[0],
-                last_fetched_epoch=lg.latest_epoch, log_start_offset=position[1],
-                partition_max_bytes=self.partition_max_bytes)
+            s.entry = (p.partition, s.leader_epoch, position[0], lg.latest_epoch, position[1],
+                       self.partition_max_bytes)
         tps = list(map(_TP, states))
-        wanted: dict[TopicPartition, FetchRequest.FetchPartition] = dict(zip(tps, map(_ENTRY, states), strict=True))
+        wanted: dict[TopicPartition, Entry] = dict(zip(tps, map(_ENTRY, states), strict=True))
         by_tp = dict(zip(tps, states, strict=True))
         send, forgotten, session_id, epoch = session.request(wanted)
-        by_topic: dict[str, list[FetchRequest.FetchPartition]] = {}
-        for (topic, _), fp in send.items():
-            by_topic.setdefault(topic, []).append(fp)
-        req = F(replica_id=self.server.broker_id, max_wait_ms=max_wait_ms, min_bytes=self.min_bytes,
-                max_bytes=self.max_bytes, isolation_level=0, session_id=session_id, session_epoch=epoch,
-                topics=[F.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
-                forgotten_topics_data=[F.ForgottenTopic(topic=t, partitions=ps)
-                                       for t, ps in partitions_by_topic(forgotten).items()])
+        by_topic: dict[str, list[Entry]] = {}
+        for (topic, _), entry in send.items():
+            by_topic.setdefault(topic, []).append(entry)
+        forgotten_by_topic = partitions_by_topic(forgotten)
+        direct: tuple[int, list[tuple[str, int, int, int, memoryview | None]]] | None = None
         self._fetching, self._restart = True, False
         try:
-            resp: FetchResponse = await self.client.request(self.source_broker, 1, FETCH_VERSION, req, self.name)
+            if DIRECT:
+                frame = await self.client.request_frame(
+                    self.source_broker, 1,
+                    lambda correlation_id: encode_fetch_request(
+                        correlation_id, self._client_id, self.server.broker_id, max_wait_ms, self.min_bytes,
+                        self.max_bytes, session_id, epoch, list(by_topic.items()), list(forgotten_by_topic.items())),
+                    self.name)
+                direct = decode_fetch_response(frame)
+                resp = _decode_answer(frame, self.source_broker) if direct is None else None
+            else:
+                resp = await self.client.request(self.source_broker, 1, FETCH_VERSION,
+                                                 _request_objects(self.server.broker_id, max_wait_ms, self.min_bytes,
+                                                                  self.max_bytes, session_id, epoch, by_topic,
+                                                                  forgotten_by_topic),
+                                                 self.name)
         except BaseException:
             session.failed()  # the leader may or may not have seen it: the next fetch starts a new session
             raise
         finally:
             self._fetching = False
+        if direct is not None:
+            # The common case (no error anywhere, no diverging epoch): straight from the answer's bytes to the logs.
+            session.answered(direct[0], send, forgotten)
+            with self._lock:
+                for topic, partition, hw, _, records in direct[1]:
+                    state = by_tp.get((topic, partition))
+                    if state is not None and self._current(state):
+                        self._append(state, records, hw)
+            return
+        assert resp is not None
         if resp.error_code:  # an int compared: the ErrorCode enum is built only for what is logged or raised
             code = ErrorCode(resp.error_code)
             session.failed()
@@ -389,22 +416,25 @@ class ReplicaFetcherThread:
             await self._handle_out_of_range(s)
 
     def _apply_fetched(self, s: PartitionFetchState, pd: FetchResponse.PartitionData) -> None:
-        p = s.partition
-        lg = p.log
         diverging = pd.diverging_epoch
         if diverging is not None and diverging.epoch >= 0 and diverging.end_offset >= 0:
             self._apply_truncation(s, diverging.epoch, diverging.end_offset)
             return
-        if pd.records:
+        self._append(s, pd.records, pd.high_watermark)
+
+    def _append(self, s: PartitionFetchState, records: bytes | memoryview | None, high_watermark: int) -> None:
+        p = s.partition
+        lg = p.log
+        if records:
             try:
-                lg.append_as_follower(pd.records)  # up to the last whole batch: a leader may cut its answer
+                lg.append_as_follower(records)  # up to the last whole batch: a leader may cut its answer
             except LogReplacedError:
                 lg = p.log  # moved to another log dir meanwhile (nothing was written): append to the new one
-                lg.append_as_follower(pd.records)
+                lg.append_as_follower(records)
             except KafkaStorageError as e:
                 self.server.log_manager.maybe_fail_dir(lg, e)
                 raise
-        lg.update_high_watermark(pd.high_watermark)
+        lg.update_high_watermark(high_watermark)
 
     async def _handle_out_of_range(self, s: PartitionFetchState) -> None:
         """The leader does not have our log end: behind its log start (start over there) or, after an
@@ -440,6 +470,27 @@ class ReplicaFetcherThread:
                 if pr.error_code == ErrorCode.NONE:
                     return int(pr.offset)
         return -1
+
+
+def _request_objects(replica_id: int, max_wait_ms: int, min_bytes: int, max_bytes: int, session_id: int,
+                     epoch: int, by_topic: dict[str, list[Entry]], forgotten: dict[str, list[int]]) -> FetchRequest:
+    """The reference path's request (KBROKER_REPLICA_FETCH_DIRECT=0): the generated message for the same fields as
+    replica_fetch_codec.encode_fetch_request."""
+    F = FetchRequest
+    return F(replica_id=replica_id, max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=max_bytes,
+             isolation_level=0, session_id=session_id, session_epoch=epoch,
+             topics=[F.FetchTopic(topic=t, partitions=[F.FetchPartition(*e) for e in es]) for t, es in by_topic.items()],
+             forgotten_topics_data=[F.ForgottenTopic(topic=t, partitions=ps) for t, ps in forgotten.items()])
+
+
+def _decode_answer(frame: bytes, broker_id: int) -> FetchResponse:
+    """The generated decoder on an answer the direct decode left (an error, a diverging epoch...)."""
+    try:
+        _, body = codec.decode_response(1, FETCH_VERSION, frame)
+    except codec.DecodeError as e:
+        raise ConnectionError(f"malformed response from broker {broker_id}: {e}") from None
+    resp: FetchResponse = body
+    return resp
 
 
 class ReplicaFetcherManager:

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from kbroker.broker import idle_fetch, metrics
-from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.apis import ApiHandler, DirectFn, RequestContext
 from kbroker.broker.down_conversion import check_down_conversion, down_convert_fetched, legacy_fetch_magic
 from kbroker.broker.fetch_session import (
     INVALID_SESSION_ID,
@@ -350,11 +350,9 @@ def handle_fetch(ctx: RequestContext, req: FetchRequest) -> Any:
         context = ctx.server.fetch_manager.new_context(ctx.api_version, req.session_id, req.session_epoch,
                                                        replica_id >= 0, fetch_data, _forgotten(req, by_id),
                                                        topic_names)
-        if isinstance(context, SessionErrorContext):
-            return FetchResponse(error_code=context.error, session_id=INVALID_SESSION_ID, responses=[])
     else:
         context = SessionlessFetchContext(fetch_data)
-    return _fetch_in_context(ctx, req, context, by_id, replica_id)
+    return serve_fetch(ctx, req, context, by_id, replica_id)
 
 
 def resume_incremental(ctx: RequestContext, req: FetchRequest, session: FetchSession, epoch: int) -> Any:
@@ -365,11 +363,14 @@ def resume_incremental(ctx: RequestContext, req: FetchRequest, session: FetchSes
     context = IncrementalFetchContext(ctx.server.fetch_manager.cache, session,
                                       ctx.server.topic_names_by_id() if by_id else {})
     context.expected_epoch = epoch
-    return _fetch_in_context(ctx, req, context, by_id, -1)
+    return serve_fetch(ctx, req, context, by_id, -1)
 
 
-def _fetch_in_context(ctx: RequestContext, req: FetchRequest, context: FetchContext, by_id: bool,
-                      replica_id: int) -> Any:
+def serve_fetch(ctx: RequestContext, req: FetchRequest, context: FetchContext, by_id: bool, replica_id: int) -> Any:
+    """handle_fetch once the request has its context (broker/follower_fetch.py's and broker/idle_fetch.py's way
+    back to the general path after they made one)."""
+    if isinstance(context, SessionErrorContext):
+        return FetchResponse(error_code=context.error, session_id=INVALID_SESSION_ID, responses=[])
     plan = _FetchPlan(ctx, req, context.partitions(), by_id, replica_id,
                       context.session if replica_id >= 0 and isinstance(context, IncrementalFetchContext) else None)
     if req.isolation_level not in (0, 1) and plan.any_to_read():
@@ -413,6 +414,13 @@ def _respond(ctx: RequestContext, plan: _FetchPlan, context: FetchContext,
             error, session_id = context.throttled()
             return FetchResponse(throttle_time_ms=throttle, error_code=error, session_id=session_id, responses=[])
     error, session_id, selected = context.update_and_generate(results)
+    return response_of(ctx, plan, error, session_id, selected, nbytes, has_error)
+
+
+def response_of(ctx: RequestContext, plan: _FetchPlan, error: int, session_id: int,
+                selected: list[tuple[CachedPartition, PartitionData]], nbytes: int, has_error: bool) -> FetchResponse:
+    """The response of what update_and_generate selected."""
+    replica = plan.replica_id >= 0
     responses: list[FetchResponse.FetchableTopicResponse] = []
     # Consecutive partitions of one topic share a topic entry, as in Kafka's FetchResponse.of.
     by_id = plan.by_id
@@ -641,8 +649,16 @@ def handle_offset_for_leader_epoch(ctx: RequestContext, req: OffsetForLeaderEpoc
     return R(throttle_time_ms=0, topics=topics)
 
 
+def _direct_path() -> DirectFn | None:
+    """The Fetch handler's direct paths: a follower's incremental fetch (broker/follower_fetch.py, which builds on
+    this module's read and answer, hence imported here), then a consumer's idle long poll."""
+    from kbroker.broker import follower_fetch
+
+    return follower_fetch.direct_path(handle_fetch, idle_fetch.direct_path(handle_fetch, resume_incremental))
+
+
 HANDLERS = [
-    ApiHandler(1, 0, 17, handle_fetch, direct=idle_fetch.direct_path(handle_fetch, resume_incremental)),
+    ApiHandler(1, 0, 17, handle_fetch, direct=_direct_path()),
     ApiHandler(2, 0, 9, handle_list_offsets),
     ApiHandler(23, 0, 4, handle_offset_for_leader_epoch),
 ]
