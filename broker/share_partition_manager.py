@@ -164,6 +164,7 @@ class SharePartitionManager:
             lambda g: self._group_int(g, SHARE_SESSION_TIMEOUT_MS, "group.share.session.timeout.ms"),
             lambda g: self._group_int(g, SHARE_HEARTBEAT_INTERVAL_MS, "group.share.heartbeat.interval.ms"),
             cfg["group.share.max.size"],
+            server.group_metadata_hash,
         )
         self.coordinator.on_member_removed = self._member_removed
         self.partitions: dict[tuple[str, str, int], SharePartition] = {}

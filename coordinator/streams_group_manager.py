@@ -95,6 +95,11 @@ class StreamsGroupManager:
         ) -> tuple[Any, Any]: ...
         async def _flush_if_needed(self, lg: Any, last_offset: int) -> None: ...
 
+    def _rack_of(self, broker_id: int) -> str | None:
+        """A broker's rack for the group metadata hash, where the host knows racks (the broker does)."""
+        rack_of = getattr(self.host, "broker_rack", None)
+        return rack_of(broker_id) if rack_of is not None else None
+
     # ------------------------------------------------------------ heartbeat
 
     async def streams_group_heartbeat(self, hb: StreamsHeartbeat) -> StreamsHeartbeatResult:
@@ -260,7 +265,7 @@ class StreamsGroupManager:
         topology = records[0].value if records and records[0].type is sgr.RecordType.TOPOLOGY else sg.topology
         configured = sg.configured
         if configured is None or sg.configured_for is not topics or topology is not sg.topology:
-            configured = configure_topology(topology, topics)
+            configured = configure_topology(topology, topics, self._rack_of)
         if configured.metadata_hash != sg.metadata_hash:
             bump = True
         group_epoch = sg.group_epoch
@@ -383,7 +388,7 @@ class StreamsGroupManager:
         try:
             if sg.topology is None:
                 return
-            configured = configure_topology(sg.topology, self.host.consumer_group_topics())
+            configured = configure_topology(sg.topology, self.host.consumer_group_topics(), self._rack_of)
             epoch = sg.group_epoch + 1
             records = [
                 sgr.group_epoch_record(sg.group_id, epoch, configured.metadata_hash, sg.topology.epoch)
@@ -674,7 +679,7 @@ class StreamsGroupManager:
                 continue
             sg = holder.streams
             if sg.configured is None and sg.topology is not None:
-                sg.configured = configure_topology(sg.topology, self.host.consumer_group_topics())
+                sg.configured = configure_topology(sg.topology, self.host.consumer_group_topics(), self._rack_of)
             out.append((gid, ErrorCode.NONE, None, sg))
         return out
 
