@@ -22,7 +22,7 @@ import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["group_hash", "topic_hash", "topics_hash", "xxh3_64"]
+__all__ = ["group_hash", "rack_lookup", "topic_hash", "topics_hash", "xxh3_64"]
 
 _M64 = (1 << 64) - 1
 _P32_1 = 0x9E3779B1
@@ -203,6 +203,12 @@ def group_hash(topic_hashes: Mapping[str, int]) -> int:
         for name in sorted(topic_hashes, key=lambda t: t.encode("utf-16-be"))
     )
     return _signed(xxh3_64(out))
+
+
+def rack_lookup(host: object) -> Callable[[int], str | None]:
+    """A broker's rack where the coordinator's host knows racks (the broker: ZooKeeper registrations), else none."""
+    rack_of = getattr(host, "broker_rack", None)
+    return rack_of if rack_of is not None else lambda broker: None
 
 
 def topics_hash(names: Iterable[str], topics: Mapping[str, Any], rack_of: Callable[[int], str | None]) -> int:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kbroker.coordinator import streams_group_records as sgr
 from kbroker.coordinator.consumer_group_manager import ConsumerGroupError
 from kbroker.coordinator.group_metadata import GroupMetadata, GroupState
+from kbroker.coordinator.group_metadata_hash import rack_lookup
 from kbroker.coordinator.streams_group import (
     ASSIGNMENT_DELAYED,
     LEAVE_GROUP_MEMBER_EPOCH,
@@ -96,9 +97,8 @@ class StreamsGroupManager:
         async def _flush_if_needed(self, lg: Any, last_offset: int) -> None: ...
 
     def _rack_of(self, broker_id: int) -> str | None:
-        """A broker's rack for the group metadata hash, where the host knows racks (the broker does)."""
-        rack_of = getattr(self.host, "broker_rack", None)
-        return rack_of(broker_id) if rack_of is not None else None
+        """A broker's rack for the group metadata hash."""
+        return rack_lookup(self.host)(broker_id)
 
     # ------------------------------------------------------------ heartbeat
 

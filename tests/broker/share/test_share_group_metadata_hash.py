@@ -13,17 +13,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, ShareConsumer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, ShareConsumer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from kbroker.coordinator.group_metadata_hash import group_hash, topic_hash
-from kbroker.coordinator.group_records import parse_record
-from kbroker.coordinator.share_group_records import RecordType, ShareGroupRecord
 from kbroker.protocol.messages import MetadataRequest, ShareGroupDescribeRequest, ShareGroupHeartbeatRequest
 
 from kbroker_tools.wire import WireClient
 from tests.broker.share.group_configs import set_group_configs
 from tests.broker_process import BrokerProcess
 from tests.clients import wait_until
+from tests.group_helpers import group_epoch_records
 
 T = 30
 
@@ -69,30 +68,6 @@ def topic_id(bootstrap: str, topic: str) -> bytes:
     return bytes(md.topics[0].topic_id)
 
 
-def epoch_records(bootstrap: str, group: str) -> list[tuple[int, int]]:
-    """(epoch, metadata hash) of the group's ShareGroupMetadata records in __consumer_offsets, in order."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader-" + uuid.uuid4().hex})
-    try:
-        tp = TopicPartition("__consumer_offsets", 0, 0)
-        _, high = c.get_watermark_offsets(tp, timeout=T)
-        c.assign([tp])
-        out: list[tuple[int, int]] = []
-        seen = -1
-        deadline = time.monotonic() + T
-        while seen < high - 1 and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None or m.error() is not None:
-                continue
-            seen = m.offset()
-            r = parse_record(m.key(), m.value())
-            if isinstance(r, ShareGroupRecord) and r.type == RecordType.METADATA and r.group_id == group:
-                if r.value is not None:
-                    out.append((r.value.epoch, r.value.metadata_hash))
-        return out
-    finally:
-        c.close()
-
-
 def test_added_partitions_reach_the_share_consumer(broker: BrokerProcess, topic_name: str) -> None:
     group = "g-" + topic_name
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
@@ -130,7 +105,7 @@ def test_added_partitions_reach_the_share_consumer(broker: BrokerProcess, topic_
     assert sorted(got) == [(0, "a0"), (0, "a1"), (0, "b0"), (1, "b1"), (2, "b2")]
     after = describe(broker.bootstrap, group)
     assert after.group_epoch > before.group_epoch
-    records = epoch_records(broker.bootstrap, group)
+    records = group_epoch_records(broker.bootstrap, group)
     one = group_hash({topic_name: topic_hash(tid, topic_name, [[]])})
     three = group_hash({topic_name: topic_hash(tid, topic_name, [[], [], []])})
     hashes = [h for _, h in records]
@@ -193,7 +168,7 @@ def test_a_topic_made_again_is_assigned_under_its_new_id(broker: BrokerProcess, 
             lambda: assignment() == {new: [0, 1, 2]}, timeout=T, interval=0.3, what="the new topic assigned"
         )
         assert describe(broker.bootstrap, group).group_epoch > gone
-    records = epoch_records(broker.bootstrap, group)
+    records = group_epoch_records(broker.bootstrap, group)
     assert records[-1][1] == group_hash({topic_name: topic_hash(new, topic_name, [[], [], []])})
     assert (first, group_hash({topic_name: topic_hash(old, topic_name, [[], []])})) in records
     assert (gone, 0) in records  # no subscribed topic exists: Kafka's hash of no topics
