@@ -12,7 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from kbroker.coordinator.group_metadata_hash import group_hash, topic_hash, xxh3_64
+from kbroker.coordinator.group_metadata_hash import group_hash, topic_hash, topics_hash, xxh3_64
+from kbroker.coordinator.metadata_store import PartitionState, TopicRecord
 
 from bench.peers.kafka import ArtifactUnavailable, fetch
 
@@ -113,3 +114,27 @@ def test_what_changes_the_hash() -> None:
     assert topic_hash(other, "orders", [[], []]) != base
     assert topic_hash(tid, "orders", [["r1"], []]) != base
     assert topic_hash(tid, "orders", [["r1", "r2"], []]) == topic_hash(tid, "orders", [["r2", "r1"], []])
+
+
+def test_the_cached_topic_hash_follows_the_topic_and_its_racks() -> None:
+    """topics_hash keeps a topic's hash while its record and its brokers' racks stay the same (Kafka's
+    topicHashCache); a record replaced (partitions added, the topic made again) or a rack moved is hashed again."""
+    tid = bytes(range(16))
+    rec = TopicRecord.single_replica("orders", tid, [1, 2])
+    racks: dict[int, str | None] = {1: "r1", 2: None}
+    want = group_hash({"orders": topic_hash(tid, "orders", [["r1"], []])})
+    assert topics_hash(["orders", "missing"], {"orders": rec}, racks.get) == want
+    assert topics_hash(["orders"], {"orders": rec}, racks.get) == want
+    racks[2] = "r2"
+    assert topics_hash(["orders"], {"orders": rec}, racks.get) == group_hash(
+        {"orders": topic_hash(tid, "orders", [["r1"], ["r2"]])}
+    )
+    more = rec.with_partitions([*rec.partitions, PartitionState.sole(1)])
+    assert topics_hash(["orders"], {"orders": more}, racks.get) == group_hash(
+        {"orders": topic_hash(tid, "orders", [["r1"], ["r2"], ["r1"]])}
+    )
+    again = TopicRecord.single_replica("orders", bytes(range(1, 17)), [1])
+    assert topics_hash(["orders"], {"orders": again}, racks.get) == group_hash(
+        {"orders": topic_hash(bytes(range(1, 17)), "orders", [["r1"]])}
+    )
+    assert topics_hash(["missing"], {"orders": again}, racks.get) == 0
