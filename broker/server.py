@@ -7,7 +7,7 @@ import logging
 import resource
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -39,6 +39,7 @@ from kbroker.broker.txn_verification import TxnVerifier
 from kbroker.coordinator.consumer_group_assignors import CLASS_NAMES
 from kbroker.coordinator.controller import ControllerConfig, KafkaController
 from kbroker.coordinator.group_coordinator import OFFSETS_TOPIC, GroupConfig, GroupCoordinator
+from kbroker.coordinator.group_metadata_hash import topics_hash
 from kbroker.coordinator.metadata_store import LocalMetadataStore, TopicRecord
 from kbroker.coordinator.producer_ids import LocalBlockSource, ProducerIdManager
 from kbroker.coordinator.transaction_coordinator import (
@@ -415,6 +416,15 @@ class KafkaServer:
         host, port = self.advertised_endpoint(name)
         endpoints[self.broker_id] = (host, port, None)
         return [(b, *endpoints[b]) for b in sorted(endpoints)]
+
+    def broker_rack(self, broker_id: int) -> str | None:
+        """A broker's rack as registered (ZooKeeper mode); None without one, as every broker of a single node."""
+        rack_of = getattr(self.metadata, "broker_rack", None)
+        return rack_of(broker_id) if rack_of is not None else None
+
+    def group_metadata_hash(self, topic_names: Iterable[str]) -> int:
+        """Kafka's group metadata hash (KIP-1101) of the named topics as they are now."""
+        return topics_hash(topic_names, self.metadata.topics, self.broker_rack)
 
     def topic_names_by_id(self) -> dict[bytes, str]:
         """topic id -> name, rebuilt only when the store swaps in a new topics map (copy-on-write)."""

@@ -45,6 +45,23 @@ def _first(r: Run) -> int:
     return r.first
 
 
+# what an acknowledgement turns a record into, per acknowledge type (RELEASE: Available, or Archived once the
+# delivery limit is reached; RENEW keeps it Acquired)
+_TARGET = {ACCEPT: (ACKNOWLEDGED,), GAP: (ARCHIVED,), REJECT: (ARCHIVED,), RELEASE: (AVAILABLE, ARCHIVED)}
+
+
+@dataclass(slots=True)
+class Undo:
+    """How to take back one acknowledgement batch whose state write failed (Kafka's InFlightState rollback
+    state): the runs as they were before it, each acquired by the member, and the acknowledge type applied to
+    each offset; `resets` is the share-partition's reset count then (a reset since leaves nothing to undo)."""
+
+    resets: int
+    runs: list[Run]
+    kinds: list[tuple[int, int, int]]  # (first, last, acknowledge type)
+    delivery_limit: int  # a record released at it was archived, not made available
+
+
 def _slice(data: bytes, start: int, end: int) -> bytes:
     return data if start == 0 and end == len(data) else data[start:end]
 
@@ -91,6 +108,7 @@ class SharePartition:
         self.writing: Any = None  # the task writing the last snapshot to __share_group_state
         # dropped for a leadership change with changes never written: its acknowledgements are not durable
         self.lost = False
+        self.resets = 0  # moves whenever the start offset jumps (reset, records deleted): see Undo
 
     # ------------------------------------------------------------ runs
 
@@ -278,8 +296,16 @@ class SharePartition:
     # ------------------------------------------------------------ acknowledgement
 
     def acknowledge(
-        self, member: str, first: int, last: int, types: list[int], delivery_limit: int, lock_ms: int
+        self,
+        member: str,
+        first: int,
+        last: int,
+        types: list[int],
+        delivery_limit: int,
+        lock_ms: int,
+        undo: list[Undo] | None = None,
     ) -> int:
+        """Apply one acknowledgement batch; with `undo`, what `rollback` needs to take it back is appended."""
         if last < first or not types or (len(types) != 1 and len(types) != last - first + 1):
             return ErrorCode.INVALID_REQUEST
         if any(t not in (GAP, ACCEPT, RELEASE, REJECT, RENEW) for t in types):
@@ -299,14 +325,21 @@ class SharePartition:
             i += 1
         if expect <= last:
             return ErrorCode.INVALID_RECORD_STATE
+        kinds: list[tuple[int, int, int]] = []
         if len(types) == 1:
-            self._apply(first, last, types[0], delivery_limit, lock_ms)
+            kinds.append((first, last, types[0]))
         else:
             seg = first
             for k in range(1, len(types) + 1):
                 if k == len(types) or types[k] != types[k - 1]:
-                    self._apply(seg, first + k - 1, types[k - 1], delivery_limit, lock_ms)
+                    kinds.append((seg, first + k - 1, types[k - 1]))
                     seg = first + k
+        if undo is not None:
+            i, j = self._span(first, last)
+            saved = [r.copy_from(r.first, r.last) for r in self.runs[i:j]]
+            undo.append(Undo(self.resets, saved, kinds, delivery_limit))
+        for seg_first, seg_last, kind in kinds:
+            self._apply(seg_first, seg_last, kind, delivery_limit, lock_ms)
         self.dirty = True
         self._advance()
         return ErrorCode.NONE
@@ -322,6 +355,67 @@ class SharePartition:
                 self._release(r, delivery_limit)
             else:
                 r.deadline = time.monotonic() + lock_ms / 1000
+
+    def rollback(self, undo: Undo) -> bool:
+        """Take back an acknowledgement whose state write failed, as Kafka's SharePartition rolls back its state
+        transitions (completeStateTransition(false)): its records are Acquired by the member again, under their
+        lock as it was (they come back to the group when it expires). A record changed since by something else
+        (released and acquired again, its lock expired, the share-partition reset) is left as it is now. Returns
+        whether anything was taken back."""
+        if undo.resets != self.resets:
+            return False
+        pieces: list[tuple[Run, int]] = []
+        for first, last, kind in undo.kinds:
+            for saved in undo.runs:
+                lo, hi = max(first, saved.first), min(last, saved.last)
+                if lo <= hi:
+                    pieces.append((saved.copy_from(lo, hi), kind))
+        pieces.sort(key=lambda x: x[0].first)
+        restored = self._restore_head(pieces, undo.delivery_limit)
+        for saved, kind in pieces:
+            if saved.last < self.start or saved.first >= self.end:
+                continue
+            targets = (ACQUIRED,) if kind == RENEW else _TARGET.get(kind, ())
+            i, j = self._span(max(saved.first, self.start), min(saved.last, self.end - 1))
+            for r in self.runs[i:j]:
+                if r.state not in targets or (kind == RENEW and r.member != saved.member):
+                    continue
+                if r.state == AVAILABLE and r.delivery_count != saved.delivery_count:
+                    continue  # acquired and released again since
+                r.state, r.member, r.deadline = saved.state, saved.member, saved.deadline
+                r.delivery_count = saved.delivery_count
+                restored = True
+        if restored:
+            self.dirty = True
+            self._advance()
+        return restored
+
+    def _restore_head(self, pieces: list[tuple[Run, int]], delivery_limit: int) -> bool:
+        """The acknowledged records the start offset moved past come back before it: those this acknowledgement
+        finished (accepted, rejected, or released at the delivery limit: archived) as they were before it; any
+        other offset in between stays done (Acknowledged: a record released by it and finished by another member
+        since, or another member's acknowledgement)."""
+        head: list[Run] = []
+        for saved, kind in pieces:
+            if saved.first >= self.start:
+                break
+            if kind not in (ACCEPT, GAP, REJECT) and not (
+                kind == RELEASE and saved.delivery_count >= delivery_limit
+            ):
+                continue
+            part = saved.copy_from(saved.first, min(saved.last, self.start - 1))
+            if head and head[-1].last + 1 < part.first:
+                head.append(Run(head[-1].last + 1, part.first - 1, ACKNOWLEDGED, 1))
+            head.append(part)
+        if not head:
+            return False
+        if head[-1].last + 1 < self.start:
+            head.append(Run(head[-1].last + 1, self.start - 1, ACKNOWLEDGED, 1))
+        if not self.runs:
+            self.end = max(self.end, self.start)
+        self.runs[:0] = head
+        self.start = head[0].first
+        return True
 
     def _release(self, r: Run, delivery_limit: int) -> None:
         self.dirty = True
@@ -376,6 +470,7 @@ class SharePartition:
                 self.runs = out
 
     def _move_start(self, offset: int) -> None:
+        self.resets += 1
         i = self._split(offset)
         del self.runs[:i]
         self.start = offset
@@ -384,6 +479,7 @@ class SharePartition:
     def reset(self, offset: int) -> None:
         """AlterShareGroupOffsets, or records deleted under an idle share-partition: start over at offset."""
         self.dirty = True
+        self.resets += 1
         self.runs.clear()
         self.start = self.end = offset
 

@@ -55,7 +55,10 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger("kbroker.share")
 _SWEEP_S = 0.1
-_WRITE_RETRY_S = 25.0  # below a client's request.timeout.ms (30 s)
+# how long a state write is retried while the share coordinator is away: about as long as Kafka's persister
+# takes over its 5 attempts backing off 1, 2, 4 and 8 s (PersisterStateManager), below a client's
+# request.timeout.ms (30 s)
+_WRITE_RETRY_S = 15.0
 _RETRIABLE_WRITE = (
     ErrorCode.NOT_COORDINATOR,
     ErrorCode.COORDINATOR_NOT_AVAILABLE,
@@ -117,6 +120,25 @@ _GROUP_WRITE_ERRORS = {
     ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
     ErrorCode.INVALID_FETCH_SIZE: ErrorCode.UNKNOWN_SERVER_ERROR,
 }
+# the share coordinator's answer when its own append to __share_group_state fails (Kafka's
+# CoordinatorOperationExceptionHelper, the same mapping with NETWORK_EXCEPTION as a coordinator still loading)
+_STATE_WRITE_ERRORS = {**_GROUP_WRITE_ERRORS, ErrorCode.NETWORK_EXCEPTION: ErrorCode.COORDINATOR_LOAD_IN_PROGRESS}
+
+
+def persister_error(code: int) -> int:
+    """The error a share-partition answers an acknowledgement with when its state write failed with `code` (Kafka's
+    SharePartition.fetchPersisterError, the exception then mapped back to its error code)."""
+    if code in (
+        ErrorCode.NOT_COORDINATOR,
+        ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    ):
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    if code in (ErrorCode.GROUP_ID_NOT_FOUND, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION):
+        return code
+    if code in (ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.FENCED_STATE_EPOCH):
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    return ErrorCode.UNKNOWN_SERVER_ERROR
 
 
 class ShareGroupLoading(ShareGroupHooks):
@@ -164,6 +186,7 @@ class SharePartitionManager:
             lambda g: self._group_int(g, SHARE_SESSION_TIMEOUT_MS, "group.share.session.timeout.ms"),
             lambda g: self._group_int(g, SHARE_HEARTBEAT_INTERVAL_MS, "group.share.heartbeat.interval.ms"),
             cfg["group.share.max.size"],
+            server.group_metadata_hash,
         )
         self.coordinator.on_member_removed = self._member_removed
         self.partitions: dict[tuple[str, str, int], SharePartition] = {}
@@ -888,12 +911,15 @@ class SharePartitionManager:
             try:
                 await write
             except Exception as e:  # noqa: BLE001 - logged once, by _written
-                code = e.code if isinstance(e, KafkaError) else ErrorCode.UNKNOWN_SERVER_ERROR
-                if (
-                    code == ErrorCode.INVALID_REQUEST
-                ):  # the state is gone: Kafka's fetchPersisterError default
+                # a write that never got an answer (the share coordinator's broker gone) is Kafka's persister
+                # failing to find the coordinator
+                if isinstance(e, KafkaError):
+                    code = e.code
+                elif isinstance(e, OSError):
+                    code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+                else:  # Kafka's persister failing outright: an IllegalStateException for the acknowledgement
                     code = ErrorCode.UNKNOWN_SERVER_ERROR
-                failed[(sp.group_id, sp.topic, sp.partition)] = code
+                failed[(sp.group_id, sp.topic, sp.partition)] = persister_error(code)
         return failed
 
     @staticmethod
@@ -1102,10 +1128,13 @@ class SharePartitionManager:
                 -1 if leads else 1,
             )
         except KafkaError as e:
-            return e.code
+            return _STATE_WRITE_ERRORS.get(e.code, e.code)
+        except StorageError as e:  # refused by the log: a record too large, a failed log dir
+            return _STATE_WRITE_ERRORS.get(e.error_code, ErrorCode.UNKNOWN_SERVER_ERROR)
         appended()
         if leads:
-            return int(await self.server.wait_replicated(lg, info.last_offset + 1))
+            code = int(await self.server.wait_replicated(lg, info.last_offset + 1))
+            return _STATE_WRITE_ERRORS.get(code, code)
         return ErrorCode.NONE
 
     async def delete_state(self, group_id: str, topic: str, num_partitions: int) -> int:

@@ -104,11 +104,14 @@ class ConsumerGroup:
     members: dict[str, ConsumerGroupMember] = field(default_factory=dict)
     static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
     target: dict[str, Assignment] = field(default_factory=dict)
-    # Subscribed topics' metadata as of the last group epoch: name -> (topic id, partitions).
+    # Kafka 4.0's subscribed topics' metadata (ConsumerGroupPartitionMetadata), replayed from a log written before
+    # the metadata hash: name -> (topic id, partitions). Non-empty, the group's next epoch tombstones it.
     subscription_metadata: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    # the group metadata hash (KIP-1101) of the subscribed topics at the group epoch
+    metadata_hash: int = 0
     # (topic id, partition) -> member owning it (assigned or pending revocation): Kafka's currentPartitionEpoch.
     owners: dict[tuple[bytes, int], str] = field(default_factory=dict)
-    # Not persisted: the topics map last compared with subscription_metadata (metadata is copy-on-write).
+    # Not persisted: the topics map last compared with metadata_hash (metadata is copy-on-write).
     checked_topics: object = None
     session_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     session_deadlines: dict[str, float] = field(default_factory=dict)
@@ -177,6 +180,7 @@ class ConsumerGroup:
         if r.type is RecordType.METADATA:
             if v is not None:
                 self.group_epoch = v.epoch
+                self.metadata_hash = v.metadata_hash
         elif r.type is RecordType.PARTITION_METADATA:
             self.subscription_metadata = {} if v is None else {
                 t.topic_name: (t.topic_id, t.num_partitions) for t in v.topics}

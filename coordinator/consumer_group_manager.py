@@ -31,6 +31,7 @@ from kbroker.coordinator.consumer_group_assignors import TargetAssignmentBuilder
 from kbroker.coordinator.consumer_group_current_assignment import CurrentAssignmentBuilder
 from kbroker.coordinator.consumer_group_records import Assignment, ConsumerGroupRecord
 from kbroker.coordinator.group_metadata import GroupMetadata, GroupState
+from kbroker.coordinator.group_metadata_hash import rack_lookup, topics_hash
 from kbroker.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
@@ -374,6 +375,16 @@ class ConsumerGroupManager:
                     out[name] = (rec.topic_id, rec.num_partitions)
         return out
 
+    def _metadata_hash(self, members: Sequence[ConsumerGroupMember], topics: Mapping[str, Any]) -> int:
+        """Kafka's ModernGroup.computeMetadataHash: the group hash of the topics the members subscribe to."""
+        names = {name for m in members for name in member_topics(m, topics)}
+        return topics_hash(names, topics, rack_lookup(self.host))
+
+    def _drop_subscription_metadata(self, cg: ConsumerGroup, records: list[ConsumerGroupRecord]) -> None:
+        """Kafka 4.1+ keeps no ConsumerGroupPartitionMetadata: a group loaded with one tombstones it."""
+        if cg.subscription_metadata:
+            records.append(cgr.tombstone(cgr.RecordType.PARTITION_METADATA, cg.group_id))
+
     # ------------------------------------------------------------ leave and fencing
 
     async def _consumer_group_leave(self, hb: ConsumerHeartbeat) -> ConsumerHeartbeatResult:
@@ -427,15 +438,14 @@ class ConsumerGroupManager:
     # ------------------------------------------------------------ records
 
     def _removal_records(self, cg: ConsumerGroup, gone: list[str], topics: Any) -> list[ConsumerGroupRecord]:
-        """Kafka's consumerGroupFenceMember records for members that go at once: their tombstones, the subscription
-        metadata without them when it changes, a group epoch bump, and the assignment epoch with it when no member
+        """Kafka's consumerGroupFenceMember records for members that go at once: their tombstones, a group epoch
+        bump with the metadata hash of what the others subscribe to, and the assignment epoch with it when no member
         is left."""
         gid = cg.group_id
         records = [r for mid in gone for r in cgr.member_tombstones(gid, mid)]
-        metadata = self._subscription_metadata([m for m in cg.members.values() if m.member_id not in gone], topics)
-        if metadata != cg.subscription_metadata:
-            records.append(cgr.partition_metadata_record(gid, metadata))
-        records.append(cgr.group_epoch_record(gid, cg.group_epoch + 1))
+        remaining = [m for m in cg.members.values() if m.member_id not in gone]
+        self._drop_subscription_metadata(cg, records)
+        records.append(cgr.group_epoch_record(gid, cg.group_epoch + 1, self._metadata_hash(remaining, topics)))
         if all(mid in gone for mid in cg.members):
             # An empty group's assignment epoch is its group epoch (KAFKA-20442, Kafka 4.4): no assignment is
             # pending for a group without members.
@@ -499,23 +509,25 @@ class ConsumerGroupManager:
         it): subscription metadata, group epoch, target assignment, then the member's reconciliation. Appends
         the records; returns the reconciled member."""
         gid = cg.group_id
-        # Subscribed topics' metadata: recomputed when the subscriptions or the cluster's topics changed.
+        # The group metadata hash (KIP-1101): recomputed when the subscriptions or the cluster's topics changed; a
+        # different one (a partition added, a topic deleted or made again) bumps the group epoch.
         others = [m for m in cg.members.values()
                   if m.member_id != updated.member_id and (replaced is None or m.member_id != replaced.member_id)]
-        metadata = cg.subscription_metadata
+        metadata_hash = cg.metadata_hash
         if bump or cg.checked_topics is not topics:
-            metadata = self._subscription_metadata([*others, updated], topics)
-            if metadata != cg.subscription_metadata:
-                records.append(cgr.partition_metadata_record(gid, metadata))
+            metadata_hash = self._metadata_hash([*others, updated], topics)
+            if metadata_hash != cg.metadata_hash:
                 bump = True
         group_epoch = cg.group_epoch
         if bump:
             group_epoch += 1
-            records.append(cgr.group_epoch_record(gid, group_epoch))
+            self._drop_subscription_metadata(cg, records)
+            records.append(cgr.group_epoch_record(gid, group_epoch, metadata_hash))
 
         target_epoch = cg.assignment_epoch
         target = cg.target.get(replaced.member_id if replaced is not None else updated.member_id, {})
         if group_epoch > cg.assignment_epoch:
+            metadata = self._subscription_metadata([*others, updated], topics)
             subs = {m.member_id: sorted(member_topics(m, topics)) for m in others}
             subs[updated.member_id] = sorted(member_topics(updated, topics))
             current_targets = {m: cg.target.get(m, {}) for m in subs}

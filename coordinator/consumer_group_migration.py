@@ -170,7 +170,7 @@ class ConsumerGroupMigration(ConsumerGroupManager):
                 "is malformed.") from None
         # Kafka's ConsumerGroup.createConsumerGroupRecords, in its order.
         records += [m.metadata_record(gid) for m in members]
-        records.append(cgr.group_epoch_record(gid, generation))
+        records.append(cgr.group_epoch_record(gid, generation, self._metadata_hash(members, topics)))
         records += [cgr.target_assignment_record(gid, m.member_id, m.assigned) for m in members]
         records.append(cgr.target_epoch_record(gid, generation))
         records += [m.assignment_record(gid) for m in members]

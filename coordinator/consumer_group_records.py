@@ -97,12 +97,15 @@ def to_assignment(tps: list[Any]) -> Assignment:
     return {tp.topic_id: set(tp.partitions) for tp in tps if tp.partitions}
 
 
-def group_epoch_record(group_id: str, epoch: int) -> ConsumerGroupRecord:
-    return ConsumerGroupRecord(RecordType.METADATA, group_id, None, ConsumerGroupMetadataValue(epoch=epoch))
+def group_epoch_record(group_id: str, epoch: int, metadata_hash: int = 0) -> ConsumerGroupRecord:
+    """The group epoch with the group metadata hash of the subscribed topics it was computed for (KIP-1101)."""
+    return ConsumerGroupRecord(RecordType.METADATA, group_id, None,
+                               ConsumerGroupMetadataValue(epoch=epoch, metadata_hash=metadata_hash))
 
 
 def partition_metadata_record(group_id: str, topics: dict[str, tuple[bytes, int]]) -> ConsumerGroupRecord:
-    """topics: name -> (topic id, number of partitions). Racks are not tracked (brokers have none here)."""
+    """topics: name -> (topic id, number of partitions). Kafka 4.0's record: 4.1+ (and kbroker) writes none, only
+    its tombstone where a group still has one; kept to make such a group in tests."""
     V = ConsumerGroupPartitionMetadataValue
     return ConsumerGroupRecord(RecordType.PARTITION_METADATA, group_id, None, V(topics=[
         V.TopicMetadata(topic_id=tid, topic_name=name, num_partitions=n, partition_metadata=[])

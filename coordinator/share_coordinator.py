@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from kbroker.coordinator import share_group_records as shr
@@ -44,6 +44,10 @@ class ShareGroup:
     group_id: str
     group_epoch: int = 0
     assignment_epoch: int = 0
+    # Kafka's group metadata hash (KIP-1101) of the subscribed topics when the epoch was last bumped: a topic
+    # whose partition count, id (deleted and made again) or racks change no longer hashes the same, and the
+    # group's next heartbeat bumps the epoch and assigns again
+    metadata_hash: int = 0
     members: dict[str, ShareMember] = field(default_factory=dict)
     # Kafka's ShareGroupStatePartitionMetadata: the share-partitions whose state the share coordinators
     # initialized (InitializeShareGroupState), are initializing, or are deleting (DeleteShareGroupOffsets)
@@ -79,6 +83,8 @@ class HeartbeatResult:
 
 # topic name -> (topic id, partition count) of the topics that exist now
 TopicsView = Callable[[], Mapping[str, tuple[bytes, int]]]
+# the group metadata hash (coordinator.group_metadata_hash) of the named topics as they are now
+MetadataHash = Callable[[Iterable[str]], int]
 
 
 def _balance(
@@ -166,13 +172,17 @@ class ShareCoordinator:
         session_timeout_ms: Callable[[str], int],
         heartbeat_interval_ms: Callable[[str], int],
         max_size: int,
+        metadata_hash: MetadataHash = lambda names: 0,
     ) -> None:
         self.groups: dict[str, ShareGroup] = {}
         self._topics = topics
+        self._metadata_hash = metadata_hash
+        # group id -> the topics view its hash was last checked against (replaced, never changed, on a change);
+        # kept out of ShareGroup so a snapshot does not copy the view
+        self._checked: dict[str, object] = {}
         self._session_timeout_ms = session_timeout_ms
         self._heartbeat_interval_ms = heartbeat_interval_ms
         self._max_size = max_size
-        self._topics_seen: Mapping[str, tuple[bytes, int]] = {}
         self.on_member_removed: Callable[[str, str], None] = lambda group_id, member_id: None
         # group id -> the records of the changes made since the caller last drained them, in order
         self.records: dict[str, list[ShareGroupRecord]] = {}
@@ -199,7 +209,7 @@ class ShareCoordinator:
                     if mid in now.members:
                         m.deadline = now.members[mid].deadline
             self.groups[group_id] = before
-        self._topics_seen = {}  # a reassignment for new topics may have been undone: the next heartbeat redoes it
+        self._checked.pop(group_id, None)  # a bump for changed topics may have been undone: the next heartbeat redoes it
 
     def _emit(self, group: ShareGroup, record: ShareGroupRecord) -> None:
         self.records.setdefault(group.group_id, []).append(record)
@@ -267,9 +277,13 @@ class ShareCoordinator:
             if subscribed is not None:
                 self._bump(group)
         topics = self._topics()
-        if topics is not self._topics_seen:  # created or deleted topics, more partitions: assign again
-            self._topics_seen = topics
-            self._reassign(group)
+        if topics is not self._checked.get(group_id):
+            # created or deleted topics, more partitions: as Kafka's metadata refresh, a group whose subscribed
+            # topics hash differently now bumps its epoch (with the new hash) and assigns again
+            self._checked[group_id] = topics
+            self._forget_deleted(group, topics)
+            if self._hash(group) != group.metadata_hash:
+                self._bump(group)
         member.deadline = now + self._session_timeout_ms(group_id) / 1000
         assignment = None
         if member.member_epoch != member.target_epoch or member_epoch == 0:
@@ -387,7 +401,7 @@ class ShareCoordinator:
         """A new group epoch, as Kafka's AlterShareGroupOffsets takes one for the state epoch it initializes."""
         group = self.groups[group_id]
         group.group_epoch += 1
-        self._emit(group, shr.group_epoch_record(group_id, group.group_epoch))
+        self._emit(group, shr.group_epoch_record(group_id, group.group_epoch, group.metadata_hash))
         return group.group_epoch
 
     def _emit_member(self, group: ShareGroup, m: ShareMember) -> None:
@@ -398,9 +412,26 @@ class ShareCoordinator:
             ),
         )
 
+    def _hash(self, group: ShareGroup) -> int:
+        return self._metadata_hash({t for m in group.members.values() for t in m.subscribed})
+
+    def _forget_deleted(self, group: ShareGroup, topics: Mapping[str, tuple[bytes, int]]) -> None:
+        """Share-partitions of topics that no longer exist (deleted, perhaps made again under a new id) are no
+        longer initialized (Kafka's group coordinator drops deleted topics from ShareGroupStatePartitionMetadata):
+        a topic made again under its old name is initialized afresh."""
+        live = {tid for tid, _ in topics.values()}
+        gone = [t for t in (*group.initialized, *group.initializing) if t not in live]
+        if not gone:
+            return
+        for tid in gone:
+            group.initialized.pop(tid, None)
+            group.initializing.pop(tid, None)
+        self._emit(group, group.state_partitions_record())
+
     def _bump(self, group: ShareGroup) -> None:
         group.group_epoch += 1
-        self._emit(group, shr.group_epoch_record(group.group_id, group.group_epoch))
+        group.metadata_hash = self._hash(group)
+        self._emit(group, shr.group_epoch_record(group.group_id, group.group_epoch, group.metadata_hash))
         self._reassign(group)
 
     def _assignable(self, group: ShareGroup) -> Mapping[str, tuple[bytes, int]]:
@@ -461,6 +492,7 @@ class ShareCoordinator:
         if group.members:
             return ErrorCode.NON_EMPTY_GROUP
         del self.groups[group_id]
+        self._checked.pop(group_id, None)
         for rtype in (
             RecordType.TARGET_ASSIGNMENT_METADATA,
             RecordType.STATE_PARTITION_METADATA,
@@ -481,6 +513,7 @@ class ShareCoordinator:
                 return
             group = group or self.groups.setdefault(gid, ShareGroup(gid))
             group.group_epoch = v.epoch
+            group.metadata_hash = v.metadata_hash
             return
         if group is None:
             if v is None:
@@ -535,3 +568,4 @@ class ShareCoordinator:
         for gid in group_ids:
             self.groups.pop(gid, None)
             self.records.pop(gid, None)
+            self._checked.pop(gid, None)

@@ -113,9 +113,13 @@ def member_record(
     )
 
 
-def group_epoch_record(group_id: str, epoch: int) -> ShareGroupRecord:
+def group_epoch_record(group_id: str, epoch: int, metadata_hash: int = 0) -> ShareGroupRecord:
+    """The group epoch with the group metadata hash of the subscribed topics it was computed for (KIP-1101)."""
     return ShareGroupRecord(
-        RecordType.METADATA, group_id, None, ShareGroupMetadataValue(epoch=epoch, metadata_hash=0)
+        RecordType.METADATA,
+        group_id,
+        None,
+        ShareGroupMetadataValue(epoch=epoch, metadata_hash=metadata_hash),
     )
 
 

@@ -8,13 +8,13 @@ InternalTopicManager: task counts, repartition and changelog partition counts, m
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any
 
 from kbroker.coordinator import streams_group_records as sgr
+from kbroker.coordinator.group_metadata_hash import topics_hash
 from kbroker.coordinator.streams_group_records import RecordType, StreamsGroupRecord, Tasks, TasksTuple
 
 LEAVE_GROUP_MEMBER_EPOCH = -1
@@ -143,9 +143,13 @@ SHUTDOWN_APPLICATION = 4
 ASSIGNMENT_DELAYED = 5
 
 
-def configure_topology(topology: Any, topics: Mapping[str, Any]) -> ConfiguredTopology:
+def configure_topology(
+    topology: Any, topics: Mapping[str, Any], rack_of: Callable[[int], str | None] = lambda broker: None
+) -> ConfiguredTopology:
     """Kafka's InternalTopicManager.configureTopics: repartition topics take their partition count from the
-    request or from the subtopologies writing into them, changelog topics from their subtopology's task count."""
+    request or from the subtopologies writing into them, changelog topics from their subtopology's task count.
+    The metadata hash is Kafka's StreamsGroup.computeMetadataHash: the group hash (KIP-1101) of the topology's
+    required topics (source, repartition source and changelog topics) that exist."""
     out = ConfiguredTopology()
 
     def parts(name: str) -> int | None:
@@ -153,13 +157,12 @@ def configure_topology(topology: Any, topics: Mapping[str, Any]) -> ConfiguredTo
         return None if rec is None else len(rec.partitions)
 
     subs = list(topology.subtopologies)
+    required = {t for s in subs for t in s.source_topics}
+    required |= {ti.name for s in subs for ti in (*s.repartition_source_topics, *s.state_changelog_topics)}
+    out.metadata_hash = topics_hash(required, topics, rack_of)
     missing = sorted({t for s in subs for t in s.source_topics if parts(t) is None})
-    digest = hashlib.sha256()
-    for name in sorted({t for s in subs for t in s.source_topics}):
-        digest.update(f"{name}:{parts(name)};".encode())
     if missing:
         out.status = (MISSING_SOURCE_TOPICS, f"Source topics {', '.join(missing)} are missing.")
-        out.metadata_hash = int.from_bytes(digest.digest()[:8], "big", signed=True)
         return out
     repartition: dict[str, int] = {}
     for s in subs:
@@ -208,8 +211,6 @@ def configure_topology(topology: Any, topics: Mapping[str, Any]) -> ConfiguredTo
             INCORRECTLY_PARTITIONED_TOPICS,
             f"Failed to compute number of partitions for all repartition topics: {', '.join(unresolved)}.",
         )
-    for name in sorted(out.to_create):
-        digest.update(f"{name}:{parts(name)};".encode())
     wrong = sorted(t for t, (n, _, _) in out.to_create.items() if parts(t) is not None and parts(t) != n)
     if wrong and out.status is None:
         out.status = (
@@ -219,7 +220,6 @@ def configure_topology(topology: Any, topics: Mapping[str, Any]) -> ConfiguredTo
     out.to_create = {t: v for t, v in out.to_create.items() if parts(t) is None and v[0] > 0}
     if out.to_create and out.status is None:
         out.status = (MISSING_INTERNAL_TOPICS, f"Internal topics are missing: {sorted(out.to_create)}")
-    out.metadata_hash = int.from_bytes(digest.digest()[:8], "big", signed=True)
     return out
 
 

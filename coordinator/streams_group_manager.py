@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kbroker.coordinator import streams_group_records as sgr
 from kbroker.coordinator.consumer_group_manager import ConsumerGroupError
 from kbroker.coordinator.group_metadata import GroupMetadata, GroupState
+from kbroker.coordinator.group_metadata_hash import rack_lookup
 from kbroker.coordinator.streams_group import (
     ASSIGNMENT_DELAYED,
     LEAVE_GROUP_MEMBER_EPOCH,
@@ -94,6 +95,10 @@ class StreamsGroupManager:
             producer_epoch: int = -1,
         ) -> tuple[Any, Any]: ...
         async def _flush_if_needed(self, lg: Any, last_offset: int) -> None: ...
+
+    def _rack_of(self, broker_id: int) -> str | None:
+        """A broker's rack for the group metadata hash."""
+        return rack_lookup(self.host)(broker_id)
 
     # ------------------------------------------------------------ heartbeat
 
@@ -260,7 +265,7 @@ class StreamsGroupManager:
         topology = records[0].value if records and records[0].type is sgr.RecordType.TOPOLOGY else sg.topology
         configured = sg.configured
         if configured is None or sg.configured_for is not topics or topology is not sg.topology:
-            configured = configure_topology(topology, topics)
+            configured = configure_topology(topology, topics, self._rack_of)
         if configured.metadata_hash != sg.metadata_hash:
             bump = True
         group_epoch = sg.group_epoch
@@ -383,7 +388,7 @@ class StreamsGroupManager:
         try:
             if sg.topology is None:
                 return
-            configured = configure_topology(sg.topology, self.host.consumer_group_topics())
+            configured = configure_topology(sg.topology, self.host.consumer_group_topics(), self._rack_of)
             epoch = sg.group_epoch + 1
             records = [
                 sgr.group_epoch_record(sg.group_id, epoch, configured.metadata_hash, sg.topology.epoch)
@@ -674,7 +679,7 @@ class StreamsGroupManager:
                 continue
             sg = holder.streams
             if sg.configured is None and sg.topology is not None:
-                sg.configured = configure_topology(sg.topology, self.host.consumer_group_topics())
+                sg.configured = configure_topology(sg.topology, self.host.consumer_group_topics(), self._rack_of)
             out.append((gid, ErrorCode.NONE, None, sg))
         return out
 

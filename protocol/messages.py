@@ -8029,15 +8029,17 @@ class ConsumerGroupMetadataKey:
 
 @dataclass(slots=True)
 class ConsumerGroupMetadataValue:
-    API_KEY: ClassVar[int | None] = None
-    KIND: ClassVar[str] = 'data'
+    API_KEY: ClassVar[int | None] = 3
+    KIND: ClassVar[str] = 'coordinator-value'
     VALID_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 0)
     FLEXIBLE_VERSIONS: ClassVar[tuple[int, int] | None] = (0, 32767)
 
     epoch: int = 0
+    metadata_hash: int = 0
 
     FIELDS: ClassVar[tuple[FieldSpec, ...]] = (
         FieldSpec('epoch', 'int32', (0, 32767), None, None, None, 0, INHERIT),
+        FieldSpec('metadata_hash', 'int64', (0, 32767), None, 0, (0, 32767), 0, INHERIT),
     )
 
 

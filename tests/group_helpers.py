@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from kbroker.coordinator.group_records import parse_record
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import ConsumerGroupDescribeRequest
 
@@ -74,3 +75,30 @@ def describe(bootstrap: str, group: str) -> Any:
         return g
 
     return once_loaded(answer)
+
+
+def group_epoch_records(bootstrap: str, group: str, partition: int = 0, timeout: float = 30) -> list[tuple[int, int]]:
+    """(epoch, metadata hash) of the group's ConsumerGroupMetadata, ShareGroupMetadata or StreamsGroupMetadata
+    records in __consumer_offsets-partition, in log order (tombstones left out), read as any consumer reads them."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader-" + uuid.uuid4().hex})
+    try:
+        tp = TopicPartition("__consumer_offsets", partition, 0)
+        _, high = c.get_watermark_offsets(tp, timeout=timeout)
+        c.assign([tp])
+        out: list[tuple[int, int]] = []
+        seen = -1
+        deadline = time.monotonic() + timeout
+        while seen < high - 1 and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None or m.error() is not None:
+                continue
+            seen = m.offset()
+            r = parse_record(m.key(), m.value())
+            rtype = getattr(r, "type", None)
+            if rtype is not None and rtype.name == "METADATA" and getattr(r, "group_id", None) == group:
+                if r.value is not None:  # type: ignore[union-attr]
+                    out.append((r.value.epoch, r.value.metadata_hash))  # type: ignore[union-attr]
+        assert seen >= high - 1, f"read __consumer_offsets-{partition} to {seen}, not {high - 1}"
+        return out
+    finally:
+        c.close()

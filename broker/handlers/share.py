@@ -20,7 +20,7 @@ from kbroker.broker.handlers.groups import (
     _client_host,
     _group_denied,
 )
-from kbroker.broker.share_partition import SharePartition
+from kbroker.broker.share_partition import SharePartition, Undo
 from kbroker.broker.share_partition_manager import SharePartitionManager, ShareSession
 from kbroker.coordinator.group_coordinator import OFFSETS_TOPIC
 from kbroker.protocol.errors import ErrorCode
@@ -39,6 +39,8 @@ from kbroker.protocol.messages import (
 _STATE_LOADING = (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE)
 # (topic id, partition) -> (error code, acknowledge error code, records, acquired ranges)
 _Result = dict[tuple[bytes, int], list[Any]]
+# (topic id, partition) -> the share-partition a request acknowledged records of, and how to take each batch back
+_Applied = dict[tuple[bytes, int], tuple[SharePartition, list[Undo]]]
 # ShareFetch v2's ShareAcquireMode (KIP-1206): 0 batch_optimized (v1's behaviour), 1 record_limit
 SHARE_ACQUIRE_RECORD_LIMIT = 1
 
@@ -175,8 +177,8 @@ def _acknowledge(
     out: _Result,
 ) -> dict[tuple[bytes, int], SharePartition]:
     """Apply the acknowledgement batches of a ShareFetch or ShareAcknowledge; their codes go into out. Returns
-    the share-partitions acknowledged, for `_unconfirmed`."""
-    applied: dict[tuple[bytes, int], SharePartition] = {}
+    the share-partitions acknowledged with what takes each batch back, for `_unconfirmed`."""
+    applied: _Applied = {}
     names = ctx.server.topic_names_by_id()
     limit = spm.delivery_limit
     lock_ms = spm.lock_ms(group_id)
@@ -203,10 +205,10 @@ def _acknowledge(
                     else ErrorCode.INVALID_RECORD_STATE
                 )
                 continue
-            applied[key] = sp
+            undo = applied.setdefault(key, (sp, []))[1]
             for b in p.acknowledgement_batches:
                 code = sp.acknowledge(
-                    member_id, b.first_offset, b.last_offset, list(b.acknowledge_types), limit, lock_ms
+                    member_id, b.first_offset, b.last_offset, list(b.acknowledge_types), limit, lock_ms, undo
                 )
                 if code:
                     entry[1] = code
@@ -392,14 +394,16 @@ async def handle_share_fetch(ctx: RequestContext, req: ShareFetchRequest) -> Sha
 def _unconfirmed(
     ctx: RequestContext,
     group_id: str,
-    acked: dict[tuple[bytes, int], SharePartition],
+    acked: _Applied,
     out: _Result,
     failed: dict[tuple[str, str, int], int],
 ) -> None:
-    """Acknowledgements whose state could not be written are answered with the write's error, not confirmed
-    (Kafka's SharePartition fails the acknowledgement when its persister write fails); those applied to a
-    share-partition dropped for a leadership change before its write answer NOT_LEADER_OR_FOLLOWER."""
-    for key, sp in acked.items():
+    """Acknowledgements whose state could not be written are answered with the write's error and taken back, as
+    Kafka's SharePartition rolls back the state transitions of a failed persister write (rollbackOrProcessState
+    Updates): the records are the member's again until their locks expire, then go to the group again; a later
+    write carries the state without them. Those applied to a share-partition dropped for a leadership change
+    before its write answer NOT_LEADER_OR_FOLLOWER (the new leader has the state as last written)."""
+    for key, (sp, _) in acked.items():
         entry = out.get(key)
         if sp.lost and entry is not None and not entry[1]:
             entry[1] = ErrorCode.NOT_LEADER_OR_FOLLOWER
@@ -412,8 +416,13 @@ def _unconfirmed(
             continue
         key = (bytes(rec.topic_id), partition)
         entry = out.get(key)
-        if key in acked and entry is not None and not entry[1]:
+        if key not in acked or entry is None:
+            continue
+        if not entry[1]:
             entry[1] = code
+        sp, undo = acked[key]
+        for u in reversed(undo):
+            sp.rollback(u)
 
 
 def _acked(topics: list[Any]) -> set[tuple[bytes, int]]:

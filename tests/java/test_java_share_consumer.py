@@ -19,6 +19,7 @@ from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    NewPartitions,
     NewTopic,
     ResourceType,
 )
@@ -149,3 +150,48 @@ def test_three_share_consumers_on_two_partitions(
     assert released and all(int(w[4]) == 2 for w in released), [w for w in released if int(w[4]) != 2]
     busy = sum(1 for out, _ in outs if "ACCEPT" in out)
     assert busy >= 2, "the records went to one consumer only"
+
+
+def test_partitions_added_to_the_topic_reach_the_share_consumer(
+    share_classpath: str, broker: BrokerProcess, topic_name: str
+) -> None:
+    """CreatePartitions on a subscribed topic changes the group metadata hash (KIP-1101): the group epoch is bumped,
+    the new share-partitions initialized and assigned, and the KafkaShareConsumer reads their records."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(30)
+    group = "share-" + topic_name
+    set_group_config(broker.bootstrap, group, "share.auto.offset.reset", "earliest")
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    p.produce(topic_name, b"a0", partition=0)
+    p.flush(30)
+    cmd = [
+        "java",
+        "-cp",
+        share_classpath,
+        "ShareConsumerCompat",
+        broker.bootstrap,
+        topic_name,
+        group,
+        "3",
+        "30000",
+    ]
+    proc = subprocess.Popen([*cmd, "20", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while assigned_members(broker.bootstrap, group) < 1:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.2)
+        admin.create_partitions([NewPartitions(topic_name, 3)])[topic_name].result(30)
+        p = Producer({"bootstrap.servers": broker.bootstrap})  # one that knows the new partitions
+        for i in (1, 2):
+            p.produce(topic_name, f"b{i}".encode(), partition=i)
+        p.flush(30)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    accepted = sorted(
+        (int(w[1]), w[3]) for w in (line.split() for line in out.splitlines()) if w[0] == "ACCEPT"
+    )
+    assert accepted == [(0, "a0"), (1, "b1"), (2, "b2")], (out[-2000:], err[-3000:])
+    assert "DONE 3" in out
