@@ -176,7 +176,7 @@ def handle_produce_direct(ctx: RequestContext, frame: bytes | bytearray, pos: in
     txn_id, acks, timeout_ms, topics, producer = decoded
     if producer is None and len(topics) == 1 and len(topics[0][1]) == 1 and log_module.PLAIN_APPEND:
         result = _append_plain_one(ctx.server, ctx.conn, header.correlation_id, header.request_api_version,
-                                   header.client_id, topics, acks, timeout_ms, started)
+                                   header.client_id, topics, acks, timeout_ms, started, metrics.shard())
         if result is not _NOT_PLAIN:
             return result
     return _direct_decoded(ctx, txn_id, acks, timeout_ms, topics, producer, started)
@@ -199,10 +199,10 @@ def handle_produce_frame(apis: KafkaApis, conn: KafkaConnection, frame: bytes | 
     if acks not in (0, 1, -1):
         return GENERAL  # handle_produce answers these in Kafka's order
     if producer is None and len(topics) == 1 and len(topics[0][1]) == 1 and log_module.PLAIN_APPEND:
+        shard = metrics.shard()
         result = _append_plain_one(server, conn, correlation_id, version, client_id, topics, acks, timeout_ms,
-                                   started)
+                                   started, shard)
         if type(result) is Response:  # KafkaApis.handle's accounting of a direct path's Response
-            shard = metrics.shard()
             elapsed = time.perf_counter() - started
             shard.busy_s += elapsed
             shard.request_done(0, elapsed)
@@ -265,7 +265,7 @@ def _direct_answer(ctx: RequestContext, result: Any) -> Any:
 
 def _append_plain_one(server: KafkaServer, conn: KafkaConnection, correlation_id: int, version: int,
                       client_id: str | None, topics: list[tuple[str, list[tuple[int, Any]]]], acks: int,
-                      timeout_ms: int, started: float) -> Any:
+                      timeout_ms: int, started: float, shard: metrics.Shard) -> Any:
     """handle_produce_direct for the most common request: one partition, led here, one batch without a transaction
     that the log's plain append takes (Log._append_plain: an idempotent producer's next batch, or a batch without
     a producer). The same answer as _append's, in one function from the decoded request to the encoded response
@@ -295,7 +295,7 @@ def _append_plain_one(server: KafkaServer, conn: KafkaConnection, correlation_id
     if appended is None:
         return _NOT_PLAIN
     last_offset = appended[1]
-    metrics.shard().produced(name, appended[6], len(records))
+    shard.produced(name, appended[6], len(records))  # the network thread's metrics.shard()
     answered: TopicAnswers = [(name, [(index, 0, appended[0], -1, appended[5], None, None)])]
     if (acks == 1 and lg.unflushed_messages < lg.config.flush_messages
             and not server.produce_quota.quotas()):  # no byte-rate quota anywhere: _answer's quota_for is None

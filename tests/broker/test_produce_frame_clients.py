@@ -24,7 +24,7 @@ from kbroker.protocol.messages import CreateTopicsRequest, ProduceRequest, Reque
 
 from tests.broker_process import BrokerProcess, free_port
 from tests.chaos_proxy import _recv_frame
-from tests.clients import RawClient, kp_consume
+from tests.clients import RawClient, kp_consume, wait_until
 
 C = CreateTopicsRequest
 P = ProduceRequest
@@ -186,8 +186,13 @@ def test_real_clients_get_the_same_produce_answers(
         before = len(proxy.produce_answers())
         bootstrap = f"127.0.0.1:{proxy.listener.getsockname()[1]}"
         (_ck if client == "ck" else _kp)(bootstrap, topic, idempotent, acks)
-        got = proxy.produce_answers()[before:]
-        assert len(got) == RECORDS, got  # one record per request: the requests are the same on both brokers
+        # one record per request: the requests are the same on both brokers (acks=0's reach the proxy after
+        # the client's send returned)
+        got = wait_until(
+            lambda p=proxy, b=before: (g := p.produce_answers()[b:]) and len(g) >= RECORDS and g,
+            what="the Produce requests through the proxy",
+        )
+        assert len(got) == RECORDS, got
         answers.append(got)
     for (req_c, resp_c), (req_p, resp_p) in zip(*answers, strict=True):
         if acks == 0:
