@@ -180,3 +180,29 @@ def test_decode_frame_refuses_what_is_not_a_byte_buffer() -> None:
             pc._compiled.decode_frame(bad)  # type: ignore[union-attr]
     with pytest.raises(TypeError):
         pc._compiled.decode_frame(memoryview(bytearray(16)).cast("I"))  # type: ignore[union-attr]
+
+
+def test_decode_frame_names_each_request_its_own_strings() -> None:
+    """Topic names and client ids are kept from the previous request with the same bytes (a producer repeats them):
+    a name of the same length but other bytes, one longer than what is kept, bytes that are not UTF-8 after a valid
+    name of the same length, and back, each decode to their own string, as the reference does."""
+    batch = R.build_batch([(None, b"v", (), NOW)])
+    names = ["abc", "abd", "abc", "n" * 70, "n" * 69 + "m", "n" * 70, "é", "\u00e8", "", "abc"]
+    clients = ["c", "d", None, "", "c" * 80, "c" * 79 + "d", "c", "c", "ä", "c"]
+    for name, client in zip(names, clients, strict=True):
+        req = P(
+            acks=1,
+            timeout_ms=1,
+            topic_data=[
+                P.TopicProduceData(name=name, partition_data=[P.PartitionProduceData(index=0, records=batch)])
+            ],
+        )
+        header = RequestHeader(request_api_key=0, request_api_version=9, correlation_id=1, client_id=client)
+        frame = bytearray(codec.encode_request(header, req)[4:])
+        decoded = _same(frame)
+        assert decoded is not None and decoded[2] == client and decoded[6][0][0] == name
+        bad = bytearray(frame)
+        at = bytes(bad).index(name.encode(), 12) if name else None
+        if at is not None:
+            bad[at] = 0xFF  # the same length, not UTF-8: the general path refuses it
+            assert _same(bad) is None
