@@ -511,6 +511,17 @@ class KafkaConnection(asyncio.BufferedProtocol):
             return
         if result is None:
             return
+        out = self._out
+        if type(result) is Response and out is not None and not result.ext and not self._answering:
+            # _send's and _backlogged's usual case below without their calls: the answer joins this read's write.
+            closed = self._closed
+            if not closed:
+                out.append(result.frame)
+            t = self.transport
+            if self._mute_ms or (not closed and t is not None
+                                 and t.get_write_buffer_size() > MAX_UNSENT_BYTES):  # type: ignore[attr-defined]
+                self._owe(None, blocking=True)
+            return
         if isinstance(result, Parked):  # broker/idle_fetch.py's parked requests are Parked themselves
             if not self._answering and not self._answers and not result.done:
                 # Nothing owed before it: it waits without a task, and its callback answers (_parked_done).

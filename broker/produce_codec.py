@@ -15,7 +15,7 @@ from typing import Any
 
 from kbroker.broker.produce_validation import validate_records
 from kbroker.protocol import accelerators, codec
-from kbroker.protocol.messages import ProduceRequest, ProduceResponse
+from kbroker.protocol.messages import ProduceRequest, ProduceResponse, RequestHeader
 from kbroker.protocol.records import ATTR_TRANSACTIONAL, BATCH_HEADER_SIZE, LOG_OVERHEAD
 
 MIN_VERSION, MAX_VERSION = 3, 11
@@ -26,6 +26,9 @@ TopicAnswers = list[tuple[str, list[PartitionAnswer]]]
 # (transactional_id, acks, timeout_ms, [(name, [(index, records)])], (producer_id, producer_epoch) of the
 # transactional batches or None)
 DecodedProduce = tuple["str | None", int, int, list[tuple[str, list[tuple[int, Any]]]], "tuple[int, int] | None"]
+# (correlation_id, version, client_id) + DecodedProduce: a whole request frame's header and body
+DecodedFrame = tuple[int, int, "str | None", "str | None", int, int, list[tuple[str, list[tuple[int, Any]]]],
+                     "tuple[int, int] | None"]
 
 _compiled = accelerators.load("_produce")
 COMPILED = _compiled is not None
@@ -100,6 +103,31 @@ def decode_py(frame: Any, pos: int, version: int) -> DecodedProduce | None:
     return req.transactional_id, req.acks, req.timeout_ms, topics, producer
 
 
+_KEY_AND_VERSION = struct.Struct(">hh")
+PRODUCE_KEY = 0
+FLEXIBLE_VERSION = 9  # request header v2 (tagged fields) from here, v1 before
+
+
+def decode_frame_py(frame: Any) -> DecodedFrame | None:
+    """The reference of _produce.decode_frame: a whole Produce request frame (without its size) decoded in one call,
+    the request header as the general path's decoder reads it (codec.decode_request_header) and then decode_py's
+    body; None for another api key, a version decode_py does not serve, a header that does not decode, or a body
+    decode_py answers None for. The general path then decides, as it does for a request the direct path hands on."""
+    if len(frame) < 8:
+        return None
+    api_key, version = _KEY_AND_VERSION.unpack_from(frame, 0)
+    if api_key != PRODUCE_KEY or not MIN_VERSION <= version <= MAX_VERSION:
+        return None
+    try:
+        header, pos = codec.py_decoder(RequestHeader, 2 if version >= FLEXIBLE_VERSION else 1)(frame, 0)
+    except _PY_DECODE_ERRORS:
+        return None
+    body = decode_py(frame, pos, version)
+    if body is None:
+        return None
+    return (header.correlation_id, version, header.client_id, *body)
+
+
 def response_of(answers: TopicAnswers, throttle_ms: int, current_leader: Any) -> ProduceResponse:
     """The message the answers stand for; current_leader: the tagged field's default object."""
     topics = []
@@ -141,4 +169,5 @@ def encode_response_py(
 
 
 decode = _compiled.decode if _compiled is not None else decode_py
+decode_frame = _compiled.decode_frame if _compiled is not None else decode_frame_py
 encode_response = _compiled.encode_response if _compiled is not None else encode_response_py

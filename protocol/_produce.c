@@ -10,6 +10,13 @@
  *   refusal, transactional headers of two producers or after a partition's first batch): the caller then takes
  *   the general path, which decides the answer or the error. Trailing bytes are ignored, as the general path does.
  *
+ * decode_frame(frame)
+ *   -> (correlation_id, version, client_id, transactional_id, acks, timeout_ms, topics, producer) or None
+ *   A whole Produce v3-v11 request frame (without its size): the request header (api key 0; client id, a classic
+ *   nullable string in every header version; the tagged fields of header v2 from v9) and then decode's body, in
+ *   one call and without a RequestHeader. None for any other api key or version, a header that does not decode,
+ *   and whatever decode answers None for: the caller takes the general path, which decides.
+ *
  * encode_response(correlation_id, version, throttle_ms, [(name, [(index, error_code, base_offset,
  *                 log_append_time_ms, log_start_offset, error_message, record_errors), ...]), ...]) -> bytearray
  *   The size-prefixed ProduceResponse v3-v11 frame the generated encoder writes for the same values, with the
@@ -88,9 +95,33 @@ static int read_length(const Reader *r, Py_ssize_t *pos, int classic16, int64_t 
     return *n < -1 ? -1 : 0;
 }
 
+/* The last string decoded from the same bytes, per kind (topic names, client ids): a producer's requests repeat
+ * them, and the cached object saves the UTF-8 decode and allocation (about 700 instructions each). Module state,
+ * used with the GIL held, as the module's other statics. */
+enum { CACHED_STRING_MAX = 64 };
+typedef struct {
+    PyObject *s;
+    Py_ssize_t n;
+    char b[CACHED_STRING_MAX];
+} StringCache;
+static StringCache name_cache, client_id_cache;
+
+static PyObject *decode_utf8(StringCache *c, const char *b, Py_ssize_t n)
+{
+    if (c != NULL && c->s != NULL && c->n == n && memcmp(c->b, b, (size_t)n) == 0)
+        return Py_NewRef(c->s);
+    PyObject *s = PyUnicode_DecodeUTF8(b, n, "strict");
+    if (s != NULL && c != NULL && n <= CACHED_STRING_MAX) {
+        Py_XSETREF(c->s, Py_NewRef(s));
+        c->n = n;
+        memcpy(c->b, b, (size_t)n);
+    }
+    return s;
+}
+
 /* A string; *out is None for null (the caller decides whether null is allowed). NULL return with an error set
- * only on memory failure; -1 without error for bytes that are not a valid string. */
-static int read_string(const Reader *r, Py_ssize_t *pos, PyObject **out)
+ * only on memory failure; -1 without error for bytes that are not a valid string. cache: NULL or the kind's. */
+static int read_string(const Reader *r, Py_ssize_t *pos, PyObject **out, StringCache *cache)
 {
     int64_t n;
     Py_ssize_t p = *pos;
@@ -104,7 +135,7 @@ static int read_string(const Reader *r, Py_ssize_t *pos, PyObject **out)
     }
     if (n > MAX_STRING_LENGTH || n > r->len - p)
         return -1;
-    PyObject *s = PyUnicode_DecodeUTF8((const char *)r->b + p, (Py_ssize_t)n, "strict");
+    PyObject *s = decode_utf8(cache, (const char *)r->b + p, (Py_ssize_t)n);
     if (s == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
             return -2;
@@ -221,9 +252,15 @@ static PyObject *decode_partitions(const Reader *r, Py_ssize_t *pos, PyObject *v
             Py_DECREF(records);
             goto no;
         }
-        PyObject *item = Py_BuildValue("(iN)", index, records);
-        if (item == NULL)
+        PyObject *item = PyTuple_New(2), *index_obj = PyLong_FromLong(index);
+        if (item == NULL || index_obj == NULL) {
+            Py_XDECREF(item);
+            Py_XDECREF(index_obj);
+            Py_DECREF(records);
             goto fail;
+        }
+        PyTuple_SET_ITEM(item, 0, index_obj);
+        PyTuple_SET_ITEM(item, 1, records);
         PyList_SET_ITEM(parts, i, item);
     }
     *pos = p;
@@ -236,37 +273,23 @@ fail:
     return NULL;
 }
 
-static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* What decode returns of a body, owned references; 0 on success, -1 not the common case (no error set), -2 a
+ * Python error. */
+typedef struct {
+    PyObject *txn_id, *topics;
+    int16_t acks;
+    int32_t timeout_ms;
+    Producer txn;
+} Body;
+
+static int decode_body(PyObject *view, const Reader *rd, Py_ssize_t start, long version, Body *out)
 {
-    (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "decode(frame, pos, version)");
-        return NULL;
-    }
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
-    long version = PyLong_AsLong(args[2]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (version < MIN_VERSION || version > MAX_VERSION)
-        Py_RETURN_NONE;
-    PyObject *view = PyMemoryView_FromObject(args[0]);
-    if (view == NULL)
-        return NULL;
-    Py_buffer *buf = PyMemoryView_GET_BUFFER(view);
-    if (!PyBuffer_IsContiguous(buf, 'C') || buf->itemsize != 1) {
-        Py_DECREF(view);
-        PyErr_SetString(PyExc_TypeError, "decode: frame must be a contiguous byte buffer");
-        return NULL;
-    }
-    if (start < 0 || start > buf->len) {
-        Py_DECREF(view);
-        Py_RETURN_NONE;
-    }
-    Reader r = {(const uint8_t *)buf->buf, buf->len, version >= FLEXIBLE_VERSION};
+    Reader r = *rd;
+    r.flexible = version >= FLEXIBLE_VERSION;
     Py_ssize_t p = start;
-    PyObject *txn_id = NULL, *topics = NULL, *result = NULL;
+    PyObject *txn_id = NULL, *topics = NULL;
     Producer txn = {0, 0, 0};
-    int rc = read_string(&r, &p, &txn_id);
+    int rc = read_string(&r, &p, &txn_id, NULL);
     if (rc == -2)
         goto fail;
     if (rc < 0 || r.len - p < 6)
@@ -283,7 +306,7 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto fail;
     for (Py_ssize_t i = 0; i < (Py_ssize_t)n; i++) {
         PyObject *name;
-        rc = read_string(&r, &p, &name);
+        rc = read_string(&r, &p, &name, &name_cache);
         if (rc == -2)
             goto fail;
         if (rc < 0)
@@ -313,20 +336,147 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (skip_tagged(&r, &p) < 0)
         goto no;
-    if (txn.found)
-        result = Py_BuildValue("(NhiN(Lh))", txn_id, acks, timeout_ms, topics, (long long)txn.id, txn.epoch);
-    else
-        result = Py_BuildValue("(NhiNO)", txn_id, acks, timeout_ms, topics, Py_None);
-    Py_DECREF(view);
-    return result;
+    out->txn_id = txn_id;
+    out->topics = topics;
+    out->acks = acks;
+    out->timeout_ms = timeout_ms;
+    out->txn = txn;
+    return 0;
 no:
     Py_XDECREF(txn_id);
     Py_XDECREF(topics);
-    Py_DECREF(view);
-    Py_RETURN_NONE;
+    return -1;
 fail:
     Py_XDECREF(txn_id);
     Py_XDECREF(topics);
+    return -2;
+}
+
+/* The frame argument as a memoryview over a contiguous byte buffer (NULL with TypeError otherwise). */
+static PyObject *byte_view(PyObject *frame, const char *fn)
+{
+    PyObject *view = PyMemoryView_FromObject(frame);
+    if (view == NULL)
+        return NULL;
+    Py_buffer *buf = PyMemoryView_GET_BUFFER(view);
+    if (!PyBuffer_IsContiguous(buf, 'C') || buf->itemsize != 1) {
+        Py_DECREF(view);
+        PyErr_Format(PyExc_TypeError, "%s: frame must be a contiguous byte buffer", fn);
+        return NULL;
+    }
+    return view;
+}
+
+static PyObject *producer_or_none(const Producer *txn)
+{
+    if (!txn->found)
+        return Py_NewRef(Py_None);
+    return Py_BuildValue("(Lh)", (long long)txn->id, txn->epoch);
+}
+
+static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "decode(frame, pos, version)");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    long version = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (version < MIN_VERSION || version > MAX_VERSION)
+        Py_RETURN_NONE;
+    PyObject *view = byte_view(args[0], "decode");
+    if (view == NULL)
+        return NULL;
+    Py_buffer *buf = PyMemoryView_GET_BUFFER(view);
+    if (start < 0 || start > buf->len) {
+        Py_DECREF(view);
+        Py_RETURN_NONE;
+    }
+    Reader r = {(const uint8_t *)buf->buf, buf->len, 0};
+    Body body;
+    int rc = decode_body(view, &r, start, version, &body);
+    Py_DECREF(view);
+    if (rc == -2)
+        return NULL;
+    if (rc < 0)
+        Py_RETURN_NONE;
+    PyObject *producer = producer_or_none(&body.txn);
+    if (producer == NULL) {
+        Py_DECREF(body.txn_id);
+        Py_DECREF(body.topics);
+        return NULL;
+    }
+    return Py_BuildValue("(NhiNN)", body.txn_id, body.acks, body.timeout_ms, body.topics, producer);
+}
+
+/* decode_frame(frame): the request header (Produce's: api key 0, v1 header before v9, v2 with its tagged fields
+ * from v9) and the body in one call. */
+enum { HEADER_FIXED = 8, PRODUCE_KEY = 0 };
+
+static PyObject *decode_frame(PyObject *self, PyObject *frame)
+{
+    (void)self;
+    PyObject *view = byte_view(frame, "decode_frame");
+    if (view == NULL)
+        return NULL;
+    Py_buffer *buf = PyMemoryView_GET_BUFFER(view);
+    Reader r = {(const uint8_t *)buf->buf, buf->len, 0};
+    PyObject *client_id = NULL, *producer = NULL;
+    if (r.len < HEADER_FIXED || be16(r.b) != PRODUCE_KEY)
+        goto no;
+    long version = (int16_t)be16(r.b + 2);
+    if (version < MIN_VERSION || version > MAX_VERSION)
+        goto no;
+    int32_t correlation_id = (int32_t)be32(r.b + 4);
+    Py_ssize_t p = HEADER_FIXED;
+    /* the client id is a classic nullable string in every header version */
+    int rc = read_string(&r, &p, &client_id, &client_id_cache);
+    if (rc == -2)
+        goto fail;
+    if (rc < 0)
+        goto no;
+    if (version >= FLEXIBLE_VERSION) {
+        r.flexible = 1;
+        if (skip_tagged(&r, &p) < 0)
+            goto no;
+        r.flexible = 0;
+    }
+    Body body;
+    rc = decode_body(view, &r, p, version, &body);
+    if (rc == -2)
+        goto fail;
+    if (rc < 0)
+        goto no;
+    producer = producer_or_none(&body.txn);
+    if (producer == NULL) {
+        Py_DECREF(body.txn_id);
+        Py_DECREF(body.topics);
+        goto fail;
+    }
+    Py_DECREF(view);
+    /* the tuple built item by item: Py_BuildValue's format parsing costs as much as the rest of the packing */
+    PyObject *out = PyTuple_New(8);
+    PyObject *ints[4] = {PyLong_FromLong(correlation_id), PyLong_FromLong(version), PyLong_FromLong(body.acks),
+                         PyLong_FromLong(body.timeout_ms)};
+    PyObject *items[8] = {ints[0], ints[1], client_id, body.txn_id, ints[2], ints[3], body.topics, producer};
+    if (out == NULL || ints[0] == NULL || ints[1] == NULL || ints[2] == NULL || ints[3] == NULL) {
+        Py_XDECREF(out);
+        for (int i = 0; i < 8; i++)
+            Py_XDECREF(items[i]);
+        return NULL;
+    }
+    for (int i = 0; i < 8; i++)
+        PyTuple_SET_ITEM(out, i, items[i]);
+    return out;
+no:
+    Py_XDECREF(client_id);
+    Py_DECREF(view);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(client_id);
     Py_DECREF(view);
     return NULL;
 }
@@ -577,6 +727,9 @@ static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL,
      "decode(frame, pos, version) -> (transactional_id, acks, timeout_ms, [(name, [(index, records)])], "
      "(producer_id, producer_epoch) | None) | None"},
+    {"decode_frame", (PyCFunction)decode_frame, METH_O,
+     "decode_frame(frame) -> (correlation_id, version, client_id, transactional_id, acks, timeout_ms, "
+     "[(name, [(index, records)])], (producer_id, producer_epoch) | None) | None"},
     {"encode_response", (PyCFunction)(void (*)(void))encode_response, METH_FASTCALL,
      "encode_response(correlation_id, version, throttle_ms, [(name, [(index, error_code, base_offset, "
      "log_append_time_ms, log_start_offset, error_message, record_errors)])]) -> bytearray"},

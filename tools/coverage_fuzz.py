@@ -117,6 +117,7 @@ def seeds(cases: list[Any], cls_of: Callable[[str, int], type]) -> list[bytes]:
     for version in (3, 9, 11):
         frame, pos = D._produce_frame(rng, version)
         out.append(bytes([10, version - 3, 0]) + frame[pos:])
+        out.append(bytes([12, 0, 0]) + frame)
     return out
 
 
@@ -140,6 +141,7 @@ def child(argv: list[str]) -> int:
         lambda k, b: D._scan_both(b),
         lambda k, b: D._plain_both(b),
         lambda k, b: D._produce_both(b, 0, 3 + k % 9),
+        lambda k, b: D._produce_frame_both(b),
     ]
     schedule = [fn for _, fn, weight in D.ROUNDS for _ in range(weight)]
     corpus = Path(argv[0]) if argv and not argv[0].startswith("-") else None

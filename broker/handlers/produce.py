@@ -10,15 +10,15 @@ import inspect
 import logging
 import struct
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kbroker.broker import metrics, produce_codec
 from kbroker.broker.admin_manager import INTERNAL_TOPICS
-from kbroker.broker.apis import NOT_DIRECT, ApiHandler, EncodedLater, RequestContext
+from kbroker.broker.apis import GENERAL, NOT_DIRECT, ApiHandler, EncodedLater, KafkaApis, RequestContext
 from kbroker.broker.delayed_produce import DelayedProduce
 from kbroker.broker.leader_hints import PRODUCE_VERSION as HINTS_VERSION
 from kbroker.broker.leader_hints import LeaderHints
-from kbroker.broker.network import DelayedResponse, Response
+from kbroker.broker.network import DelayedResponse, KafkaConnection, Response
 from kbroker.broker.produce_codec import PartitionAnswer, TopicAnswers
 from kbroker.broker.produce_validation import (
     ONE_BATCH_VERSION,
@@ -33,7 +33,7 @@ from kbroker.broker.security.acls import AclOperation, ResourceType
 from kbroker.protocol import codec
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.legacy_records import first_magic
-from kbroker.protocol.messages import ProduceRequest, ProduceResponse
+from kbroker.protocol.messages import ProduceRequest, ProduceResponse, RequestHeader
 from kbroker.protocol.records import (
     ATTR_TRANSACTIONAL,
     BATCH_HEADER_SIZE,
@@ -45,6 +45,9 @@ from kbroker.protocol.records import (
 from kbroker.storage import log as log_module
 from kbroker.storage.errors import KafkaStorageError
 from kbroker.storage.producer_state import VerificationGuard
+
+if TYPE_CHECKING:
+    from kbroker.broker.server import KafkaServer
 
 log = logging.getLogger("kbroker.produce")
 # Answers that tell an idempotent producer the broker's idea of its sequence differs from its own.
@@ -164,24 +167,68 @@ def handle_produce_direct(ctx: RequestContext, frame: bytes | bytearray, pos: in
     """handle_produce for the common request, decoded into tuples and answered by the direct encoder
     (broker/produce_codec.py); NOT_DIRECT for any other request, which handle_produce then serves."""
     started = time.perf_counter()
-    server = ctx.server
-    if server.authorizer is not None:
+    if ctx.server.authorizer is not None:
         return NOT_DIRECT
     header = ctx.header
-    version = header.request_api_version
-    decoded = produce_codec.decode(frame, pos, version)
+    decoded = produce_codec.decode(frame, pos, header.request_api_version)
     if decoded is None or decoded[1] not in (0, 1, -1):
         return NOT_DIRECT  # handle_produce answers these in Kafka's order
     txn_id, acks, timeout_ms, topics, producer = decoded
     if producer is None and len(topics) == 1 and len(topics[0][1]) == 1 and log_module.PLAIN_APPEND:
-        result = _append_plain_one(ctx, topics, acks, timeout_ms, started)
+        result = _append_plain_one(ctx.server, ctx.conn, header.correlation_id, header.request_api_version,
+                                   header.client_id, topics, acks, timeout_ms, started, metrics.shard())
         if result is not _NOT_PLAIN:
             return result
-    elif _named_twice(topics):
+    return _direct_decoded(ctx, txn_id, acks, timeout_ms, topics, producer, started)
+
+
+def handle_produce_frame(apis: KafkaApis, conn: KafkaConnection, frame: bytes | bytearray) -> Any:
+    """KafkaApis.handle's first step for a Produce frame: handle_produce_direct from the frame itself, its header and
+    body decoded by one call (produce_codec.decode_frame) and, for the single-partition request _append_plain_one
+    answers, without the RequestHeader, the RequestContext and the dispatch, the request accounted here as
+    KafkaApis.handle accounts a direct answer. NOT_DIRECT when handle_produce_direct would not be asked (an
+    authorizer, a request quota), GENERAL when it would hand the request on (handle_produce serves it)."""
+    server = apis.server
+    if server.authorizer is not None or server.request_quota.quotas():
+        return NOT_DIRECT
+    started = time.perf_counter()
+    decoded = produce_codec.decode_frame(frame)
+    if decoded is None:
+        return GENERAL  # not the common request, or a header the general path refuses
+    correlation_id, version, client_id, txn_id, acks, timeout_ms, topics, producer = decoded
+    if acks not in (0, 1, -1):
+        return GENERAL  # handle_produce answers these in Kafka's order
+    if producer is None and len(topics) == 1 and len(topics[0][1]) == 1 and log_module.PLAIN_APPEND:
+        shard = metrics.shard()
+        result = _append_plain_one(server, conn, correlation_id, version, client_id, topics, acks, timeout_ms,
+                                   started, shard)
+        if type(result) is Response:  # KafkaApis.handle's accounting of a direct path's Response
+            elapsed = time.perf_counter() - started
+            shard.busy_s += elapsed
+            shard.request_done(0, elapsed)
+            return result
+        header = RequestHeader(request_api_key=0, request_api_version=version, correlation_id=correlation_id,
+                               client_id=client_id)
+        if result is not _NOT_PLAIN:
+            return apis._finish(conn, header, started, result)
+    else:
+        header = RequestHeader(request_api_key=0, request_api_version=version, correlation_id=correlation_id,
+                               client_id=client_id)
+    result = _direct_decoded(RequestContext(server, conn, header), txn_id, acks, timeout_ms, topics, producer,
+                             started)
+    return GENERAL if result is NOT_DIRECT else apis._finish(conn, header, started, result)
+
+
+def _direct_decoded(ctx: RequestContext, txn_id: str | None, acks: int, timeout_ms: int,
+                    topics: list[tuple[str, list[tuple[int, Any]]]], producer: tuple[int, int] | None,
+                    started: float) -> Any:
+    """handle_produce_direct once the request is decoded (and _append_plain_one did not take it)."""
+    if _named_twice(topics):
         return NOT_DIRECT
     # What handle_produce checks before appending finds nothing else in this request: every partition holds one
     # batch that validateRecords passes, and its transactional batches (each a partition's first) are of one
     # producer, so there is no second transaction; without an authorizer a transactional id is all they need.
+    server = ctx.server
     failed: dict[tuple[str, int], Refusal] = {}
     guards: dict[tuple[str, int], VerificationGuard] | None = (
         {} if server.config.effective("transaction.partition.verification.enable", server.metadata.broker_configs)
@@ -199,7 +246,7 @@ def handle_produce_direct(ctx: RequestContext, frame: bytes | bytearray, pos: in
                 unverified = server.txn_verifier.verify_now(txn_id, *to_verify)
                 if unverified is None:
                     return NOT_DIRECT
-                failed = _verification_failures(unverified, version)
+                failed = _verification_failures(unverified, ctx.api_version)
                 guards = _guards(to_verify[0], to_verify[2], unverified)
     return _direct_answer(ctx, _append(ctx, topics, acks, timeout_ms, failed, guards, direct=True, started=started))
 
@@ -216,18 +263,19 @@ def _direct_answer(ctx: RequestContext, result: Any) -> Any:
                                                   answers))
 
 
-def _append_plain_one(ctx: RequestContext, topics: list[tuple[str, list[tuple[int, Any]]]], acks: int,
-                      timeout_ms: int, started: float) -> Any:
+def _append_plain_one(server: KafkaServer, conn: KafkaConnection, correlation_id: int, version: int,
+                      client_id: str | None, topics: list[tuple[str, list[tuple[int, Any]]]], acks: int,
+                      timeout_ms: int, started: float, shard: metrics.Shard) -> Any:
     """handle_produce_direct for the most common request: one partition, led here, one batch without a transaction
     that the log's plain append takes (Log._append_plain: an idempotent producer's next batch, or a batch without
-    a producer). The same answer as _append's, in one function from the decoded request to the encoded response;
-    _NOT_PLAIN, with nothing changed, for anything else (the partition unknown, led elsewhere or offline, an
-    internal topic, a producer's first batch or a retry...), which _append then serves as before."""
+    a producer). The same answer as _append's, in one function from the decoded request to the encoded response
+    (a RequestContext is built only for the answers _answer gives: acks 0 and -1, an fsync due, a quota, a failed
+    append); _NOT_PLAIN, with nothing changed, for anything else (the partition unknown, led elsewhere or offline,
+    an internal topic, a producer's first batch or a retry...), which _append then serves as before."""
     name, parts = topics[0]
     index, records = parts[0]
     if name in INTERNAL_TOPICS or not records:
         return _NOT_PLAIN
-    server = ctx.server
     rm = server.replica_manager
     try:
         lg, epoch = rm.leader_log_for_append(name, index, acks)
@@ -241,26 +289,32 @@ def _append_plain_one(ctx: RequestContext, topics: list[tuple[str, list[tuple[in
         if isinstance(e, KafkaStorageError):
             rm.append_failed(name, index, lg, e)
         failure = _append_failure(rm, name, index, e)
+        ctx = _context(server, conn, correlation_id, version, client_id)
         return _direct_answer(ctx, _answer(ctx, topics, [(name, [failure])], acks, timeout_ms, [], [], False,
                                            failure[1] == ErrorCode.NOT_LEADER_OR_FOLLOWER, True, started))
     if appended is None:
         return _NOT_PLAIN
     last_offset = appended[1]
-    counters = metrics.shard()
-    counters.produced(name, appended[6], len(records))
+    shard.produced(name, appended[6], len(records))  # the network thread's metrics.shard()
     answered: TopicAnswers = [(name, [(index, 0, appended[0], -1, appended[5], None, None)])]
     if (acks == 1 and lg.unflushed_messages < lg.config.flush_messages
             and not server.produce_quota.quotas()):  # no byte-rate quota anywhere: _answer's quota_for is None
         # Nothing to wait for and no throttle: _answer's (answers, 0), encoded at once.
-        header = ctx.header
-        return Response(produce_codec.encode_response(header.correlation_id, header.request_api_version, 0,
-                                                      answered))
+        return Response(produce_codec.encode_response(correlation_id, version, 0, answered))
     to_flush = [(lg, last_offset)] if rm.needs_flush(lg) else []
     delayed = [(name, index, last_offset + 1)] if acks == -1 and last_offset >= lg.high_watermark else []
     # The plain append's batch is magic 2: sequenced when it names a producer.
     sequenced = records[_PRODUCER_ID] != 0xFF
+    ctx = _context(server, conn, correlation_id, version, client_id)
     return _direct_answer(ctx, _answer(ctx, topics, answered, acks, timeout_ms, to_flush, delayed, sequenced, False,
                                        True, started))
+
+
+def _context(server: KafkaServer, conn: KafkaConnection, correlation_id: int, version: int,
+             client_id: str | None) -> RequestContext:
+    """The RequestContext KafkaApis.handle would have built for this Produce request."""
+    return RequestContext(server, conn, RequestHeader(request_api_key=0, request_api_version=version,
+                                                      correlation_id=correlation_id, client_id=client_id))
 
 
 def _refuse_all(req: ProduceRequest, code: ErrorCode) -> ProduceResponse | None:
@@ -609,4 +663,5 @@ def _name_leaders(ctx: RequestContext, response: ProduceResponse) -> None:
 
 
 HANDLERS = [ApiHandler(0, 0, 11, handle_produce,
-                       direct=handle_produce_direct if produce_codec.COMPILED else None)]
+                       direct=handle_produce_direct if produce_codec.COMPILED else None,
+                       frame=handle_produce_frame if produce_codec.COMPILED else None)]

@@ -303,6 +303,32 @@ def _produce_both(frame: bytes, pos: int, version: int) -> None:
         assert c == produce_codec.decode_py(buf, pos, version), (version, frame.hex())
 
 
+def _produce_frame_both(frame: bytes) -> None:
+    for buf in (frame, bytearray(frame)):
+        c = produce_codec._compiled.decode_frame(buf)  # type: ignore[union-attr]
+        assert c == produce_codec.decode_frame_py(buf), frame.hex()
+
+
+def produce_frame_round(rng: random.Random) -> None:
+    """Whole Produce frames (decode_frame): any version 0-12, client ids of any length or none, header tagged
+    fields, then mutated anywhere, the header above all (cut, lengths that lie, another version)."""
+    version = rng.randint(3, 11)
+    frame, pos = _produce_frame(rng, version)
+    client = rng.choice([None, b"", b"rdkafka", rng.randbytes(rng.randint(0, 12))])
+    head = struct.pack(">hhi", 0, rng.choice([version] * 6 + [0, 2, 12]), rng.randint(-(2**31), 2**31 - 1))
+    head += struct.pack(">h", -1) if client is None else struct.pack(">h", len(client)) + client
+    if version >= 9:
+        head += rng.choice([b"\x00", b"\x00", b"\x01\x00\x02ab", b"\x02\x05\x00\x01\x01x"])
+    whole = head + frame[pos:]
+    _produce_frame_both(whole)
+    for _ in range(6):
+        if rng.random() < 0.5:
+            cut = rng.randint(0, len(head) + 2)
+            _produce_frame_both(_mutate(rng, whole[:cut]) + whole[cut:])
+        else:
+            _produce_frame_both(_mutate(rng, whole))
+
+
 def produce_round(rng: random.Random) -> None:
     version = rng.randint(3, 11)
     frame, pos = _produce_frame(rng, version)
@@ -366,6 +392,7 @@ ROUNDS: list[tuple[str, Callable[[random.Random], None], int]] = [
     ("encode hazard", encode_hazard_round, 1),
     ("batch scan", scan_round, 2),
     ("produce", produce_round, 2),
+    ("produce frame", produce_frame_round, 1),
     ("plain batch", plain_round, 1),
     ("framing", framing_round, 1),
     ("plain write", write_round, 1),
