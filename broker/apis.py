@@ -191,14 +191,14 @@ class KafkaApis:
         if handler.direct is not None and not general and not self.server.request_quota.quotas():
             started = time.perf_counter()
             result = handler.direct(ctx, frame, pos)
-            if type(result) is Response:  # _finish's first case, without its call: the direct path's usual answer
+            if type(result) is Response:  # finish's first case, without its call: the direct path's usual answer
                 shard = metrics.shard()
                 elapsed = time.perf_counter() - started
                 shard.busy_s += elapsed
                 shard.request_done(api_key, elapsed)
                 return result
             if result is not NOT_DIRECT:
-                return self._finish(conn, header, started, result)
+                return self.finish(conn, header, started, result)
         try:
             request, end = codec.decode(codec.REQUESTS[api_key], version, frame, pos)
         except codec.DecodeError as e:
@@ -209,10 +209,10 @@ class KafkaApis:
         # bytes after an all-topics MetadataRequest v12, and Kafka serves it.
         del end
         started = time.perf_counter()
-        return self._finish(conn, header, started, handler.fn(ctx, request))
+        return self.finish(conn, header, started, handler.fn(ctx, request))
 
-    def _finish(self, conn: KafkaConnection, header: RequestHeader, started: float, result: Any
-                ) -> Response | DelayedResponse | Parked | Awaitable[Response | None] | None:
+    def finish(self, conn: KafkaConnection, header: RequestHeader, started: float, result: Any
+               ) -> Response | DelayedResponse | Parked | Awaitable[Response | None] | None:
         """Account a handled request and encode its answer (or wrap what completes it later)."""
         api_key = header.request_api_key
         if type(result) is Response:  # encoded by a direct path, which counted its failed partitions

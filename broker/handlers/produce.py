@@ -210,13 +210,13 @@ def handle_produce_frame(apis: KafkaApis, conn: KafkaConnection, frame: bytes | 
         header = RequestHeader(request_api_key=0, request_api_version=version, correlation_id=correlation_id,
                                client_id=client_id)
         if result is not _NOT_PLAIN:
-            return apis._finish(conn, header, started, result)
+            return apis.finish(conn, header, started, result)
     else:
         header = RequestHeader(request_api_key=0, request_api_version=version, correlation_id=correlation_id,
                                client_id=client_id)
     result = _direct_decoded(RequestContext(server, conn, header), txn_id, acks, timeout_ms, topics, producer,
                              started)
-    return GENERAL if result is NOT_DIRECT else apis._finish(conn, header, started, result)
+    return GENERAL if result is NOT_DIRECT else apis.finish(conn, header, started, result)
 
 
 def _direct_decoded(ctx: RequestContext, txn_id: str | None, acks: int, timeout_ms: int,
