@@ -207,13 +207,11 @@ def handle_produce_frame(apis: KafkaApis, conn: KafkaConnection, frame: bytes | 
             shard.busy_s += elapsed
             shard.request_done(0, elapsed)
             return result
-        header = RequestHeader(request_api_key=0, request_api_version=version, correlation_id=correlation_id,
-                               client_id=client_id)
+        header = _header(correlation_id, version, client_id)
         if result is not _NOT_PLAIN:
             return apis.finish(conn, header, started, result)
     else:
-        header = RequestHeader(request_api_key=0, request_api_version=version, correlation_id=correlation_id,
-                               client_id=client_id)
+        header = _header(correlation_id, version, client_id)
     result = _direct_decoded(RequestContext(server, conn, header), txn_id, acks, timeout_ms, topics, producer,
                              started)
     return GENERAL if result is NOT_DIRECT else apis.finish(conn, header, started, result)
@@ -313,8 +311,13 @@ def _append_plain_one(server: KafkaServer, conn: KafkaConnection, correlation_id
 def _context(server: KafkaServer, conn: KafkaConnection, correlation_id: int, version: int,
              client_id: str | None) -> RequestContext:
     """The RequestContext KafkaApis.handle would have built for this Produce request."""
-    return RequestContext(server, conn, RequestHeader(request_api_key=0, request_api_version=version,
-                                                      correlation_id=correlation_id, client_id=client_id))
+    return RequestContext(server, conn, _header(correlation_id, version, client_id))
+
+
+def _header(correlation_id: int, version: int, client_id: str | None) -> RequestHeader:
+    """The RequestHeader KafkaApis.handle would have decoded from this Produce frame."""
+    return RequestHeader(request_api_key=0, request_api_version=version, correlation_id=correlation_id,
+                         client_id=client_id)
 
 
 def _refuse_all(req: ProduceRequest, code: ErrorCode) -> ProduceResponse | None:
