@@ -1,0 +1,204 @@
+"""Parked Fetches (broker/delayed_fetch.py) on a real broker, all kinds but a follower's (that one:
+tests/coordinator/test_delayed_fetch_follower.py): handle_fetch's long poll (a full Fetch creating a session, or any
+Fetch with KBROKER_IDLE_FETCH=0), a consumer's idle Fetch parked from its connection's plan, a session's idle
+incremental Fetch.
+
+- A connection closed while its Fetches are parked leaves nothing behind: the purgatory's gauges (Kafka's
+  DelayedOperationPurgatory PurgatorySize and NumDelayedOperations) return to 0 at once, well before the max wait,
+  and each request is counted once (RequestMetrics), not again when its deadline passes.
+- A broker shut down while Fetches are parked answers them at once (empty) and exits cleanly.
+- Real clients on the general long poll (KBROKER_IDLE_FETCH=0): a record produced while they wait reaches them well
+  before fetch.wait.max.ms, and idle, their Fetches are answered after fetch.wait.max.ms, not before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from kbroker.protocol.messages import FetchResponse
+
+from tests.broker.test_idle_fetch import (
+    _confluent_waiter,
+    _fetch,
+    _incremental,
+    _kafka_python_waiter,
+    _new_topic,
+    _produce,
+    _records,
+    _topic_ids,
+)
+from tests.broker.test_metrics import scrape, value
+from tests.broker_process import BrokerProcess, free_port, wait_for_port
+from tests.clients import RawClient, wait_until
+
+SIZE = "kafka_server_delayedoperationpurgatory_purgatorysize"
+DELAYED = "kafka_server_delayedoperationpurgatory_numdelayedoperations"
+REQUESTS = "kafka_network_requestmetrics_requests_total"
+COUNT = "kafka_network_requestmetrics_totaltimems_count"
+MAX_WAIT_MS = 4000
+
+
+@pytest.fixture(scope="module")
+def metered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProcess, int]]:
+    port = free_port()
+    b = BrokerProcess(tmp_path_factory.mktemp("delayed"), {"metrics.port": str(port)}).start()
+    try:
+        wait_for_port(port)
+        yield b, port
+    finally:
+        b.stop()
+
+
+def _purgatory(port: int) -> tuple[float, float]:
+    got = scrape(port)
+    return value(got, SIZE, delayedOperation="Fetch"), value(got, DELAYED, delayedOperation="Fetch")
+
+
+def test_a_closed_connection_leaves_no_parked_fetch_behind(metered: tuple[BrokerProcess, int]) -> None:
+    b, port = metered
+    _new_topic(b, "closing")  # two empty partitions
+    with RawClient(b.bootstrap, timeout=15) as c:
+        ids = _topic_ids(c)
+    parts = [("closing", 0, 0, -1), ("closing", 1, 0, -1)]
+    assert _purgatory(port) == (0, 0)
+    before = scrape(port)
+    general, idle, session = (RawClient(b.bootstrap, timeout=15) for _ in range(3))
+    try:
+        # A session's idle incremental Fetch: the session made first (answered at once), then its next epoch parked.
+        sid = session.request(1, 12, _fetch(12, parts, ids, max_wait=0, session=(0, 0))).session_id
+        t0 = time.monotonic()
+        session.send_bytes(session.frame(1, 12, _incremental(12, (sid, 1), [], ids, max_wait=MAX_WAIT_MS)))
+        # A full Fetch creating a session: handle_fetch's long poll.
+        general.send_bytes(general.frame(1, 12, _fetch(12, parts, ids, max_wait=MAX_WAIT_MS, session=(0, 0))))
+        # A sessionless idle Fetch: parked from its connection's plan.
+        idle.send_bytes(idle.frame(1, 12, _fetch(12, parts, ids, max_wait=MAX_WAIT_MS)))
+        # Each watches both partitions: the long poll itself, the two plans for their requests.
+        wait_until(lambda: _purgatory(port) == (6, 3), timeout=3.0, what="three Fetches parked")
+    finally:
+        for c in (general, idle, session):
+            c.close()
+    wait_until(lambda: _purgatory(port) == (0, 0), timeout=3.0, what="the purgatory empty again")
+    assert time.monotonic() - t0 < MAX_WAIT_MS / 1000, "released at their deadline, not when the connections closed"
+    time.sleep(max(0.0, t0 + MAX_WAIT_MS / 1000 + 1.0 - time.monotonic()))  # past the deadlines
+    after = scrape(port)
+    assert _purgatory(port) == (0, 0)
+    fetches = value(after, REQUESTS, request="Fetch") - value(before, REQUESTS, request="Fetch")
+    assert fetches == 4, "each Fetch counted once: the parked ones when their connections closed, not again"
+    assert value(after, COUNT, request="Fetch") == value(after, REQUESTS, request="Fetch")
+
+
+def test_a_broker_shutting_down_answers_its_parked_fetches(tmp_path_factory: pytest.TempPathFactory) -> None:
+    b = BrokerProcess(tmp_path_factory.mktemp("shutdown")).start()
+    clients: list[RawClient] = []
+    try:
+        _new_topic(b, "stopping")
+        with RawClient(b.bootstrap, timeout=15) as c:
+            ids = _topic_ids(c)
+        parts = [("stopping", 0, 0, -1), ("stopping", 1, 0, -1)]
+        clients = [RawClient(b.bootstrap, timeout=15) for _ in range(2)]
+        clients[0].send_bytes(clients[0].frame(1, 12, _fetch(12, parts, ids, max_wait=30_000, session=(0, 0))))
+        clients[1].send_bytes(clients[1].frame(1, 12, _fetch(12, parts, ids, max_wait=30_000)))
+        time.sleep(0.5)  # both parked
+        t0 = time.monotonic()
+        done: list[int] = []
+        stopper = threading.Thread(target=lambda: done.append(b.stop()))
+        stopper.start()
+        answers = [c.recv_frame() for c in clients]
+        assert time.monotonic() - t0 < 10.0
+        stopper.join(30)
+        assert done == [0], "a clean exit"
+    finally:
+        for c in clients:
+            c.close()
+        b.stop()
+    from kbroker.protocol import codec
+
+    for frame in answers:
+        resp = codec.decode_response(1, 12, frame)[1]
+        assert isinstance(resp, FetchResponse) and resp.error_code == 0 and _records(resp) == 0
+
+
+@pytest.fixture(scope="module")
+def general_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    b = BrokerProcess(tmp_path_factory.mktemp("general"), env={"KBROKER_IDLE_FETCH": "0"}).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def test_the_general_long_poll_wakes_on_a_produce_and_expires_at_max_wait(
+    general_only: BrokerProcess, topic_name: str
+) -> None:
+    """confluent-kafka and kafka-python consumers waiting on handle_fetch's long poll (no idle direct path)."""
+    b = general_only
+    _new_topic(b, topic_name)
+    ck, fetches = _confluent_waiter(b.bootstrap, topic_name, 600)
+    kp = _kafka_python_waiter(b.bootstrap, topic_name, 600)
+    stop = threading.Event()
+
+    def poll_ck() -> None:
+        while not stop.is_set():
+            ck.poll(0.1)
+
+    def poll_kp() -> None:
+        while not stop.is_set():
+            kp.poll(timeout_ms=100)
+
+    threads = [threading.Thread(target=poll_ck), threading.Thread(target=poll_kp)]
+    try:
+        for t in threads:
+            t.start()
+        wait_until(lambda: fetches() > 0, timeout=10.0, what="librdkafka's first Fetch")
+        time.sleep(1.0)
+        before = fetches()
+        time.sleep(4.0)
+        sent = fetches() - before
+        latency = kp.metrics()["consumer-fetch-manager-metrics"]["fetch-latency-avg"]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        ck.close()
+        kp.close()
+    # 4 s at one answer per ~600 ms: 6-7, with room for the statistics' 200 ms steps and a slow machine.
+    assert 3 <= sent <= 12, sent
+    assert 500 <= latency <= 2000, latency
+
+    # Woken: both wait with 10 s; a record produced reaches them well before.
+    ck, _ = _confluent_waiter(b.bootstrap, topic_name, 10_000)
+    kp = _kafka_python_waiter(b.bootstrap, topic_name, 10_000)
+    got: dict[str, float] = {}
+    stop = threading.Event()
+
+    def got_ck() -> None:
+        while not stop.is_set() and "ck" not in got:
+            m = ck.poll(0.1)
+            if m is not None and not m.error():
+                got["ck"] = time.monotonic()
+
+    def got_kp() -> None:
+        while not stop.is_set() and "kp" not in got:
+            for recs in kp.poll(timeout_ms=100).values():
+                if recs:
+                    got["kp"] = time.monotonic()
+
+    threads = [threading.Thread(target=got_ck), threading.Thread(target=got_kp)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(3.0)  # both are parked in long polls by now
+        with RawClient(b.bootstrap, timeout=15) as p:
+            t0 = time.monotonic()
+            _produce(p, topic_name, 1, 1)
+        wait_until(lambda: len(got) == 2, timeout=8.0, what="both consumers got the record")
+        assert max(got.values()) - t0 < 5.0, got
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        ck.close()
+        kp.close()
