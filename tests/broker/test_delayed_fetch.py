@@ -81,7 +81,9 @@ def test_a_closed_connection_leaves_no_parked_fetch_behind(metered: tuple[Broker
         for c in (general, idle, session):
             c.close()
     wait_until(lambda: _purgatory(port) == (0, 0), timeout=3.0, what="the purgatory empty again")
-    assert time.monotonic() - t0 < MAX_WAIT_MS / 1000, "released at their deadline, not when the connections closed"
+    assert time.monotonic() - t0 < MAX_WAIT_MS / 1000, (
+        "released at their deadline, not when the connections closed"
+    )
     time.sleep(max(0.0, t0 + MAX_WAIT_MS / 1000 + 1.0 - time.monotonic()))  # past the deadlines
     after = scrape(port)
     assert _purgatory(port) == (0, 0)
@@ -99,7 +101,9 @@ def test_a_broker_shutting_down_answers_its_parked_fetches(tmp_path_factory: pyt
             ids = _topic_ids(c)
         parts = [("stopping", 0, 0, -1), ("stopping", 1, 0, -1)]
         clients = [RawClient(b.bootstrap, timeout=15) for _ in range(2)]
-        clients[0].send_bytes(clients[0].frame(1, 12, _fetch(12, parts, ids, max_wait=30_000, session=(0, 0))))
+        clients[0].send_bytes(
+            clients[0].frame(1, 12, _fetch(12, parts, ids, max_wait=30_000, session=(0, 0)))
+        )
         clients[1].send_bytes(clients[1].frame(1, 12, _fetch(12, parts, ids, max_wait=30_000)))
         time.sleep(0.5)  # both parked
         t0 = time.monotonic()

@@ -8,7 +8,6 @@ end of its wait."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer
@@ -25,7 +24,9 @@ WAIT_MS = 20_000
 
 
 def _delayed(port: int) -> float:
-    return value(scrape(port), "kafka_server_delayedoperationpurgatory_numdelayedoperations", delayedOperation="Fetch")
+    return value(
+        scrape(port), "kafka_server_delayedoperationpurgatory_numdelayedoperations", delayedOperation="Fetch"
+    )
 
 
 @pytest.mark.parametrize("direct", ["1", "0"])
@@ -74,7 +75,9 @@ def test_a_parked_follower_fetch_is_woken_and_released(
         wait_for(lambda: _delayed(port) >= 1, "the follower's next Fetch parked", timeout=30)
         follower.kill()
         t0 = time.monotonic()
-        wait_for(lambda: _delayed(port) == 0, "the dead follower's Fetch out of the leader's purgatory", timeout=10)
+        wait_for(
+            lambda: _delayed(port) == 0, "the dead follower's Fetch out of the leader's purgatory", timeout=10
+        )
         assert time.monotonic() - t0 < 5.0, "released when its connection closed, not at its deadline"
     finally:
         for b in brokers:
