@@ -1,4 +1,4 @@
-"""Kafka's DelayedFetch: a Fetch parked in the fetch purgatory, completed by callbacks (no task) through a network.Parked."""
+"""Kafka's DelayedFetch: a Fetch parked in the fetch purgatory, answered by callbacks (no task) via a network.Parked."""
 
 from __future__ import annotations
 
@@ -19,23 +19,22 @@ FETCH = 1  # the api key the answers are counted under
 
 
 class DelayedFetch(Parked):
-    """One parked Fetch.
+    """One parked Fetch (Kafka's DelayedFetch in its DelayedOperationPurgatory).
 
-    A Fetch that cannot be answered yet (fewer than min_bytes to return, time left of max_wait_ms) waits for a notify
-    on a partition it reads or for its deadline. Three kinds wait: the general long poll (handlers/fetch.py
-    `_LongPoll`), a follower's incremental Fetch (follower_fetch.py `_FollowerPoll`, a `_LongPoll` answering with its own
-    encoder) and a consumer's idle Fetch answered from its connection's plan (idle_fetch.py `_ParkedFetch`). This class is
-    what they share, as Kafka's DelayedOperation: the purgatory watch, the one timer, a wake-up handled on the fetch's own
-    event loop (`try_complete`), the deadline (`on_expiration`), the answer encoded, counted (RequestMetrics,
+    A Fetch that cannot be answered yet (less than min_bytes to return, time left of max_wait_ms) waits for a notify
+    on a partition it reads, or for its deadline. Three kinds wait: handle_fetch's long poll (handlers/fetch.py
+    `_LongPoll`), a follower's incremental Fetch (follower_fetch.py `_FollowerPoll`: a `_LongPoll` with its own
+    encoder) and a consumer's idle Fetch answered from its connection's plan (idle_fetch.py `_ParkedFetch`). This
+    class is what they share: the purgatory watch, the one timer, a wake-up handled on the fetch's own event loop
+    (`try_complete`), the deadline (`on_expiration`), the answer encoded and counted (RequestMetrics,
     FailedFetchRequestsPerSec, a request quota's throttle) and handed to the connection, and the release when the
-    connection closes first (`close`: out of the purgatory, the timer cancelled). The kinds supply how a wake-up or the
-    deadline is answered: a Response, a FetchResponse body, None (parked again), or another DelayedFetch that answers for
-    this one (an idle Fetch woken with time left goes on in the general long poll).
+    connection closes first (`close`: out of the purgatory and the timer cancelled at once). A kind answers a wake-up
+    or the deadline with a Response, a FetchResponse body, None (parked again), or another DelayedFetch that answers
+    for this one (an idle Fetch woken with time left goes on in handle_fetch's long poll).
 
-    The connection awaits it as any Parked answer: with nothing owed before it, without a task at all.
-
-    A kind sets the fields it uses (an idle Fetch is watched through its plan, not by itself: no purgatory, keys,
-    wants or thread of its own) and implements try_complete and on_expiration."""
+    The connection awaits it as any Parked answer: with nothing owed before it, without a task at all. A kind sets
+    the fields it uses (an idle Fetch is watched through its plan, not by itself: no purgatory, keys, wants or thread
+    of its own)."""
 
     __slots__ = (
         "ctx",
@@ -83,10 +82,8 @@ class DelayedFetch(Parked):
         """The deadline (no longer watched): the answer."""
         raise NotImplementedError
 
-    def watch(self) -> None:
-        self.purgatory.add(self)
-
     def unwatch(self) -> None:
+        """Out of the purgatory (the kinds watched themselves: they watch with FetchPurgatory.add(self))."""
         self.purgatory.unwatch(self)
 
     # ------------------------------------------------------------ the wait
@@ -114,14 +111,32 @@ class DelayedFetch(Parked):
         if not self.waiting:
             return  # answered, expired or closed meanwhile, or already woken by another of its partitions
         self._stop()
-        self._step(self.try_complete)
+        try:
+            answer = self.try_complete()
+        except Exception as e:  # noqa: BLE001 - the connection closes, as when a handler's coroutine raises
+            self._complete(e)
+            return
+        if answer is not None:
+            self.finish(answer)
 
     def _expired(self) -> None:
         if not self.waiting:
             return
+        self.waiting = False
         self.timer = None
-        self._stop()
-        self._step(self.on_expiration)
+        self.unwatch()
+        try:
+            answer = self.on_expiration()
+        except Exception as e:  # noqa: BLE001
+            self._complete(e)
+            return
+        if type(answer) is Response and self.outer is None:
+            # The usual answer at the deadline (an idle Fetch's, from its plan) without finish()'s steps: the idle
+            # path's CPU per Fetch is what this module must not add to (bench.fetch_inprocess).
+            metrics.shard().request_done(FETCH, time.perf_counter() - self.started)
+            self.complete(answer)
+        elif answer is not None:
+            self.finish(answer)
 
     def _stop(self) -> None:
         self.waiting = False
@@ -146,15 +161,6 @@ class DelayedFetch(Parked):
         self._complete(ConnectionResetError("connection closed"))
 
     # ------------------------------------------------------------ the answer
-
-    def _step(self, step: Any) -> None:
-        try:
-            answer = step()
-        except Exception as e:  # noqa: BLE001 - the connection closes, as when a handler's coroutine raises
-            self._complete(e)
-            return
-        if answer is not None:
-            self.finish(answer)
 
     def finish(self, answer: Any) -> None:
         """Count and send `answer`: a Response (counted already where it was made), a body (encoded here, its failed

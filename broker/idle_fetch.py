@@ -36,9 +36,9 @@ added, replaced or removed moves it), each log's fetch_state (log end, high wate
 offset: equal states, equal answers), and a replicated partition's leader, epoch and log. Those are C-level compares
 (map over operator.attrgetter), no Python per partition.
 
-The request then waits (`_ParkedFetch`, itself the network.Parked answer) on one timer: the connection owes the
-answer without a task. The plan is the purgatory's waiter for its partitions, watched across its requests and watched again only
-after a notify, which wakes the request waiting: the general path then serves it for what is left of its wait
+The request then waits (`_ParkedFetch`, a delayed_fetch.DelayedFetch, itself the network.Parked answer) on one
+timer: the connection owes the answer without a task. The plan is the purgatory's waiter for its partitions, watched
+across its requests and watched again only after a notify, which wakes the request waiting: the general path then serves it for what is left of its wait
 (handle_fetch, its answer encoded and counted as KafkaApis does), as it does when the broker closes. At the timer
 the cached answer goes out with the request's correlation id; the plan is checked again first only if something was
 notified since the wait began (the general path reads again only then). Anything else (an authorizer, fetch quotas,
@@ -633,7 +633,7 @@ class _ParkedFetch(DelayedFetch):
         ctx: RequestContext | None,
     ) -> None:
         # DelayedFetch's and Parked's fields, set here rather than through their __init__ (a call less per request;
-        # the purgatory's waiter fields are the plan's).
+        # the purgatory's waiter fields are the plan's; deadline and timer are start()'s).
         self.conn = None
         self.answer = None
         self.done = False
@@ -643,8 +643,6 @@ class _ParkedFetch(DelayedFetch):
         self.started = started
         self.throttle = 0  # no request quota on this path (IdleFetch.take, KafkaApis' direct paths)
         self.loop = plan.loop
-        self.deadline = 0.0
-        self.timer = None
         self.waiting = False
         self.outer = None
         self.inner = None
@@ -656,11 +654,6 @@ class _ParkedFetch(DelayedFetch):
         self.generation = 0
         self.expected = 0  # a session's epoch after this request's bookkeeping
 
-    def watch(self) -> None:
-        plan = self.plan
-        plan.waiting = self
-        plan.watch(plan.server.replica_manager.purgatory)
-
     def unwatch(self) -> None:
         # The plan stays watched across its requests: this request no longer waits on it.
         if self.plan.waiting is self:
@@ -671,13 +664,16 @@ class _ParkedFetch(DelayedFetch):
         False: the plan no longer holds."""
         plan = self.plan
         purgatory = plan.server.replica_manager.purgatory
-        self.watch()
+        plan.waiting = self  # watched through the plan (this class's watch(), inline: the idle path's every Fetch)
+        plan.watch(purgatory)
         self.generation = purgatory.generation
         if purgatory.closing or not plan.holds(plan.server):
-            self.unwatch()
+            plan.waiting = None
             return False
         self.deadline = time.monotonic() + plan.max_wait_s
-        self.park(plan.max_wait_s)
+        # DelayedFetch.park, inline (as above).
+        self.waiting = True
+        self.timer = plan.loop.call_later(plan.max_wait_s, self._expired)
         return True
 
     def cancel(self) -> None:
