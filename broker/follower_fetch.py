@@ -13,10 +13,10 @@ goes from its decoded request to its answer without those steps, and the general
 between: the fetch manager's context (the session's epoch, its partitions updated and forgotten), `_FetchPlan.read`
 (each partition read, the follower's position and the high watermark recorded through
 ReplicaManager.record_follower_fetch: ISR expansion, high watermark advance, the purgatories notified; the quiet
-partitions left unread), and `update_and_generate`. The wait is handle_fetch's own (`_FollowerPoll`, a `_LongPoll`:
-a delayed_fetch.DelayedFetch, the purgatory's waiter itself with one timer, answering through a network.Parked). The answer is written by
-replica_fetch_codec.encode_fetch_answer (header, per-partition fields, the segment's file region spliced in by the
-sender, not copied). The request itself is decoded by the generated decoder: compiled, it takes ~2.5 us for a
+partitions left unread), and `update_and_generate`. The wait is handle_fetch's own (`_FollowerPoll`, a
+`_LongPoll`: a delayed_fetch.DelayedFetch, the purgatory's waiter itself with one timer, answering through a
+network.Parked). The answer is written by replica_fetch_codec.encode_fetch_answer (header, per-partition fields,
+the segment's file region spliced in by the sender, not copied). The request itself is decoded by the generated decoder: compiled, it takes ~2.5 us for a
 follower's request and its objects are the session's entries as they are, where reading the same fields in Python
 took 6-7 us (and the objects would still be made for the session).
 
@@ -75,7 +75,7 @@ def direct_path(general: HandlerFn, idle: DirectFn | None) -> DirectFn | None:
 
 
 def follower_fetch(ctx: RequestContext, frame: bytes | bytearray, pos: int, general: HandlerFn) -> Any:
-    """A follower's Fetch v12: its Response, a Parked answer, a general body or coroutine (handle_fetch's: not an
+    """A follower's Fetch v12: its Response, a Parked answer, a general body or parked wait (handle_fetch's: not an
     incremental fetch, a session error, an error in a partition), or NOT_DIRECT for a consumer's (nothing read)."""
     if len(frame) - pos < 4 or _I32.unpack_from(frame, pos)[0] < 0:
         return NOT_DIRECT  # a consumer's (replica_id -1): the idle long poll's path, which may not decode it at all
