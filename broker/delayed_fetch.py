@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from kbroker.broker.apis import RequestContext
+    from kbroker.broker.purgatory import FetchPurgatory
 
 FETCH = 1  # the api key the answers are counted under
 
@@ -46,7 +47,8 @@ class DelayedFetch(Parked):
         "waiting",
         "outer",
         "inner",
-        # The purgatory's waiter fields (FetchPurgatory.add: keys, wants, wake), for the kinds watched themselves.
+        # The purgatory this fetch watches itself in (FetchPurgatory.add(self), unwatched here), or None; then the
+        # waiter's fields (keys, wants, wake).
         "purgatory",
         "keys",
         "wants",
@@ -71,6 +73,7 @@ class DelayedFetch(Parked):
         self.waiting = False
         self.outer: DelayedFetch | None = None  # the fetch this one answers for
         self.inner: DelayedFetch | None = None  # the fetch answering for this one
+        self.purgatory: FetchPurgatory | None = None
 
     # ------------------------------------------------------------ what a kind supplies
 
@@ -81,10 +84,6 @@ class DelayedFetch(Parked):
     def on_expiration(self) -> Any:
         """The deadline (no longer watched): the answer."""
         raise NotImplementedError
-
-    def unwatch(self) -> None:
-        """Out of the purgatory (the kinds watched themselves: they watch with FetchPurgatory.add(self))."""
-        self.purgatory.unwatch(self)
 
     # ------------------------------------------------------------ the wait
 
@@ -124,7 +123,9 @@ class DelayedFetch(Parked):
             return
         self.waiting = False
         self.timer = None
-        self.unwatch()
+        purgatory = self.purgatory
+        if purgatory is not None:
+            purgatory.unwatch(self)
         try:
             answer = self.on_expiration()
         except Exception as e:  # noqa: BLE001
@@ -144,7 +145,9 @@ class DelayedFetch(Parked):
         if timer is not None:
             timer.cancel()
             self.timer = None
-        self.unwatch()
+        purgatory = self.purgatory
+        if purgatory is not None:
+            purgatory.unwatch(self)
 
     def close(self) -> None:
         """The connection closed before the answer: out of the purgatory and the timer cancelled now, not at the

@@ -646,6 +646,9 @@ class _ParkedFetch(DelayedFetch):
         self.waiting = False
         self.outer = None
         self.inner = None
+        # Watched through its plan, which stays watched across its requests: the plan's waiting is this fetch until
+        # the next request's (a wake-up of a fetch no longer waiting is ignored), so there is nothing to unwatch.
+        self.purgatory = None
         self.plan = plan
         self.client = client
         self.frame = frame
@@ -654,17 +657,12 @@ class _ParkedFetch(DelayedFetch):
         self.generation = 0
         self.expected = 0  # a session's epoch after this request's bookkeeping
 
-    def unwatch(self) -> None:
-        # The plan stays watched across its requests: this request no longer waits on it.
-        if self.plan.waiting is self:
-            self.plan.waiting = None
-
     def start(self) -> bool:
         """Wait, watched through the plan, then check (a change between the check and the watch is not missed);
         False: the plan no longer holds."""
         plan = self.plan
         purgatory = plan.server.replica_manager.purgatory
-        plan.waiting = self  # watched through the plan (this class's watch(), inline: the idle path's every Fetch)
+        plan.waiting = self  # watched through the plan (its partitions, across its requests)
         plan.watch(purgatory)
         self.generation = purgatory.generation
         if purgatory.closing or not plan.holds(plan.server):
