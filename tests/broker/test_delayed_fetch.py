@@ -3,7 +3,8 @@ tests/coordinator/test_delayed_fetch_follower.py): handle_fetch's long poll (a f
 Fetch with KBROKER_IDLE_FETCH=0), a consumer's idle Fetch parked from its connection's plan, a session's idle
 incremental Fetch.
 
-- A connection closed while its Fetches are parked leaves nothing behind: the purgatory's gauges (Kafka's
+- A connection closed while its Fetches are parked (an idle one too after it was woken short of its min_bytes and
+  went on in handle_fetch's long poll) leaves nothing behind: the purgatory's gauges (Kafka's
   DelayedOperationPurgatory PurgatorySize and NumDelayedOperations) return to 0 at once, well before the max wait,
   and each request is counted once (RequestMetrics), not again when its deadline passes.
 - A broker shut down while Fetches are parked answers them at once (empty) and exits cleanly.
@@ -24,6 +25,7 @@ from tests.broker.test_idle_fetch import (
     _fetch,
     _incremental,
     _new_topic,
+    _produce,
     _records,
     _topic_ids,
     answered_after_max_wait,
@@ -89,6 +91,36 @@ def test_a_closed_connection_leaves_no_parked_fetch_behind(metered: tuple[Broker
     fetches = value(after, REQUESTS, request="Fetch") - value(before, REQUESTS, request="Fetch")
     assert fetches == 4, "each Fetch counted once: the parked ones when their connections closed, not again"
     assert value(after, COUNT, request="Fetch") == value(after, REQUESTS, request="Fetch")
+
+
+def test_an_idle_fetch_woken_short_of_min_bytes_waits_on_and_is_released(
+    metered: tuple[BrokerProcess, int],
+) -> None:
+    """An idle Fetch (parked from its plan) woken by a record smaller than its min_bytes goes on in handle_fetch's
+    long poll for what is left of its wait; its connection closed then, both leave the purgatory at once, and the
+    request is counted once."""
+    b, port = metered
+    _new_topic(b, "short")
+    with RawClient(b.bootstrap, timeout=15) as c:
+        ids = _topic_ids(c)
+    parts = [("short", 0, 0, -1), ("short", 1, 0, -1)]
+    before = scrape(port)
+    c = RawClient(b.bootstrap, timeout=15)
+    try:
+        t0 = time.monotonic()
+        c.send_bytes(c.frame(1, 12, _fetch(12, parts, ids, max_wait=MAX_WAIT_MS, min_bytes=1 << 20)))
+        wait_until(lambda: _purgatory(port) == (2, 1), timeout=3.0, what="the idle Fetch parked")
+        with RawClient(b.bootstrap, timeout=15) as p:
+            _produce(p, "short", 0, 1)
+        # The plan left short-0's watchers when it was notified; the long poll watches both partitions.
+        wait_until(lambda: _purgatory(port) == (3, 2), timeout=3.0, what="the long poll parked for the rest")
+    finally:
+        c.close()
+    wait_until(lambda: _purgatory(port) == (0, 0), timeout=3.0, what="the purgatory empty again")
+    assert time.monotonic() - t0 < MAX_WAIT_MS / 1000
+    time.sleep(max(0.0, t0 + MAX_WAIT_MS / 1000 + 1.0 - time.monotonic()))
+    after = scrape(port)
+    assert value(after, REQUESTS, request="Fetch") - value(before, REQUESTS, request="Fetch") == 1
 
 
 def test_a_broker_shutting_down_answers_its_parked_fetches(tmp_path_factory: pytest.TempPathFactory) -> None:
