@@ -10,6 +10,7 @@ from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
 from kbroker.broker import metrics
+from kbroker.broker.delayed_fetch import DelayedFetch
 from kbroker.broker.network import CloseConnection, DelayedResponse, KafkaConnection, Parked, Response
 from kbroker.broker.quotas import REQUEST_QUOTA_EXEMPT
 from kbroker.broker.refusals import REFUSALS
@@ -221,8 +222,13 @@ class KafkaApis:
             shard.busy_s += elapsed
             shard.request_done(api_key, elapsed)
             return result
-        if isinstance(result, Parked):  # a direct path's answer completed by a callback, which counts the request
-            metrics.shard().busy_s += time.perf_counter() - started
+        if isinstance(result, Parked):  # an answer completed by a callback (a parked Fetch), which counts the request
+            busy = time.perf_counter() - started
+            metrics.shard().busy_s += busy
+            if self.server.request_quota.quotas() and isinstance(result, DelayedFetch):
+                # handle_fetch's wait (direct paths are not taken under a request quota): its body tells the
+                # request quota's throttle too, as _complete_later's.
+                result.throttle = self._request_throttle(conn, header, busy)
             return result
         if type(result) is EncodedLater:
             metrics.shard().busy_s += time.perf_counter() - started

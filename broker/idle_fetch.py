@@ -36,9 +36,9 @@ added, replaced or removed moves it), each log's fetch_state (log end, high wate
 offset: equal states, equal answers), and a replicated partition's leader, epoch and log. Those are C-level compares
 (map over operator.attrgetter), no Python per partition.
 
-The request then waits (`_ParkedFetch`, itself the network.Parked answer) on one timer: the connection owes the
-answer without a task. The plan is the purgatory's waiter for its partitions, watched across its requests and watched again only
-after a notify, which wakes the request waiting: the general path then serves it for what is left of its wait
+The request then waits (`_ParkedFetch`, a delayed_fetch.DelayedFetch, itself the network.Parked answer) on one
+timer: the connection owes the answer without a task. The plan is the purgatory's waiter for its partitions, watched
+across its requests and watched again only after a notify, which wakes the request waiting: the general path then serves it for what is left of its wait
 (handle_fetch, its answer encoded and counted as KafkaApis does), as it does when the broker closes. At the timer
 the cached answer goes out with the request's correlation id; the plan is checked again first only if something was
 notified since the wait began (the general path reads again only then). Anything else (an authorizer, fetch quotas,
@@ -57,14 +57,14 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
 from kbroker.broker import metrics
-from kbroker.broker.apis import NOT_DIRECT, DirectFn, HandlerFn, KafkaApis, RequestContext
+from kbroker.broker.apis import NOT_DIRECT, DirectFn, HandlerFn, RequestContext
+from kbroker.broker.delayed_fetch import DelayedFetch
 from kbroker.broker.down_conversion import check_down_conversion
 from kbroker.broker.fetch_session import FetchSession, next_epoch
-from kbroker.broker.network import KafkaConnection, Parked, Response
+from kbroker.broker.network import KafkaConnection, Response
 from kbroker.broker.purgatory import HIGH_WATERMARK, FetchPurgatory
 from kbroker.protocol import codec
 from kbroker.protocol.errors import KafkaError
@@ -256,7 +256,7 @@ class IdleFetch:
     def _wake_waiting(self) -> None:
         waiting = self.waiting
         if waiting is not None:
-            waiting.woken()
+            waiting.woken()  # DelayedFetch.woken: on this loop now
 
     def watch(self, purgatory: FetchPurgatory) -> None:
         if not self.watched:
@@ -616,24 +616,11 @@ def _topic_bytes(version: int, t: FetchRequest.FetchTopic) -> bytes:
     return (_uvarint(len(name) + 1) if version >= FLEXIBLE_VERSION else struct.pack(">h", len(name))) + name
 
 
-class _ParkedFetch(Parked):
-    """An idle Fetch waiting out its max wait, itself the connection's network.Parked answer: one timer, woken
-    through its plan's purgatory entry."""
+class _ParkedFetch(DelayedFetch):
+    """An idle Fetch waiting out its max wait (a delayed_fetch.DelayedFetch: one timer, the connection's Parked
+    answer), woken through its plan's purgatory entry: the plan, not the request, is the purgatory's waiter."""
 
-    __slots__ = (
-        "plan",
-        "client",
-        "frame",
-        "ready",
-        "started",
-        "req",
-        "ctx",
-        "deadline",
-        "timer",
-        "finished",
-        "generation",
-        "expected",
-    )
+    __slots__ = ("plan", "client", "frame", "ready", "req", "generation", "expected")
 
     def __init__(
         self,
@@ -645,22 +632,28 @@ class _ParkedFetch(Parked):
         req: FetchRequest | None,
         ctx: RequestContext | None,
     ) -> None:
-        # Parked's fields, set here rather than through its __init__ (a call less per request).
+        # DelayedFetch's and Parked's fields, set here rather than through their __init__ (a call less per request;
+        # the purgatory's waiter fields are the plan's; deadline and timer are start()'s).
         self.conn = None
         self.answer = None
         self.done = False
         self._future = None
+        # None, both: the request came through IdleFetch.take, undecoded; _general decodes it when needed.
+        self.ctx = ctx
+        self.started = started
+        self.throttle = 0  # no request quota on this path (IdleFetch.take, KafkaApis' direct paths)
+        self.loop = plan.loop
+        self.waiting = False
+        self.outer = None
+        self.inner = None
+        # Watched through its plan, which stays watched across its requests: the plan's waiting is this fetch until
+        # the next request's (a wake-up of a fetch no longer waiting is ignored), so there is nothing to unwatch.
+        self.purgatory = None
         self.plan = plan
         self.client = client
         self.frame = frame
         self.ready = ready
-        self.started = started
-        # None, both: the request came through IdleFetch.take, undecoded; _general decodes it when needed.
         self.req = req
-        self.ctx = ctx
-        self.deadline = 0.0
-        self.timer: asyncio.TimerHandle | None = None
-        self.finished = False
         self.generation = 0
         self.expected = 0  # a session's epoch after this request's bookkeeping
 
@@ -669,42 +662,28 @@ class _ParkedFetch(Parked):
         False: the plan no longer holds."""
         plan = self.plan
         purgatory = plan.server.replica_manager.purgatory
-        plan.waiting = self
+        plan.waiting = self  # watched through the plan (its partitions, across its requests)
         plan.watch(purgatory)
         self.generation = purgatory.generation
         if purgatory.closing or not plan.holds(plan.server):
-            self.finished = True
             plan.waiting = None
             return False
         self.deadline = time.monotonic() + plan.max_wait_s
-        self.timer = plan.loop.call_later(plan.max_wait_s, self._expire)
+        # DelayedFetch.park, inline (as above).
+        self.waiting = True
+        self.timer = plan.loop.call_later(plan.max_wait_s, self._expired)
         return True
 
     def cancel(self) -> None:
         """Not to be answered after all (start() succeeded, the session's bookkeeping did not)."""
-        self._finish_waiting()
+        self._stop()
 
-    def _finish_waiting(self) -> None:
-        self.finished = True
-        if self.plan.waiting is self:
-            self.plan.waiting = None
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def woken(self) -> None:
-        """A notify on one of the plan's partitions (on this loop): the general path for what is left of the wait."""
-        if self.finished:
-            return
-        self._finish_waiting()
+    def try_complete(self) -> Any:
+        """A notify on one of the plan's partitions: the general path for what is left of the wait."""
         left_ms = math.ceil((self.deadline - time.monotonic()) * 1000)
-        self._general(max(0, left_ms))
+        return self._general(max(0, left_ms))
 
-    def _expire(self) -> None:
-        if self.finished:
-            return
-        self.timer = None
-        self._finish_waiting()
+    def on_expiration(self) -> Any:
         plan = self.plan
         session = plan.session
         if (
@@ -714,53 +693,22 @@ class _ParkedFetch(Parked):
             # Something was notified since the wait began (the general path then reads again) and what this answer
             # depends on moved, or another request of the session came meanwhile (INVALID_FETCH_SESSION_EPOCH, as
             # the general path's update_and_generate answers): the general path answers, now.
-            self._general(0)
-            return
-        metrics.shard().request_done(1, time.perf_counter() - self.started)
-        self.complete(Response(self.ready))
+            return self._general(0)
+        return Response(self.ready)
 
-    def _general(self, max_wait_ms: int) -> None:
+    def _general(self, max_wait_ms: int) -> Any:
         """The general path for what is left of the wait (for a session, in the incremental context this request's
-        bookkeeping made): handled, encoded and counted as KafkaApis does."""
+        bookkeeping made): its body, or its own wait (a DelayedFetch answering for this one)."""
         plan = self.plan
-        try:
-            req = self.req
-            if self.ctx is None or req is None:
-                header, pos = codec.decode_request_header(self.frame)
-                self.ctx = RequestContext(plan.server, self.client, header)
-                req, _ = codec.decode(FetchRequest, plan.version, self.frame, pos)
-            req.max_wait_ms = max_wait_ms
-            if plan.session is None:
-                result = plan.general(self.ctx, req)
-            else:
-                result = plan.resume(self.ctx, req, plan.session, self.expected)
-        except Exception as e:  # noqa: BLE001 - the connection closes, as when a handler raises
-            self.complete(e)
-            return
-        if type(result) is CoroutineType:
-            plan.loop.create_task(self._await(result))
-        else:
-            self._answer(result)
-
-    async def _await(self, pending: Any) -> None:
-        try:
-            body = await pending
-        except Exception as e:  # noqa: BLE001
-            self.complete(e)
-            return
-        self._answer(body)
-
-    def _answer(self, body: Any) -> None:
-        assert self.ctx is not None
-        try:
-            response = KafkaApis.encode(self.ctx.header, body)
-        except Exception as e:  # noqa: BLE001
-            self.complete(e)
-            return
-        shard = metrics.shard()
-        shard.answered(1, body)
-        shard.request_done(1, time.perf_counter() - self.started)
-        self.complete(response)
+        req = self.req
+        if self.ctx is None or req is None:
+            header, pos = codec.decode_request_header(self.frame)
+            self.ctx = RequestContext(plan.server, self.client, header)
+            req, _ = codec.decode(FetchRequest, plan.version, self.frame, pos)
+        req.max_wait_ms = max_wait_ms
+        if plan.session is None:
+            return plan.general(self.ctx, req)
+        return plan.resume(self.ctx, req, plan.session, self.expected)
 
 
 def _replace_plan(ctx: RequestContext, plan: IdleFetch | None) -> IdleFetch | None:

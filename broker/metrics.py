@@ -459,6 +459,17 @@ class KafkaCollector:
                             "Fetch sessions evicted to make room for another")
         evictions.add_metric([], cache.evictions)
         yield from (sessions, partitions, evictions)
+        rm = getattr(self.server, "replica_manager", None)
+        if rm is not None:
+            # Kafka's DelayedOperationPurgatory gauges of the Fetch purgatory (parked Fetches, idle plans' watches).
+            entries, waiters = rm.purgatory.size()
+            size = Gauge("kafka_server_delayedoperationpurgatory_purgatorysize", "Watch entries in the purgatory",
+                         labels=["delayedOperation"])
+            size.add_metric(["Fetch"], entries)
+            delayed = Gauge("kafka_server_delayedoperationpurgatory_numdelayedoperations",
+                            "Operations waiting in the purgatory", labels=["delayedOperation"])
+            delayed.add_metric(["Fetch"], waiters)
+            yield from (size, delayed)
 
     # -- consumer groups (named as kafka_exporter names them: the broker has no lag MBean) ----------------------
 

@@ -87,9 +87,9 @@ class DelayedResponse:
 
 
 class Parked:
-    """An answer a callback completes (an idle long poll parked by broker/idle_fetch.py): when nothing is owed
-    before it the connection waits for it without a task of its own, and complete() sends it at once; otherwise the
-    answer task awaits it in its turn."""
+    """An answer a callback completes (a parked Fetch: broker/delayed_fetch.py): when nothing is owed before it the
+    connection waits for it without a task of its own, and complete() sends it at once; otherwise the answer task
+    awaits it in its turn."""
 
     __slots__ = ("conn", "answer", "done", "_future")
 
@@ -110,6 +110,9 @@ class Parked:
                 self._future.set_result(None)
         elif self.conn is not None:
             self.conn._parked_done(self)
+
+    def close(self) -> None:
+        """The connection closed before the answer (a DelayedFetch leaves the purgatory then)."""
 
     def __await__(self) -> Generator[Any, None, Any]:
         if not self.done:
@@ -292,6 +295,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         for hook in self.close_hooks:
             hook()
         self.close_hooks.clear()
+        for answer in list(self._answers):
+            if isinstance(answer, Parked):
+                answer.close()  # a parked Fetch releases its watch and timer now, not at its deadline
         if self._drained is not None and not self._drained.done():
             self._drained.set_exception(ConnectionResetError("connection closed"))
             self._drained.exception()  # retrieved: no sender may be waiting on it
@@ -522,7 +528,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                                  and t.get_write_buffer_size() > MAX_UNSENT_BYTES):  # type: ignore[attr-defined]
                 self._owe(None, blocking=True)
             return
-        if isinstance(result, Parked):  # broker/idle_fetch.py's parked requests are Parked themselves
+        if isinstance(result, Parked):  # a parked Fetch (broker/delayed_fetch.py) is Parked itself
             if not self._answering and not self._answers and not result.done:
                 # Nothing owed before it: it waits without a task, and its callback answers (_parked_done).
                 result.conn = self

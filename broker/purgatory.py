@@ -94,6 +94,13 @@ class FetchPurgatory:
                     if not ws:
                         del self._watchers[key]
 
+    def size(self) -> tuple[int, int]:
+        """(watch entries, distinct waiters): Kafka's PurgatorySize and NumDelayedOperations of the Fetch purgatory,
+        here also counting an idle Fetch's plan, watched across its connection's requests (broker/idle_fetch.py)."""
+        with self._lock:
+            sets = list(self._watchers.values())
+            return sum(map(len, sets)), len(set().union(*sets))
+
     def notify(self, key: TopicPartition, moved: int = ANY) -> None:
         self.generation += 1
         if key not in self._watchers:  # unlocked peek: appends with no waiter pay nothing more

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import threading
 import time
 from typing import Any
 
 from kbroker.broker import idle_fetch, metrics
 from kbroker.broker.apis import ApiHandler, DirectFn, RequestContext
+from kbroker.broker.delayed_fetch import DelayedFetch
 from kbroker.broker.down_conversion import check_down_conversion, down_convert_fetched, legacy_fetch_magic
 from kbroker.broker.fetch_session import (
     INVALID_SESSION_ID,
@@ -27,7 +28,7 @@ from kbroker.broker.fetch_session import (
 )
 from kbroker.broker.leader_hints import FETCH_VERSION as HINTS_VERSION
 from kbroker.broker.leader_hints import LeaderHints
-from kbroker.broker.purgatory import HIGH_WATERMARK, LOG_END, expire
+from kbroker.broker.purgatory import HIGH_WATERMARK, LOG_END
 from kbroker.broker.replica_manager import LEADER_EPOCH, error_of
 from kbroker.broker.security.acls import AclOperation, ResourceType
 from kbroker.protocol import codec
@@ -339,6 +340,7 @@ def _forgotten(req: FetchRequest, by_id: bool) -> list[PartitionKey]:
 
 
 def handle_fetch(ctx: RequestContext, req: FetchRequest) -> Any:
+    started = time.perf_counter()
     by_id = ctx.api_version >= 13
     topic_names = ctx.server.topic_names_by_id() if by_id else {}
     fetch_data = _fetch_data(req, by_id, topic_names)
@@ -352,7 +354,7 @@ def handle_fetch(ctx: RequestContext, req: FetchRequest) -> Any:
                                                        topic_names)
     else:
         context = SessionlessFetchContext(fetch_data)
-    return serve_fetch(ctx, req, context, by_id, replica_id)
+    return serve_fetch(ctx, req, context, by_id, replica_id, started)
 
 
 def resume_incremental(ctx: RequestContext, req: FetchRequest, session: FetchSession, epoch: int) -> Any:
@@ -363,12 +365,14 @@ def resume_incremental(ctx: RequestContext, req: FetchRequest, session: FetchSes
     context = IncrementalFetchContext(ctx.server.fetch_manager.cache, session,
                                       ctx.server.topic_names_by_id() if by_id else {})
     context.expected_epoch = epoch
-    return serve_fetch(ctx, req, context, by_id, -1)
+    return serve_fetch(ctx, req, context, by_id, -1, time.perf_counter())
 
 
-def serve_fetch(ctx: RequestContext, req: FetchRequest, context: FetchContext, by_id: bool, replica_id: int) -> Any:
+def serve_fetch(ctx: RequestContext, req: FetchRequest, context: FetchContext, by_id: bool, replica_id: int,
+                started: float) -> Any:
     """handle_fetch once the request has its context (broker/follower_fetch.py's and broker/idle_fetch.py's way
-    back to the general path after they made one)."""
+    back to the general path after they made one): a FetchResponse, or the request parked (_LongPoll), which
+    counts itself from `started` when answered."""
     if isinstance(context, SessionErrorContext):
         return FetchResponse(error_code=context.error, session_id=INVALID_SESSION_ID, responses=[])
     plan = _FetchPlan(ctx, req, context.partitions(), by_id, replica_id,
@@ -379,12 +383,7 @@ def serve_fetch(ctx: RequestContext, req: FetchRequest, context: FetchContext, b
         return _whole_request_error(ctx, req)
     if by_id and not isinstance(context, IncrementalFetchContext) and plan.unnamed_partition_not_last():
         return _whole_request_error(ctx, req)
-    generation = ctx.server.replica_manager.purgatory.generation
-    first = plan.read()
-    results, nbytes, has_error = first
-    if nbytes >= req.min_bytes or req.max_wait_ms <= 0 or has_error or not plan.has_keys():
-        return _respond(ctx, plan, context, results, nbytes, has_error)
-    return _long_poll(ctx, plan, context, req.max_wait_ms / 1000.0, req.min_bytes, first, generation)
+    return _LongPoll(ctx, plan, context, req.max_wait_ms, req.min_bytes, started).serve()
 
 
 def _whole_request_error(ctx: RequestContext, req: FetchRequest) -> FetchResponse:
@@ -454,52 +453,88 @@ def _name_leaders(ctx: RequestContext, response: FetchResponse,
 _LEADER_MOVED = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH)
 
 
-async def _long_poll(ctx: RequestContext, plan: _FetchPlan, context: FetchContext, max_wait: float,
-                     min_bytes: int, first: tuple[list[tuple[CachedPartition, PartitionData]], int, bool],
-                     generation: int) -> FetchResponse:
-    purgatory = ctx.server.replica_manager.purgatory
-    deadline = time.monotonic() + max_wait
-    keys = plan.keys()
-    # A follower copies up to the log end; a consumer reads up to the high watermark (or the last stable offset,
-    # which only markers and the high watermark move).
-    wants = LOG_END if plan.replica_id >= 0 else HIGH_WATERMARK
-    read = first
-    while True:
-        # Watch before re-reading, so an append between the read and the wait still wakes us. The last read still
-        # counts when nothing was notified since it began (appends, high watermarks, markers and leadership
-        # changes all notify): an idle long poll reads its partitions once, not again after watching and again
-        # when its wait expires. An expired poll answers without watching again: a change after its check comes
-        # after the answer, and the client's next Fetch sees it.
-        waiter = purgatory.watch(keys, wants) if time.monotonic() < deadline else None
-        try:
-            if purgatory.generation != generation:
-                generation = purgatory.generation
-                read = plan.read()
-            results, nbytes, has_error = read
-            left = deadline - time.monotonic()
-            if waiter is None or nbytes >= min_bytes or has_error or left <= 0 or purgatory.closing:
-                return _respond(ctx, plan, context, results, nbytes, has_error)
-            # A plain timer on the waiter's future: cheaper than wait_for(shield()), which makes a task per wait.
-            timer = asyncio.get_running_loop().call_later(left, expire, waiter.future)
-            try:
-                if await waiter.future:
-                    # The timer's (it may fire up to 1 ms early): the wait is over. Waiting again for what was
-                    # left cost a quarter of idle long polls a second watch, timer and wake-up.
-                    deadline = 0.0
-            finally:
-                timer.cancel()
-        finally:
-            if waiter is not None:
-                purgatory.unwatch(waiter)
-        if deadline:
-            # Woken by a change: read before watching again. Most wake-ups find what they wait for and answer
-            # without a second watch (for a follower, one entry per partition of its session); a notify after this
-            # read began moves the generation, so the next watch reads again.
-            generation = purgatory.generation
-            read = plan.read()
-            results, nbytes, has_error = read
-            if nbytes >= min_bytes or has_error or purgatory.closing:
-                return _respond(ctx, plan, context, results, nbytes, has_error)
+class _LongPoll(DelayedFetch):
+    """handle_fetch's wait (Kafka's DelayedFetch over this module's read): parked until a notify on a partition it
+    reads (LOG_END for a follower, which copies up to the log end; HIGH_WATERMARK for a consumer, which reads up to
+    the high watermark or the last stable offset, which only markers and the high watermark move) brings min_bytes,
+    or until max_wait_ms. A callback answers it through the connection (broker/delayed_fetch.py): no coroutine, task
+    or future per parked request."""
+
+    __slots__ = ("plan", "context", "min_bytes", "max_wait_ms", "generation", "read")
+
+    def __init__(self, ctx: RequestContext, plan: _FetchPlan, context: FetchContext, max_wait_ms: int,
+                 min_bytes: int, started: float) -> None:
+        super().__init__(ctx, started, ctx.conn.loop, 0.0)
+        self.purgatory = ctx.server.replica_manager.purgatory
+        self.wants = LOG_END if plan.replica_id >= 0 else HIGH_WATERMARK
+        self.wake_pending = False
+        self.plan = plan
+        self.context = context
+        self.max_wait_ms = max_wait_ms
+        self.min_bytes = min_bytes
+
+    def serve(self) -> Any:
+        """The first read, then the answer (a body, or a Response of a kind encoding its own) or this fetch, parked."""
+        plan = self.plan
+        purgatory = self.purgatory
+        self.generation = purgatory.generation
+        self.read = plan.read()
+        _, nbytes, has_error = self.read
+        if nbytes >= self.min_bytes or self.max_wait_ms <= 0 or has_error or not plan.has_keys():
+            return self.respond()
+        self.keys = plan.keys()
+        self.thread_id = threading.get_ident()
+        self.deadline = time.monotonic() + self.max_wait_ms / 1000.0
+        answer = self.poll()
+        return self if answer is None else answer
+
+    def poll(self) -> Any:
+        """The wait's head: watch (while time is left), read again if something was notified since the last read,
+        then the answer, or None (parked).
+
+        Watch before re-reading, so an append between the read and the wait still wakes it. The last read still
+        counts when nothing was notified since it began (appends, high watermarks, markers and leadership changes
+        all notify): an idle long poll reads its partitions once, not again after watching and again when its wait
+        expires. An expired poll answers without watching again: a change after its check comes after the answer,
+        and the client's next Fetch sees it."""
+        purgatory = self.purgatory
+        watching = time.monotonic() < self.deadline
+        if watching:
+            purgatory.add(self)
+        if purgatory.generation != self.generation:
+            self.generation = purgatory.generation
+            self.read = self.plan.read()
+        _, nbytes, has_error = self.read
+        left = self.deadline - time.monotonic()
+        if not watching or nbytes >= self.min_bytes or has_error or left <= 0 or purgatory.closing:
+            if watching:
+                purgatory.unwatch(self)
+            return self.respond()
+        self.park(left)
+        return None
+
+    def try_complete(self) -> Any:
+        # Woken by a change: read before watching again. Most wake-ups find what they wait for and answer without a
+        # second watch (for a follower, one entry per partition of its session); a notify after this read began
+        # moves the generation, so the next watch reads again.
+        purgatory = self.purgatory
+        self.generation = purgatory.generation
+        self.read = self.plan.read()
+        _, nbytes, has_error = self.read
+        if nbytes >= self.min_bytes or has_error or purgatory.closing:
+            return self.respond()
+        return self.poll()
+
+    def on_expiration(self) -> Any:
+        # The timer's (uvloop's may fire up to 1 ms early): the wait is over. Waiting again for what was left cost a
+        # quarter of idle long polls a second watch, timer and wake-up.
+        self.deadline = 0.0
+        return self.poll()
+
+    def respond(self) -> Any:
+        """The answer to what was read last."""
+        results, nbytes, has_error = self.read
+        return _respond(self.ctx, self.plan, self.context, results, nbytes, has_error)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- ListOffsets

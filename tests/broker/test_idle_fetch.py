@@ -489,6 +489,12 @@ def test_real_consumers_get_a_record_promptly_while_long_polling(
     broker: BrokerProcess, topic_name: str
 ) -> None:
     """Two clients wait with fetch.wait.max.ms 10 s; a record produced then reaches both well before that."""
+    woken_promptly(broker, topic_name)
+
+
+def woken_promptly(broker: BrokerProcess, topic_name: str) -> None:
+    """Two clients wait with fetch.wait.max.ms 10 s; a record produced then reaches both well before that (also
+    tests/broker/test_delayed_fetch.py's, on the general long poll)."""
     _new_topic(broker, topic_name)
     ck, _ = _confluent_waiter(broker.bootstrap, topic_name, 10_000)
     kp = _kafka_python_waiter(broker.bootstrap, topic_name, 10_000)
@@ -530,6 +536,12 @@ def test_idle_real_consumers_are_answered_after_their_max_wait(
 ) -> None:
     """Idle, with fetch.wait.max.ms 500: each Fetch is answered (empty) once its wait is over, so the clients send
     about two a second: librdkafka's count and kafka-python's fetch latency show it."""
+    answered_after_max_wait(broker, topic_name)
+
+
+def answered_after_max_wait(broker: BrokerProcess, topic_name: str) -> None:
+    """test_idle_real_consumers_are_answered_after_their_max_wait's check, on `broker` (also
+    tests/broker/test_delayed_fetch.py's, on the general long poll)."""
     _new_topic(broker, topic_name)
     ck, fetches = _confluent_waiter(broker.bootstrap, topic_name, 500)
     kp = _kafka_python_waiter(broker.bootstrap, topic_name, 500)
