@@ -102,3 +102,16 @@ def group_epoch_records(bootstrap: str, group: str, partition: int = 0, timeout:
         return out
     finally:
         c.close()
+
+
+def share_group_offsets(bootstrap: str, group: str, topic: str, partitions: list[int]) -> list[tuple[int, int, int]]:
+    """DescribeShareGroupOffsets v1 of the group's partitions of topic: (error, start offset, lag) each."""
+    from kbroker.protocol.messages import DescribeShareGroupOffsetsRequest as D
+
+    from kbroker_tools.wire import WireClient
+
+    with WireClient(bootstrap) as w:
+        r = w.request(90, 1, D(groups=[D.DescribeShareGroupOffsetsRequestGroup(
+            group_id=group, topics=[D.DescribeShareGroupOffsetsRequestTopic(topic_name=topic, partitions=partitions)],
+        )]))
+    return [(p.error_code, p.start_offset, p.lag) for p in r.groups[0].topics[0].partitions]

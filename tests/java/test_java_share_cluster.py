@@ -22,11 +22,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from kbroker.protocol.messages import DescribeShareGroupOffsetsRequest
 
-from kbroker_tools.wire import WireClient
 from tests.broker_process import BrokerProcess, wait_all_registered
 from tests.clients import wait_until
+from tests.group_helpers import share_group_offsets
 from tests.java import test_java_share_consumer as single
 from tests.zookeeper import ZooKeeperServer, zookeeper_missing
 
@@ -214,21 +213,7 @@ def run_scenario(
 
 def lags(bootstrap: str, group: str, topic: str) -> list[int]:
     """The group's lag on each partition of topic (DescribeShareGroupOffsets): 0 once every record is done."""
-    D = DescribeShareGroupOffsetsRequest
-    with WireClient(bootstrap) as w:
-        r = w.request(
-            90,
-            1,
-            D(
-                groups=[
-                    D.DescribeShareGroupOffsetsRequestGroup(
-                        group_id=group,
-                        topics=[D.DescribeShareGroupOffsetsRequestTopic(topic_name=topic, partitions=[0, 1])],
-                    )
-                ]
-            ),
-        )
-    return [p.lag if not p.error_code else -1 for p in r.groups[0].topics[0].partitions]
+    return [lag if not error else -1 for error, _, lag in share_group_offsets(bootstrap, group, topic, [0, 1])]
 
 
 def test_a_leader_killed_mid_run(

@@ -12,7 +12,6 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import (
-    DescribeShareGroupOffsetsRequest,
     MetadataRequest,
 )
 
@@ -22,6 +21,7 @@ from tests.broker.share.test_share_sessions import ACCEPT, ack_errors, acquired,
 from tests.broker.share.test_share_state_cluster import cluster, joined, leader_of  # noqa: F401 - cluster: a fixture
 from tests.broker_process import BrokerProcess
 from tests.clients import wait_until
+from tests.group_helpers import share_group_offsets
 
 T = 30
 # long enough for the cluster to see broker 2 gone before the held records' locks expire
@@ -30,22 +30,7 @@ LOCK_MS = 15000
 
 def offsets(bootstrap: str, group: str, topic: str) -> tuple[int, int, int]:
     """DescribeShareGroupOffsets of partition 0: (error, start offset, lag)."""
-    D = DescribeShareGroupOffsetsRequest
-    with WireClient(bootstrap) as w:
-        r = w.request(
-            90,
-            1,
-            D(
-                groups=[
-                    D.DescribeShareGroupOffsetsRequestGroup(
-                        group_id=group,
-                        topics=[D.DescribeShareGroupOffsetsRequestTopic(topic_name=topic, partitions=[0])],
-                    )
-                ]
-            ),
-        )
-    p = r.groups[0].topics[0].partitions[0]
-    return p.error_code, p.start_offset, p.lag
+    return share_group_offsets(bootstrap, group, topic, [0])[0]
 
 
 def test_a_failed_state_write_rolls_the_acknowledgement_back(
