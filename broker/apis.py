@@ -112,10 +112,8 @@ DirectFn = Callable[[RequestContext, bytes | bytearray, int], Any]
 NOT_DIRECT: Any = object()
 # A handler's frame path: (apis, conn, frame) -> what KafkaApis.handle returns, before the header is decoded and without
 # a RequestContext (it accounts the request itself); NOT_DIRECT: the request goes on as if there were none (header,
-# direct path, handler); GENERAL: it looked at the request and the direct path would hand it on too, so the header
-# and body go to the handler's general path at once.
+# direct path, handler).
 FrameFn = Callable[["KafkaApis", KafkaConnection, bytes | bytearray], Any]
-GENERAL: Any = object()
 _PRODUCE_KEY = b"\x00\x00"  # a frame's first two bytes: its int16 api key
 
 
@@ -169,14 +167,11 @@ class KafkaApis:
             taken = idle.take(conn, frame)
             if taken is not None:
                 return taken
-        general = False
         if self._produce_frame is not None and frame[:2] == _PRODUCE_KEY:
             # The common Produce from its frame to its answer (broker/handlers/produce.py), without the header object,
             # the context or the dispatch below.
             result = self._produce_frame(self, conn, frame)
-            if result is GENERAL:
-                general = True
-            elif result is not NOT_DIRECT:
+            if result is not NOT_DIRECT:
                 return result
         try:
             header, pos = codec.decode_request_header(frame)
@@ -189,7 +184,7 @@ class KafkaApis:
         ctx = RequestContext(self.server, conn, header)
         # A direct path answers its common requests without the message objects; its Response is already
         # encoded, so a request quota (which sets the body's throttle) sends requests the general way.
-        if handler.direct is not None and not general and not self.server.request_quota.quotas():
+        if handler.direct is not None and not self.server.request_quota.quotas():
             started = time.perf_counter()
             result = handler.direct(ctx, frame, pos)
             if type(result) is Response:  # finish's first case, without its call: the direct path's usual answer

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kbroker.broker import metrics, produce_codec
 from kbroker.broker.admin_manager import INTERNAL_TOPICS
-from kbroker.broker.apis import GENERAL, NOT_DIRECT, ApiHandler, EncodedLater, KafkaApis, RequestContext
+from kbroker.broker.apis import NOT_DIRECT, ApiHandler, EncodedLater, KafkaApis, RequestContext
 from kbroker.broker.delayed_produce import DelayedProduce
 from kbroker.broker.leader_hints import PRODUCE_VERSION as HINTS_VERSION
 from kbroker.broker.leader_hints import LeaderHints
@@ -163,41 +163,23 @@ def handle_produce(ctx: RequestContext, req: ProduceRequest) -> Any:
     return _append_all(ctx, req, to_append, failed, {})
 
 
-def handle_produce_direct(ctx: RequestContext, frame: bytes | bytearray, pos: int) -> Any:
-    """handle_produce for the common request, decoded into tuples and answered by the direct encoder
-    (broker/produce_codec.py); NOT_DIRECT for any other request, which handle_produce then serves."""
-    started = time.perf_counter()
-    if ctx.server.authorizer is not None:
-        return NOT_DIRECT
-    header = ctx.header
-    decoded = produce_codec.decode(frame, pos, header.request_api_version)
-    if decoded is None or decoded[1] not in (0, 1, -1):
-        return NOT_DIRECT  # handle_produce answers these in Kafka's order
-    txn_id, acks, timeout_ms, topics, producer = decoded
-    if producer is None and len(topics) == 1 and len(topics[0][1]) == 1 and log_module.PLAIN_APPEND:
-        result = _append_plain_one(ctx.server, ctx.conn, header.correlation_id, header.request_api_version,
-                                   header.client_id, topics, acks, timeout_ms, started, metrics.shard())
-        if result is not _NOT_PLAIN:
-            return result
-    return _direct_decoded(ctx, txn_id, acks, timeout_ms, topics, producer, started)
-
-
 def handle_produce_frame(apis: KafkaApis, conn: KafkaConnection, frame: bytes | bytearray) -> Any:
-    """KafkaApis.handle's first step for a Produce frame: handle_produce_direct from the frame itself, its header and
-    body decoded by one call (produce_codec.decode_frame) and, for the single-partition request _append_plain_one
-    answers, without the RequestHeader, the RequestContext and the dispatch, the request accounted here as
-    KafkaApis.handle accounts a direct answer. NOT_DIRECT when handle_produce_direct would not be asked (an
-    authorizer, a request quota), GENERAL when it would hand the request on (handle_produce serves it)."""
+    """KafkaApis.handle's first step for a Produce frame (Produce's direct path): the common request decoded into
+    tuples from the frame itself, header and body in one call (produce_codec.decode_frame), and answered by the
+    direct encoder; for the single-partition request _append_plain_one answers, without the RequestHeader, the
+    RequestContext and the dispatch, the request accounted here as KafkaApis.handle accounts a direct answer.
+    NOT_DIRECT for anything else (an authorizer, a request quota whose throttle the general path sets on the body,
+    a request that is not the common case), which handle_produce then serves, decoding it anew."""
     server = apis.server
     if server.authorizer is not None or server.request_quota.quotas():
         return NOT_DIRECT
     started = time.perf_counter()
     decoded = produce_codec.decode_frame(frame)
     if decoded is None:
-        return GENERAL  # not the common request, or a header the general path refuses
+        return NOT_DIRECT  # not the common request, or a header the general path refuses
     correlation_id, version, client_id, txn_id, acks, timeout_ms, topics, producer = decoded
     if acks not in (0, 1, -1):
-        return GENERAL  # handle_produce answers these in Kafka's order
+        return NOT_DIRECT  # handle_produce answers these in Kafka's order
     if producer is None and len(topics) == 1 and len(topics[0][1]) == 1 and log_module.PLAIN_APPEND:
         shard = metrics.shard()
         result = _append_plain_one(server, conn, correlation_id, version, client_id, topics, acks, timeout_ms,
@@ -214,13 +196,13 @@ def handle_produce_frame(apis: KafkaApis, conn: KafkaConnection, frame: bytes | 
         header = _header(correlation_id, version, client_id)
     result = _direct_decoded(RequestContext(server, conn, header), txn_id, acks, timeout_ms, topics, producer,
                              started)
-    return GENERAL if result is NOT_DIRECT else apis.finish(conn, header, started, result)
+    return result if result is NOT_DIRECT else apis.finish(conn, header, started, result)
 
 
 def _direct_decoded(ctx: RequestContext, txn_id: str | None, acks: int, timeout_ms: int,
                     topics: list[tuple[str, list[tuple[int, Any]]]], producer: tuple[int, int] | None,
                     started: float) -> Any:
-    """handle_produce_direct once the request is decoded (and _append_plain_one did not take it)."""
+    """handle_produce_frame once the request is decoded (and _append_plain_one did not take it)."""
     if _named_twice(topics):
         return NOT_DIRECT
     # What handle_produce checks before appending finds nothing else in this request: every partition holds one
@@ -264,7 +246,7 @@ def _direct_answer(ctx: RequestContext, result: Any) -> Any:
 def _append_plain_one(server: KafkaServer, conn: KafkaConnection, correlation_id: int, version: int,
                       client_id: str | None, topics: list[tuple[str, list[tuple[int, Any]]]], acks: int,
                       timeout_ms: int, started: float, shard: metrics.Shard) -> Any:
-    """handle_produce_direct for the most common request: one partition, led here, one batch without a transaction
+    """handle_produce_frame for the most common request: one partition, led here, one batch without a transaction
     that the log's plain append takes (Log._append_plain: an idempotent producer's next batch, or a batch without
     a producer). The same answer as _append's, in one function from the decoded request to the encoded response
     (a RequestContext is built only for the answers _answer gives: acks 0 and -1, an fsync due, a quota, a failed
@@ -477,7 +459,7 @@ def _append(ctx: RequestContext, topics: list[tuple[str, list[tuple[int, Any]]]]
             failed: dict[tuple[str, int], Refusal], guards: dict[tuple[str, int], VerificationGuard] | None,
             direct: bool = False, started: float = 0.0) -> Any:
     """_append_all over (topic, [(partition, records)]), each partition once and acks valid (handle_produce and
-    handle_produce_direct see to both). direct: answers that need nothing more (no leader hints, no fsync or
+    handle_produce_frame see to both). direct: answers that need nothing more (no leader hints, no fsync or
     replication to wait for) come back as (answers, throttle) for the direct encoder; an acks=all wait on them
     becomes a DelayedProduce (started: the request's perf_counter, for its time metric)."""
     rm = ctx.server.replica_manager
@@ -666,5 +648,4 @@ def _name_leaders(ctx: RequestContext, response: ProduceResponse) -> None:
 
 
 HANDLERS = [ApiHandler(0, 0, 11, handle_produce,
-                       direct=handle_produce_direct if produce_codec.COMPILED else None,
                        frame=handle_produce_frame if produce_codec.COMPILED else None)]
