@@ -427,10 +427,10 @@ class ReplicaFetcherThread:
         lg = p.log
         if records:
             try:
-                lg.append_as_follower(records)  # up to the last whole batch: a leader may cut its answer
+                lg.append_fetched(records)  # up to the last whole batch: a leader may cut its answer
             except LogReplacedError:
                 lg = p.log  # moved to another log dir meanwhile (nothing was written): append to the new one
-                lg.append_as_follower(records)
+                lg.append_fetched(records)
             except KafkaStorageError as e:
                 self.server.log_manager.maybe_fail_dir(lg, e)
                 raise

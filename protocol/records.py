@@ -479,6 +479,21 @@ plain_client_batch: Callable[[Buffer, bool, tuple[int, int] | None], RecordBatch
     _plain_compiled if _scan_compiled is not None and _walk_compiled is not None else plain_client_batch_py)
 
 
+def one_replicated_batch(buf: Buffer) -> RecordBatchHeader | None:
+    """The header of buf when it is exactly one whole batch that passes validate_batches(replicated=True) (header,
+    magic, CRC, counts: the checks a follower makes on its leader's batches), else None: a partial or several
+    batches, or a fault, which validate_batches then reports. A follower's usual fetch answer per partition, one
+    batch, taken without the summary's objects (storage/log_replica.py's append_fetched)."""
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    size = len(view)
+    if size < BATCH_HEADER_SIZE or _I32.unpack_from(view, 8)[0] + LOG_OVERHEAD != size:
+        return None
+    batches, _, valid_bytes, _, _, _, _, fault = _scan(view, False, True)
+    if fault is not None or valid_bytes != size or len(batches) != 1:
+        return None
+    return batches[0][1]
+
+
 def _walk_batch(view: memoryview, pos: int, header: RecordBatchHeader, from_client: bool, topic_partition: str,
                 compacted: bool, timestamp_bounds: tuple[int, int] | None, log_append_time: bool,
                 max_decompressed: int) -> None:

@@ -17,12 +17,13 @@ under the lock and read without it (a plain int: readers see the old or the new 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kbroker.protocol.records import validate_batches
+from kbroker.protocol.records import one_replicated_batch, validate_batches
 from kbroker.storage.errors import KafkaStorageError
 from kbroker.storage.leader_epoch_cache import LeaderEpochFileCache
 from kbroker.storage.segment import DELETED_SUFFIX, LogSegment
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
     from kbroker.storage.producer_state import ProducerStateManager
 
 logger = logging.getLogger("kbroker.storage")
+
+# append_fetched's one-batch path (KBROKER_FOLLOWER_PLAIN_APPEND=0: every fetched batch through append_as_follower).
+FOLLOWER_PLAIN_APPEND = os.environ.get("KBROKER_FOLLOWER_PLAIN_APPEND", "1") != "0"
 
 
 class UnexpectedAppendOffsetError(KafkaStorageError):
@@ -62,6 +66,8 @@ class ReplicaLogMixin:
     _flushed_messages: int
     _first_unstable: int | None
     _dir_dirty: bool
+    _closed: bool
+    replaced_by: object | None  # the Log this one moved to (another log dir)
     cleaner_checkpoint: int
     config: LogConfig
     name: str
@@ -76,6 +82,8 @@ class ReplicaLogMixin:
                                          rebuild_txn_indexes: set[int] | None = None) -> None: ...
         def _check_open(self) -> None: ...
         def _write_segment(self, buf, batches, size: int, now_ms: int, last_offset: int): ...  # type: ignore[no-untyped-def]
+        def _maybe_roll(self, size: int, now_ms: int, max_offset: int) -> LogSegment: ...
+        def _storage_error(self, segment: LogSegment, e: OSError) -> KafkaStorageError: ...
         def _analyze_producer_state(self, buf, summary, from_client):  # type: ignore[no-untyped-def]
             ...
         def _update_producers(self, updates, completed, segment) -> None:  # type: ignore[no-untyped-def]
@@ -126,6 +134,43 @@ class ReplicaLogMixin:
             self.producer_state.update_map_end_offset(expected)
         return LogAppendInfo(first_offset, last_offset, summary.max_timestamp, last_offset, -1,
                              self._log_start_offset, summary.num_records, summary.valid_bytes)
+
+    def append_fetched(self, records: bytes | bytearray | memoryview) -> None:
+        """The replica fetcher's append of a fetch answer's records: append_as_follower, with the same effect on
+        the log (bytes, indexes, leader epochs, log end), and for the usual answer of a replication round, one
+        whole batch without a producer id, in one compiled call (Log._append_plain's segment write: the batch's own
+        offsets and epoch kept) after one compiled header and CRC check, without the general path's summary,
+        producer analysis and index loop. Anything else (several or partial batches, producers, control batches,
+        a batch below the log end, a closed or moved log, a fault) goes to append_as_follower, which decides."""
+        if not FOLLOWER_PLAIN_APPEND or not self._append_fetched_plain(records):
+            self.append_as_follower(records)
+
+    def _append_fetched_plain(self, records: bytes | bytearray | memoryview) -> bool:
+        h = one_replicated_batch(records)
+        if h is None or h.producer_id >= 0:
+            return False
+        base = h.base_offset
+        next_offset = base + h.last_offset_delta + 1
+        size = len(records)
+        # write_plain writes a writable buffer (it sets the base offset, here to its own value): a fetch answer's
+        # records are a view of the received frame's bytes.
+        buf = records if type(records) is bytearray else bytearray(records)
+        now_ms = int(time.time() * 1000)
+        with self._lock:
+            if self._closed or self.replaced_by is not None or base < self._leo:
+                return False
+            epoch = h.partition_leader_epoch
+            if epoch >= 0:
+                self.leader_epoch_cache.assign(epoch, base)
+            segment = self._maybe_roll(size, now_ms, next_offset - 1)
+            try:
+                segment.append_plain(buf, base, None, now_ms)
+            except OSError as e:
+                raise self._storage_error(segment, e) from e
+            self._leo = next_offset
+            self._appended_messages += h.records_count
+            self.producer_state.update_map_end_offset(next_offset)
+        return True
 
     # -- leader epochs -------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ protocol/_codec.c against codec.py's generated functions (encode every request a
 broker advertises, then decode mutated encodings with both) and protocol/_record_walk.c against
 record_walk.walk_records_py (record bodies with any varint widths, then mutated) and protocol/_batch_scan.c against
 records.scan_batches_py (batch sets with mutated headers, CRCs mended or not; its plain against
-records.plain_client_batch_py, one batch mutated; its write_plain and next_batch against storage/leader_append.py's references),
+records.plain_client_batch_py, one batch mutated; its write_plain and next_batch against storage/leader_append.py's references,
+also as a follower's one-batch append writes a fetched batch),
 protocol/_frames.c against framing.split_py and
 protocol/_produce.c against broker/produce_codec.py's references (Produce requests, then mutated, and their answers): the two must agree on every
 accept/refuse and on what they return. Run by tools/sanitize_build.py on ASan/UBSan builds of the accelerators
@@ -236,6 +237,41 @@ def write_round(rng: random.Random) -> None:
     write_both(bytes(data), make_buf, rng.randbytes(rng.randint(0, 30)), args)
 
 
+def follower_round(rng: random.Random) -> None:
+    """A follower's one-batch append (storage/log_replica.py's append_fetched): a fetch answer's records, mostly one
+    whole batch at the leader's offset and epoch, sometimes several, cut or mutated, checked by the compiled scan and
+    its reference (records.one_replicated_batch's test), then, when one batch passes, written by write_plain with its
+    own base offset and no epoch, as that path does, in C and in Python."""
+    batches = []
+    for _ in range(rng.choice([1, 1, 1, 2, 3])):
+        raw = bytearray(
+            R.build_batch(
+                [(b"k", rng.randbytes(rng.randint(0, 40)), (), NOW) for _ in range(rng.randint(1, 4))],
+                compression=rng.choice([R.COMPRESSION_NONE] * 3 + [R.COMPRESSION_GZIP]),
+                producer_id=rng.choice([-1, -1, 5]),
+                base_sequence=rng.choice([-1, 0]),
+            )
+        )
+        R.set_base_offset(raw, 0, rng.choice([0, 17, 2**31, 2**63 - 10]))
+        R.set_partition_leader_epoch(raw, 0, rng.choice([0, 3, -1, 2**31 - 1]))
+        batches.append(bytes(raw))
+    buf = b"".join(batches)
+    if rng.random() < 0.2:
+        buf = buf[: rng.randint(0, len(buf))]
+    if rng.random() < 0.3:
+        buf = _mutate(rng, buf)
+    ext = R._scan_compiled
+    assert ext is not None
+    c = ext.scan(buf, False, True)
+    py = R.scan_batches_py(buf, False, True)
+    assert c == py, buf.hex()
+    h = R.one_replicated_batch(buf)
+    if h is not None:
+        assert len(c[0]) == 1 and c[1:3] == (h.records_count, len(buf)) and c[-1] is None, buf.hex()
+        args = (rng.choice([0, 61, 4096]), h.base_offset, None, rng.choice([0, 5000]), 4096, NOW, 0)
+        write_both(buf, bytearray, rng.randbytes(rng.randint(0, 30)), args)
+
+
 def next_batch_round(rng: random.Random) -> None:
     """The leader's fast-path producer check (_batch_scan.c's next_batch): retained batches in sequence or not,
     the next batch after them, a retry, a gap, a wrap at Int32 max."""
@@ -397,6 +433,7 @@ ROUNDS: list[tuple[str, Callable[[random.Random], None], int]] = [
     ("framing", framing_round, 1),
     ("plain write", write_round, 1),
     ("next batch", next_batch_round, 1),
+    ("follower batch", follower_round, 1),
 ]
 
 
