@@ -87,6 +87,16 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf
+        if not buf:
+            # The usual read holds one whole answer (a replica fetch's, each replication round): taken from `data`
+            # itself, not copied into the buffer and out of it again.
+            n = len(data)
+            if n >= 4 and _SIZE.unpack_from(data, 0)[0] == n - 4:
+                try:
+                    self._answer(data[4:])
+                except ConnectionError as e:
+                    self.fail(e)
+                return
         buf += data
         pos, end = 0, len(buf)
         try:

@@ -45,3 +45,50 @@ def test_a_held_request_does_not_delay_other_purposes(broker: BrokerProcess, top
     assert fetch_error == 0
     assert fetch_s >= LONG_POLL_MS / 1000 * 0.9, "the fetch was not held: the test proves nothing"
     assert metadata_s < 2.0, f"metadata waited {metadata_s:.1f} s behind the held fetch"
+
+
+def _frames_read(chunks: list[bytes], ids: list[int]) -> tuple[list[object], bool]:
+    """Feed `chunks` to a _Connection awaiting raw answers for `ids`: each answer (its frame, or its exception's
+    type name) and whether the connection failed."""
+    from kbroker.broker.inter_broker import _Connection
+
+    async def run() -> tuple[list[object], bool]:
+        loop = asyncio.get_running_loop()
+        conn = _Connection(7)
+        futures = {cid: loop.create_future() for cid in ids}
+        for cid, fut in futures.items():
+            conn.pending[cid] = (1, None, fut)
+        for chunk in chunks:
+            conn.data_received(chunk)
+        out: list[object] = []
+        for fut in futures.values():
+            if not fut.done():
+                out.append(None)
+            elif fut.exception() is not None:
+                out.append(type(fut.exception()).__name__)
+            else:
+                out.append(bytes(fut.result()))
+        return out, conn.closed
+
+    return asyncio.run(run())
+
+
+def test_answers_are_framed_alike_however_the_reads_cut_them() -> None:
+    """An answer whole in one read (taken without the buffer), several in one read, and answers cut anywhere give
+    the same frames in order; a part of one stays buffered; an unknown correlation id fails the connection."""
+    bodies = [
+        (1).to_bytes(4, "big") + b"first answer",
+        (2).to_bytes(4, "big") + b"",
+        (3).to_bytes(4, "big") + b"x" * 300,
+    ]
+    stream = b"".join(len(b).to_bytes(4, "big") + b for b in bodies)
+    ids = [1, 2, 3]
+    assert _frames_read([stream], ids) == (bodies, False)
+    assert _frames_read([len(b).to_bytes(4, "big") + b for b in bodies], ids) == (bodies, False)
+    for cut in range(1, len(stream)):
+        for second in (cut, min(len(stream), cut + 17)):
+            chunks = [stream[:cut], stream[cut:second], stream[second:]]
+            assert _frames_read([c for c in chunks if c], ids) == (bodies, False), (cut, second)
+    assert _frames_read([stream[:10]], ids) == ([None, None, None], False)
+    unknown = (99).to_bytes(4, "big") + b"?"
+    assert _frames_read([len(unknown).to_bytes(4, "big") + unknown], ids) == (["ConnectionError"] * 3, True)
