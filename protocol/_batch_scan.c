@@ -338,6 +338,39 @@ fail:
  * general way (validate_batches), so no message is needed here. */
 enum { ATTR_TIMESTAMP_TYPE = 0x08 };
 
+static int as_int64(PyObject *o, long long *out)
+{
+    *out = PyLong_AsLongLong(o);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* protocol/_record_walk.c's walk as a C function (its _walk_api capsule), with the walk object it belongs to:
+ * plain_check calls it directly when it is handed that walk, without a memoryview and an argument tuple to
+ * build and parse (a third of a small batch's check). Looked up once; NULL when it cannot be. */
+typedef PyObject *(*walk_body_fn)(const uint8_t *, Py_ssize_t, long long, int, long long, int, long long, int,
+                                  long long, long long);
+static walk_body_fn direct_walk;
+static PyObject *direct_walk_obj;
+static int direct_walk_looked_up;
+
+static void look_up_direct_walk(void)
+{
+    direct_walk_looked_up = 1;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *m = PyImport_ImportModule("kbroker.protocol._record_walk");
+    PyObject *obj = m != NULL ? PyObject_GetAttrString(m, "walk") : NULL;
+    walk_body_fn *api = obj != NULL ? PyCapsule_Import("kbroker.protocol._record_walk._walk_api", 0) : NULL;
+    if (api != NULL) {
+        direct_walk = api[0];
+        direct_walk_obj = Py_NewRef(obj);
+    }
+    Py_XDECREF(obj);
+    Py_XDECREF(m);
+    PyErr_Clear(); /* without the capsule every walk is called as the object it is */
+    PyErr_Restore(type, value, tb);
+}
+
 /* plain()'s test of the batch b[0:end] (its header parsed into *h): 1 when it is a plain client batch, 0 when
  * not, -1 with an exception (the walk raised). walk_args: (walk, compacted, check_ts, ts_low, ts_high). */
 static int plain_check(const uint8_t *b, Py_ssize_t end, Header *h, PyObject *const *walk_args)
@@ -361,6 +394,22 @@ static int plain_check(const uint8_t *b, Py_ssize_t end, Header *h, PyObject *co
     }
     if (actual != h->crc)
         return 0;
+    if (!direct_walk_looked_up)
+        look_up_direct_walk();
+    if (direct_walk != NULL && walk_args[0] == direct_walk_obj) {
+        /* walk's own argument conversion: need_keys and check_ts by truth, the bounds as int64s */
+        const int need_keys = PyObject_IsTrue(walk_args[1]), check_ts = PyObject_IsTrue(walk_args[2]);
+        long long low, high;
+        if (need_keys < 0 || check_ts < 0 || as_int64(walk_args[3], &low) < 0 || as_int64(walk_args[4], &high) < 0)
+            return -1;
+        PyObject *found = direct_walk(b + HEADER_SIZE, end - HEADER_SIZE, h->records_count, 1,
+                                      h->last_offset_delta, need_keys, h->base_timestamp, check_ts, low, high);
+        if (found == NULL)
+            return -1;
+        const int sound = found == Py_None;
+        Py_DECREF(found);
+        return sound;
+    }
     PyObject *body = PyMemoryView_FromMemory((char *)b + HEADER_SIZE, end - HEADER_SIZE, PyBUF_READ);
     if (body == NULL)
         return -1;
@@ -439,11 +488,6 @@ static inline void put_be32(uint8_t *p, uint32_t v)
     p[3] = (uint8_t)v;
 }
 
-static int as_int64(PyObject *o, long long *out)
-{
-    *out = PyLong_AsLongLong(o);
-    return *out == -1 && PyErr_Occurred() ? -1 : 0;
-}
 
 /* write_plain()'s write: base_offset (and the leader epoch when has_epoch) set in b, then b[0:len] written at
  * position of fd with the GIL released (a short write continues; on an error the file is cut back to position).
@@ -777,9 +821,22 @@ static PyObject *append_plain(PyObject *mod, PyObject *const *args, Py_ssize_t n
     }
     const int indexed = since > interval;
     since = (indexed ? 0 : since) + len;
-    result = Py_BuildValue("(LLOLLLlOO)", last, since, indexed ? Py_True : Py_False, max_ts, max_ts_offset,
-                           (long long)h.max_timestamp, (long)h.records_count, entry ? entry : Py_None,
-                           added ? added : Py_None);
+    /* the tuple built item by item: Py_BuildValue's format parsing costs a tenth of this call */
+    PyObject *items[9] = {
+        PyLong_FromLongLong(last), PyLong_FromLongLong(since), Py_NewRef(indexed ? Py_True : Py_False),
+        PyLong_FromLongLong(max_ts), PyLong_FromLongLong(max_ts_offset), PyLong_FromLongLong(h.max_timestamp),
+        PyLong_FromLong(h.records_count), Py_NewRef(entry ? entry : Py_None), Py_NewRef(added ? added : Py_None),
+    };
+    result = PyTuple_New(9);
+    for (int i = 0; i < 9; i++) {
+        if (items[i] == NULL || result == NULL) {
+            for (int j = i; j < 9; j++)
+                Py_XDECREF(items[j]);
+            Py_CLEAR(result);
+            break;
+        }
+        PyTuple_SET_ITEM(result, i, items[i]);
+    }
     goto done;
 none:
     result = Py_NewRef(Py_None);

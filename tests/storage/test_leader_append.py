@@ -474,3 +474,28 @@ def test_append_plain_errors() -> None:
     for fn in (leader_append._compiled.append_plain, leader_append.append_plain_py):  # type: ignore[union-attr]
         with pytest.raises(TypeError):
             fn(bytearray(data), leader_append.APPEND_WALK, *walk, [], 0, *args)
+
+
+def test_append_plain_walks_alike_through_any_walk_object() -> None:
+    """_batch_scan.c calls the compiled walk's C function directly (its _walk_api capsule) and any other walk as the
+    object it is: both give the same outcome, a fault, keyless records and timestamps out of bounds included."""
+    spec = (0, [(0, 2)], False)
+    args = (0, 100, 4, 0, 4096, -1, 0, INT64_MAX, INT64_MAX)
+    walk = leader_append.APPEND_WALK
+    assert walk is not None
+    through_python = lambda *a: walk(*a)  # noqa: E731 - another object than the compiled walk itself
+    for data, walk_args in (
+        (_plain_batch(3, 1, 7, 0, 3), (False, False, 0, 0)),
+        (_plain_batch(3, 1, 7, 0, 3, keyed=False), (True, False, 0, 0)),
+        (_plain_batch(3, 1, 7, 0, 3), (False, True, NOW, NOW)),
+        (_plain_batch(3, 1, 7, 0, 3), (True, True, NOW - 5, NOW + 5)),
+    ):
+        outcomes = []
+        for w in (walk, through_python):
+            with tempfile.TemporaryFile() as f:
+                written = leader_append._compiled.append_plain(  # type: ignore[union-attr]
+                    bytearray(data), w, *walk_args, _producers(spec), f.fileno(), *args
+                )
+                f.seek(0)
+                outcomes.append((written, f.read()))
+        assert outcomes[0] == outcomes[1]
