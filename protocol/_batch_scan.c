@@ -519,6 +519,43 @@ static int write_batch(uint8_t *b, Py_ssize_t len, int fd, long long position, l
     return err;
 }
 
+/* write_plain's and append_plain's numbers after the buffer: fd, position, base_offset, leader_epoch (None: no
+ * epoch to set), since, interval, max_ts, max_ts_offset, converted and checked (fn names the caller in the error).
+ * 0, or -1 with an exception. */
+typedef struct {
+    long long fd, position, base_offset, epoch, since, interval, max_ts, max_ts_offset;
+    int has_epoch;
+} WriteArgs;
+
+static int write_args(PyObject *const *a, WriteArgs *w, const char *fn)
+{
+    w->epoch = -1;
+    w->has_epoch = a[3] != Py_None;
+    if (as_int64(a[0], &w->fd) < 0 || as_int64(a[1], &w->position) < 0 || as_int64(a[2], &w->base_offset) < 0 ||
+        (w->has_epoch && as_int64(a[3], &w->epoch) < 0) || as_int64(a[4], &w->since) < 0 ||
+        as_int64(a[5], &w->interval) < 0 || as_int64(a[6], &w->max_ts) < 0 || as_int64(a[7], &w->max_ts_offset) < 0)
+        return -1;
+    if (w->fd < 0 || w->fd > INT32_MAX || w->position < 0 || w->base_offset < 0 ||
+        (w->has_epoch && (w->epoch < INT32_MIN || w->epoch > INT32_MAX))) {
+        PyErr_Format(PyExc_ValueError, "%s: fd, position, base_offset or leader_epoch out of range", fn);
+        return -1;
+    }
+    return 0;
+}
+
+/* LogSegment._index_batches for the one batch written (len bytes, last offset last): the segment's largest
+ * timestamp and its offset, whether the indexes get an entry, and the bytes since the last entry after it. */
+static int index_numbers(WriteArgs *w, long long last, long long batch_max_ts, Py_ssize_t len)
+{
+    if (batch_max_ts > w->max_ts) {
+        w->max_ts = batch_max_ts;
+        w->max_ts_offset = last;
+    }
+    const int indexed = w->since > w->interval;
+    w->since = (indexed ? 0 : w->since) + len;
+    return indexed;
+}
+
 static PyObject *write_plain(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 9) {
@@ -527,16 +564,9 @@ static PyObject *write_plain(PyObject *mod, PyObject *const *args, Py_ssize_t na
                         "max_ts_offset)");
         return NULL;
     }
-    long long fd, position, base_offset, epoch = -1, since, interval, max_ts, max_ts_offset;
-    if (as_int64(args[1], &fd) < 0 || as_int64(args[2], &position) < 0 || as_int64(args[3], &base_offset) < 0 ||
-        (args[4] != Py_None && as_int64(args[4], &epoch) < 0) || as_int64(args[5], &since) < 0 ||
-        as_int64(args[6], &interval) < 0 || as_int64(args[7], &max_ts) < 0 || as_int64(args[8], &max_ts_offset) < 0)
+    WriteArgs w;
+    if (write_args(args + 1, &w, "write_plain") < 0)
         return NULL;
-    if (fd < 0 || fd > INT32_MAX || position < 0 || base_offset < 0 ||
-        (args[4] != Py_None && (epoch < INT32_MIN || epoch > INT32_MAX))) {
-        PyErr_SetString(PyExc_ValueError, "write_plain: fd, position, base_offset or leader_epoch out of range");
-        return NULL;
-    }
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
         return NULL;
@@ -548,32 +578,27 @@ static PyObject *write_plain(PyObject *mod, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     const int64_t lod = (int32_t)be32(b + OFF_LAST_OFFSET_DELTA);
-    if (base_offset > INT64_MAX - (lod > 0 ? lod : 0)) {
+    if (w.base_offset > INT64_MAX - (lod > 0 ? lod : 0)) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "write_plain: base_offset out of range");
         return NULL;
     }
-    if (since <= interval && since > INT64_MAX - len) {
+    if (w.since <= w.interval && w.since > INT64_MAX - len) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "write_plain: since out of range");
         return NULL;
     }
-    const int err = write_batch(b, len, (int)fd, position, base_offset, args[4] != Py_None, epoch);
+    const int err = write_batch(b, len, (int)w.fd, w.position, w.base_offset, w.has_epoch, w.epoch);
     if (err) {
         PyBuffer_Release(&view);
         errno = err;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
-    const int64_t last = base_offset + lod;
+    const int64_t last = w.base_offset + lod;
     const int64_t batch_max_ts = (int64_t)be64(b + OFF_MAX_TIMESTAMP);
     PyBuffer_Release(&view);
-    if (batch_max_ts > max_ts) {
-        max_ts = batch_max_ts;
-        max_ts_offset = last;
-    }
-    const int indexed = since > interval;
-    since = (indexed ? 0 : since) + len;
-    return Py_BuildValue("(LLOLL)", (long long)last, since, indexed ? Py_True : Py_False, max_ts, max_ts_offset);
+    const int indexed = index_numbers(&w, last, batch_max_ts, len);
+    return Py_BuildValue("(LLOLL)", (long long)last, w.since, indexed ? Py_True : Py_False, w.max_ts, w.max_ts_offset);
 }
 
 /* ------------------------------------------------------------------------------------------------ producers */
@@ -746,26 +771,23 @@ static PyObject *append_plain(PyObject *mod, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "append_plain: producers must be a dict");
         return NULL;
     }
-    long long fd, position, base_offset, epoch = -1, since, interval, max_ts, max_ts_offset, room, max_delta;
-    if (as_int64(args[7], &fd) < 0 || as_int64(args[8], &position) < 0 || as_int64(args[9], &base_offset) < 0 ||
-        (args[10] != Py_None && as_int64(args[10], &epoch) < 0) || as_int64(args[11], &since) < 0 ||
-        as_int64(args[12], &interval) < 0 || as_int64(args[13], &max_ts) < 0 ||
-        as_int64(args[14], &max_ts_offset) < 0 || as_int64(args[15], &room) < 0 || as_int64(args[16], &max_delta) < 0)
+    WriteArgs w;
+    long long room, max_delta;
+    if (write_args(args + 7, &w, "append_plain") < 0)
         return NULL;
-    const int has_epoch = args[10] != Py_None;
-    if (fd < 0 || fd > INT32_MAX || position < 0 || base_offset < 0 || base_offset > INT64_MAX - INT32_MAX ||
-        (has_epoch && (epoch < INT32_MIN || epoch > INT32_MAX))) {
-        PyErr_SetString(PyExc_ValueError,
-                        "append_plain: fd, position, base_offset or leader_epoch out of range");
+    if (w.base_offset > INT64_MAX - INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "append_plain: fd, position, base_offset or leader_epoch out of range");
         return NULL;
     }
+    if (as_int64(args[15], &room) < 0 || as_int64(args[16], &max_delta) < 0)
+        return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
         return NULL;
     uint8_t *b = view.buf;
     const Py_ssize_t len = view.len;
     PyObject *result = NULL, *entry = NULL, *added = NULL;
-    if (since <= interval && since > INT64_MAX - len) {
+    if (w.since <= w.interval && w.since > INT64_MAX - len) {
         PyErr_SetString(PyExc_ValueError, "append_plain: since out of range");
         goto done;
     }
@@ -801,30 +823,25 @@ static PyObject *append_plain(PyObject *mod, PyObject *const *args, Py_ssize_t n
         PyObject *batches = PyObject_GetAttr(entry, str_batch_metadata);
         if (batches == NULL)
             goto done;
-        added = next_meta(batches, h.base_sequence, h.last_offset_delta, base_offset, h.max_timestamp);
+        added = next_meta(batches, h.base_sequence, h.last_offset_delta, w.base_offset, h.max_timestamp);
         Py_DECREF(batches);
         if (added == NULL)
             goto done;
         if (added == Py_None)
             goto none;
     }
-    const int err = write_batch(b, len, (int)fd, position, base_offset, has_epoch, epoch);
+    const int err = write_batch(b, len, (int)w.fd, w.position, w.base_offset, w.has_epoch, w.epoch);
     if (err) {
         errno = err;
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;
     }
-    const long long last = base_offset + h.last_offset_delta;
-    if (h.max_timestamp > max_ts) {
-        max_ts = h.max_timestamp;
-        max_ts_offset = last;
-    }
-    const int indexed = since > interval;
-    since = (indexed ? 0 : since) + len;
+    const long long last = w.base_offset + h.last_offset_delta;
+    const int indexed = index_numbers(&w, last, h.max_timestamp, len);
     /* the tuple built item by item: Py_BuildValue's format parsing costs a tenth of this call */
     PyObject *items[9] = {
-        PyLong_FromLongLong(last), PyLong_FromLongLong(since), Py_NewRef(indexed ? Py_True : Py_False),
-        PyLong_FromLongLong(max_ts), PyLong_FromLongLong(max_ts_offset), PyLong_FromLongLong(h.max_timestamp),
+        PyLong_FromLongLong(last), PyLong_FromLongLong(w.since), Py_NewRef(indexed ? Py_True : Py_False),
+        PyLong_FromLongLong(w.max_ts), PyLong_FromLongLong(w.max_ts_offset), PyLong_FromLongLong(h.max_timestamp),
         PyLong_FromLong(h.records_count), Py_NewRef(entry ? entry : Py_None), Py_NewRef(added ? added : Py_None),
     };
     result = PyTuple_New(9);
