@@ -509,7 +509,9 @@ class Log(ReplicaLogMixin):
         first batch of a producer, retries, errors, a plain batch inside a transaction, an unverified one, topic
         recompression, LogAppendTime).
         It skips the staged copy of the producer's entry: every check is made before the write, and the entry
-        is updated in place after it, under the lock as the general path's commit is."""
+        is updated in place after it, under the lock as the general path's commit is. With the C built, the most
+        common of these appends is one call (LogSegment.append_plain_one); the steps below serve what it declines
+        and are the whole path without the C."""
         config = self.config
         applies, compacted, bounded, max_segment_ms = (self._facts if config is self._facts_config
                                                        else self._config_facts(config))
