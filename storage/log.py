@@ -51,6 +51,7 @@ from kbroker.storage.errors import (
 )
 from kbroker.storage.flush_stats import FLUSH_STATS
 from kbroker.storage.index import _INT32_MAX
+from kbroker.storage.leader_append import append_plain as _append_one
 from kbroker.storage.leader_append import next_batch
 from kbroker.storage.leader_epoch_cache import LeaderEpochFileCache
 from kbroker.storage.log_loader import (
@@ -508,12 +509,52 @@ class Log(ReplicaLogMixin):
         first batch of a producer, retries, errors, a plain batch inside a transaction, an unverified one, topic
         recompression, LogAppendTime).
         It skips the staged copy of the producer's entry: every check is made before the write, and the entry
-        is updated in place after it, under the lock as the general path's commit is."""
+        is updated in place after it, under the lock as the general path's commit is. With the C built, the most
+        common of these appends is one call (LogSegment.append_plain_one); the steps below serve what it declines
+        and are the whole path without the C."""
         config = self.config
-        applies, compacted, bounded, _ = self._facts if config is self._facts_config else self._config_facts(config)
+        applies, compacted, bounded, max_segment_ms = (self._facts if config is self._facts_config
+                                                       else self._config_facts(config))
         if not applies:
             return None
         bounds = config.timestamp_bounds(now_ms) if bounded else None
+        if _append_one is not None and len(records) <= config.max_message_bytes and (
+                type(records) is bytearray or (type(records) is memoryview and not records.readonly)):
+            # The common case in one C call (storage/leader_append.py's append_plain): a batch without a
+            # transaction, in sequence, into the active segment without a roll, the leader epoch already cached.
+            # Anything it declines (nothing changed) takes the steps below, which decide as before.
+            with self._lock:
+                if (not self._closed and self.replaced_by is None and self.validate_producer_state is None
+                        and (leader_epoch is None or (leader_epoch >= self.leader_epoch and self._leading
+                                                      and self.leader_epoch_cache.holds(leader_epoch, self._leo)))):
+                    first_offset = self._leo
+                    segment = self._segments[-1]
+                    psm = self.producer_state
+                    try:
+                        written = segment.append_plain_one(records, compacted, bounds, psm.producers, first_offset,
+                                                           leader_epoch, now_ms, config.segment_bytes,
+                                                           max_segment_ms)
+                    except OSError as e:
+                        raise self._storage_error(segment, e) from e
+                    if written is not None:
+                        last_offset = written[0]
+                        # _end_moved, inline on this path
+                        self._leo = last_offset + 1
+                        if self._hw_tracks_leo:
+                            self._hw = last_offset + 1
+                        records_count = written[6]
+                        self._appended_messages += records_count
+                        entry = written[7]
+                        if entry is not None:
+                            entry.batch_metadata.append(written[8])  # type: ignore[arg-type]
+                            entry.last_timestamp = written[5]
+                            self._first_unstable = psm.first_unstable_offset if psm.ongoing_txns else None
+                        psm.map_end_offset = last_offset + 1
+                        if written[5] > NO_TIMESTAMP:
+                            return (first_offset, last_offset, written[5], last_offset, -1, self._log_start_offset,
+                                    records_count, len(records))
+                        return (first_offset, last_offset, -1, first_offset, -1, self._log_start_offset,
+                                records_count, len(records))
         h = plain_client_batch(records, compacted, bounds)
         if h is None:
             # A compressed batch (librdkafka's lz4 and zstd): the general path's own validation, the same call it

@@ -2,7 +2,8 @@
 clients byte for byte as the general path does: confluent-kafka and kafka-python, idempotent and not, acks 0, 1 and
 all, each producing one record per request through a recording proxy to a compiled broker and to one on the Python
 references (KBROKER_PURE_PYTHON=1: handle_produce and the generated codec); the Produce responses are the same bytes
-(correlation ids aside, checked against each request's), and acks=0's records are all there. Hostile Produce frames
+(correlation ids aside, checked against each request's), acks=0's records are all there, and the partition's
+segment holds the same bytes on both. Hostile Produce frames
 (a header cut short, a client id length that lies, a version the direct decode does not take, a v1 header under a
 flexible version and the reverse) get the same answer or the same closed connection from both (~25 s)."""
 
@@ -207,6 +208,29 @@ def test_real_clients_get_the_same_produce_answers(
             for b, _ in pair
         ]
         assert stored[0] == stored[1] and len(stored[0]) == RECORDS
+    # The same bytes on disk: the compiled broker's one-call append (storage/leader_append.append_plain) wrote what
+    # the Python references wrote (the same batches from the same client, the same producer ids and offsets).
+    segments = [
+        wait_until(
+            lambda b=b: (data := _segment(b, topic)).count(b"\x02") and _batches(data) == RECORDS and data,
+            what="the records on disk",
+        )
+        for b, _ in pair
+    ]
+    assert segments[0] == segments[1]
+
+
+def _segment(broker: BrokerProcess, topic: str) -> bytes:
+    path = broker.data_dir / "logs" / f"{topic}-0" / "00000000000000000000.log"
+    return path.read_bytes() if path.exists() else b""
+
+
+def _batches(data: bytes) -> int:
+    count, pos = 0, 0
+    while pos + 12 <= len(data):
+        pos += 12 + struct.unpack_from(">i", data, pos + 8)[0]
+        count += 1
+    return count
 
 
 def _raw(version: int, client_id: bytes | None, tagged: bytes, body: bytes, correlation_id: int = 7) -> bytes:
