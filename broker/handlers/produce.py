@@ -286,9 +286,11 @@ def _append_plain_one(server: KafkaServer, conn: KafkaConnection, correlation_id
     last_offset = appended[1]
     shard.produced(name, appended[6], len(records))  # the network thread's metrics.shard()
     answered: TopicAnswers = [(name, [(index, 0, appended[0], -1, appended[5], None, None)])]
-    if (acks == 1 and lg.unflushed_messages < lg.config.flush_messages
+    if ((acks == 1 or (acks == -1 and last_offset < lg.high_watermark))
+            and lg.unflushed_messages < lg.config.flush_messages
             and not server.produce_quota.quotas()):  # no byte-rate quota anywhere: _answer's quota_for is None
-        # Nothing to wait for and no throttle: _answer's (answers, 0), encoded at once.
+        # Nothing to wait for (acks=all: the ISR, this replica alone, has the batch already) and no throttle:
+        # _answer's (answers, 0), encoded at once.
         return Response(produce_codec.encode_response(correlation_id, version, 0, answered))
     to_flush = [(lg, last_offset)] if rm.needs_flush(lg) else []
     delayed = [(name, index, last_offset + 1)] if acks == -1 and last_offset >= lg.high_watermark else []
@@ -314,8 +316,7 @@ def _plain_guard(server: KafkaServer, lg: Any, txn_id: str | None, tp: tuple[str
     producer_id, producer_epoch = producer
     if lg.has_ongoing_transaction(producer_id, producer_epoch):
         return _NO_GUARD
-    unverified = server.txn_verifier.verify_now(txn_id, producer_id, producer_epoch, [tp])
-    if unverified is None or unverified:
+    if not server.txn_verifier.confirmed_now(txn_id, producer_id, producer_epoch, tp):
         return _NOT_PLAIN
     return VerificationGuard(producer_id)
 
