@@ -44,8 +44,9 @@ class TxnMarkerChannel:
         server = self.server
         results: dict[TopicPartition, ErrorCode] = {}
         by_leader: dict[int, list[TopicPartition]] = defaultdict(list)
+        topics = server.metadata.topics
         for topic, partition in partitions:
-            rec = server.metadata.topics.get(topic)
+            rec = topics.get(topic)
             if rec is None or not 0 <= partition < rec.num_partitions:
                 results[(topic, partition)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 continue
@@ -56,6 +57,9 @@ class TxnMarkerChannel:
                 pending.append(self._write_here(producer_id, producer_epoch, coordinator_epoch, commit, tps))
             else:
                 pending.append(self._write_remote(leader, producer_id, producer_epoch, coordinator_epoch, commit, tps))
+        if len(pending) == 1:  # one leader (a single broker's every transaction): no task for gather to run it in
+            results.update(await pending[0])
+            return results
         for part in await asyncio.gather(*pending):
             results.update(part)
         return results
