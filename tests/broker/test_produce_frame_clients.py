@@ -254,10 +254,7 @@ def _kp_txn(bootstrap: str, topic: str) -> None:
                 p.send(topic, key=b"k%d" % i, value=b"v" * (10 + i), timestamp_ms=1_700_000_000_000 + i).get(
                     15
                 )
-            if commit:
-                p.commit_transaction()
-            else:
-                p.abort_transaction()
+            (p.commit_transaction if commit else p.abort_transaction)()
     finally:
         p.close(timeout=5)
 
