@@ -13,6 +13,7 @@ import errno
 import logging
 import operator
 import shutil
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +32,6 @@ from kbroker.protocol.records import (
     RecordBatchHeader,
     decode_records,
     max_decompressed_size,
-    parse_batch_header,
     plain_client_batch,
     recompress_batches,
     set_base_offset,
@@ -87,6 +87,11 @@ EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 MAX_TIMESTAMP = -3
 EARLIEST_LOCAL_TIMESTAMP = -4
+
+
+# A v2 batch's max timestamp (the int64 at 35), read from a marker batch without parsing its header.
+_MAX_TIMESTAMP = struct.Struct(">q")
+_MAX_TIMESTAMP_AT = 35
 
 
 def _now_ms() -> int:
@@ -668,22 +673,31 @@ class Log(ReplicaLogMixin):
                     f"{config.max_message_bytes} of {self.name}")
 
     def append_control(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
-                       now_ms: int, *, leader_epoch: int | None = None) -> LogAppendInfo:
+                       now_ms: int, *, leader_epoch: int | None = None, template: bytes | None = None,
+                       marker: EndTxnMarker | None = None) -> LogAppendInfo:
         """Write a COMMIT or ABORT marker of the producer's transaction (a control batch of one record).
 
         Checked as Kafka's appendEndTxnMarker: a stale producer epoch raises InvalidProducerEpochError, a
         stale coordinator epoch TransactionCoordinatorFencedError. A marker for a producer without an open
         transaction here is written all the same and completes nothing.
+
+        template and marker: build_end_txn_marker_batch of these same arguments and its EndTxnMarker, made once by
+        a writer of one transaction's markers to many partitions (TxnMarkerChannel). A batch's base offset and
+        partition leader epoch lie outside its CRC, so one built batch serves every partition, its copy's two
+        fields set by the append.
         """
-        batch = bytearray(build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now_ms))
-        marker = EndTxnMarker(commit, coordinator_epoch)
+        batch = bytearray(template if template is not None else
+                          build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now_ms))
+        if marker is None:
+            marker = EndTxnMarker(commit, coordinator_epoch)
         info = self._append_marker(batch, producer_id, producer_epoch, marker, now_ms, leader_epoch) \
             if PLAIN_APPEND else None
         if info is None:
             info = self.append_as_leader(batch, now_ms, leader_epoch=leader_epoch, from_client=False,
                                          end_txn_marker=marker)
-        logger.debug("Wrote %s marker of producer %d (epoch %d) at offset %d of %s", "COMMIT" if commit else "ABORT",
-                     producer_id, producer_epoch, info.first_offset, self.name)
+        if logger.isEnabledFor(logging.DEBUG):  # one per partition per transaction: spare the call otherwise
+            logger.debug("Wrote %s marker of producer %d (epoch %d) at offset %d of %s",
+                         "COMMIT" if commit else "ABORT", producer_id, producer_epoch, info.first_offset, self.name)
         return info
 
     def _append_marker(self, buf: bytearray, producer_id: int, producer_epoch: int, marker: EndTxnMarker,
@@ -711,25 +725,32 @@ class Log(ReplicaLogMixin):
             elif producer_epoch < entry.producer_epoch or entry.coordinator_epoch > marker.coordinator_epoch:
                 return None
             offset = self._leo
-            set_base_offset(buf, 0, offset)
             if leader_epoch is not None:
-                set_partition_leader_epoch(buf, 0, leader_epoch)
                 self.leader_epoch_cache.assign(leader_epoch, offset)
-            h = parse_batch_header(buf)
-            segment = self._write(buf, [(0, h)], size, now_ms, offset, 1)
+            segment = self._maybe_roll(size, now_ms, offset)
+            try:
+                # As _append_plain: the base offset and leader epoch are set in buf by the call that writes it, and
+                # the segment's index bookkeeping is the same call's (the general path's segment.append).
+                segment.append_plain(buf, offset, leader_epoch, now_ms)
+            except OSError as e:
+                raise self._storage_error(segment, e) from e
+            self._end_moved(offset, 1)
+            # The marker's one record: its timestamp is the batch's max timestamp (append_control's now_ms, or the
+            # template's, built with the same).
+            max_timestamp = _MAX_TIMESTAMP.unpack_from(buf, _MAX_TIMESTAMP_AT)[0]
             if entry is None:
                 entry = psm.producers[producer_id] = ProducerStateEntry(producer_id)
             first = entry.current_txn_first_offset
             entry.maybe_update_producer_epoch(producer_epoch)
             entry.current_txn_first_offset = None
             entry.coordinator_epoch = marker.coordinator_epoch
-            entry.last_timestamp = h.max_timestamp
+            entry.last_timestamp = max_timestamp
             if first is not None:
                 self._update_producers([], [CompletedTxn(producer_id, first, offset, not marker.commit)], segment)
             self._first_unstable = psm.first_unstable_offset
             psm.update_map_end_offset(offset + 1)
         log_append_time = now_ms if config.log_append_time else -1
-        return LogAppendInfo(offset, offset, now_ms if log_append_time >= 0 else h.max_timestamp, offset,
+        return LogAppendInfo(offset, offset, now_ms if log_append_time >= 0 else max_timestamp, offset,
                              log_append_time, self._log_start_offset, 1, size)
 
     def _analyze_producer_state(

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kbroker.protocol.control_records import EndTxnMarker, build_end_txn_marker_batch
 from kbroker.protocol.records import (
     COMPRESSION_GZIP,
     COMPRESSION_NONE,
@@ -98,10 +99,18 @@ def _outcome(lg: Log, records: bytes | bytearray, now: int, leader_epoch: int | 
         return (type(e).__name__, str(e).replace(str(lg.dir.parent), "DIR"))
 
 
-def _marker(lg: Log, op: tuple[Any, ...], now: int) -> Any:
+def _marker(lg: Log, op: tuple[Any, ...], now: int, shared: bool = False) -> Any:
+    """shared: the marker batch built once outside the log and handed in (as TxnMarkerChannel writes one
+    transaction's markers to many partitions), else append_control builds it."""
     _, pid, epoch, commit, coordinator_epoch = op
+    kw: dict[str, Any] = {}
+    if shared:
+        kw = {
+            "template": build_end_txn_marker_batch(pid, epoch, coordinator_epoch, commit, now),
+            "marker": EndTxnMarker(commit, coordinator_epoch),
+        }
     try:
-        return lg.append_control(pid, epoch, coordinator_epoch, commit, now, leader_epoch=1)
+        return lg.append_control(pid, epoch, coordinator_epoch, commit, now, leader_epoch=1, **kw)
     except Exception as e:  # noqa: BLE001 - the error is the outcome compared
         return (type(e).__name__, str(e).replace(str(lg.dir.parent), "DIR"))
 
@@ -153,7 +162,8 @@ def _run(
     try:
         for i, op in enumerate(ops):
             if op[0] == "marker":
-                answers.append(_marker(lg, op, NOW + i))
+                # The fast path's run writes its markers from a shared batch, the general path's builds each.
+                answers.append(_marker(lg, op, NOW + i, shared=plain))
                 continue
             (
                 pid,
