@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kbroker.broker.inter_broker import TXN_MARKERS, partitions_by_topic
 from kbroker.broker.replica_manager import error_of
 from kbroker.coordinator.group_coordinator import OFFSETS_TOPIC
+from kbroker.protocol.control_records import EndTxnMarker, build_end_txn_marker_batch
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.messages import WriteTxnMarkersRequest, WriteTxnMarkersResponse
 from kbroker.storage.manager import TopicPartition
@@ -43,8 +44,9 @@ class TxnMarkerChannel:
         server = self.server
         results: dict[TopicPartition, ErrorCode] = {}
         by_leader: dict[int, list[TopicPartition]] = defaultdict(list)
+        topics = server.metadata.topics
         for topic, partition in partitions:
-            rec = server.metadata.topics.get(topic)
+            rec = topics.get(topic)
             if rec is None or not 0 <= partition < rec.num_partitions:
                 results[(topic, partition)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 continue
@@ -55,6 +57,9 @@ class TxnMarkerChannel:
                 pending.append(self._write_here(producer_id, producer_epoch, coordinator_epoch, commit, tps))
             else:
                 pending.append(self._write_remote(leader, producer_id, producer_epoch, coordinator_epoch, commit, tps))
+        if len(pending) == 1:  # one leader (a single broker's every transaction): no task for gather to run it in
+            results.update(await pending[0])
+            return results
         for part in await asyncio.gather(*pending):
             results.update(part)
         return results
@@ -118,11 +123,15 @@ class TxnMarkerChannel:
         results: dict[TopicPartition, ErrorCode] = {}
         to_flush: list[tuple[Any, int]] = []
         now = int(time.time() * 1000)
+        # One marker batch for all the partitions (Log.append_control copies it and sets its offset and leader
+        # epoch, which the CRC does not cover): built and checksummed once per transaction, not per partition.
+        template = build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now)
+        marker = EndTxnMarker(commit, coordinator_epoch)
         for topic, partition in tps:
             try:
                 lg = rm.get_log(topic, partition)
                 info = lg.append_control(producer_id, producer_epoch, coordinator_epoch, commit, now,
-                                         leader_epoch=lg.leader_epoch)
+                                         leader_epoch=lg.leader_epoch, template=template, marker=marker)
             except Exception as e:  # noqa: BLE001 - each partition answers with its own error code
                 code = error_of(e)
                 if code == ErrorCode.UNKNOWN_SERVER_ERROR:

@@ -42,6 +42,16 @@ class TxnVerifier:
         results = server.txn_coordinator.verify_partitions_now(transactional_id, producer_id, producer_epoch, tps)
         return None if results is None else self._failures(results)
 
+    def confirmed_now(self, transactional_id: str, producer_id: int, producer_epoch: int, tp: TopicPartition
+                      ) -> bool:
+        """verify_now for one partition, True only when it passes (the single-partition Produce path asks once per
+        request and needs no error: on False the general path verifies again and answers)."""
+        server = self.server
+        rec = server.metadata.topics.get(TRANSACTION_STATE_TOPIC)
+        if rec is None or rec.leaders[partition_for(transactional_id, rec.num_partitions)] != server.broker_id:
+            return False
+        return server.txn_coordinator.in_transaction_now(transactional_id, producer_id, producer_epoch, tp)
+
     async def verify(self, transactional_id: str, producer_id: int, producer_epoch: int,
                      tps: list[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
         """The partitions that failed verification, with the error the producer must see (PRODUCER_FENCED is

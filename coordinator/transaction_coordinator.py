@@ -538,14 +538,28 @@ class TransactionCoordinator(CoordinatorLoop):
         Ongoing transaction of this producer; anything else (loading, another coordinator, a pending transition,
         another producer or epoch) returns None and the caller asks on the loop, where every answer is exact.
         """
+        meta = self._settled_ongoing(transactional_id, producer_id, producer_epoch)
+        if meta is None:
+            return None
+        added = meta.topic_partitions
+        return {tp: ErrorCode.NONE if tp in added else ErrorCode.TRANSACTION_ABORTABLE for tp in partitions}
+
+    def in_transaction_now(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                           tp: TopicPartition) -> bool:
+        """verify_partitions_now of one partition answered NONE (the single-partition Produce path's question)."""
+        meta = self._settled_ongoing(transactional_id, producer_id, producer_epoch)
+        return meta is not None and tp in meta.topic_partitions
+
+    def _settled_ongoing(self, transactional_id: str, producer_id: int, producer_epoch: int
+                         ) -> TransactionMetadata | None:
+        """The settled Ongoing transaction of this producer at this epoch, coordinated and loaded here."""
         if self.coordinator_error(transactional_id) is not None:
             return None
         meta = self.txns.get(transactional_id)
         if (meta is None or meta.pending_state is not None or meta.state is not S.ONGOING
                 or meta.producer_id != producer_id or meta.producer_epoch != producer_epoch):
             return None
-        added = meta.topic_partitions
-        return {tp: ErrorCode.NONE if tp in added else ErrorCode.TRANSACTION_ABORTABLE for tp in partitions}
+        return meta
 
     # ------------------------------------------------------------ EndTxn
 

@@ -7,6 +7,7 @@ removes an expired transactional id.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from kbroker.coordinator.transaction_metadata import TransactionMetadata, TransactionState, TxnTransitMetadata
@@ -32,17 +33,24 @@ def key_bytes(transactional_id: str) -> bytes:
     return _versioned(KEY_VERSION, TransactionLogKey(transactional_id=transactional_id))
 
 
+@functools.lru_cache(maxsize=256)
+def _partitions_schema(tps: frozenset[tuple[str, int]]) -> list[TransactionLogValue.PartitionsSchema]:
+    """The value's partition list, by topic in sorted order. Cached: a transaction writes the same set in its
+    Ongoing and Prepare* records, and a producer's transactions usually span the same partitions; the list is only
+    encoded, never changed."""
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in sorted(tps):
+        by_topic.setdefault(topic, []).append(partition)
+    return [TransactionLogValue.PartitionsSchema(topic=topic, partition_ids=ids) for topic, ids in by_topic.items()]
+
+
 def value_bytes(t: TxnTransitMetadata) -> bytes:
     """Kafka's TransactionLog.valueToBytes: Empty carries a null partition list, other states group by topic."""
     if t.txn_state is TransactionState.EMPTY and t.topic_partitions:
         raise ValueError(f"an Empty transaction carries no partitions: {t}")
     partitions: list[TransactionLogValue.PartitionsSchema] | None = None
     if t.txn_state is not TransactionState.EMPTY:
-        by_topic: dict[str, list[int]] = {}
-        for topic, partition in sorted(t.topic_partitions):
-            by_topic.setdefault(topic, []).append(partition)
-        partitions = [TransactionLogValue.PartitionsSchema(topic=topic, partition_ids=ids)
-                      for topic, ids in by_topic.items()]
+        partitions = _partitions_schema(frozenset(t.topic_partitions))
     return _versioned(VALUE_VERSION, TransactionLogValue(
         producer_id=t.producer_id,
         producer_epoch=t.producer_epoch,

@@ -25,6 +25,11 @@
  * next_batch(batches, base_sequence, last_offset_delta, first_offset, max_timestamp) -> BatchMetadata | None
  *   the same fast path's producer-state check (storage/leader_append.py's next_batch_py): see below.
  *
+ * append_plain(buf, walk, compacted, check_ts, ts_low, ts_high, producers, fd, position, base_offset,
+ *              leader_epoch, since, interval, max_ts, max_ts_offset, room, max_delta) -> tuple | None
+ *   plain, the producer's checks, next_batch and write_plain in one call (storage/leader_append.py's
+ *   append_plain_py): see below.
+ *
  * Every read is bounds-checked against the buffer; headers are built straight into the dataclass's slots.
  */
 #define PY_SSIZE_T_CLEAN
@@ -333,32 +338,52 @@ fail:
  * general way (validate_batches), so no message is needed here. */
 enum { ATTR_TIMESTAMP_TYPE = 0x08 };
 
-static PyObject *plain(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+static int as_int64(PyObject *o, long long *out)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "plain(buf, walk, compacted, check_ts, ts_low, ts_high)");
-        return NULL;
+    *out = PyLong_AsLongLong(o);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* protocol/_record_walk.c's walk as a C function (its _walk_api capsule), with the walk object it belongs to:
+ * plain_check calls it directly when it is handed that walk, without a memoryview and an argument tuple to
+ * build and parse (a third of a small batch's check). Looked up once; NULL when it cannot be. */
+typedef PyObject *(*walk_body_fn)(const uint8_t *, Py_ssize_t, long long, int, long long, int, long long, int,
+                                  long long, long long);
+static walk_body_fn direct_walk;
+static PyObject *direct_walk_obj;
+static int direct_walk_looked_up;
+
+static void look_up_direct_walk(void)
+{
+    direct_walk_looked_up = 1;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *m = PyImport_ImportModule("kbroker.protocol._record_walk");
+    PyObject *obj = m != NULL ? PyObject_GetAttrString(m, "walk") : NULL;
+    walk_body_fn *api = obj != NULL ? PyCapsule_Import("kbroker.protocol._record_walk._walk_api", 0) : NULL;
+    if (api != NULL) {
+        direct_walk = api[0];
+        direct_walk_obj = Py_NewRef(obj);
     }
-    if (header_cls == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "configure(RecordBatchHeader) first");
-        return NULL;
-    }
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    const uint8_t *b = view.buf;
-    const Py_ssize_t end = view.len;
-    PyObject *result = NULL;
-    Header h;
+    Py_XDECREF(obj);
+    Py_XDECREF(m);
+    PyErr_Clear(); /* without the capsule every walk is called as the object it is */
+    PyErr_Restore(type, value, tb);
+}
+
+/* plain()'s test of the batch b[0:end] (its header parsed into *h): 1 when it is a plain client batch, 0 when
+ * not, -1 with an exception (the walk raised). walk_args: (walk, compacted, check_ts, ts_low, ts_high). */
+static int plain_check(const uint8_t *b, Py_ssize_t end, Header *h, PyObject *const *walk_args)
+{
     if (end < HEADER_SIZE)
-        goto none;
-    parse(b, &h);
-    if (h.batch_length < BATCH_OVERHEAD || (int64_t)h.batch_length + LOG_OVERHEAD != (int64_t)end || h.magic != 2)
-        goto none;
-    if (h.records_count <= 0 || (int64_t)h.last_offset_delta != (int64_t)h.records_count - 1)
-        goto none;
-    if (h.attributes & (ATTR_COMPRESSION_MASK | ATTR_TIMESTAMP_TYPE | ATTR_CONTROL))
-        goto none;
+        return 0;
+    parse(b, h);
+    if (h->batch_length < BATCH_OVERHEAD || (int64_t)h->batch_length + LOG_OVERHEAD != (int64_t)end || h->magic != 2)
+        return 0;
+    if (h->records_count <= 0 || (int64_t)h->last_offset_delta != (int64_t)h->records_count - 1)
+        return 0;
+    if (h->attributes & (ATTR_COMPRESSION_MASK | ATTR_TIMESTAMP_TYPE | ATTR_CONTROL))
+        return 0;
     uint32_t actual;
     if (end >= GIL_FREE_CRC) {
         Py_BEGIN_ALLOW_THREADS
@@ -367,18 +392,35 @@ static PyObject *plain(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     } else {
         actual = crc32c(b + CRC_START, (size_t)(end - CRC_START), use_hw_crc);
     }
-    if (actual != h.crc)
-        goto none;
+    if (actual != h->crc)
+        return 0;
+    if (!direct_walk_looked_up)
+        look_up_direct_walk();
+    if (direct_walk != NULL && walk_args[0] == direct_walk_obj) {
+        /* walk's own argument conversion: need_keys and check_ts by truth, the bounds as int64s */
+        const int need_keys = PyObject_IsTrue(walk_args[1]), check_ts = PyObject_IsTrue(walk_args[2]);
+        long long low, high;
+        if (need_keys < 0 || check_ts < 0 || as_int64(walk_args[3], &low) < 0 || as_int64(walk_args[4], &high) < 0)
+            return -1;
+        PyObject *found = direct_walk(b + HEADER_SIZE, end - HEADER_SIZE, h->records_count, 1,
+                                      h->last_offset_delta, need_keys, h->base_timestamp, check_ts, low, high);
+        if (found == NULL)
+            return -1;
+        const int sound = found == Py_None;
+        Py_DECREF(found);
+        return sound;
+    }
     PyObject *body = PyMemoryView_FromMemory((char *)b + HEADER_SIZE, end - HEADER_SIZE, PyBUF_READ);
     if (body == NULL)
-        goto done;
-    PyObject *count = PyLong_FromLong(h.records_count);
-    PyObject *lod = PyLong_FromLong(h.last_offset_delta);
-    PyObject *base_ts = PyLong_FromLongLong(h.base_timestamp);
+        return -1;
+    PyObject *count = PyLong_FromLong(h->records_count);
+    PyObject *lod = PyLong_FromLong(h->last_offset_delta);
+    PyObject *base_ts = PyLong_FromLongLong(h->base_timestamp);
     PyObject *found = NULL;
     if (count != NULL && lod != NULL && base_ts != NULL) {
-        PyObject *wargs[9] = {body, count, Py_True, lod, args[2], base_ts, args[3], args[4], args[5]};
-        found = PyObject_Vectorcall(args[1], wargs, 9, NULL);
+        PyObject *wargs[9] = {body, count, Py_True, lod, walk_args[1], base_ts, walk_args[2], walk_args[3],
+                              walk_args[4]};
+        found = PyObject_Vectorcall(walk_args[0], wargs, 9, NULL);
     }
     Py_XDECREF(count);
     Py_XDECREF(lod);
@@ -395,24 +437,35 @@ static PyObject *plain(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             Py_XDECREF(tb);
             Py_XDECREF(found);
             Py_DECREF(body);
-            goto done;
+            return -1;
         }
         Py_DECREF(released);
         PyErr_Restore(type, value, tb);
     }
     Py_DECREF(body);
     if (found == NULL)
-        goto done;
-    if (found != Py_None) {
-        Py_DECREF(found);
-        goto none;
-    }
+        return -1;
+    const int sound = found == Py_None;
     Py_DECREF(found);
-    result = header_object(&h);
-    goto done;
-none:
-    result = Py_NewRef(Py_None);
-done:
+    return sound;
+}
+
+static PyObject *plain(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "plain(buf, walk, compacted, check_ts, ts_low, ts_high)");
+        return NULL;
+    }
+    if (header_cls == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "configure(RecordBatchHeader) first");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Header h;
+    const int ok = plain_check(view.buf, view.len, &h, args + 1);
+    PyObject *result = ok < 0 ? NULL : ok ? header_object(&h) : Py_NewRef(Py_None);
     PyBuffer_Release(&view);
     return result;
 }
@@ -435,10 +488,72 @@ static inline void put_be32(uint8_t *p, uint32_t v)
     p[3] = (uint8_t)v;
 }
 
-static int as_int64(PyObject *o, long long *out)
+
+/* write_plain()'s write: base_offset (and the leader epoch when has_epoch) set in b, then b[0:len] written at
+ * position of fd with the GIL released (a short write continues; on an error the file is cut back to position).
+ * 0, or the errno. */
+static int write_batch(uint8_t *b, Py_ssize_t len, int fd, long long position, long long base_offset,
+                       int has_epoch, long long epoch)
 {
-    *out = PyLong_AsLongLong(o);
-    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)((uint64_t)base_offset >> (56 - 8 * i));
+    if (has_epoch)
+        put_be32(b + OFF_LEADER_EPOCH, (uint32_t)(int32_t)epoch);
+    Py_ssize_t done = 0;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (done < len) {
+        ssize_t n = pwrite(fd, b + done, (size_t)(len - done), (off_t)(position + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            err = n < 0 ? errno : EIO;
+            break;
+        }
+        done += n;
+    }
+    if (err && ftruncate(fd, (off_t)position) < 0) {
+        /* the next append overwrites the tail at position anyway */
+    }
+    Py_END_ALLOW_THREADS
+    return err;
+}
+
+/* write_plain's and append_plain's numbers after the buffer: fd, position, base_offset, leader_epoch (None: no
+ * epoch to set), since, interval, max_ts, max_ts_offset, converted and checked (fn names the caller in the error).
+ * 0, or -1 with an exception. */
+typedef struct {
+    long long fd, position, base_offset, epoch, since, interval, max_ts, max_ts_offset;
+    int has_epoch;
+} WriteArgs;
+
+static int write_args(PyObject *const *a, WriteArgs *w, const char *fn)
+{
+    w->epoch = -1;
+    w->has_epoch = a[3] != Py_None;
+    if (as_int64(a[0], &w->fd) < 0 || as_int64(a[1], &w->position) < 0 || as_int64(a[2], &w->base_offset) < 0 ||
+        (w->has_epoch && as_int64(a[3], &w->epoch) < 0) || as_int64(a[4], &w->since) < 0 ||
+        as_int64(a[5], &w->interval) < 0 || as_int64(a[6], &w->max_ts) < 0 || as_int64(a[7], &w->max_ts_offset) < 0)
+        return -1;
+    if (w->fd < 0 || w->fd > INT32_MAX || w->position < 0 || w->base_offset < 0 ||
+        (w->has_epoch && (w->epoch < INT32_MIN || w->epoch > INT32_MAX))) {
+        PyErr_Format(PyExc_ValueError, "%s: fd, position, base_offset or leader_epoch out of range", fn);
+        return -1;
+    }
+    return 0;
+}
+
+/* LogSegment._index_batches for the one batch written (len bytes, last offset last): the segment's largest
+ * timestamp and its offset, whether the indexes get an entry, and the bytes since the last entry after it. */
+static int index_numbers(WriteArgs *w, long long last, long long batch_max_ts, Py_ssize_t len)
+{
+    if (batch_max_ts > w->max_ts) {
+        w->max_ts = batch_max_ts;
+        w->max_ts_offset = last;
+    }
+    const int indexed = w->since > w->interval;
+    w->since = (indexed ? 0 : w->since) + len;
+    return indexed;
 }
 
 static PyObject *write_plain(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
@@ -449,16 +564,9 @@ static PyObject *write_plain(PyObject *mod, PyObject *const *args, Py_ssize_t na
                         "max_ts_offset)");
         return NULL;
     }
-    long long fd, position, base_offset, epoch = -1, since, interval, max_ts, max_ts_offset;
-    if (as_int64(args[1], &fd) < 0 || as_int64(args[2], &position) < 0 || as_int64(args[3], &base_offset) < 0 ||
-        (args[4] != Py_None && as_int64(args[4], &epoch) < 0) || as_int64(args[5], &since) < 0 ||
-        as_int64(args[6], &interval) < 0 || as_int64(args[7], &max_ts) < 0 || as_int64(args[8], &max_ts_offset) < 0)
+    WriteArgs w;
+    if (write_args(args + 1, &w, "write_plain") < 0)
         return NULL;
-    if (fd < 0 || fd > INT32_MAX || position < 0 || base_offset < 0 ||
-        (args[4] != Py_None && (epoch < INT32_MIN || epoch > INT32_MAX))) {
-        PyErr_SetString(PyExc_ValueError, "write_plain: fd, position, base_offset or leader_epoch out of range");
-        return NULL;
-    }
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
         return NULL;
@@ -470,52 +578,27 @@ static PyObject *write_plain(PyObject *mod, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     const int64_t lod = (int32_t)be32(b + OFF_LAST_OFFSET_DELTA);
-    if (base_offset > INT64_MAX - (lod > 0 ? lod : 0)) {
+    if (w.base_offset > INT64_MAX - (lod > 0 ? lod : 0)) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "write_plain: base_offset out of range");
         return NULL;
     }
-    if (since <= interval && since > INT64_MAX - len) {
+    if (w.since <= w.interval && w.since > INT64_MAX - len) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "write_plain: since out of range");
         return NULL;
     }
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)((uint64_t)base_offset >> (56 - 8 * i));
-    if (args[4] != Py_None)
-        put_be32(b + OFF_LEADER_EPOCH, (uint32_t)(int32_t)epoch);
-    Py_ssize_t done = 0;
-    int err = 0;
-    Py_BEGIN_ALLOW_THREADS
-    while (done < len) {
-        ssize_t n = pwrite((int)fd, b + done, (size_t)(len - done), (off_t)(position + done));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            err = n < 0 ? errno : EIO;
-            break;
-        }
-        done += n;
-    }
-    if (err && ftruncate((int)fd, (off_t)position) < 0) {
-        /* the next append overwrites the tail at position anyway */
-    }
-    Py_END_ALLOW_THREADS
+    const int err = write_batch(b, len, (int)w.fd, w.position, w.base_offset, w.has_epoch, w.epoch);
     if (err) {
         PyBuffer_Release(&view);
         errno = err;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
-    const int64_t last = base_offset + lod;
+    const int64_t last = w.base_offset + lod;
     const int64_t batch_max_ts = (int64_t)be64(b + OFF_MAX_TIMESTAMP);
     PyBuffer_Release(&view);
-    if (batch_max_ts > max_ts) {
-        max_ts = batch_max_ts;
-        max_ts_offset = last;
-    }
-    const int indexed = since > interval;
-    since = (indexed ? 0 : since) + len;
-    return Py_BuildValue("(LLOLL)", (long long)last, since, indexed ? Py_True : Py_False, max_ts, max_ts_offset);
+    const int indexed = index_numbers(&w, last, batch_max_ts, len);
+    return Py_BuildValue("(LLOLL)", (long long)last, w.since, indexed ? Py_True : Py_False, w.max_ts, w.max_ts_offset);
 }
 
 /* ------------------------------------------------------------------------------------------------ producers */
@@ -572,33 +655,11 @@ static int meta_field(PyObject *m, int i, long long *out)
     return as_int64(v, out);
 }
 
-/* next_batch(batches, base_sequence, last_offset_delta, first_offset, max_timestamp) -> BatchMetadata | None
- * storage/leader_append.py's next_batch_py in one call: the metadata a producer's entry gains (after the write) for
- * its next batch, when the batch's base sequence follows the entry's last (batches: its retained BatchMetadata,
- * oldest first; sequences wrap from Int32 max to 0) and its sequence range is none of the retained batches'; None
- * for anything else (a gap, a retry, no sequence), which the general path then answers. The batches' fields are
- * int64s (they come from batch headers and snapshots). */
-static PyObject *next_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+/* next_batch()'s check once its numbers are in range: a new BatchMetadata, None, or NULL with an exception. */
+static PyObject *next_meta(PyObject *batches, long long base_seq, long long lod, long long first_offset,
+                           long long max_ts)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError,
-                        "next_batch(batches, base_sequence, last_offset_delta, first_offset, max_timestamp)");
-        return NULL;
-    }
-    if (metadata_cls == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "configure_metadata(BatchMetadata) first");
-        return NULL;
-    }
-    long long base_seq, lod, first_offset, max_ts;
-    if (as_int64(args[1], &base_seq) < 0 || as_int64(args[2], &lod) < 0 || as_int64(args[3], &first_offset) < 0 ||
-        as_int64(args[4], &max_ts) < 0)
-        return NULL;
-    if (base_seq > INT32_MAX || lod < INT32_MIN || lod > INT32_MAX || first_offset < 0 ||
-        first_offset > INT64_MAX - INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "next_batch: base_sequence, last_offset_delta or first_offset out of range");
-        return NULL;
-    }
-    PyObject *seq = PySequence_Fast(args[0], "next_batch: batches must be a sequence");
+    PyObject *seq = PySequence_Fast(batches, "next_batch: batches must be a sequence");
     if (seq == NULL)
         return NULL;
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -639,6 +700,170 @@ fail:
     return NULL;
 }
 
+/* next_batch(batches, base_sequence, last_offset_delta, first_offset, max_timestamp) -> BatchMetadata | None
+ * storage/leader_append.py's next_batch_py in one call: the metadata a producer's entry gains (after the write) for
+ * its next batch, when the batch's base sequence follows the entry's last (batches: its retained BatchMetadata,
+ * oldest first; sequences wrap from Int32 max to 0) and its sequence range is none of the retained batches'; None
+ * for anything else (a gap, a retry, no sequence), which the general path then answers. The batches' fields are
+ * int64s (they come from batch headers and snapshots). */
+static PyObject *next_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "next_batch(batches, base_sequence, last_offset_delta, first_offset, max_timestamp)");
+        return NULL;
+    }
+    if (metadata_cls == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_metadata(BatchMetadata) first");
+        return NULL;
+    }
+    long long base_seq, lod, first_offset, max_ts;
+    if (as_int64(args[1], &base_seq) < 0 || as_int64(args[2], &lod) < 0 || as_int64(args[3], &first_offset) < 0 ||
+        as_int64(args[4], &max_ts) < 0)
+        return NULL;
+    if (base_seq > INT32_MAX || lod < INT32_MIN || lod > INT32_MAX || first_offset < 0 ||
+        first_offset > INT64_MAX - INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "next_batch: base_sequence, last_offset_delta or first_offset out of range");
+        return NULL;
+    }
+    return next_meta(args[0], base_seq, lod, first_offset, max_ts);
+}
+
+/* append_plain(buf, walk, compacted, check_ts, ts_low, ts_high, producers, fd, position, base_offset, leader_epoch,
+ *              since, interval, max_ts, max_ts_offset, room, max_delta)
+ *   -> (last_offset, since, indexed, max_ts, max_ts_offset, batch_max_ts, records_count, entry, added) | None
+ * storage/leader_append.py's append_plain_py in one call: plain(), the producer's checks and next_batch(), then
+ * write_plain(), for the leader's common append (Log._append_plain) of a batch that is not transactional into the
+ * active segment without a roll. None, with nothing written or changed, when any step declines: not a plain batch,
+ * a transactional one, more than room bytes or a last offset delta above max_delta (the segment would roll), a
+ * producer unknown in producers (a dict by producer id) or at another epoch or inside a transaction, a batch out of
+ * sequence or a retry. On success buf is written (its base offset and leader epoch set) and entry (the producer's,
+ * None without a producer id) is returned with the BatchMetadata it gains; the caller updates both. */
+static PyObject *str_producer_epoch, *str_current_txn_first_offset, *str_batch_metadata;
+
+enum { ATTR_TRANSACTIONAL = 0x10 };
+
+/* An attribute of entry as an int64 (is_none: it is None instead): 0, or -1 with an exception. */
+static int entry_int(PyObject *entry, PyObject *name, long long *out, int *is_none)
+{
+    PyObject *v = PyObject_GetAttr(entry, name);
+    if (v == NULL)
+        return -1;
+    *is_none = v == Py_None;
+    const int r = *is_none ? 0 : as_int64(v, out);
+    Py_DECREF(v);
+    return r;
+}
+
+static PyObject *append_plain(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 17) {
+        PyErr_SetString(PyExc_TypeError,
+                        "append_plain(buf, walk, compacted, check_ts, ts_low, ts_high, producers, fd, position, "
+                        "base_offset, leader_epoch, since, interval, max_ts, max_ts_offset, room, max_delta)");
+        return NULL;
+    }
+    if (metadata_cls == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_metadata(BatchMetadata) first");
+        return NULL;
+    }
+    if (!PyDict_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "append_plain: producers must be a dict");
+        return NULL;
+    }
+    WriteArgs w;
+    long long room, max_delta;
+    if (write_args(args + 7, &w, "append_plain") < 0)
+        return NULL;
+    if (w.base_offset > INT64_MAX - INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "append_plain: fd, position, base_offset or leader_epoch out of range");
+        return NULL;
+    }
+    if (as_int64(args[15], &room) < 0 || as_int64(args[16], &max_delta) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    uint8_t *b = view.buf;
+    const Py_ssize_t len = view.len;
+    PyObject *result = NULL, *entry = NULL, *added = NULL;
+    if (w.since <= w.interval && w.since > INT64_MAX - len) {
+        PyErr_SetString(PyExc_ValueError, "append_plain: since out of range");
+        goto done;
+    }
+    Header h;
+    const int ok = plain_check(b, len, &h, args + 1);
+    if (ok < 0)
+        goto done;
+    if (!ok || h.attributes & ATTR_TRANSACTIONAL || len > room || h.last_offset_delta > max_delta)
+        goto none;
+    if (h.producer_id >= 0) {
+        PyObject *pid = PyLong_FromLongLong(h.producer_id);
+        if (pid == NULL)
+            goto done;
+        entry = PyDict_GetItemWithError(args[6], pid);
+        Py_DECREF(pid);
+        if (entry == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            goto none;
+        }
+        Py_INCREF(entry);
+        long long entry_epoch = 0;
+        int is_none;
+        if (entry_int(entry, str_producer_epoch, &entry_epoch, &is_none) < 0)
+            goto done;
+        if (is_none || entry_epoch != h.producer_epoch)
+            goto none;
+        long long txn_first;
+        if (entry_int(entry, str_current_txn_first_offset, &txn_first, &is_none) < 0)
+            goto done;
+        if (!is_none)
+            goto none;
+        PyObject *batches = PyObject_GetAttr(entry, str_batch_metadata);
+        if (batches == NULL)
+            goto done;
+        added = next_meta(batches, h.base_sequence, h.last_offset_delta, w.base_offset, h.max_timestamp);
+        Py_DECREF(batches);
+        if (added == NULL)
+            goto done;
+        if (added == Py_None)
+            goto none;
+    }
+    const int err = write_batch(b, len, (int)w.fd, w.position, w.base_offset, w.has_epoch, w.epoch);
+    if (err) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    const long long last = w.base_offset + h.last_offset_delta;
+    const int indexed = index_numbers(&w, last, h.max_timestamp, len);
+    /* the tuple built item by item: Py_BuildValue's format parsing costs a tenth of this call */
+    PyObject *items[9] = {
+        PyLong_FromLongLong(last), PyLong_FromLongLong(w.since), Py_NewRef(indexed ? Py_True : Py_False),
+        PyLong_FromLongLong(w.max_ts), PyLong_FromLongLong(w.max_ts_offset), PyLong_FromLongLong(h.max_timestamp),
+        PyLong_FromLong(h.records_count), Py_NewRef(entry ? entry : Py_None), Py_NewRef(added ? added : Py_None),
+    };
+    result = PyTuple_New(9);
+    for (int i = 0; i < 9; i++) {
+        if (items[i] == NULL || result == NULL) {
+            for (int j = i; j < 9; j++)
+                Py_XDECREF(items[j]);
+            Py_CLEAR(result);
+            break;
+        }
+        PyTuple_SET_ITEM(result, i, items[i]);
+    }
+    goto done;
+none:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(entry);
+    Py_XDECREF(added);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyObject *configure(PyObject *mod, PyObject *cls)
 {
     return configure_class(cls, FIELD_NAMES, NFIELDS, field_offset, &header_cls);
@@ -668,6 +893,10 @@ static PyMethodDef methods[] = {
     {"configure_metadata", configure_metadata, METH_O, "configure_metadata(BatchMetadata)"},
     {"next_batch", (PyCFunction)(void (*)(void))next_batch, METH_FASTCALL,
      "next_batch(batches, base_sequence, last_offset_delta, first_offset, max_timestamp) -> BatchMetadata | None"},
+    {"append_plain", (PyCFunction)(void (*)(void))append_plain, METH_FASTCALL,
+     "append_plain(buf, walk, compacted, check_ts, ts_low, ts_high, producers, fd, position, base_offset, "
+     "leader_epoch, since, interval, max_ts, max_ts_offset, room, max_delta) -> (last_offset, since, indexed, "
+     "max_ts, max_ts_offset, batch_max_ts, records_count, entry, added) | None"},
     {"crc32c", crc, METH_VARARGS,
      "crc32c(buf, table=False): CRC-32C as scan computes it (table: the portable code, not the instruction)"},
     {NULL, NULL, 0, NULL},
@@ -678,6 +907,11 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kbroker.protocol._ba
 PyMODINIT_FUNC PyInit__batch_scan(void)
 {
     crc_table_init();
+    str_producer_epoch = PyUnicode_InternFromString("producer_epoch");
+    str_current_txn_first_offset = PyUnicode_InternFromString("current_txn_first_offset");
+    str_batch_metadata = PyUnicode_InternFromString("batch_metadata");
+    if (str_producer_epoch == NULL || str_current_txn_first_offset == NULL || str_batch_metadata == NULL)
+        return NULL;
 #if HAVE_HW_CRC
     __builtin_cpu_init();
     use_hw_crc = __builtin_cpu_supports("sse4.2");

@@ -7,6 +7,8 @@
  *
  * walk(body, count, consecutive, last_offset_delta, need_keys, base_timestamp, check_ts, ts_low, ts_high)
  *   -> None (sound, nothing to report) | str (the first structural fault) | (keyless, [(index, ts)])
+ *
+ * _walk_api: a capsule holding walk's body as a C function (walk_body below), for protocol/_batch_scan.c.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -62,16 +64,13 @@ static inline void skip(Py_ssize_t *p, uint64_t n, Py_ssize_t end)
 #define READ(dst) READ_UP_TO(dst, 28)
 #define READ_LONG(dst) READ_UP_TO(dst, 63)
 
-static PyObject *walk(PyObject *self, PyObject *args)
+/* walk() over b[0:end] once its arguments are parsed: the same result (a new reference), or NULL with an
+ * exception. Also what the _walk_api capsule gives other extensions (protocol/_batch_scan.c's plain), which then
+ * walk a batch without a memoryview, an argument tuple and their parsing. */
+static PyObject *walk_body(const uint8_t *b, Py_ssize_t end, long long count, int consecutive,
+                           long long last_offset_delta, int need_keys, long long base_ts, int check_ts,
+                           long long ts_low, long long ts_high)
 {
-    Py_buffer view;
-    long long count, last_offset_delta, base_ts, ts_low, ts_high;
-    int consecutive, need_keys, check_ts;
-    if (!PyArg_ParseTuple(args, "y*LpLpLpLL", &view, &count, &consecutive, &last_offset_delta, &need_keys,
-                          &base_ts, &check_ts, &ts_low, &ts_high))
-        return NULL;
-    const uint8_t *b = (const uint8_t *)view.buf;
-    const Py_ssize_t end = view.len;
     Py_ssize_t p = 0;
     PyObject *keyless = NULL, *bad_ts = NULL, *result = NULL;
     int64_t prev_delta = -1;
@@ -216,9 +215,27 @@ fail:
 done:
     Py_XDECREF(keyless);
     Py_XDECREF(bad_ts);
+    return result;
+}
+
+static PyObject *walk(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    long long count, last_offset_delta, base_ts, ts_low, ts_high;
+    int consecutive, need_keys, check_ts;
+    if (!PyArg_ParseTuple(args, "y*LpLpLpLL", &view, &count, &consecutive, &last_offset_delta, &need_keys,
+                          &base_ts, &check_ts, &ts_low, &ts_high))
+        return NULL;
+    PyObject *result = walk_body((const uint8_t *)view.buf, view.len, count, consecutive, last_offset_delta,
+                                 need_keys, base_ts, check_ts, ts_low, ts_high);
     PyBuffer_Release(&view);
     return result;
 }
+
+/* The capsule's function, kept in a struct so that its type is named in one place (protocol/_batch_scan.c). */
+typedef PyObject *(*walk_body_fn)(const uint8_t *, Py_ssize_t, long long, int, long long, int, long long, int,
+                                  long long, long long);
+static walk_body_fn walk_api[1] = {walk_body};
 
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, "Structural walk over the records of one batch body (see protocol.record_walk)."},
@@ -227,4 +244,16 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kbroker.protocol._record_walk", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__record_walk(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__record_walk(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    PyObject *api = PyCapsule_New((void *)walk_api, "kbroker.protocol._record_walk._walk_api", NULL);
+    if (api == NULL || PyModule_AddObject(m, "_walk_api", api) < 0) {
+        Py_XDECREF(api);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,10 +1,11 @@
 """The leader's append of one plain client batch (Log._append_plain) after its check, in two calls: the producer's
 sequence check, which also builds the metadata its entry gains (next_batch), and the offset assignment, segment
-write and index bookkeeping (write_plain).
+write and index bookkeeping (write_plain); and the common case of all three steps, the batch check included, in one
+call (append_plain: a batch without a transaction into the active segment without a roll).
 
-next_batch_py and write_plain_py are the references for protocol/_batch_scan.c's next_batch and write_plain, which
-run unless KBROKER_PURE_PYTHON is set or the C is not built (tests/storage/test_leader_append.py compares them):
-same results, same errors, same bytes.
+next_batch_py, write_plain_py and append_plain_py are the references for protocol/_batch_scan.c's next_batch,
+write_plain and append_plain, which run unless KBROKER_PURE_PYTHON is set or the C is not built
+(tests/storage/test_leader_append.py compares them): same results, same errors, same bytes.
 """
 
 from __future__ import annotations
@@ -13,11 +14,24 @@ import errno
 import os
 import struct
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from kbroker.protocol import accelerators
-from kbroker.storage.producer_state import NO_SEQUENCE, BatchMetadata, in_sequence
+from kbroker.protocol import accelerators, record_walk
+from kbroker.protocol.records import ATTR_TRANSACTIONAL, plain_client_batch_py
+from kbroker.storage.producer_state import NO_SEQUENCE, BatchMetadata, ProducerStateEntry, in_sequence
 
-__all__ = ["COMPILED", "WriteResult", "next_batch", "next_batch_py", "write_plain", "write_plain_py"]
+__all__ = [
+    "APPEND_WALK",
+    "COMPILED",
+    "PlainWritten",
+    "WriteResult",
+    "append_plain",
+    "append_plain_py",
+    "next_batch",
+    "next_batch_py",
+    "write_plain",
+    "write_plain_py",
+]
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _INT64_MAX = 2**63 - 1
@@ -118,6 +132,75 @@ def next_batch_py(
     return BatchMetadata(base_sequence, last, first_offset, first_offset + last_offset_delta, max_timestamp)
 
 
+# write_plain's result, then the batch's max timestamp and record count, the producer's entry (None without a
+# producer id) and the BatchMetadata it gains (None with it)
+PlainWritten = tuple[int, int, bool, int, int, int, int, ProducerStateEntry | None, BatchMetadata | None]
+
+
+def append_plain_py(
+    buf: bytearray | memoryview,
+    walk: Any,
+    compacted: bool,
+    check_ts: bool,
+    ts_low: int,
+    ts_high: int,
+    producers: dict[int, ProducerStateEntry],
+    fd: int,
+    position: int,
+    base_offset: int,
+    leader_epoch: int | None,
+    since: int,
+    interval: int,
+    max_ts: int,
+    max_ts_offset: int,
+    room: int,
+    max_delta: int,
+) -> PlainWritten | None:
+    """Log._append_plain's common case in one step: plain_client_batch (walk: the compiled record walk, which the
+    C takes; unused here), the producer's checks and next_batch, then write_plain at base_offset. None, with nothing
+    written or changed, when a step declines: not a plain batch, a transactional one (its transaction's checks stay
+    in Python), more than room bytes or a last offset delta above max_delta (the active segment would roll first),
+    a producer unknown in producers or at another epoch or inside a transaction, a batch out of sequence or a
+    retry. The arguments are checked first (ValueError, BufferError for a read-only buf), as the C does."""
+    if type(producers) is not dict:
+        raise TypeError("append_plain: producers must be a dict")
+    if not (0 <= fd <= _INT32_MAX and position >= 0 and 0 <= base_offset <= _INT64_MAX - _INT32_MAX) or (
+        leader_epoch is not None and not _INT32_MIN <= leader_epoch <= _INT32_MAX
+    ):
+        raise ValueError("append_plain: fd, position, base_offset or leader_epoch out of range")
+    view = memoryview(buf)
+    if view.readonly:
+        raise BufferError("Object is not writable.")
+    if since <= interval and since > _INT64_MAX - view.nbytes:
+        raise ValueError("append_plain: since out of range")
+    h = plain_client_batch_py(buf, compacted, (ts_low, ts_high) if check_ts else None)
+    if (
+        h is None
+        or h.attributes & ATTR_TRANSACTIONAL
+        or view.nbytes > room
+        or h.last_offset_delta > max_delta
+    ):
+        return None
+    entry = added = None
+    if h.producer_id >= 0:
+        entry = producers.get(h.producer_id)
+        if (
+            entry is None
+            or entry.producer_epoch != h.producer_epoch
+            or entry.current_txn_first_offset is not None
+        ):
+            return None
+        added = next_batch_py(
+            entry.batch_metadata, h.base_sequence, h.last_offset_delta, base_offset, h.max_timestamp
+        )
+        if added is None:
+            return None
+    last, since, indexed, max_ts, max_ts_offset = write_plain_py(
+        buf, fd, position, base_offset, leader_epoch, since, interval, max_ts, max_ts_offset
+    )
+    return last, since, indexed, max_ts, max_ts_offset, h.max_timestamp, h.records_count, entry, added
+
+
 _compiled = accelerators.load("_batch_scan")
 COMPILED = _compiled is not None
 if _compiled is not None:
@@ -128,3 +211,9 @@ next_batch: Callable[[Sequence[BatchMetadata], int, int, int, int], BatchMetadat
 write_plain: Callable[
     [bytearray | memoryview, int, int, int, int | None, int, int, int, int], WriteResult
 ] = _compiled.write_plain if _compiled is not None else write_plain_py
+# The compiled record walk append_plain passes to the C (None without it: then append_plain is None too).
+APPEND_WALK = record_walk.compiled_walk()
+# Log._append_plain's one call: None without the C, and the Log then takes its steps one by one (the reference).
+append_plain: Callable[..., PlainWritten | None] | None = (
+    _compiled.append_plain if _compiled is not None and APPEND_WALK is not None else None
+)

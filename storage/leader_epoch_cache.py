@@ -112,6 +112,15 @@ class LeaderEpochFileCache:
 
     # -- writes (under the Log's lock) ---------------------------------------------------------
 
+    def holds(self, epoch: int, start_offset: int) -> bool:
+        """assign(epoch, start_offset) would change nothing (the leader's common append: its epoch is the latest)."""
+        entries = self._entries
+        if entries:
+            last = entries[-1]
+            if last.epoch == epoch and start_offset >= last.start_offset:
+                return True
+        return epoch < 0 or start_offset < 0
+
     def assign(self, epoch: int, start_offset: int) -> None:
         """Record that epoch starts at start_offset; cheap when the epoch is already the latest."""
         entries = self._entries

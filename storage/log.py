@@ -13,6 +13,7 @@ import errno
 import logging
 import operator
 import shutil
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +32,6 @@ from kbroker.protocol.records import (
     RecordBatchHeader,
     decode_records,
     max_decompressed_size,
-    parse_batch_header,
     plain_client_batch,
     recompress_batches,
     set_base_offset,
@@ -51,6 +51,7 @@ from kbroker.storage.errors import (
 )
 from kbroker.storage.flush_stats import FLUSH_STATS
 from kbroker.storage.index import _INT32_MAX
+from kbroker.storage.leader_append import append_plain as _append_one
 from kbroker.storage.leader_append import next_batch
 from kbroker.storage.leader_epoch_cache import LeaderEpochFileCache
 from kbroker.storage.log_loader import (
@@ -86,6 +87,11 @@ EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 MAX_TIMESTAMP = -3
 EARLIEST_LOCAL_TIMESTAMP = -4
+
+
+# A v2 batch's max timestamp (the int64 at 35), read from a marker batch without parsing its header.
+_MAX_TIMESTAMP = struct.Struct(">q")
+_MAX_TIMESTAMP_AT = 35
 
 
 def _now_ms() -> int:
@@ -508,12 +514,52 @@ class Log(ReplicaLogMixin):
         first batch of a producer, retries, errors, a plain batch inside a transaction, an unverified one, topic
         recompression, LogAppendTime).
         It skips the staged copy of the producer's entry: every check is made before the write, and the entry
-        is updated in place after it, under the lock as the general path's commit is."""
+        is updated in place after it, under the lock as the general path's commit is. With the C built, the most
+        common of these appends is one call (LogSegment.append_plain_one); the steps below serve what it declines
+        and are the whole path without the C."""
         config = self.config
-        applies, compacted, bounded, _ = self._facts if config is self._facts_config else self._config_facts(config)
+        applies, compacted, bounded, max_segment_ms = (self._facts if config is self._facts_config
+                                                       else self._config_facts(config))
         if not applies:
             return None
         bounds = config.timestamp_bounds(now_ms) if bounded else None
+        if _append_one is not None and len(records) <= config.max_message_bytes and (
+                type(records) is bytearray or (type(records) is memoryview and not records.readonly)):
+            # The common case in one C call (storage/leader_append.py's append_plain): a batch without a
+            # transaction, in sequence, into the active segment without a roll, the leader epoch already cached.
+            # Anything it declines (nothing changed) takes the steps below, which decide as before.
+            with self._lock:
+                if (not self._closed and self.replaced_by is None and self.validate_producer_state is None
+                        and (leader_epoch is None or (leader_epoch >= self.leader_epoch and self._leading
+                                                      and self.leader_epoch_cache.holds(leader_epoch, self._leo)))):
+                    first_offset = self._leo
+                    segment = self._segments[-1]
+                    psm = self.producer_state
+                    try:
+                        written = segment.append_plain_one(records, compacted, bounds, psm.producers, first_offset,
+                                                           leader_epoch, now_ms, config.segment_bytes,
+                                                           max_segment_ms)
+                    except OSError as e:
+                        raise self._storage_error(segment, e) from e
+                    if written is not None:
+                        last_offset = written[0]
+                        # _end_moved, inline on this path
+                        self._leo = last_offset + 1
+                        if self._hw_tracks_leo:
+                            self._hw = last_offset + 1
+                        records_count = written[6]
+                        self._appended_messages += records_count
+                        entry = written[7]
+                        if entry is not None:
+                            entry.batch_metadata.append(written[8])  # type: ignore[arg-type]
+                            entry.last_timestamp = written[5]
+                            self._first_unstable = psm.first_unstable_offset if psm.ongoing_txns else None
+                        psm.map_end_offset = last_offset + 1
+                        if written[5] > NO_TIMESTAMP:
+                            return (first_offset, last_offset, written[5], last_offset, -1, self._log_start_offset,
+                                    records_count, len(records))
+                        return (first_offset, last_offset, -1, first_offset, -1, self._log_start_offset,
+                                records_count, len(records))
         h = plain_client_batch(records, compacted, bounds)
         if h is None:
             # A compressed batch (librdkafka's lz4 and zstd): the general path's own validation, the same call it
@@ -627,22 +673,31 @@ class Log(ReplicaLogMixin):
                     f"{config.max_message_bytes} of {self.name}")
 
     def append_control(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
-                       now_ms: int, *, leader_epoch: int | None = None) -> LogAppendInfo:
+                       now_ms: int, *, leader_epoch: int | None = None, template: bytes | None = None,
+                       marker: EndTxnMarker | None = None) -> LogAppendInfo:
         """Write a COMMIT or ABORT marker of the producer's transaction (a control batch of one record).
 
         Checked as Kafka's appendEndTxnMarker: a stale producer epoch raises InvalidProducerEpochError, a
         stale coordinator epoch TransactionCoordinatorFencedError. A marker for a producer without an open
         transaction here is written all the same and completes nothing.
+
+        template and marker: build_end_txn_marker_batch of these same arguments and its EndTxnMarker, made once by
+        a writer of one transaction's markers to many partitions (TxnMarkerChannel). A batch's base offset and
+        partition leader epoch lie outside its CRC, so one built batch serves every partition, its copy's two
+        fields set by the append.
         """
-        batch = bytearray(build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now_ms))
-        marker = EndTxnMarker(commit, coordinator_epoch)
+        batch = bytearray(template if template is not None else
+                          build_end_txn_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now_ms))
+        if marker is None:
+            marker = EndTxnMarker(commit, coordinator_epoch)
         info = self._append_marker(batch, producer_id, producer_epoch, marker, now_ms, leader_epoch) \
             if PLAIN_APPEND else None
         if info is None:
             info = self.append_as_leader(batch, now_ms, leader_epoch=leader_epoch, from_client=False,
                                          end_txn_marker=marker)
-        logger.debug("Wrote %s marker of producer %d (epoch %d) at offset %d of %s", "COMMIT" if commit else "ABORT",
-                     producer_id, producer_epoch, info.first_offset, self.name)
+        if logger.isEnabledFor(logging.DEBUG):  # one per partition per transaction: spare the call otherwise
+            logger.debug("Wrote %s marker of producer %d (epoch %d) at offset %d of %s",
+                         "COMMIT" if commit else "ABORT", producer_id, producer_epoch, info.first_offset, self.name)
         return info
 
     def _append_marker(self, buf: bytearray, producer_id: int, producer_epoch: int, marker: EndTxnMarker,
@@ -670,25 +725,32 @@ class Log(ReplicaLogMixin):
             elif producer_epoch < entry.producer_epoch or entry.coordinator_epoch > marker.coordinator_epoch:
                 return None
             offset = self._leo
-            set_base_offset(buf, 0, offset)
             if leader_epoch is not None:
-                set_partition_leader_epoch(buf, 0, leader_epoch)
                 self.leader_epoch_cache.assign(leader_epoch, offset)
-            h = parse_batch_header(buf)
-            segment = self._write(buf, [(0, h)], size, now_ms, offset, 1)
+            segment = self._maybe_roll(size, now_ms, offset)
+            try:
+                # As _append_plain: the base offset and leader epoch are set in buf by the call that writes it, and
+                # the segment's index bookkeeping is the same call's (the general path's segment.append).
+                segment.append_plain(buf, offset, leader_epoch, now_ms)
+            except OSError as e:
+                raise self._storage_error(segment, e) from e
+            self._end_moved(offset, 1)
+            # The marker's one record: its timestamp is the batch's max timestamp (append_control's now_ms, or the
+            # template's, built with the same).
+            max_timestamp = _MAX_TIMESTAMP.unpack_from(buf, _MAX_TIMESTAMP_AT)[0]
             if entry is None:
                 entry = psm.producers[producer_id] = ProducerStateEntry(producer_id)
             first = entry.current_txn_first_offset
             entry.maybe_update_producer_epoch(producer_epoch)
             entry.current_txn_first_offset = None
             entry.coordinator_epoch = marker.coordinator_epoch
-            entry.last_timestamp = h.max_timestamp
+            entry.last_timestamp = max_timestamp
             if first is not None:
                 self._update_producers([], [CompletedTxn(producer_id, first, offset, not marker.commit)], segment)
             self._first_unstable = psm.first_unstable_offset
             psm.update_map_end_offset(offset + 1)
         log_append_time = now_ms if config.log_append_time else -1
-        return LogAppendInfo(offset, offset, now_ms if log_append_time >= 0 else h.max_timestamp, offset,
+        return LogAppendInfo(offset, offset, now_ms if log_append_time >= 0 else max_timestamp, offset,
                              log_append_time, self._log_start_offset, 1, size)
 
     def _analyze_producer_state(

@@ -21,7 +21,8 @@ from kbroker.protocol.records import (
 )
 from kbroker.storage.file_handles import LazyFile, OpenFile
 from kbroker.storage.index import OffsetIndex, TimeIndex
-from kbroker.storage.leader_append import write_plain
+from kbroker.storage.leader_append import APPEND_WALK, PlainWritten, append_plain, write_plain
+from kbroker.storage.producer_state import ProducerStateEntry
 from kbroker.storage.transaction_index import TXN_INDEX_SUFFIX, TransactionIndex
 
 LOG_SUFFIX = ".log"
@@ -35,6 +36,7 @@ DELETED_SUFFIX = ".deleted"
 _SCAN_CHUNK = 16 * 1024
 _PAGE = 4096
 _INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
 
 
 def _scan_chunk(position: int, sequential: bool) -> int:
@@ -257,6 +259,49 @@ class LogSegment:
         if len(recent) > _RECENT_BATCHES:  # _bound_recent's test, without its call on every append
             self._bound_recent(recent)
         self._size = start + len(buf)
+
+    def append_plain_one(self, buf: bytearray | memoryview, compacted: bool, timestamp_bounds: tuple[int, int] | None,
+                         producers: dict[int, ProducerStateEntry], base_offset: int, leader_epoch: int | None, now_ms: int,
+                         segment_bytes: int, max_segment_ms: int) -> PlainWritten | None:
+        """Log._append_plain's one call (storage/leader_append.py's append_plain) with this segment's part of it:
+        None, with nothing changed, when the call declines or the segment is due a roll (Log._maybe_roll's tests:
+        its age and full indexes here, its size and relative offsets in the call); else append_plain's result,
+        the batch written at the end and indexed as append_plain() does; an OSError as append_plain()'s."""
+        start = self._size
+        if start == 0:
+            room = max_delta = _INT64_MAX
+        else:
+            base = self._rolling_base_ms
+            if base is None:
+                base = self.rolling_base_ms()
+            if ((base is not None and now_ms - base > max_segment_ms) or self.index._count >= self.index.max_entries
+                    or self.time_index._count >= self.time_index.max_entries):
+                return None
+            room = segment_bytes - start
+            max_delta = _INT32_MAX - (base_offset - self.base_offset)
+        max_ts = self._max_ts if self._max_ts is not None else self.max_timestamp_and_offset
+        low, high = timestamp_bounds if timestamp_bounds is not None else (0, 0)
+        writer = self._file.get()  # held while the call writes to its descriptor
+        written = append_plain(buf, APPEND_WALK, compacted, timestamp_bounds is not None, low, high, producers,  # type: ignore[misc]
+                               writer.fd, start, base_offset, leader_epoch, self._bytes_since_last_index_entry,
+                               self.index_interval_bytes, max_ts[0], max_ts[1], room, max_delta)
+        if written is None:
+            return None
+        last, since, _, ts, ts_offset = written[:5]
+        if ts != max_ts[0]:
+            self._max_ts = (ts, ts_offset)
+        if self._rolling_base_ms is None:
+            self._rolling_base_ms = now_ms
+        if written[2]:
+            self.index.append(last, start)
+            self.time_index.maybe_append(ts, ts_offset, skip_full_check=True)
+        self._bytes_since_last_index_entry = since
+        recent = self._recent
+        recent.append((last, start))
+        if len(recent) > _RECENT_BATCHES:
+            self._bound_recent(recent)
+        self._size = start + len(buf)
+        return written
 
     def _bound_recent(self, recent: list[tuple[int, int]]) -> None:
         """The recent batches' list kept bounded however many batches one append brings (a follower's catch-up)."""

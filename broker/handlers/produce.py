@@ -180,10 +180,11 @@ def handle_produce_frame(apis: KafkaApis, conn: KafkaConnection, frame: bytes | 
     correlation_id, version, client_id, txn_id, acks, timeout_ms, topics, producer = decoded
     if acks not in (0, 1, -1):
         return NOT_DIRECT  # handle_produce answers these in Kafka's order
-    if producer is None and len(topics) == 1 and len(topics[0][1]) == 1 and log_module.PLAIN_APPEND:
+    if (len(topics) == 1 and len(topics[0][1]) == 1 and log_module.PLAIN_APPEND
+            and (producer is None or txn_id is not None)):
         shard = metrics.shard()
         result = _append_plain_one(server, conn, correlation_id, version, client_id, topics, acks, timeout_ms,
-                                   started, shard)
+                                   started, shard, txn_id, producer)
         if type(result) is Response:  # KafkaApis.handle's accounting of a direct path's Response
             elapsed = time.perf_counter() - started
             shard.busy_s += elapsed
@@ -245,13 +246,16 @@ def _direct_answer(ctx: RequestContext, result: Any) -> Any:
 
 def _append_plain_one(server: KafkaServer, conn: KafkaConnection, correlation_id: int, version: int,
                       client_id: str | None, topics: list[tuple[str, list[tuple[int, Any]]]], acks: int,
-                      timeout_ms: int, started: float, shard: metrics.Shard) -> Any:
-    """handle_produce_frame for the most common request: one partition, led here, one batch without a transaction
-    that the log's plain append takes (Log._append_plain: an idempotent producer's next batch, or a batch without
-    a producer). The same answer as _append's, in one function from the decoded request to the encoded response
-    (a RequestContext is built only for the answers _answer gives: acks 0 and -1, an fsync due, a quota, a failed
-    append); _NOT_PLAIN, with nothing changed, for anything else (the partition unknown, led elsewhere or offline,
-    an internal topic, a producer's first batch or a retry...), which _append then serves as before."""
+                      timeout_ms: int, started: float, shard: metrics.Shard, txn_id: str | None = None,
+                      producer: tuple[int, int] | None = None) -> Any:
+    """handle_produce_frame for the most common request: one partition, led here, one batch that the log's plain
+    append takes (Log._append_plain: an idempotent producer's next batch, a batch without a producer, or a
+    transactional producer's next batch, producer: its (id, epoch), with txn_id its transactional id). The same
+    answer as _append's, in one function from the decoded request to the encoded response (a RequestContext is
+    built only for the answers _answer gives: acks 0 and -1, an fsync due, a quota, a failed append); _NOT_PLAIN,
+    with nothing changed, for anything else (the partition unknown, led elsewhere or offline, an internal topic, a
+    producer's first batch or a retry, a transactional batch the coordinator does not confirm at once...), which
+    _append then serves as before."""
     name, parts = topics[0]
     index, records = parts[0]
     if name in INTERNAL_TOPICS or not records:
@@ -261,8 +265,13 @@ def _append_plain_one(server: KafkaServer, conn: KafkaConnection, correlation_id
         lg, epoch = rm.leader_log_for_append(name, index, acks)
     except Exception:  # noqa: BLE001 - _append answers the partition's error
         return _NOT_PLAIN
+    guard = None
+    if producer is not None:
+        guard = _plain_guard(server, lg, txn_id, (name, index), producer)
+        if guard is _NOT_PLAIN:
+            return _NOT_PLAIN
     try:
-        appended = lg._append_plain(records, int(time.time() * 1000), epoch)
+        appended = lg._append_plain(records, int(time.time() * 1000), epoch, guard)
         if appended is not None:  # inside the try, as in ReplicaManager._append: a failing wake-up is answered
             rm.appended(name, index, lg, appended[1])
     except Exception as e:  # noqa: BLE001 - the partition's error code, as _append's
@@ -277,9 +286,11 @@ def _append_plain_one(server: KafkaServer, conn: KafkaConnection, correlation_id
     last_offset = appended[1]
     shard.produced(name, appended[6], len(records))  # the network thread's metrics.shard()
     answered: TopicAnswers = [(name, [(index, 0, appended[0], -1, appended[5], None, None)])]
-    if (acks == 1 and lg.unflushed_messages < lg.config.flush_messages
+    if ((acks == 1 or (acks == -1 and last_offset < lg.high_watermark))
+            and lg.unflushed_messages < lg.config.flush_messages
             and not server.produce_quota.quotas()):  # no byte-rate quota anywhere: _answer's quota_for is None
-        # Nothing to wait for and no throttle: _answer's (answers, 0), encoded at once.
+        # Nothing to wait for (acks=all: the ISR, this replica alone, has the batch already) and no throttle:
+        # _answer's (answers, 0), encoded at once.
         return Response(produce_codec.encode_response(correlation_id, version, 0, answered))
     to_flush = [(lg, last_offset)] if rm.needs_flush(lg) else []
     delayed = [(name, index, last_offset + 1)] if acks == -1 and last_offset >= lg.high_watermark else []
@@ -288,6 +299,26 @@ def _append_plain_one(server: KafkaServer, conn: KafkaConnection, correlation_id
     ctx = _context(server, conn, correlation_id, version, client_id)
     return _direct_answer(ctx, _answer(ctx, topics, answered, acks, timeout_ms, to_flush, delayed, sequenced, False,
                                        True, started))
+
+
+def _plain_guard(server: KafkaServer, lg: Any, txn_id: str | None, tp: tuple[str, int],
+                 producer: tuple[int, int]) -> Any:
+    """The verification guard _direct_decoded would hand _append for a transactional batch to one partition
+    (KIP-890): None with verification off; _NO_GUARD when the producer's transaction is already open there (nothing
+    to verify: the log refuses the batch if that changes before it is written); the producer's guard when the
+    coordinator, this broker, confirms at once that the partition is in the transaction. _NOT_PLAIN when only
+    the general path can answer: the coordinator elsewhere or busy, or a partition it refuses (the general path
+    verifies again and answers the error)."""
+    if txn_id is None:
+        return _NOT_PLAIN  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED: the general path's answer
+    if not server.config.effective("transaction.partition.verification.enable", server.metadata.broker_configs):
+        return None
+    producer_id, producer_epoch = producer
+    if lg.has_ongoing_transaction(producer_id, producer_epoch):
+        return _NO_GUARD
+    if not server.txn_verifier.confirmed_now(txn_id, producer_id, producer_epoch, tp):
+        return _NOT_PLAIN
+    return VerificationGuard(producer_id)
 
 
 def _context(server: KafkaServer, conn: KafkaConnection, correlation_id: int, version: int,

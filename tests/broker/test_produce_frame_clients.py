@@ -2,9 +2,12 @@
 clients byte for byte as the general path does: confluent-kafka and kafka-python, idempotent and not, acks 0, 1 and
 all, each producing one record per request through a recording proxy to a compiled broker and to one on the Python
 references (KBROKER_PURE_PYTHON=1: handle_produce and the generated codec); the Produce responses are the same bytes
-(correlation ids aside, checked against each request's), and acks=0's records are all there. Hostile Produce frames
+(correlation ids aside, checked against each request's), acks=0's records are all there, and the partition's
+segment holds the same bytes on both. Hostile Produce frames
 (a header cut short, a client id length that lies, a version the direct decode does not take, a v1 header under a
-flexible version and the reverse) get the same answer or the same closed connection from both (~25 s)."""
+flexible version and the reverse) get the same answer or the same closed connection from both (~25 s). Transactional
+producers of both libraries, one record per request in a committed and then an aborted transaction, get the same
+Produce answers too (the frame path's single-partition append with the KIP-890 guard against handle_produce)."""
 
 from __future__ import annotations
 
@@ -207,6 +210,106 @@ def test_real_clients_get_the_same_produce_answers(
             for b, _ in pair
         ]
         assert stored[0] == stored[1] and len(stored[0]) == RECORDS
+    # The same bytes on disk: the compiled broker's one-call append (storage/leader_append.append_plain) wrote what
+    # the Python references wrote (the same batches from the same client, the same producer ids and offsets).
+    segments = [
+        wait_until(
+            lambda b=b: (data := _segment(b, topic)).count(b"\x02") and _batches(data) == RECORDS and data,
+            what="the records on disk",
+        )
+        for b, _ in pair
+    ]
+    assert segments[0] == segments[1]
+
+
+def _segment(broker: BrokerProcess, topic: str) -> bytes:
+    path = broker.data_dir / "logs" / f"{topic}-0" / "00000000000000000000.log"
+    return path.read_bytes() if path.exists() else b""
+
+
+def _batches(data: bytes) -> int:
+    count, pos = 0, 0
+    while pos + 12 <= len(data):
+        pos += 12 + struct.unpack_from(">i", data, pos + 8)[0]
+        count += 1
+    return count
+
+
+# Transactional producers: one record per request in a transaction that commits, then in one that aborts, so the
+# frame path's single-partition append opens a transaction (KIP-890 verified with the coordinator), continues it,
+# and opens the next after the COMMIT marker; the Python broker serves the same requests through handle_produce.
+TXN_SPLIT = 3  # records in the committed transaction; the rest of RECORDS in the aborted one
+
+
+def _ck_txn(bootstrap: str, topic: str) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": f"{topic}-txn",
+            "linger.ms": 0,
+            "socket.timeout.ms": 10000,
+        }
+    )
+    p.init_transactions(30)
+    for records, commit in ((range(TXN_SPLIT), True), (range(TXN_SPLIT, RECORDS), False)):
+        p.begin_transaction()
+        for i in records:
+            p.produce(topic, key=b"k%d" % i, value=b"v" * (10 + i), timestamp=1_700_000_000_000 + i)
+            assert p.flush(15) == 0
+        if commit:
+            p.commit_transaction(30)
+        else:
+            p.abort_transaction(30)
+
+
+def _kp_txn(bootstrap: str, topic: str) -> None:
+    from kafka import KafkaProducer
+
+    p = KafkaProducer(
+        bootstrap_servers=bootstrap, transactional_id=f"{topic}-txn", enable_idempotence=True, linger_ms=0
+    )
+    try:
+        p.init_transactions()
+        for records, commit in ((range(TXN_SPLIT), True), (range(TXN_SPLIT, RECORDS), False)):
+            p.begin_transaction()
+            for i in records:
+                p.send(topic, key=b"k%d" % i, value=b"v" * (10 + i), timestamp_ms=1_700_000_000_000 + i).get(
+                    15
+                )
+            (p.commit_transaction if commit else p.abort_transaction)()
+    finally:
+        p.close(timeout=5)
+
+
+@pytest.mark.parametrize("client", ["ck", "kp"])
+def test_transactional_clients_get_the_same_produce_answers(
+    pair: list[tuple[BrokerProcess, RecordingProxy]], client: str
+) -> None:
+    topic = f"{client}-txn"
+    answers = []
+    for broker, proxy in pair:
+        _create(broker, topic)
+        before = len(proxy.produce_answers())
+        bootstrap = f"127.0.0.1:{proxy.listener.getsockname()[1]}"
+        (_ck_txn if client == "ck" else _kp_txn)(bootstrap, topic)
+        got = proxy.produce_answers()[before:]
+        assert len(got) == RECORDS, got
+        answers.append(got)
+    for (req_c, resp_c), (req_p, resp_p) in zip(*answers, strict=True):
+        assert resp_c is not None and resp_p is not None
+        assert resp_c[4:8] == req_c[8:12] and resp_p[4:8] == req_p[8:12]
+        assert resp_c[:4] + resp_c[8:] == resp_p[:4] + resp_p[8:]
+    # what both stored: the three committed records, the COMMIT marker, the two aborted ones and the ABORT marker
+    committed = [
+        [
+            (r.offset, r.key, r.value)
+            for r in kp_consume(b.bootstrap, topic, [0], TXN_SPLIT, isolation_level="read_committed")
+        ]
+        for b, _ in pair
+    ]
+    assert committed[0] == committed[1] == [(i, b"k%d" % i, b"v" * (10 + i)) for i in range(TXN_SPLIT)]
 
 
 def _raw(version: int, client_id: bytes | None, tagged: bytes, body: bytes, correlation_id: int = 7) -> bytes:

@@ -5,6 +5,11 @@ Produce handler, the same log fast paths with their Python checks):
 - a batch of a producer's ongoing transaction to a partition never added to it (KIP-890) is refused with Kafka's
   error (INVALID_TXN_STATE, TRANSACTION_ABORTABLE from Produce v11) and opens nothing: the partition's last stable
   offset stays at its high watermark, and the client's own transaction commits as if nothing happened;
+- one confluent-kafka transactional producer over 8 partitions of two topics (a Produce request per partition:
+  the direct path's single-partition append, each partition's first batch of a transaction verified with the
+  coordinator at once), commits and aborts alternating: each open transaction holds every partition's last stable
+  offset at its first offset, read_committed consumers of both libraries see exactly the committed records at
+  their offsets, and the aborted transactions are in the transaction indexes;
 - two transactional producers of two client libraries (confluent-kafka with lz4, kafka-python with gzip) writing
   to the same partitions at once, one committing and one aborting: read_committed consumers of both libraries see
   exactly the committed records, read_uncommitted ones all, and the aborted transaction is in the partition's
@@ -29,8 +34,11 @@ from tests.clients import RawClient
 from tests.txn_support import (
     TXN_BROKER_OVERRIDES,
     Seen,
+    ck_send,
     ck_txn_producer,
+    expected_reads,
     high_watermark_and_lso,
+    plan_transactions,
     produce_request,
     read_ck,
     read_kp,
@@ -229,3 +237,51 @@ def test_two_clients_interleaved_commit_and_abort_compressed(broker: BrokerProce
         # the aborted transaction ran from offset 0 to its marker at 21; the kafka-python one was still open
         # then, from offset 4 (its first batch came after confluent's first four records)
         assert [(e.first_offset, e.last_offset, e.last_stable_offset) for e in indexed] == [(0, 21, 4)]
+
+
+def test_transactions_over_many_partitions_commit_and_abort(broker: BrokerProcess, topic_name: str) -> None:
+    """Six transactions of 5 records per partition over 2 topics x 4 partitions, commits and aborts alternating:
+    transaction n takes offsets 6n..6n+4 of every partition and its marker 6n+5."""
+    layout = {f"{topic_name}-a": 4, f"{topic_name}-b": 4}
+    for t, n in layout.items():
+        create_topic(broker.bootstrap, t, partitions=n)
+    outcomes = [True, False, True, True, False, True]
+    txns = plan_transactions(topic_name, layout, 5, outcomes)
+    p = ck_txn_producer(broker.bootstrap, f"{topic_name}-txn")
+    for n, (recs, commit) in enumerate(zip(txns, outcomes, strict=True)):
+        p.begin_transaction()
+        ck_send(p, recs)
+        for t in layout:
+            # open: the last stable offset is the transaction's first offset, the records are behind it
+            assert high_watermark_and_lso(broker.bootstrap, t, range(4)) == dict.fromkeys(
+                range(4), (6 * n + 5, 6 * n)
+            )
+        if commit:
+            p.commit_transaction(30)
+        else:
+            p.abort_transaction(30)
+    del p
+    tps = [(t, part) for t, parts in layout.items() for part in range(parts)]
+    for committed in (True, False):
+        expected = expected_reads(txns, outcomes, committed)
+        for name, read in READERS.items():
+            assert read(broker.bootstrap, tps, len(expected), committed, timeout=20) == expected, (
+                name,
+                committed,
+            )
+    deadline = time.monotonic() + 10
+    while True:  # the last commit's markers are written after the client's EndTxn answer
+        ends = {t: high_watermark_and_lso(broker.bootstrap, t, range(4)) for t in layout}
+        if (
+            all(v == (36, 36) for parts in ends.values() for v in parts.values())
+            or time.monotonic() > deadline
+        ):
+            break
+        time.sleep(0.05)
+    assert ends == {t: dict.fromkeys(range(4), (36, 36)) for t in layout}
+    for t, part in tps:
+        indexed = read_txn_indexes(broker.data_dir / "logs" / f"{t}-{part}")
+        assert [(e.first_offset, e.last_offset, e.last_stable_offset) for e in indexed] == [
+            (6, 11, 12),
+            (24, 29, 30),
+        ]

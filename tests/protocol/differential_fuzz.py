@@ -4,8 +4,8 @@ protocol/_codec.c against codec.py's generated functions (encode every request a
 broker advertises, then decode mutated encodings with both) and protocol/_record_walk.c against
 record_walk.walk_records_py (record bodies with any varint widths, then mutated) and protocol/_batch_scan.c against
 records.scan_batches_py (batch sets with mutated headers, CRCs mended or not; its plain against
-records.plain_client_batch_py, one batch mutated; its write_plain and next_batch against storage/leader_append.py's references,
-also as a follower's one-batch append writes a fetched batch),
+records.plain_client_batch_py, one batch mutated; its write_plain, next_batch and append_plain against storage/leader_append.py's references,
+write_plain also as a follower's one-batch append writes a fetched batch),
 protocol/_frames.c against framing.split_py and
 protocol/_produce.c against broker/produce_codec.py's references (Produce requests, then mutated, and their answers): the two must agree on every
 accept/refuse and on what they return. Run by tools/sanitize_build.py on ASan/UBSan builds of the accelerators
@@ -31,7 +31,7 @@ from kbroker.storage.producer_state import BatchMetadata
 
 from tests.protocol.test_codec import CASES, _cls, filled, normalize
 from tests.protocol.test_record_walk import NOW, VARINT_FIELDS, record_with_widths
-from tests.storage.test_leader_append import next_both, write_both
+from tests.storage.test_leader_append import append_both, next_both, write_both
 
 _PY_DECODE_ERRORS = (codec.DecodeError, struct.error, IndexError, OverflowError, MemoryError, ValueError)
 _SPECIAL = (0x00, 0x01, 0x7F, 0x80, 0xFE, 0xFF)
@@ -292,6 +292,62 @@ def next_batch_round(rng: random.Random) -> None:
     next_both(rng.choice([list, tuple, deque])(batches), args)
 
 
+def append_round(rng: random.Random) -> None:
+    """The leader's one-call append (_batch_scan.c's append_plain): producer 7's next batch mostly, mutated or not,
+    against retained batches in sequence or not, at edge positions, offsets, epochs, index state and roll limits."""
+    edge = [0, 1, -1, 2**31 - 1, -(2**31), 2**63 - 1, -(2**63)]
+    data = R.build_batch(
+        [
+            (
+                rng.choice([b"k"] * 5 + [None]),
+                rng.randbytes(rng.randint(0, 40)),
+                (),
+                NOW + rng.choice([0, 0, 5, -5]),
+            )
+            for _ in range(rng.randint(1, 4))
+        ],
+        producer_id=rng.choice([7, 7, 7, -1, 8]),
+        producer_epoch=rng.choice([0, 0, 1]),
+        base_sequence=rng.choice([3] * 8 + [0, 4, -1, 2**31 - 1]),
+        is_transactional=rng.random() < 0.1,
+    )
+    if rng.random() < 0.2:
+        data = _mutate(rng, data)
+    retained = rng.choice([[(0, 2)]] * 8 + [[], [(1, 1), (2, 2)], [(2**31 - 5, 2**31 - 1)], [(0, 2**63 - 1)]])
+    spec = rng.choice([None, (0, retained, False), (0, retained, False), (0, retained, rng.random() < 0.3)])
+    walk_args = rng.choice(
+        [(False, False, 0, 0), (True, False, 0, 0), (False, True, NOW - 3, NOW + 3), (True, True, *edge[5:])]
+    )
+
+    def pick(
+        sane: list[Any], hostile: list[Any]
+    ) -> Any:  # hostile one time in 25: many calls reach the write
+        return rng.choice(hostile if rng.random() < 0.04 else sane)
+
+    args = (
+        pick([0, 7, 4096], [-1]),
+        pick([0, 1, 10**6], [2**63 - 2**31, 2**63 - 2**31 + 1, -1]),
+        pick([None, 0, 3], [2**31 - 1, -(2**31), 2**31]),
+        pick([0, 100, 5000], edge),
+        pick([4096, 1, 0], edge),
+        pick([-1, NOW, NOW + 10], edge),
+        pick([0, 3], edge),
+        pick([2**63 - 1, 60, 100], edge),
+        pick([2**63 - 1, 0, 1, 3], edge),
+    )
+    make_buf = rng.choice(
+        [
+            bytearray,
+            bytearray,
+            bytearray,
+            bytes,
+            lambda b: memoryview(bytearray(b)),
+            lambda b: memoryview(bytearray(b))[2:],
+        ]
+    )
+    append_both(bytes(data), make_buf, rng.randbytes(rng.randint(0, 30)), spec, walk_args, args)
+
+
 def framing_round(rng: random.Random) -> None:
     """protocol/_frames.c's split: frames back to back, sizes that lie, cut anywhere, any range of the buffer."""
     out = bytearray(rng.randbytes(rng.randint(0, 6)))
@@ -433,6 +489,7 @@ ROUNDS: list[tuple[str, Callable[[random.Random], None], int]] = [
     ("framing", framing_round, 1),
     ("plain write", write_round, 1),
     ("next batch", next_batch_round, 1),
+    ("plain append", append_round, 1),
     ("follower batch", follower_round, 1),
 ]
 

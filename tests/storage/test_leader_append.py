@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kbroker.protocol.records import build_batch
 from kbroker.storage import leader_append
-from kbroker.storage.producer_state import BatchMetadata
+from kbroker.storage.producer_state import BatchMetadata, ProducerStateEntry
 
 pytestmark = pytest.mark.skipif(
     not leader_append.COMPILED, reason="protocol/_batch_scan.c not built or switched off"
@@ -291,3 +291,211 @@ def test_next_batch_after_extreme_snapshot_values() -> None:
     for last_seq in (2**63 - 1, -(2**63), 2**31 - 1, 2**31):
         for base in (0, 2**31 - 1, -1):
             next_both([BatchMetadata(-(2**63), last_seq, 0, 1, 2**63 - 1)], (base, 0, 0, 0))
+
+
+# -- append_plain: the batch check, the producer's checks and the write in one call --------------------------------
+
+
+def _producers(spec: Any) -> dict[int, ProducerStateEntry]:
+    """Producer 7's entry from spec: None (unknown), or (epoch, retained (first_seq, last_seq) pairs, open txn)."""
+    if spec is None:
+        return {}
+    epoch, retained, txn = spec
+    batches: deque[BatchMetadata] = deque(maxlen=5)
+    for i, (first, last) in enumerate(retained):
+        batches.append(BatchMetadata(first, last, i, i + 1, NOW))
+    return {7: ProducerStateEntry(7, epoch, batches, NOW, -1, 3 if txn else None)}
+
+
+def append_both(
+    data: bytes,
+    make_buf: Any,
+    prefix: bytes,
+    spec: Any,
+    walk_args: tuple[Any, ...],
+    args: tuple[Any, ...],
+    open_flags: int = os.O_RDWR,
+) -> Any:
+    """One append_plain call with each implementation on its own copy of the buffer, the file and the producers:
+    results (the entry returned compared by value), errors, the buffers, files and producers after must be equal.
+    walk_args: (compacted, check_ts, ts_low, ts_high); args: position and everything after it. The C's outcome."""
+    outs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        implementations = (("c", leader_append._compiled.append_plain), ("py", leader_append.append_plain_py))  # type: ignore[union-attr]
+        for name, append in implementations:
+            path = os.path.join(tmp, name)
+            with open(path, "wb") as f:
+                f.write(prefix)
+            buf = make_buf(data)
+            producers = _producers(spec)
+            fd = os.open(path, open_flags)
+            try:
+                try:
+                    result = append(buf, leader_append.APPEND_WALK, *walk_args, producers, fd, *args)
+                    if result is not None:
+                        assert result[7] is producers.get(7) or result[7] is None
+                except BufferError as e:  # a read-only buffer: the message names the buffer's type in C only
+                    result = type(e).__name__
+                except Exception as e:  # noqa: BLE001 - the error is the outcome compared
+                    result = (type(e).__name__, str(e))
+            finally:
+                os.close(fd)
+            with open(path, "rb") as f:
+                outs.append((result, bytes(buf), f.read(), producers))
+    assert outs[0] == outs[1], (data.hex(), prefix.hex(), spec, walk_args, args)
+    return outs[0][0]
+
+
+def _plain_batch(
+    n: int, shift: int, pid: int, epoch: int, seq: int, txn: bool = False, keyed: bool = True
+) -> bytes:
+    return build_batch(
+        [(b"k" if keyed else None, b"v" * i, (), NOW + shift * i) for i in range(n)],
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+        is_transactional=txn,
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    n=st.integers(1, 4),
+    shift=st.sampled_from((0, 1, -1, -(10**13))),
+    pid=st.sampled_from((7, 7, 7, -1, 8)),
+    epoch=st.sampled_from((0, 0, 0, 1)),
+    seq=st.sampled_from((3, 3, 3, 0, 2, 4, -1, 2**31 - 1)),
+    txn=st.sampled_from((False, False, False, True)),
+    keyed=st.sampled_from((True, True, False)),
+    mutation=st.one_of(st.none(), st.tuples(st.integers(0, 70), st.integers(0, 255)), st.integers(0, 80)),
+    make_buf=st.sampled_from(BUFFERS),
+    prefix=st.binary(max_size=20),
+    spec=st.one_of(
+        st.none(),
+        st.tuples(
+            st.sampled_from((0, 0, 1)),
+            st.sampled_from(([(0, 2)], [], [(1, 1), (2, 2)], [(0, 2), (3, 5)], [(2**31 - 5, 2**31 - 1)])),
+            st.sampled_from((False, False, True)),
+        ),
+    ),
+    walk_args=st.sampled_from(
+        (
+            (False, False, 0, 0),
+            (True, False, 0, 0),
+            (False, True, NOW - 10, NOW + 10),
+            (False, True, NOW, NOW),
+        )
+    ),
+    position=st.one_of(st.integers(0, 30), st.sampled_from((-1,))),
+    base_offset=st.one_of(
+        st.integers(0, 10**6), st.sampled_from((-1, INT64_MAX - 2**31 + 1, INT64_MAX - 2**31 + 2))
+    ),
+    leader_epoch=st.one_of(st.none(), st.sampled_from((0, 1, 2**31 - 1, 2**31, -(2**31) - 1))),
+    since=st.one_of(st.integers(0, 5000), st.sampled_from((INT64_MAX, -(2**63)))),
+    interval=st.sampled_from((4096, 1, 0, -1, INT64_MAX)),
+    max_ts=st.sampled_from((-1, NOW, NOW + 3, -(2**63), INT64_MAX)),
+    room=st.sampled_from((INT64_MAX, 0, 100, 200, -1)),
+    max_delta=st.sampled_from((INT64_MAX, 0, 1, 2, -1)),
+)
+def test_append_plain_matches_reference(
+    n: int,
+    shift: int,
+    pid: int,
+    epoch: int,
+    seq: int,
+    txn: bool,
+    keyed: bool,
+    mutation: Any,
+    make_buf: Any,
+    prefix: bytes,
+    spec: Any,
+    walk_args: tuple[Any, ...],
+    position: int,
+    base_offset: int,
+    leader_epoch: int | None,
+    since: int,
+    interval: int,
+    max_ts: int,
+    room: int,
+    max_delta: int,
+) -> None:
+    data = bytearray(_plain_batch(n, shift, pid, epoch, seq, txn, keyed))
+    if isinstance(mutation, tuple):  # a byte set: the CRC fails unless it is outside it
+        at, value = mutation
+        if at < len(data):
+            data[at] = value
+    elif isinstance(mutation, int):  # cut or grown: no longer one whole batch
+        data = data[:mutation] if mutation < len(data) else data + b"\0" * (mutation - len(data) + 1)
+    append_both(
+        bytes(data),
+        make_buf,
+        prefix,
+        spec,
+        walk_args,
+        (position, base_offset, leader_epoch, since, interval, max_ts, 5, room, max_delta),
+    )
+
+
+def test_append_plain_takes_the_next_batch_and_declines_the_rest() -> None:
+    """The common case is taken (the write, the entry and its new metadata returned); each reason to decline leaves
+    buffer and file unchanged."""
+    spec = (0, [(0, 2)], False)
+    walk = (False, False, 0, 0)
+    args = (0, 100, 4, 0, 4096, -1, 0, INT64_MAX, INT64_MAX)
+    data = _plain_batch(3, 1, 7, 0, 3)
+    taken = append_both(data, bytearray, b"", spec, walk, args)
+    assert taken is not None and taken[:7] == (102, len(data), False, NOW + 2, 102, NOW + 2, 3)
+    assert taken[8] == BatchMetadata(3, 5, 100, 102, NOW + 2)
+    assert append_both(_plain_batch(3, 1, -1, -1, -1), bytearray, b"", None, walk, args)[7] is None
+    for batch, producers, a in (
+        (_plain_batch(3, 1, 7, 0, 3, txn=True), spec, args),  # transactional
+        (_plain_batch(3, 1, 7, 0, 4), spec, args),  # a gap
+        (_plain_batch(3, 1, 7, 0, 0), spec, args),  # a retry
+        (_plain_batch(3, 1, 7, 1, 3), spec, args),  # another epoch
+        (data, None, args),  # an unknown producer
+        (data, (0, [(0, 2)], True), args),  # inside a transaction
+        (data, spec, (*args[:7], len(data) - 1, INT64_MAX)),  # the segment would roll: its size
+        (data, spec, (*args[:7], INT64_MAX, 1)),  # its relative offsets
+        (_plain_batch(3, 1, 7, 0, 3, keyed=False), spec, args),  # keyless on a compacted topic
+    ):
+        assert append_both(batch, bytearray, b"xy", producers, (True, False, 0, 0), a) is None
+
+
+def test_append_plain_errors() -> None:
+    """A failing write (a read-only descriptor) is the OSError after the checks, the file cut back; hostile
+    numbers and a read-only buffer are refused before anything."""
+    spec = (0, [(0, 2)], False)
+    walk = (False, False, 0, 0)
+    args = (0, 100, 4, 0, 4096, -1, 0, INT64_MAX, INT64_MAX)
+    data = _plain_batch(3, 1, 7, 0, 3)
+    assert append_both(data, bytearray, b"abc", spec, walk, args, open_flags=os.O_RDONLY)[0] == "OSError"
+    assert append_both(data, bytes, b"", spec, walk, args) == "BufferError"
+    assert append_both(data, bytearray, b"", spec, walk, (0, -1, *args[2:]))[0] == "ValueError"
+    for fn in (leader_append._compiled.append_plain, leader_append.append_plain_py):  # type: ignore[union-attr]
+        with pytest.raises(TypeError):
+            fn(bytearray(data), leader_append.APPEND_WALK, *walk, [], 0, *args)
+
+
+def test_append_plain_walks_alike_through_any_walk_object() -> None:
+    """_batch_scan.c calls the compiled walk's C function directly (its _walk_api capsule) and any other walk as the
+    object it is: both give the same outcome, a fault, keyless records and timestamps out of bounds included."""
+    spec = (0, [(0, 2)], False)
+    args = (0, 100, 4, 0, 4096, -1, 0, INT64_MAX, INT64_MAX)
+    walk = leader_append.APPEND_WALK
+    assert walk is not None
+    through_python = lambda *a: walk(*a)  # noqa: E731 - another object than the compiled walk itself
+    for data, walk_args in (
+        (_plain_batch(3, 1, 7, 0, 3), (False, False, 0, 0)),
+        (_plain_batch(3, 1, 7, 0, 3, keyed=False), (True, False, 0, 0)),
+        (_plain_batch(3, 1, 7, 0, 3), (False, True, NOW, NOW)),
+        (_plain_batch(3, 1, 7, 0, 3), (True, True, NOW - 5, NOW + 5)),
+    ):
+        outcomes = []
+        for w in (walk, through_python):
+            with tempfile.TemporaryFile() as f:
+                written = leader_append._compiled.append_plain(  # type: ignore[union-attr]
+                    bytearray(data), w, *walk_args, _producers(spec), f.fileno(), *args
+                )
+                f.seek(0)
+                outcomes.append((written, f.read()))
+        assert outcomes[0] == outcomes[1]

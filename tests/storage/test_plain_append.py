@@ -1,5 +1,6 @@
 """Log._append_plain (the leader's fast path for the common client append) against the general append_as_leader:
-the same appends give the same answers, errors, log bytes and producer state."""
+the same appends give the same answers, errors, log bytes and producer state; with the compiled one-call append
+(storage/leader_append.append_plain) and without it (the fast path's steps one by one)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kbroker.protocol.control_records import EndTxnMarker, build_end_txn_marker_batch
 from kbroker.protocol.records import (
     COMPRESSION_GZIP,
     COMPRESSION_NONE,
@@ -17,6 +19,7 @@ from kbroker.protocol.records import (
     build_batch,
 )
 from kbroker.storage import log as log_module
+from kbroker.storage import segment as segment_module
 from kbroker.storage.config import LogConfig
 from kbroker.storage.errors import TransactionCoordinatorFencedError
 from kbroker.storage.log import Log
@@ -25,6 +28,7 @@ from kbroker.storage.producer_state import VerificationGuard, encode_snapshot
 from tests.storage.storage_helpers import NOW
 
 PIDS = (-1, 1000, 1000, 1000, 1001)
+ONE_CALL = log_module._append_one  # None without the C: the comparisons then cover the steps only
 
 
 def _mostly(common: Any, *rare: Any) -> st.SearchStrategy[Any]:
@@ -95,10 +99,18 @@ def _outcome(lg: Log, records: bytes | bytearray, now: int, leader_epoch: int | 
         return (type(e).__name__, str(e).replace(str(lg.dir.parent), "DIR"))
 
 
-def _marker(lg: Log, op: tuple[Any, ...], now: int) -> Any:
+def _marker(lg: Log, op: tuple[Any, ...], now: int, shared: bool = False) -> Any:
+    """shared: the marker batch built once outside the log and handed in (as TxnMarkerChannel writes one
+    transaction's markers to many partitions), else append_control builds it."""
     _, pid, epoch, commit, coordinator_epoch = op
+    kw: dict[str, Any] = {}
+    if shared:
+        kw = {
+            "template": build_end_txn_marker_batch(pid, epoch, coordinator_epoch, commit, now),
+            "marker": EndTxnMarker(commit, coordinator_epoch),
+        }
     try:
-        return lg.append_control(pid, epoch, coordinator_epoch, commit, now, leader_epoch=1)
+        return lg.append_control(pid, epoch, coordinator_epoch, commit, now, leader_epoch=1, **kw)
     except Exception as e:  # noqa: BLE001 - the error is the outcome compared
         return (type(e).__name__, str(e).replace(str(lg.dir.parent), "DIR"))
 
@@ -132,10 +144,12 @@ def _run(
     plain: bool,
     root: Path,
     monkeypatch: pytest.MonkeyPatch,
+    one_call: bool = True,
 ) -> tuple[list[Any], tuple[Any, ...]]:
     monkeypatch.setattr(log_module, "PLAIN_APPEND", plain)
+    monkeypatch.setattr(log_module, "_append_one", ONE_CALL if one_call else None)
     lg = Log.open(
-        root / ("plain" if plain else "general") / "t-0",
+        root / ("plain" if plain else "general") / ("one" if one_call else "steps") / "t-0",
         "t",
         0,
         LogConfig().replace(**config),
@@ -148,7 +162,8 @@ def _run(
     try:
         for i, op in enumerate(ops):
             if op[0] == "marker":
-                answers.append(_marker(lg, op, NOW + i))
+                # The fast path's run writes its markers from a shared batch, the general path's builds each.
+                answers.append(_marker(lg, op, NOW + i, shared=plain))
                 continue
             (
                 pid,
@@ -209,8 +224,11 @@ def _compare(config: dict[str, Any], ops: list[tuple[Any, ...]], monkeypatch: py
     with tempfile.TemporaryDirectory() as tmp:
         plain = _run(config, ops, True, Path(tmp), monkeypatch)
         general = _run(config, ops, False, Path(tmp), monkeypatch)
-    assert plain[0] == general[0]
-    assert plain[1] == general[1]
+        steps = (
+            _run(config, ops, True, Path(tmp), monkeypatch, one_call=False) if ONE_CALL is not None else plain
+        )
+    assert plain[0] == general[0] == steps[0]
+    assert plain[1] == general[1] == steps[1]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -326,3 +344,30 @@ def test_plain_append_of_compressed_batches_keeps_transactions(make_log: Any) ->
             answers.append(type(e).__name__)
     assert answers == [0, 3, 6, "InvalidTxnStateError"]
     assert lg.producer_state.ongoing_txns == {6: 7}
+
+
+def test_plain_append_takes_the_one_call(make_log: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the C built, an idempotent producer's next batches and batches without a producer are appended by the
+    one call, and what it declines (the producer's first batch, a retry, a gap) by the steps or the general path,
+    with the same answers: the one call must be what serves the common case."""
+    if ONE_CALL is None:
+        pytest.skip("protocol/_batch_scan.c not built or switched off")
+    taken: list[bool] = []
+
+    def counted(*args: Any) -> Any:
+        written = ONE_CALL(*args)
+        taken.append(written is not None)
+        return written
+
+    monkeypatch.setattr(segment_module, "append_plain", counted)
+    lg = make_log()
+    answers = []
+    for pid, seq in ((7, 0), (7, 3), (7, 6), (7, 6), (7, 10), (-1, -1), (7, 9)):
+        kw = {"producer_id": pid, "producer_epoch": 0, "base_sequence": seq} if pid >= 0 else {}
+        batch = bytearray(build_batch([(None, b"v", [], NOW)] * 3, **kw))
+        try:
+            answers.append(lg.append_as_leader(batch, NOW).first_offset)
+        except Exception as e:  # noqa: BLE001 - the refusal is the answer checked
+            answers.append(type(e).__name__)
+    assert answers == [0, 3, 6, 6, "OutOfOrderSequenceError", 9, 12]  # a retry answers its first append
+    assert taken == [False, True, True, False, False, True, True]
