@@ -13,7 +13,12 @@ Produce handler, the same log fast paths with their Python checks):
 - two transactional producers of two client libraries (confluent-kafka with lz4, kafka-python with gzip) writing
   to the same partitions at once, one committing and one aborting: read_committed consumers of both libraries see
   exactly the committed records, read_uncommitted ones all, and the aborted transaction is in the partition's
-  transaction index with Kafka's last stable offset.
+  transaction index with Kafka's last stable offset;
+- transactions back to back, as a streaming producer runs them (confluent-kafka without a flush between, and
+  kafka-python), every fifth aborted: EndTxn is answered once Prepare* is written and the markers follow, so the
+  next transaction's AddPartitionsToTxn and Produce requests may arrive before them; every commit and abort
+  returns, read_committed and read_uncommitted readers of both libraries see exactly their records at Kafka's
+  offsets, and each partition's last stable offset reaches its high watermark.
 """
 
 from __future__ import annotations
@@ -33,9 +38,11 @@ from tests.broker_process import BrokerProcess
 from tests.clients import RawClient
 from tests.txn_support import (
     TXN_BROKER_OVERRIDES,
+    Planned,
     Seen,
     ck_send,
     ck_txn_producer,
+    end_offsets,
     expected_reads,
     high_watermark_and_lso,
     plan_transactions,
@@ -43,6 +50,7 @@ from tests.txn_support import (
     read_ck,
     read_kp,
     read_txn_indexes,
+    run_kp,
 )
 
 READERS = {"confluent": read_ck, "kafka-python": read_kp}
@@ -261,14 +269,7 @@ def test_transactions_over_many_partitions_commit_and_abort(broker: BrokerProces
         else:
             p.abort_transaction(30)
     del p
-    tps = [(t, part) for t, parts in layout.items() for part in range(parts)]
-    for committed in (True, False):
-        expected = expected_reads(txns, outcomes, committed)
-        for name, read in READERS.items():
-            assert read(broker.bootstrap, tps, len(expected), committed, timeout=20) == expected, (
-                name,
-                committed,
-            )
+    tps = _check_reads(broker, layout, txns, outcomes)
     deadline = time.monotonic() + 10
     while True:  # the last commit's markers are written after the client's EndTxn answer
         ends = {t: high_watermark_and_lso(broker.bootstrap, t, range(4)) for t in layout}
@@ -285,3 +286,66 @@ def test_transactions_over_many_partitions_commit_and_abort(broker: BrokerProces
             (6, 11, 12),
             (24, 29, 30),
         ]
+
+
+def _check_reads(
+    broker: BrokerProcess, layout: dict[str, int], txns: list[list[Planned]], outcomes: list[bool]
+) -> list[tuple[str, int]]:
+    """Readers of both libraries see exactly the committed records (read_committed) and all of them
+    (read_uncommitted) at their offsets; returns the partitions read."""
+    tps = [(t, part) for t, parts in layout.items() for part in range(parts)]
+    for committed in (True, False):
+        expected = expected_reads(txns, outcomes, committed)
+        for name, read in READERS.items():
+            assert read(broker.bootstrap, tps, len(expected), committed, timeout=30) == expected, (
+                name,
+                committed,
+            )
+    return tps
+
+
+def _run_ck_streaming(
+    bootstrap: str, transactional_id: str, txns: list[list[Planned]], outcomes: list[bool]
+) -> None:
+    """The bench's loop: begin, produce, commit (which flushes), at once again; an abort flushes first so that
+    it has records to abort."""
+    p = ck_txn_producer(bootstrap, transactional_id)
+    for recs, commit in zip(txns, outcomes, strict=True):
+        p.begin_transaction()
+        for r in recs:
+            p.produce(r.topic, value=r.value, partition=r.partition)
+        if commit:
+            p.commit_transaction(30)
+        else:
+            assert p.flush(30) == 0
+            p.abort_transaction(30)
+
+
+def _check(
+    broker: BrokerProcess, layout: dict[str, int], txns: list[list[Planned]], outcomes: list[bool]
+) -> None:
+    _check_reads(broker, layout, txns, outcomes)
+    ends = end_offsets(txns)
+    want = {t: {p: (ends[(t, p)], ends[(t, p)]) for p in range(parts)} for t, parts in layout.items()}
+    deadline = time.monotonic() + 10
+    while True:  # the last transaction's markers follow its EndTxn answer
+        got = {t: high_watermark_and_lso(broker.bootstrap, t, range(parts)) for t, parts in layout.items()}
+        if got == want or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert got == want
+
+
+@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
+def test_back_to_back_transactions(broker: BrokerProcess, topic_name: str, client: str) -> None:
+    """40 transactions (confluent-kafka; 15 with kafka-python) of 3 records per partition over 2 topics x 4
+    partitions, every fifth one aborted."""
+    layout = {f"{topic_name}-a": 4, f"{topic_name}-b": 4}
+    for t, n in layout.items():
+        create_topic(broker.bootstrap, t, partitions=n)
+    count = 40 if client == "confluent" else 15
+    outcomes = [n % 5 != 4 for n in range(count)]
+    txns = plan_transactions(topic_name, layout, 3, outcomes)
+    run = _run_ck_streaming if client == "confluent" else run_kp
+    run(broker.bootstrap, f"{topic_name}-txn", txns, outcomes)
+    _check(broker, layout, txns, outcomes)
