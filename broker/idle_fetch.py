@@ -174,6 +174,10 @@ class IdleFetch:
         "min_bytes",
         "by_body",
         "body_bytes",
+        "bodies",
+        "after",
+        "last_body",
+        "expect",
         "wants",
         "watched",
         "waiting",
@@ -228,6 +232,13 @@ class IdleFetch:
         # seen, before KafkaApis decodes the header (take).
         self.by_body: dict[bytes, bytes] = {}
         self.body_bytes = 0
+        # The keys of by_body, each to itself (bytes objects keep their hash: a lookup with one hashes nothing), and
+        # which of them followed which last time: a client's next frame is then usually recognised by one compare
+        # with the body expected (librdkafka cycles through its rotations) instead of a copy and a hash of it.
+        self.bodies: dict[bytes, bytes] = {}
+        self.after: dict[bytes | None, bytes] = {}
+        self.last_body: bytes | None = None
+        self.expect: bytes | None = None
         # The plan is the purgatory's waiter for its partitions (keys, wants, wake), watched across its requests: a
         # notify drops it from the partition that moved (watched False) and wakes the request waiting, if any; the
         # next request watches again. Ten purgatory entries made and removed per idle Fetch cost a sixth of it.
@@ -310,9 +321,15 @@ class IdleFetch:
             return None
         started = time.perf_counter()
         if self.session is None:
-            seen = self.by_body.get(bytes(memoryview(frame)[8:]))
-            if seen is None:
-                return None
+            body = self.expect
+            if body is None or len(frame) != len(body) + 8 or not frame.endswith(body):
+                body = self.bodies.get(bytes(memoryview(frame)[8:]))
+                if body is None:
+                    return None
+                self.after[self.last_body] = body
+            self.last_body = body
+            self.expect = self.after.get(body)
+            seen = self.by_body[body]
         elif self.session_matches(frame):
             seen = self.session_answer
         else:
@@ -434,6 +451,7 @@ class IdleFetch:
         out = self.answer(req, correlation_id)
         if out is not None and self.body_bytes + len(body) + len(out) <= MAX_BODY_BYTES:
             self.by_body[body] = bytes(out)
+            self.bodies[body] = body
             self.body_bytes += len(body) + len(out)
         return out
 
