@@ -730,11 +730,7 @@ class _ParkedFetch(DelayedFetch):
         if not self.waiting:
             return
         plan = self.plan
-        if (
-            self.outer is None
-            and plan.session is None
-            and plan.purgatory.generation == self.generation
-        ):
+        if self.outer is None and plan.session is None and plan.purgatory.generation == self.generation:
             self.waiting = False
             self.timer = None
             plan.shard.request_done(FETCH, time.perf_counter() - self.started)
@@ -753,10 +749,9 @@ class _ParkedFetch(DelayedFetch):
     def on_expiration(self) -> Any:
         plan = self.plan
         session = plan.session
-        if (
-            plan.purgatory.generation != self.generation
-            and not plan.holds()
-        ) or (session is not None and session.epoch != self.expected):
+        if (plan.purgatory.generation != self.generation and not plan.holds()) or (
+            session is not None and session.epoch != self.expected
+        ):
             # Something was notified since the wait began (the general path then reads again) and what this answer
             # depends on moved, or another request of the session came meanwhile (INVALID_FETCH_SESSION_EPOCH, as
             # the general path's update_and_generate answers): the general path answers, now.
