@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 from kbroker.broker import metrics
 from kbroker.broker.apis import NOT_DIRECT, DirectFn, HandlerFn, RequestContext
-from kbroker.broker.delayed_fetch import DelayedFetch
+from kbroker.broker.delayed_fetch import FETCH, DelayedFetch
 from kbroker.broker.down_conversion import check_down_conversion
 from kbroker.broker.fetch_session import FetchSession, next_epoch
 from kbroker.broker.network import KafkaConnection, Response
@@ -174,6 +174,10 @@ class IdleFetch:
         "min_bytes",
         "by_body",
         "body_bytes",
+        "bodies",
+        "after",
+        "last_body",
+        "expect",
         "wants",
         "watched",
         "waiting",
@@ -191,6 +195,10 @@ class IdleFetch:
         "suffix",
         "epoch_at",
         "session_answer",
+        "shard",
+        "metadata",
+        "log_manager",
+        "purgatory",
     )
 
     def __init__(
@@ -224,6 +232,13 @@ class IdleFetch:
         # seen, before KafkaApis decodes the header (take).
         self.by_body: dict[bytes, bytes] = {}
         self.body_bytes = 0
+        # The keys of by_body, each to itself (bytes objects keep their hash: a lookup with one hashes nothing), and
+        # which of them followed which last time: a client's next frame is then usually recognised by one compare
+        # with the body expected (librdkafka cycles through its rotations) instead of a copy and a hash of it.
+        self.bodies: dict[bytes, bytes] = {}
+        self.after: dict[bytes | None, bytes] = {}
+        self.last_body: bytes | None = None
+        self.expect: bytes | None = None
         # The plan is the purgatory's waiter for its partitions (keys, wants, wake), watched across its requests: a
         # notify drops it from the partition that moved (watched False) and wakes the request waiting, if any; the
         # next request watches again. Ten purgatory entries made and removed per idle Fetch cost a sixth of it.
@@ -232,6 +247,13 @@ class IdleFetch:
         self.waiting: _ParkedFetch | None = None
         self.loop = asyncio.get_running_loop()
         self.thread_id = threading.get_ident()
+        # This thread's metrics shard: the plan's requests are all taken, parked and answered on this loop.
+        self.shard = metrics.shard()
+        # The server's parts this plan reads on every request (set once when the server starts): slot reads here
+        # rather than attribute lookups in its dicts.
+        self.metadata = server.metadata
+        self.log_manager = server.log_manager
+        self.purgatory = server.replica_manager.purgatory
         self.head = bytes(frame[:4])  # the api key (1) and version
         self.server = server
         self.general = general
@@ -268,11 +290,11 @@ class IdleFetch:
         self.watched = False
         purgatory.unwatch(self)
 
-    def holds(self, server: KafkaServer) -> bool:
+    def holds(self) -> bool:
         """Whether the answers are still what the general path would give (see the module doc)."""
-        log_manager = server.log_manager
+        log_manager = self.log_manager
         return (
-            server.metadata.topics is self.topics
+            self.metadata.topics is self.topics
             and not log_manager.offline_partitions
             and log_manager.logs_version == self.logs_version
             and list(map(_FETCH_STATE, self.logs)) == self.states
@@ -291,25 +313,39 @@ class IdleFetch:
         server = self.server
         if (
             server.authorizer is not None
-            or server.request_quota.quotas()
-            or server.fetch_quota.quotas()
-            or server.log_manager.offline_partitions
+            # What request_quota.quotas() and fetch_quota.quotas() return (server.py's sources), without their two
+            # calls: a request or fetch quota anywhere sends the request the general way.
+            or self.metadata.client_quotas
+            or self.log_manager.offline_partitions
         ):
             return None
         started = time.perf_counter()
         if self.session is None:
-            seen = self.by_body.get(bytes(memoryview(frame)[8:]))
-            if seen is None:
-                return None
+            body = self.expect
+            if body is None or len(frame) != len(body) + 8 or not frame.endswith(body):
+                body = self.bodies.get(bytes(memoryview(frame)[8:]))
+                if body is None:
+                    return None
+                self.after[self.last_body] = body
+            self.last_body = body
+            self.expect = self.after.get(body)
+            seen = self.by_body[body]
         elif self.session_matches(frame):
             seen = self.session_answer
         else:
             return None
         answer = bytearray(seen)
         answer[4:8] = frame[4:8]  # the correlation id
+        if self.session is None and self.max_wait_s > 0 and self.min_bytes > 0:
+            # serve()'s usual case without its call: parked until the deadline.
+            waiting = _ParkedFetch(self, conn, frame, answer, started, None, None)
+            if not waiting.start():
+                return None
+            self.shard.busy_s += time.perf_counter() - started
+            return waiting
         result = self.serve(conn, frame, answer, started, None, None)
         if result is not None:
-            shard = metrics.shard()
+            shard = self.shard
             elapsed = time.perf_counter() - started
             shard.busy_s += elapsed
             if type(result) is Response:
@@ -351,7 +387,7 @@ class IdleFetch:
         the plan no longer holds, or the session moved on."""
         if self.max_wait_s <= 0 or self.min_bytes <= 0:
             # Answered at once, as the general path answers a poll that may not wait or wants nothing.
-            if not self.holds(self.server) or (self.session is not None and not self._next_epoch()):
+            if not self.holds() or (self.session is not None and not self._next_epoch()):
                 return None
             return Response(answer)
         waiting = _ParkedFetch(self, conn, frame, answer, started, req, ctx)
@@ -415,6 +451,7 @@ class IdleFetch:
         out = self.answer(req, correlation_id)
         if out is not None and self.body_bytes + len(body) + len(out) <= MAX_BODY_BYTES:
             self.by_body[body] = bytes(out)
+            self.bodies[body] = body
             self.body_bytes += len(body) + len(out)
         return out
 
@@ -661,14 +698,17 @@ class _ParkedFetch(DelayedFetch):
         """Wait, watched through the plan, then check (a change between the check and the watch is not missed);
         False: the plan no longer holds."""
         plan = self.plan
-        purgatory = plan.server.replica_manager.purgatory
+        purgatory = plan.purgatory
         plan.waiting = self  # watched through the plan (its partitions, across its requests)
-        plan.watch(purgatory)
+        if not plan.watched:  # plan.watch(purgatory), inline
+            plan.watched = True
+            purgatory.add(plan)
         self.generation = purgatory.generation
-        if purgatory.closing or not plan.holds(plan.server):
+        if purgatory.closing or not plan.holds():
             plan.waiting = None
             return False
-        self.deadline = time.monotonic() + plan.max_wait_s
+        # The deadline on the clock `started` is on (perf_counter): try_complete's time left, without a clock read.
+        self.deadline = self.started + plan.max_wait_s
         # DelayedFetch.park, inline (as above).
         self.waiting = True
         self.timer = plan.loop.call_later(plan.max_wait_s, self._expired)
@@ -680,16 +720,38 @@ class _ParkedFetch(DelayedFetch):
 
     def try_complete(self) -> Any:
         """A notify on one of the plan's partitions: the general path for what is left of the wait."""
-        left_ms = math.ceil((self.deadline - time.monotonic()) * 1000)
+        left_ms = math.ceil((self.deadline - time.perf_counter()) * 1000)
         return self._general(max(0, left_ms))
+
+    def _expired(self) -> None:
+        """DelayedFetch._expired for the usual case in one call: the plan's answer at the deadline, with nothing that
+        answers for this fetch or that it answers for, and no purgatory of its own to leave; anything else (the
+        general path's answer) goes through DelayedFetch's own steps."""
+        if not self.waiting:
+            return
+        plan = self.plan
+        if self.outer is None and plan.session is None and plan.purgatory.generation == self.generation:
+            self.waiting = False
+            self.timer = None
+            plan.shard.request_done(FETCH, time.perf_counter() - self.started)
+            answer = Response(self.ready)
+            conn = self.conn
+            if self._future is None and conn is not None and not self.done:
+                # Parked.complete's usual case without its call: nothing owed before it, no task waits for it.
+                self.done = True
+                self.answer = answer
+                conn._parked_done(self)
+            else:
+                self.complete(answer)
+            return
+        DelayedFetch._expired(self)
 
     def on_expiration(self) -> Any:
         plan = self.plan
         session = plan.session
-        if (
-            plan.server.replica_manager.purgatory.generation != self.generation
-            and not plan.holds(plan.server)
-        ) or (session is not None and session.epoch != self.expected):
+        if (plan.purgatory.generation != self.generation and not plan.holds()) or (
+            session is not None and session.epoch != self.expected
+        ):
             # Something was notified since the wait began (the general path then reads again) and what this answer
             # depends on moved, or another request of the session came meanwhile (INVALID_FETCH_SESSION_EPOCH, as
             # the general path's update_and_generate answers): the general path answers, now.

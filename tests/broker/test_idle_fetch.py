@@ -146,6 +146,11 @@ def _requests() -> list[tuple[int, dict[str, Any]]]:
         out += [(v, {"parts": IDLE}), (v, {"parts": IDLE}), (v, {"parts": _rotated(IDLE, 1)})]
     for v in (4, 11, 17):
         out += [(v, {"parts": IDLE, "isolation": 1}), (v, {"parts": _rotated(IDLE, 3), "isolation": 1})]
+    # A cycle of two rotations, learned and then recognised by the body expected next (IdleFetch.take), then a frame
+    # of the expected one's length that differs from it (data on b-0: the general path's), then the cycle again.
+    rot = _rotated(IDLE, 1)
+    data = [p if p[:2] != ("b", 0) else ("b", 0, 0, -1) for p in rot]
+    out += [(12, {"parts": parts}) for parts in (IDLE, rot, IDLE, rot, IDLE, rot, IDLE, data, rot, IDLE)]
     out += [
         (12, {"parts": [("a", 2, 0, 0), ("b", 1, 0, 0)]}),  # the leader epoch named, and it is this one
         (12, {"parts": IDLE, "max_wait": 0}),
