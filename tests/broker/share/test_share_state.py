@@ -48,10 +48,11 @@ def poll_some(c: ShareConsumer, want: int, timeout: float) -> list[tuple[str, in
     return got
 
 
-def test_acknowledgements_survive_a_kill(broker: BrokerProcess, topic_name: str) -> None:
-    group = "g-" + topic_name
+def earliest_group(broker: BrokerProcess, topic: str) -> str:
+    """A one-partition topic and a share group named after it that starts at the earliest offset."""
+    group = "g-" + topic
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    admin.create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(30)
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
     res = ConfigResource(
         ResourceType.GROUP,
         group,
@@ -60,14 +61,29 @@ def test_acknowledgements_survive_a_kill(broker: BrokerProcess, topic_name: str)
         ],
     )
     admin.incremental_alter_configs([res])[res].result(30)
-    p = Producer({"bootstrap.servers": broker.bootstrap})
-    for i in range(10):
-        p.produce(topic_name, f"v{i}".encode())
-    p.flush(30)
+    return group
+
+
+def explicit_consumer(broker: BrokerProcess, group: str, topic: str) -> ShareConsumer:
     c = ShareConsumer(
         {"bootstrap.servers": broker.bootstrap, "group.id": group, "share.acknowledgement.mode": "explicit"}
     )
-    c.subscribe([topic_name])
+    c.subscribe([topic])
+    return c
+
+
+def produce(broker: BrokerProcess, topic: str, values: list[str]) -> Producer:
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for v in values:
+        p.produce(topic, v.encode())
+    p.flush(30)
+    return p
+
+
+def test_acknowledgements_survive_a_kill(broker: BrokerProcess, topic_name: str) -> None:
+    group = earliest_group(broker, topic_name)
+    produce(broker, topic_name, [f"v{i}" for i in range(10)])
+    c = explicit_consumer(broker, group, topic_name)
     got = poll_some(c, 10, 60)
     assert sorted(v for v, _, _ in got) == sorted(f"v{i}" for i in range(10))
     accepted = {f"v{i}" for i in range(0, 10, 2)}
@@ -78,10 +94,7 @@ def test_acknowledgements_survive_a_kill(broker: BrokerProcess, topic_name: str)
     broker.kill()  # the odd records are still acquired, never acknowledged
     c.close()
     broker.restart()
-    c = ShareConsumer(
-        {"bootstrap.servers": broker.bootstrap, "group.id": group, "share.acknowledgement.mode": "explicit"}
-    )
-    c.subscribe([topic_name])
+    c = explicit_consumer(broker, group, topic_name)
     try:
         again = poll_some(c, 5, 60)
         for _, _, m in again:
@@ -165,37 +178,18 @@ def test_acquiring_writes_no_state(broker: BrokerProcess, topic_name: str) -> No
     """Kafka writes a share-partition's state for acknowledgements, releases and expired locks, never for an
     acquisition: records acquired and never acknowledged add nothing to __share_group_state, and after a kill -9
     the ones acquired since the last write come back as a first delivery."""
-    group = "g-" + topic_name
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    admin.create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(30)
-    res = ConfigResource(
-        ResourceType.GROUP,
-        group,
-        incremental_configs=[
-            ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
-        ],
-    )
-    admin.incremental_alter_configs([res])[res].result(30)
-    p = Producer({"bootstrap.servers": broker.bootstrap})
-    for i in range(5):
-        p.produce(topic_name, f"a{i}".encode())
-    p.flush(30)
-    c = ShareConsumer(
-        {"bootstrap.servers": broker.bootstrap, "group.id": group, "share.acknowledgement.mode": "explicit"}
-    )
-    c.subscribe([topic_name])
+    group = earliest_group(broker, topic_name)
+    p = produce(broker, topic_name, [f"a{i}" for i in range(5)])
+    c = explicit_consumer(broker, group, topic_name)
     first = poll_some(c, 5, 60)
     assert sorted(v for v, _, _ in first) == [f"a{i}" for i in range(5)]
     written = state_log_end(broker.bootstrap)
     assert written > 0  # the share-partition's state was initialized
     for i in range(5):
         p.produce(topic_name, f"b{i}".encode())
-    p.flush(30)
+    p.flush(30)  # the same producer: no new producer id written anywhere
     # a second member acquires the new records: the first still holds its own, unacknowledged
-    c2 = ShareConsumer(
-        {"bootstrap.servers": broker.bootstrap, "group.id": group, "share.acknowledgement.mode": "explicit"}
-    )
-    c2.subscribe([topic_name])
+    c2 = explicit_consumer(broker, group, topic_name)
     second = poll_some(c2, 5, 60)
     assert sorted(v for v, _, _ in second) == [f"b{i}" for i in range(5)]
     assert state_log_end(broker.bootstrap) == written
@@ -203,10 +197,7 @@ def test_acquiring_writes_no_state(broker: BrokerProcess, topic_name: str) -> No
     c.close()
     c2.close()
     broker.restart()
-    c = ShareConsumer(
-        {"bootstrap.servers": broker.bootstrap, "group.id": group, "share.acknowledgement.mode": "explicit"}
-    )
-    c.subscribe([topic_name])
+    c = explicit_consumer(broker, group, topic_name)
     try:
         again = poll_some(c, 10, 60)
     finally:
