@@ -49,6 +49,16 @@ _OFF_MAX_TIMESTAMP = 35
 WriteResult = tuple[int, int, bool, int, int]
 
 
+def _check_numbers(
+    name: str, fd: int, position: int, base_offset: int, max_base: int, leader_epoch: int | None
+) -> None:
+    """The C's write_args range checks, shared by write_plain_py and append_plain_py (ValueError as the C's)."""
+    if not (0 <= fd <= _INT32_MAX and position >= 0 and 0 <= base_offset <= max_base) or (
+        leader_epoch is not None and not _INT32_MIN <= leader_epoch <= _INT32_MAX
+    ):
+        raise ValueError(f"{name}: fd, position, base_offset or leader_epoch out of range")
+
+
 def write_plain_py(
     buf: bytearray | memoryview,
     fd: int,
@@ -65,10 +75,7 @@ def write_plain_py(
     position and OSError raised, so readers never see a partial batch); then LogSegment._index_batches for this one
     batch: the segment's largest timestamp and its batch's last offset, whether the indexes get an entry (more than
     interval bytes since the last), and the bytes since the last entry after this batch."""
-    if not (0 <= fd <= _INT32_MAX and position >= 0 and 0 <= base_offset <= _INT64_MAX) or (
-        leader_epoch is not None and not _INT32_MIN <= leader_epoch <= _INT32_MAX
-    ):
-        raise ValueError("write_plain: fd, position, base_offset or leader_epoch out of range")
+    _check_numbers("write_plain", fd, position, base_offset, _INT64_MAX, leader_epoch)
     view = memoryview(buf)
     if view.readonly:
         raise BufferError("Object is not writable.")
@@ -164,10 +171,7 @@ def append_plain_py(
     retry. The arguments are checked first (ValueError, BufferError for a read-only buf), as the C does."""
     if type(producers) is not dict:
         raise TypeError("append_plain: producers must be a dict")
-    if not (0 <= fd <= _INT32_MAX and position >= 0 and 0 <= base_offset <= _INT64_MAX - _INT32_MAX) or (
-        leader_epoch is not None and not _INT32_MIN <= leader_epoch <= _INT32_MAX
-    ):
-        raise ValueError("append_plain: fd, position, base_offset or leader_epoch out of range")
+    _check_numbers("append_plain", fd, position, base_offset, _INT64_MAX - _INT32_MAX, leader_epoch)
     view = memoryview(buf)
     if view.readonly:
         raise BufferError("Object is not writable.")
