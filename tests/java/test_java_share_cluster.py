@@ -16,8 +16,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -112,7 +114,7 @@ def run_scenario(
     consumers: int,
     kills: int,
     seed: int,
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """n records on two partitions to `consumers` share consumers while `kills` brokers are killed with kill -9
     (the first is broker 1, partition 0's leader; each is restarted before the next kill but the last), and, with
     more than two consumers, one consumer is killed too. Asserts the guarantees; returns counts for a report."""
@@ -161,6 +163,7 @@ def run_scenario(
 
     killed_consumer = None
     victim = 0
+    before_kill = [0] * consumers
     for k in range(kills):
         target = len(want) * (k + 1) // (kills + 2)
         deadline = time.monotonic() + 120
@@ -171,6 +174,8 @@ def run_scenario(
             wait_all_registered(list(cluster.values()), timeout=T)
             time.sleep(2)  # its replicas catch up and rejoin the ISR before another broker goes
         victim = 1 if k == 0 else rng.choice(sorted(cluster))
+        if k == 0:
+            before_kill = [len(c.lines) for c in procs]
         cluster[victim].kill()
         if consumers > 2 and killed_consumer is None and k == kills // 2:
             killed_consumer = rng.randrange(consumers)
@@ -208,12 +213,27 @@ def run_scenario(
         "accepted": len(accepted),
         "ackfail": len(ackfails),
         "applied_unconfirmed": len(set(want) - set(seen)),
+        # what the client said of its unconfirmed acknowledgements, per consumer and partition: the clue when the
+        # count above is too high
+        "ackfail_why": dict(
+            Counter(
+                f"consumer {i} p{w[1]}: {w[5] if len(w) > 5 else '?'}"
+                for i, c in enumerate(procs)
+                for w in c.lines
+                if w and w[0] == "ACKFAIL"
+            )
+        ),
+        "ackfail_before_first_kill": sum(
+            1 for c, n in zip(procs, before_kill, strict=True) for w in c.lines[:n] if w and w[0] == "ACKFAIL"
+        ),
     }
 
 
 def lags(bootstrap: str, group: str, topic: str) -> list[int]:
     """The group's lag on each partition of topic (DescribeShareGroupOffsets): 0 once every record is done."""
-    return [lag if not error else -1 for error, _, lag in share_group_offsets(bootstrap, group, topic, [0, 1])]
+    return [
+        lag if not error else -1 for error, _, lag in share_group_offsets(bootstrap, group, topic, [0, 1])
+    ]
 
 
 def test_a_leader_killed_mid_run(
