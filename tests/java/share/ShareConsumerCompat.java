@@ -11,7 +11,8 @@ import org.apache.kafka.common.serialization.StringDeserializer;
  * rejected; prints "ACCEPT p offset value delivery" per accepted record whose acknowledgement the broker confirmed
  * (commitSync's result names its partition without an error),
  * "REJECT ..." per rejection, "ACKFAIL p offset value delivery error" per acknowledgement the broker refused (the
- * record comes back: delivery is at least once), then DONE.
+ * record comes back: delivery is at least once), then DONE. "COMMIT startMs endMs" (wall clock) comes before the
+ * ACCEPT and ACKFAIL lines of each commitSync.
  * Args: bootstrap topic group count idleMs maxPollRecords pauseMs (a pause per poll, a slow worker)
  *       [firstRecordMs: how long to wait for a first record, 90 s by default]
  */
@@ -51,7 +52,11 @@ public class ShareConsumerCompat {
                         pending.add(r);
                     }
                 }
+                long commitStarted = System.currentTimeMillis();
                 Map<TopicIdPartition, Optional<KafkaException>> results = c.commitSync();
+                if (!pending.isEmpty()) {
+                    System.out.println("COMMIT " + commitStarted + " " + System.currentTimeMillis());
+                }
                 // a partition missing from the result was never confirmed (the client could not send it):
                 // only an explicit success counts as accepted
                 Map<Integer, String> failed = new HashMap<>();
