@@ -114,6 +114,59 @@ def run_beside(prefix: str, client: Callable[[KafkaServer, int], None]) -> None:
         raise failure[0]
 
 
+def on_processor(server: KafkaServer, fn: Callable[[], None]) -> None:
+    """fn() on the broker's (first) network thread, waited for; what it raised is raised here."""
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - raised on the caller's thread
+            failure.append(e)
+        finally:
+            done.set()
+
+    server.socket_server.processors[0].loop.call_soon_threadsafe(run)
+    done.wait()
+    if failure:
+        raise failure[0]
+
+
+def feed_timed(
+    server: KafkaServer, frames: list[bytes], warm: int, requests: int, reps: int, profile: Path | None = None
+) -> tuple[StubTransport, list[float]]:
+    """On the processor's thread: a connection with a stub transport fed frames[:warm], then `reps` runs of
+    `requests` frames each, timed: the thread CPU microseconds per request of each run, and the transport (its
+    answers counted, the last kept). `profile`: cProfile stats of the last run into that file."""
+    conn = KafkaConnection(server.socket_server.processors[0], "in-process")
+    transport = StubTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+
+    def feed(frame: bytes) -> None:
+        buf = conn.get_buffer(-1)
+        buf[: len(frame)] = frame
+        conn.buffer_updated(len(frame))
+
+    for frame in frames[:warm]:
+        feed(frame)
+    results: list[float] = []
+    for rep in range(reps):
+        chunk = frames[warm + rep * requests : warm + (rep + 1) * requests]
+        prof = cProfile.Profile() if profile is not None and rep == reps - 1 else None
+        if prof is not None:
+            prof.enable()
+        t0 = time.thread_time()
+        for frame in chunk:
+            feed(frame)
+        t1 = time.thread_time()
+        if prof is not None:
+            prof.disable()
+            prof.dump_stats(str(profile))
+        results.append((t1 - t0) / requests * 1e6)
+    return transport, results
+
+
 def _frames(pid: int, epoch: int, count: int) -> list[bytes]:
     batch = build_batch(
         [(None, b"v" * 100, (), 1_700_000_000_000 + i) for i in range(RECORDS)],
@@ -155,54 +208,20 @@ def measure(requests: int, reps: int, profile: Path | None = None) -> list[float
             create_topic(sock, 1)
             pid, epoch = init_producer_id(sock)
         frames = _frames(pid, epoch, WARM + reps * requests)
-        done = threading.Event()
-        failure: list[BaseException] = []
 
         def feed_all() -> None:
-            try:
-                conn = KafkaConnection(server.socket_server.processors[0], "in-process")
-                transport = StubTransport()
-                conn.connection_made(transport)  # type: ignore[arg-type]
-
-                def feed(frame: bytes) -> None:
-                    buf = conn.get_buffer(-1)
-                    buf[: len(frame)] = frame
-                    conn.buffer_updated(len(frame))
-
-                for frame in frames[:WARM]:
-                    feed(frame)
-                for rep in range(reps):
-                    chunk = frames[WARM + rep * requests : WARM + (rep + 1) * requests]
-                    prof = cProfile.Profile() if profile is not None and rep == reps - 1 else None
-                    if prof is not None:
-                        prof.enable()
-                    t0 = time.thread_time()
-                    for frame in chunk:
-                        feed(frame)
-                    t1 = time.thread_time()
-                    if prof is not None:
-                        prof.disable()
-                        prof.dump_stats(str(profile))
-                    results.append((t1 - t0) / requests * 1e6)
-                part = (
-                    codec.decode_response(0, 9, bytes(transport.last)[4:])[1]
-                    .responses[0]
-                    .partition_responses[0]
+            transport, timed = feed_timed(server, frames, WARM, requests, reps, profile)
+            results.extend(timed)
+            part = (
+                codec.decode_response(0, 9, bytes(transport.last)[4:])[1].responses[0].partition_responses[0]
+            )
+            expected = (len(frames) - 1) * RECORDS
+            if transport.answers != len(frames) or part.error_code or part.base_offset != expected:
+                raise RuntimeError(
+                    f"{transport.answers} answers, the last {part}: expected offset {expected}"
                 )
-                expected = (len(frames) - 1) * RECORDS
-                if transport.answers != len(frames) or part.error_code or part.base_offset != expected:
-                    raise RuntimeError(
-                        f"{transport.answers} answers, the last {part}: expected offset {expected}"
-                    )
-            except BaseException as e:  # noqa: BLE001 - raised on the client's thread
-                failure.append(e)
-            finally:
-                done.set()
 
-        server.socket_server.processors[0].loop.call_soon_threadsafe(feed_all)
-        done.wait()
-        if failure:
-            raise failure[0]
+        on_processor(server, feed_all)
 
     run_beside("kbroker-inprocess-", client)
     return results

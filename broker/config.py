@@ -527,6 +527,7 @@ class KafkaConfig:
         self._values: dict[str, Any] = {}
         # listener name (upper case) -> key (with its mechanism prefix, lower case) -> parsed value
         self._listener_values: dict[str, dict[str, Any]] = {}
+        self._advertised: tuple[object, object, list[Listener]] | None = None
         for name, key in KEYS.items():
             self._values[name] = key.default
         for name, raw in props.items():
@@ -659,7 +660,13 @@ class KafkaConfig:
 
     @property
     def advertised_listeners(self) -> list[Listener]:
-        return [self._with_protocol(parse_listener(x)) for x in self._values["advertised.listeners"]]
+        # Parsed once per value (a regex and a URL check per listener): every uncached Metadata and DescribeCluster
+        # reads them. Keyed by the values' identity, as set() replaces a value, never changes it in place.
+        raw, protocols = self._values["advertised.listeners"], self._values["listener.security.protocol.map"]
+        memo = self._advertised
+        if memo is None or memo[0] is not raw or memo[1] is not protocols:
+            memo = self._advertised = (raw, protocols, [self._with_protocol(parse_listener(x)) for x in raw])
+        return list(memo[2])
 
     @property
     def log_dirs(self) -> list[str]:

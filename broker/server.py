@@ -19,6 +19,7 @@ from kbroker.broker.controller_channel import ControllerChannelManager
 from kbroker.broker.fetch_session import FetchManager, FetchSessionCache
 from kbroker.broker.handlers import all_handlers
 from kbroker.broker.inter_broker import InterBrokerChannel
+from kbroker.broker.metadata_answers import MetadataAnswers
 from kbroker.broker.metrics import MetricsExporter
 from kbroker.broker.network import SocketServer
 from kbroker.broker.quotas import (
@@ -195,6 +196,7 @@ class KafkaServer:
 
             self.schema_registry = SchemaRegistryServer(self)
         self._ids_cache: tuple[dict[str, TopicRecord], dict[bytes, str]] | None = None
+        self.metadata_answers = MetadataAnswers()
 
     def advertised_endpoints(self) -> dict[str, tuple[str, int]]:
         """Listener name -> the host:port clients are told, with the bound port when configured as 0."""

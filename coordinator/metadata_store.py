@@ -217,6 +217,12 @@ class LocalMetadataStore:
     def controller_id(self) -> int:
         return self.broker_id
 
+    def answer_state(self) -> tuple[object, ...]:
+        """What a Metadata answer reads from this store, as objects that are replaced, never changed in place: the
+        same objects (by identity), the same answer (broker/metadata_answers.py). A single node's brokers and
+        controller never change; every topic change replaces `topics`."""
+        return (self.topics,)
+
     def _persist(self, **changes: object) -> None:
         """Write the state with `changes` (attribute -> new value) applied, then apply them: all or nothing, so
         a change that could not be made durable (a full or failing log dir) is never visible. An OSError comes

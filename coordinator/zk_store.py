@@ -465,6 +465,13 @@ class ZkMetadataStore:
         c = self._controller
         return c if c is not None and c in live else live[0]
 
+    def answer_state(self) -> tuple[object, ...]:
+        """What a Metadata answer reads from this store, as objects that are replaced, never changed in place: the
+        same objects (by identity), the same answer (broker/metadata_answers.py). Topics and partition states
+        (ZooKeeper watches, UpdateMetadata, LeaderAndIsr) replace `topics`, a broker registration change `_brokers`
+        (live brokers, endpoints, racks), an election `_controller`."""
+        return (self.topics, self._brokers, self._controller)
+
     # ------------------------------------------------------------ topics: ZooKeeper -> memory
 
     def _on_topic_children(self, children: list[str]) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from kbroker.broker import metadata_answers
 from kbroker.broker.admin_manager import INTERNAL_TOPICS, validate_topic_name
-from kbroker.broker.apis import ApiHandler, RequestContext
+from kbroker.broker.apis import NOT_DIRECT, ApiHandler, KafkaApis, RequestContext
+from kbroker.broker.network import Response
 from kbroker.broker.security.acls import SUPPORTED_OPERATIONS, AclOperation, ResourceType, bit_field
 from kbroker.coordinator.metadata_store import NO_LEADER, PartitionState, TopicRecord
+from kbroker.protocol import codec
 from kbroker.protocol.errors import ErrorCode, KafkaError
 from kbroker.protocol.messages import (
     DescribeClusterRequest,
@@ -168,6 +171,34 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
     )
 
 
+def metadata_direct(ctx: RequestContext, frame: bytes | bytearray, pos: int) -> Response:
+    """Metadata's direct path: the remembered answer to the same request while the state it was built from is the
+    same (broker/metadata_answers.py); else handle_metadata's, remembered when it may be. NOT_DIRECT (the general
+    path) with an authorizer, with the switch off, and for bytes that do not decode (the general path refuses them)."""
+    server = ctx.server
+    if server.authorizer is not None or not metadata_answers.ENABLED:
+        return NOT_DIRECT
+    state = metadata_answers.answer_state(server)
+    header = ctx.header
+    key = (header.request_api_version, ctx.conn.listener_name, bytes(frame[pos:]))
+    answers = server.metadata_answers
+    if state is not None:
+        frame_out = answers.get(key, state, header.correlation_id)
+        if frame_out is not None:
+            return Response(frame_out)
+    try:
+        req, _ = codec.decode(MetadataRequest, header.request_api_version, frame, pos)
+    except codec.DecodeError:
+        return NOT_DIRECT
+    body = handle_metadata(ctx, req)
+    response = KafkaApis.encode(header, body)
+    if state is not None and response.ext is None and metadata_answers.error_free(body):
+        after = metadata_answers.answer_state(server)
+        if after is not None and metadata_answers.same_state(state, after):
+            answers.put(key, state, response.frame)
+    return response
+
+
 def _maybe_create(ctx: RequestContext, name: str, allowed: bool) -> tuple[TopicRecord | None, ErrorCode]:
     if validate_topic_name(name) is not None:
         return None, ErrorCode.INVALID_TOPIC_EXCEPTION
@@ -265,7 +296,7 @@ def handle_describe_topic_partitions(ctx: RequestContext, req: DescribeTopicPart
 
 
 HANDLERS = [
-    ApiHandler(3, 0, 12, handle_metadata),
+    ApiHandler(3, 0, 12, handle_metadata, direct=metadata_direct),
     ApiHandler(75, 0, 0, handle_describe_topic_partitions),
     ApiHandler(60, 0, 1, handle_describe_cluster),
 ]
