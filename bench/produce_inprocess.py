@@ -1,6 +1,6 @@
 """The broker's own CPU per Produce request without sockets: what the request path costs in the interpreter.
 
-    python -m bench.produce_inprocess [--requests N] [--reps R] [--profile OUT.prof]
+    python -m bench.produce_inprocess [--requests N] [--reps R] [--profile OUT.prof] [--authorizer]
 
 Starts a broker in this process (topic `bench`, one partition), gets a producer id over a real connection, then
 feeds bench.produce_path's idempotent requests (acks=1, one 10-record batch of 100-byte values, the next sequence
@@ -9,6 +9,8 @@ decode, dispatch, the Produce handler, the log append (segment write included) a
 the kernel's socket work or the wake-ups. Its thread CPU time per request is printed per repetition. The socket
 bench (bench.produce_path) measures the whole; this one resolves changes of a microsecond on a loaded machine,
 where the socket figures move by 20-40% from run to run. --profile writes cProfile stats of the last repetition.
+--authorizer: the broker has kbroker's ACL authorizer and bench.authz's 200 ACLs (the topic's Write through a
+prefixed ACL among literal ones for other users), created in-process before the first request.
 """
 
 from __future__ import annotations
@@ -86,7 +88,37 @@ class StubTransport:
         pass
 
 
-def run_beside(prefix: str, client: Callable[[KafkaServer, int], None]) -> None:
+AUTHORIZER_PROPS = "authorizer.class.name=kafka.security.authorizer.AclAuthorizer\nallow.everyone.if.no.acl.found=true\n"
+
+
+def grant(server: KafkaServer) -> None:
+    """bench.authz's ACLs: ANONYMOUS may write, read and create topics prefixed "bench" and do anything on the
+    cluster; 196 literal Read ACLs for other users beside them."""
+    from kbroker.broker.security.acls import (
+        AccessControlEntry,
+        AclOperation,
+        AclPermissionType,
+        PatternType,
+        ResourcePattern,
+        ResourceType,
+    )
+
+    def entry(principal: str, op: AclOperation) -> AccessControlEntry:
+        return AccessControlEntry(principal, "*", op, AclPermissionType.ALLOW)
+
+    prefixed = ResourcePattern(ResourceType.TOPIC, "bench", PatternType.PREFIXED)
+    bindings = [(prefixed, entry("User:ANONYMOUS", op)) for op in (AclOperation.WRITE, AclOperation.READ,
+                                                                  AclOperation.CREATE)]
+    bindings.append((ResourcePattern(ResourceType.CLUSTER, "kafka-cluster", PatternType.LITERAL),
+                     entry("User:ANONYMOUS", AclOperation.ALL)))
+    bindings += [(ResourcePattern(ResourceType.TOPIC, f"other-{i}", PatternType.LITERAL),
+                  entry(f"User:user-{i % 20}", AclOperation.READ)) for i in range(196)]
+    assert server.authorizer is not None
+    failed = {p: e for p, e in server.authorizer.create_acls(bindings).items() if e is not None}
+    assert not failed, failed
+
+
+def run_beside(prefix: str, client: Callable[[KafkaServer, int], None], extra_props: str = "") -> None:
     """A broker in this process (one network thread, a temporary log dir, a free port) run on this thread until
     `client(server, port)`, on a thread of its own, returns; what the client raised is raised here."""
     port = free_port()
@@ -94,7 +126,7 @@ def run_beside(prefix: str, client: Callable[[KafkaServer, int], None]) -> None:
     with tempfile.TemporaryDirectory(prefix=prefix) as data:
         props = Path(data) / "server.properties"
         props.write_text(
-            f"listeners=PLAINTEXT://127.0.0.1:{port}\nlog.dirs={data}/logs\nnum.network.threads=1\n"
+            f"listeners=PLAINTEXT://127.0.0.1:{port}\nlog.dirs={data}/logs\nnum.network.threads=1\n" + extra_props
         )
         server = KafkaServer(KafkaConfig.from_file(str(props), []))
         loop = uvloop.new_event_loop()
@@ -198,12 +230,14 @@ def _frames(pid: int, epoch: int, count: int) -> list[bytes]:
     return out
 
 
-def measure(requests: int, reps: int, profile: Path | None = None) -> list[float]:
+def measure(requests: int, reps: int, profile: Path | None = None, authorizer: bool = False) -> list[float]:
     """Thread CPU microseconds per request, one figure per repetition."""
     results: list[float] = []
 
     def client(server: KafkaServer, port: int) -> None:
         sock = connect_when_listening(port)
+        if authorizer:  # once the broker listens: its log dirs exist for the ACL store
+            grant(server)
         with sock:
             create_topic(sock, 1)
             pid, epoch = init_producer_id(sock)
@@ -223,7 +257,7 @@ def measure(requests: int, reps: int, profile: Path | None = None) -> list[float
 
         on_processor(server, feed_all)
 
-    run_beside("kbroker-inprocess-", client)
+    run_beside("kbroker-inprocess-", client, AUTHORIZER_PROPS if authorizer else "")
     return results
 
 
@@ -234,8 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--profile", type=Path, help="cProfile stats of the last repetition into this file")
+    ap.add_argument("--authorizer", action="store_true", help="kbroker's ACL authorizer with bench.authz's 200 ACLs")
     args = ap.parse_args(argv)
-    results = measure(args.requests, args.reps, args.profile)
+    results = measure(args.requests, args.reps, args.profile, args.authorizer)
     print(
         "in-process broker CPU per Produce request (us): "
         + " ".join(f"{r:.1f}" for r in results)

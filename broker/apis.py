@@ -20,8 +20,8 @@ from kbroker.broker.security.acls import (
     RESOURCE_TYPE_NAMES,
     AclOperation,
     ResourceType,
-    java_host_address,
 )
+from kbroker.broker.security.write_allowed import acl_host
 from kbroker.protocol import codec
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import ApiVersionsResponse, RequestHeader
@@ -59,8 +59,7 @@ class RequestContext:
     @property
     def client_host(self) -> str:
         """The client's address as Kafka's ACL hosts name it (InetAddress.getHostAddress: no port)."""
-        host = self.conn.peer_host
-        return host if ":" not in host else java_host_address(host)
+        return acl_host(self.conn)
 
     def authorized(self, op: AclOperation, rtype: ResourceType, name: str = CLUSTER_NAME,
                    log_denied: bool = True) -> bool:

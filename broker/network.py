@@ -217,6 +217,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         # the SASL authorization id once authenticated. The authorizer reads it with peer_host.
         self.principal = ANONYMOUS
         self.peer_host = ""
+        # Produce's direct path: the Writes this principal was allowed (broker/security/write_allowed.py).
+        self.write_allowed: Any = None
         self.apis = processor.apis
         # Where request frames go: KafkaApis, or the SASL authenticator until the client has authenticated.
         self.handle = self.apis.handle

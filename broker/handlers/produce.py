@@ -30,6 +30,7 @@ from kbroker.broker.produce_validation import (
 )
 from kbroker.broker.replica_manager import error_of
 from kbroker.broker.security.acls import AclOperation, ResourceType
+from kbroker.broker.security.write_allowed import write_allowed
 from kbroker.protocol import codec
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.legacy_records import first_magic
@@ -168,10 +169,10 @@ def handle_produce_frame(apis: KafkaApis, conn: KafkaConnection, frame: bytes | 
     tuples from the frame itself, header and body in one call (produce_codec.decode_frame), and answered by the
     direct encoder; for the single-partition request _append_plain_one answers, without the RequestHeader, the
     RequestContext and the dispatch, the request accounted here as KafkaApis.handle accounts a direct answer.
-    NOT_DIRECT for anything else (an authorizer, a request quota whose throttle the general path sets on the body,
-    a request that is not the common case), which handle_produce then serves, decoding it anew."""
+    NOT_DIRECT for anything else (a request quota whose throttle the general path sets on the body, a Write the
+    authorizer denies, a request that is not the common case), which handle_produce then serves, decoding it anew."""
     server = apis.server
-    if server.authorizer is not None or server.request_quota.quotas():
+    if server.request_quota.quotas():
         return NOT_DIRECT
     started = time.perf_counter()
     decoded = produce_codec.decode_frame(frame)
@@ -180,6 +181,12 @@ def handle_produce_frame(apis: KafkaApis, conn: KafkaConnection, frame: bytes | 
     correlation_id, version, client_id, txn_id, acks, timeout_ms, topics, producer = decoded
     if acks not in (0, 1, -1):
         return NOT_DIRECT  # handle_produce answers these in Kafka's order
+    authz = server.authorizer
+    if authz is not None and not write_allowed(authz, conn, txn_id if producer is not None else None, topics):
+        # handle_produce's checks, allowed from the connection's cache: Write on the transactional id when a
+        # partition's first batch is transactional (producer), Write on each topic. A denial is the general
+        # path's to log and answer (TRANSACTIONAL_ID_ or TOPIC_AUTHORIZATION_FAILED).
+        return NOT_DIRECT
     if (len(topics) == 1 and len(topics[0][1]) == 1 and log_module.PLAIN_APPEND
             and (producer is None or txn_id is not None)):
         shard = metrics.shard()
@@ -208,7 +215,8 @@ def _direct_decoded(ctx: RequestContext, txn_id: str | None, acks: int, timeout_
         return NOT_DIRECT
     # What handle_produce checks before appending finds nothing else in this request: every partition holds one
     # batch that validateRecords passes, and its transactional batches (each a partition's first) are of one
-    # producer, so there is no second transaction; without an authorizer a transactional id is all they need.
+    # producer, so there is no second transaction; a transactional id is all they need once handle_produce_frame
+    # found its Write allowed (or there is no authorizer).
     server = ctx.server
     failed: dict[tuple[str, int], Refusal] = {}
     guards: dict[tuple[str, int], VerificationGuard] | None = (

@@ -77,11 +77,17 @@ class AclAuthorizer:
         self.allow_everyone_if_no_acl_found = allow_everyone_if_no_acl_found
         self._lock = threading.Lock()
         self._snapshot = _Snapshot.of({})
+        # Bumped after every snapshot swap (CreateAcls, DeleteAcls, a change from another broker): a cache of
+        # decisions outside the snapshot (a connection's, broker/handlers/produce_acls.py) keyed by it is stale
+        # once it moves. Bumped after the swap, so a reader that reads it first decides on a snapshot at least
+        # as new as the generation it files the decision under.
+        self.generation = 0
 
     def start(self) -> None:
         acls = self.store.start(self._on_store_change)
         with self._lock:
             self._snapshot = _Snapshot.of(acls)
+            self.generation += 1
         log.info("ACL authorizer started: %d ACLs on %d resource patterns, super users %s, "
                  "allow.everyone.if.no.acl.found=%s", sum(len(v) for v in acls.values()), len(acls),
                  sorted(self.super_users) or "none", str(self.allow_everyone_if_no_acl_found).lower())
@@ -282,6 +288,7 @@ class AclAuthorizer:
         else:
             acls.pop(pattern, None)
         self._snapshot = _Snapshot.of(acls)
+        self.generation += 1
 
     def _on_store_change(self, pattern: ResourcePattern, entries: frozenset[AccessControlEntry]) -> None:
         """Another broker changed the ACLs of a pattern (called on the store's thread)."""
