@@ -9,8 +9,8 @@ creation flag, the authorized-operations flags) with the state it was built from
 change) and the advertised listeners. It is served only while that state is the same objects, so no change is ever
 missed the way a forgotten counter bump would miss one.
 
-Remembered only when the answer cannot depend on more than that: no authorizer (authorized operations and which
-topics are visible depend on the principal), no request quota (the body carries its throttle: KafkaApis takes no
+Remembered only when the answer cannot depend on more than that: with an authorizer, per principal, host and ACL
+generation (authorized operations and which topics are visible depend on them), no request quota (the body carries its throttle: KafkaApis takes no
 direct path then), no offline partition on this broker (the log manager's set is changed in place), no error in
 the answer (a missing topic may be created by the next request, a leaderless partition may get a leader), and the
 state the same after the handler as before it (an auto-creation, or a change made by another thread meanwhile).
@@ -35,7 +35,8 @@ ENABLED = os.environ.get("KBROKER_METADATA_CACHE", "1") != "0"
 MAX_ANSWERS = 256
 _SIZE_AND_CORRELATION = struct.Struct(">ii")
 
-AnswerKey = tuple[int, str, bytes]  # api version, listener name, request body
+# api version, listener name, request body, and with an authorizer (principal, host, ACL generation)
+AnswerKey = tuple[int, str, bytes, tuple[str, str, int] | None]
 
 
 def answer_state(server: KafkaServer) -> tuple[object, ...] | None:

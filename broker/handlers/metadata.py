@@ -7,6 +7,7 @@ from kbroker.broker.admin_manager import INTERNAL_TOPICS, validate_topic_name
 from kbroker.broker.apis import NOT_DIRECT, ApiHandler, KafkaApis, RequestContext
 from kbroker.broker.network import Response
 from kbroker.broker.security.acls import SUPPORTED_OPERATIONS, AclOperation, ResourceType, bit_field
+from kbroker.broker.security.write_allowed import acl_host
 from kbroker.coordinator.metadata_store import NO_LEADER, PartitionState, TopicRecord
 from kbroker.protocol import codec
 from kbroker.protocol.errors import ErrorCode, KafkaError
@@ -174,13 +175,29 @@ def handle_metadata(ctx: RequestContext, req: MetadataRequest) -> MetadataRespon
 def metadata_direct(ctx: RequestContext, frame: bytes | bytearray, pos: int) -> Response:
     """Metadata's direct path: the remembered answer to the same request while the state it was built from is the
     same (broker/metadata_answers.py); else handle_metadata's, remembered when it may be. NOT_DIRECT (the general
-    path) with an authorizer, with the switch off, and for bytes that do not decode (the general path refuses them)."""
+    path) with the switch off, with an authorizer that keeps no generation, and for bytes that do not decode (the
+    general path refuses them). With an authorizer the answer (which topics are visible, the authorized
+    operations) is the principal's: remembered per principal, host and ACL generation (bumped by every ACL change,
+    here or from another broker, before which it is read: see AclAuthorizer.generation)."""
     server = ctx.server
-    if server.authorizer is not None or not metadata_answers.ENABLED:
+    if not metadata_answers.ENABLED:
         return NOT_DIRECT
-    state = metadata_answers.answer_state(server)
     header = ctx.header
-    key = (header.request_api_version, ctx.conn.listener_name, bytes(frame[pos:]))
+    conn = ctx.conn
+    authz = server.authorizer
+    if authz is None:
+        key: metadata_answers.AnswerKey = (header.request_api_version, conn.listener_name, bytes(frame[pos:]), None)
+    else:
+        generation = getattr(authz, "generation", None)
+        if generation is None:
+            return NOT_DIRECT
+        key = (
+            header.request_api_version,
+            conn.listener_name,
+            bytes(frame[pos:]),
+            (conn.principal, acl_host(conn), generation),
+        )
+    state = metadata_answers.answer_state(server)
     answers = server.metadata_answers
     if state is not None:
         frame_out = answers.get(key, state, header.correlation_id)
