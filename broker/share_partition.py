@@ -100,7 +100,9 @@ class SharePartition:
         self.start = start_offset
         self.end = start_offset
         self.runs: list[Run] = []  # sorted, disjoint, within [start, end)
-        self.dirty = False  # changed since the last snapshot written to __share_group_state
+        # changed since the last snapshot written to __share_group_state by what Kafka writes (acknowledgements,
+        # releases, expired locks, resets); an acquisition alone is not written, as in Kafka's SharePartition
+        self.dirty = False
         self.snapshot_epoch = 0
         # the state epoch read from the share coordinator: a newer one there fences this share-partition
         self.state_epoch = 0
@@ -236,7 +238,6 @@ class SharePartition:
                         got.append((lo, lo + take - 1, 1))
                         acquired += take
                         new_budget -= take
-                        self.dirty = True
                     self.end = hi + 1
                 if got:
                     if s != span[1]:
@@ -287,7 +288,6 @@ class SharePartition:
                     r.last = last
                 r.state, r.member, r.deadline = ACQUIRED, member, deadline
                 r.delivery_count += 1
-                self.dirty = True
                 taken += r.last - r.first + 1
                 got.append((r.first, r.last, r.delivery_count))
             i += 1

@@ -1,5 +1,6 @@
-"""Share-partition state in __share_group_state: acknowledgements survive a kill -9 of the broker, and the records
-a consumer held but never acknowledged come back with their delivery counts (confluent-kafka ShareConsumer)."""
+"""Share-partition state in __share_group_state: acknowledgements survive a kill -9 of the broker, the records a
+consumer held but never acknowledged come back with their delivery counts, and acquiring alone writes nothing, as
+Kafka's SharePartition (confluent-kafka ShareConsumer)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
+from confluent_kafka import AcknowledgeType, Consumer, Producer, ShareConsumer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -162,3 +163,46 @@ def test_offsets_reset_by_the_admin_api(broker: BrokerProcess, topic_name: str) 
     finally:
         c.close()
     assert sorted(v for v, _, _ in got) == ["v7", "v8", "v9"]
+
+
+def state_log_end(bootstrap: str) -> int:
+    """Records written to __share_group_state so far (both partitions: the fixture's two)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks"})
+    try:
+        return sum(c.get_watermark_offsets(TopicPartition("__share_group_state", p), 10)[1] for p in range(2))
+    finally:
+        c.close()
+
+
+def test_acquiring_writes_no_state(broker: BrokerProcess, topic_name: str) -> None:
+    """Kafka writes a share-partition's state for acknowledgements, releases and expired locks, never for an
+    acquisition: records acquired and never acknowledged add nothing to __share_group_state, and after a kill -9
+    the ones acquired since the last write come back as a first delivery."""
+    group = earliest_group(broker, topic_name)
+    p = produce(broker, topic_name, [f"a{i}" for i in range(5)])
+    c = explicit_consumer(broker, group, topic_name)
+    first = poll_some(c, 5, 60)
+    assert sorted(v for v, _, _ in first) == [f"a{i}" for i in range(5)]
+    written = state_log_end(broker.bootstrap)
+    assert written > 0  # the share-partition's state was initialized
+    for i in range(5):
+        p.produce(topic_name, f"b{i}".encode())
+    p.flush(30)  # the same producer: no new producer id written anywhere
+    # a second member acquires the new records: the first still holds its own, unacknowledged
+    c2 = explicit_consumer(broker, group, topic_name)
+    second = poll_some(c2, 5, 60)
+    assert sorted(v for v, _, _ in second) == [f"b{i}" for i in range(5)]
+    assert state_log_end(broker.bootstrap) == written
+    broker.kill()
+    c.close()
+    c2.close()
+    broker.restart()
+    c = explicit_consumer(broker, group, topic_name)
+    try:
+        again = poll_some(c, 10, 60)
+    finally:
+        c.close()
+    assert sorted(v for v, _, _ in again) == sorted(v for v, _, _ in first + second)
+    # the b records were acquired after the last write: a first delivery again, as in Kafka (the a records may
+    # have been in the snapshot that initialized the share-partition, and then count their delivery)
+    assert {count for v, count, _ in again if v.startswith("b")} == {1}, [(v, n) for v, n, _ in again]
