@@ -166,6 +166,7 @@ class Partition:
                 r.last_caught_up_ms = now_ms
             elif fetch_offset >= r.last_fetch_leader_leo:
                 r.last_caught_up_ms = max(r.last_caught_up_ms, r.last_fetch_ms)
+            moved = r.log_end_offset != fetch_offset
             r.log_end_offset = fetch_offset
             r.last_fetch_leader_leo = leader_leo
             r.last_fetch_ms = now_ms
@@ -175,7 +176,10 @@ class Partition:
                 expand = self.pending_isr = (*self.isr, replica_id)
                 # Counted from now on: a leader that was the whole ISR no longer commits each append at once.
                 self.log.set_hw_tracks_leo(False)
-            return self._maybe_increment_hw(), expand
+            # As Kafka's updateFollowerFetchState: the high watermark is looked at only when the follower's log end
+            # moved (a fetch woken by an append reads again at the offset it arrived with, and no other input of
+            # the minimum changes with it: the leader's log end only rises above it, an ISR change checks itself).
+            return moved and self._maybe_increment_hw(), expand
 
     def touch_caught_up_follower(self, replica_id: int, fetch_offset: int, now_ms: int) -> bool:
         """A follower in the ISR fetched again at this log's end, where it already was: it stays caught up. The

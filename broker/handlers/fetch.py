@@ -290,7 +290,9 @@ class _FetchPlan:
         leo = lg.log_end_offset
         records: Any = b""
         size = 0
-        if budget > 0:
+        # A follower at the log end (its fetch on arrival, each replication round) has nothing to read: the read is
+        # left out (an append racing this has notified, so a long poll reads again).
+        if budget > 0 and p.fetch_offset != leo:
             info = lg.read(p.fetch_offset, max(0, min(p.partition_max_bytes, budget)), min_one_message=True)
             if info.records is not None and info.records.size > 0:
                 records, size = info.records, info.records.size
