@@ -62,6 +62,12 @@ class FetchPurgatory:
         # Moves on every notify: a fetch that read before watching re-reads only if something was notified since
         # (an unlocked += may lose a concurrent increment, but the value still moves, which is all that is asked).
         self.generation = 0
+        # The same, counting only the notifies a log-end waiter (a follower's fetch) or a high-watermark waiter (a
+        # consumer's) may care about: on a leader each follower fetch that moves the high watermark notifies, and
+        # with one counter the follower fetch that moved it found the counter moved by its own read and read its
+        # partitions a second time before parking (one read in five per acks=all round with two followers).
+        self.log_end_generation = 0
+        self.hw_generation = 0
         # Set when the broker shuts down: long polls answer with what they have instead of waiting out max_wait_ms,
         # so the processors close their connections at once and clients move to the new leaders.
         self.closing = False
@@ -103,6 +109,10 @@ class FetchPurgatory:
 
     def notify(self, key: TopicPartition, moved: int = ANY) -> None:
         self.generation += 1
+        if moved & LOG_END:
+            self.log_end_generation += 1
+        if moved & HIGH_WATERMARK:
+            self.hw_generation += 1
         if key not in self._watchers:  # unlocked peek: appends with no waiter pay nothing more
             return
         with self._lock:
@@ -122,6 +132,8 @@ class FetchPurgatory:
 
     def notify_all(self) -> None:
         self.generation += 1
+        self.log_end_generation += 1
+        self.hw_generation += 1
         with self._lock:
             waiters = {w for ws in self._watchers.values() for w in ws}
             self._watchers.clear()

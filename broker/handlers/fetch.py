@@ -462,7 +462,7 @@ class _LongPoll(DelayedFetch):
     or until max_wait_ms. A callback answers it through the connection (broker/delayed_fetch.py): no coroutine, task
     or future per parked request."""
 
-    __slots__ = ("plan", "context", "min_bytes", "max_wait_ms", "generation", "read")
+    __slots__ = ("plan", "context", "min_bytes", "max_wait_ms", "generation", "seen", "read")
 
     def __init__(self, ctx: RequestContext, plan: _FetchPlan, context: FetchContext, max_wait_ms: int,
                  min_bytes: int, started: float) -> None:
@@ -480,6 +480,7 @@ class _LongPoll(DelayedFetch):
         plan = self.plan
         purgatory = self.purgatory
         self.generation = purgatory.generation
+        self.seen = self._wanted_generation()
         self.read = plan.read()
         _, nbytes, has_error = self.read
         if nbytes >= self.min_bytes or self.max_wait_ms <= 0 or has_error or not plan.has_keys():
@@ -503,8 +504,11 @@ class _LongPoll(DelayedFetch):
         watching = time.monotonic() < self.deadline
         if watching:
             purgatory.add(self)
-        if purgatory.generation != self.generation:
+        # Watching, only a notify this fetch would be woken by calls for a new read (a follower's own read moving
+        # the high watermark does not); the final answer reads again after any notify (its high watermark current).
+        if self._wanted_generation() != self.seen if watching else purgatory.generation != self.generation:
             self.generation = purgatory.generation
+            self.seen = self._wanted_generation()
             self.read = self.plan.read()
         _, nbytes, has_error = self.read
         left = self.deadline - time.monotonic()
@@ -521,11 +525,17 @@ class _LongPoll(DelayedFetch):
         # moves the generation, so the next watch reads again.
         purgatory = self.purgatory
         self.generation = purgatory.generation
+        self.seen = self._wanted_generation()
         self.read = self.plan.read()
         _, nbytes, has_error = self.read
         if nbytes >= self.min_bytes or has_error or purgatory.closing:
             return self.respond()
         return self.poll()
+
+    def _wanted_generation(self) -> int:
+        """The purgatory's count of the notifies this fetch's wait is woken by (FetchPurgatory.notify)."""
+        purgatory = self.purgatory
+        return purgatory.log_end_generation if self.wants == LOG_END else purgatory.hw_generation
 
     def on_expiration(self) -> Any:
         # The timer's (uvloop's may fire up to 1 ms early): the wait is over. Waiting again for what was left cost a
