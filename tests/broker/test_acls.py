@@ -62,6 +62,14 @@ def delete_all_acls(a: AdminClient) -> None:
         f.result(10)
 
 
+def acls_cleared(bootstrap: str) -> Iterator[AdminClient]:
+    """A fixture's body: an admin client on a broker without ACLs, and none left behind."""
+    a = admin(bootstrap)
+    delete_all_acls(a)
+    yield a
+    delete_all_acls(a)
+
+
 def create_topic(a: AdminClient, name: str, partitions: int = 1) -> None:
     a.create_topics([NewTopic(name, partitions, 1)])[name].result(10)
 
@@ -142,10 +150,7 @@ def lenient(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]
 
 @pytest.fixture
 def clean(lenient: BrokerProcess) -> Iterator[AdminClient]:
-    a = admin(lenient.bootstrap)
-    delete_all_acls(a)
-    yield a
-    delete_all_acls(a)
+    yield from acls_cleared(lenient.bootstrap)
 
 
 def test_create_describe_delete_acls_confluent(lenient: BrokerProcess, clean: AdminClient) -> None:

@@ -29,11 +29,10 @@ from kbroker.protocol.accelerators import PURE_PYTHON_ENV
 
 from tests.broker.test_acls import (
     AUTHORIZER,
-    admin,
+    acls_cleared,
     allow,
     create_acls,
     create_topic,
-    delete_all_acls,
     deny,
     produce_error,
 )
@@ -65,10 +64,7 @@ def broker(
 
 @pytest.fixture
 def adm(broker: BrokerProcess) -> Iterator[Any]:
-    a = admin(broker.bootstrap)
-    delete_all_acls(a)
-    yield a
-    delete_all_acls(a)
+    yield from acls_cleared(broker.bootstrap)
 
 
 def _delete(a: Any, rtype: ResourceType, name: str, op: AclOperation, permission: AclPermissionType) -> None:
