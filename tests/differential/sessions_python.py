@@ -56,8 +56,8 @@ def kp_produce(bootstrap: str, tag: str) -> None:
 
 def kp_group(bootstrap: str, tag: str) -> None:
     kafka = _kafka_python()
+    topic = f"replay-kp-{tag}"
     c = kafka.KafkaConsumer(
-        f"replay-kp-{tag}",
         bootstrap_servers=bootstrap,
         client_id="replay-kp-consumer",
         group_id=f"replay-kp-group-{tag}",
@@ -66,6 +66,11 @@ def kp_group(bootstrap: str, tag: str) -> None:
     )
     seen, deadline = 0, time.monotonic() + 60  # generous: CI shares 2 cores
     try:
+        # Subscribed only once the topic's partitions are known: a group joined while the broker still answers
+        # LEADER_NOT_AVAILABLE for it (Kafka 3.9 on a loaded CI machine) was assigned nothing and read nothing.
+        while not c.partitions_for_topic(topic) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        c.subscribe([topic])
         while seen < RECORDS and time.monotonic() < deadline:
             seen += sum(len(batch) for batch in c.poll(timeout_ms=200).values())
         c.commit()
