@@ -20,8 +20,8 @@ from kbroker.broker.security.acls import (
     RESOURCE_TYPE_NAMES,
     AclOperation,
     ResourceType,
+    java_host_address,
 )
-from kbroker.broker.security.write_allowed import acl_host
 from kbroker.protocol import codec
 from kbroker.protocol.errors import ErrorCode
 from kbroker.protocol.messages import ApiVersionsResponse, RequestHeader
@@ -59,7 +59,8 @@ class RequestContext:
     @property
     def client_host(self) -> str:
         """The client's address as Kafka's ACL hosts name it (InetAddress.getHostAddress: no port)."""
-        return acl_host(self.conn)
+        host = self.conn.peer_host
+        return host if ":" not in host else java_host_address(host)
 
     def authorized(self, op: AclOperation, rtype: ResourceType, name: str = CLUSTER_NAME,
                    log_denied: bool = True) -> bool:

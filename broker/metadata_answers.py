@@ -10,10 +10,11 @@ change) and the advertised listeners. It is served only while that state is the 
 missed the way a forgotten counter bump would miss one.
 
 Remembered only when the answer cannot depend on more than that: with an authorizer, per principal, host and ACL
-generation (authorized operations and which topics are visible depend on them), no request quota (the body carries its throttle: KafkaApis takes no
-direct path then), no offline partition on this broker (the log manager's set is changed in place), no error in
-the answer (a missing topic may be created by the next request, a leaderless partition may get a leader), and the
-state the same after the handler as before it (an auto-creation, or a change made by another thread meanwhile).
+generation (authorized operations and which topics are visible depend on them); no request quota (the body carries
+its throttle: KafkaApis takes no direct path then), no offline partition on this broker (the log manager's set is
+changed in place), no error in the answer (a missing topic may be created by the next request, a leaderless
+partition may get a leader), and the state the same after the handler as before it (an auto-creation, or a change
+made by another thread meanwhile).
 KBROKER_METADATA_CACHE=0 turns it off (the differential tests compare both).
 """
 

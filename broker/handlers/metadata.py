@@ -7,7 +7,6 @@ from kbroker.broker.admin_manager import INTERNAL_TOPICS, validate_topic_name
 from kbroker.broker.apis import NOT_DIRECT, ApiHandler, KafkaApis, RequestContext
 from kbroker.broker.network import Response
 from kbroker.broker.security.acls import SUPPORTED_OPERATIONS, AclOperation, ResourceType, bit_field
-from kbroker.broker.security.write_allowed import acl_host
 from kbroker.coordinator.metadata_store import NO_LEADER, PartitionState, TopicRecord
 from kbroker.protocol import codec
 from kbroker.protocol.errors import ErrorCode, KafkaError
@@ -185,18 +184,13 @@ def metadata_direct(ctx: RequestContext, frame: bytes | bytearray, pos: int) -> 
     header = ctx.header
     conn = ctx.conn
     authz = server.authorizer
-    if authz is None:
-        key: metadata_answers.AnswerKey = (header.request_api_version, conn.listener_name, bytes(frame[pos:]), None)
-    else:
+    who = None
+    if authz is not None:
         generation = getattr(authz, "generation", None)
         if generation is None:
             return NOT_DIRECT
-        key = (
-            header.request_api_version,
-            conn.listener_name,
-            bytes(frame[pos:]),
-            (conn.principal, acl_host(conn), generation),
-        )
+        who = (conn.principal, ctx.client_host, generation)
+    key: metadata_answers.AnswerKey = (header.request_api_version, conn.listener_name, bytes(frame[pos:]), who)
     state = metadata_answers.answer_state(server)
     answers = server.metadata_answers
     if state is not None:

@@ -79,9 +79,9 @@ class AclAuthorizer:
         self._snapshot = _Snapshot.of({})
         # Bumped after every snapshot swap (CreateAcls, DeleteAcls, a change from another broker): a cache of
         # decisions outside the snapshot (a connection's Writes, broker/security/write_allowed.py; remembered
-        # Metadata answers, broker/metadata_answers.py) keyed by it is stale
-        # once it moves. Bumped after the swap, so a reader that reads it first decides on a snapshot at least
-        # as new as the generation it files the decision under.
+        # Metadata answers, broker/metadata_answers.py) keyed by it is stale once it moves. Bumped after the swap,
+        # so a reader that reads it first decides on a snapshot at least as new as the generation it files the
+        # decision under.
         self.generation = 0
 
     def start(self) -> None:

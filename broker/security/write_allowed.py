@@ -35,12 +35,6 @@ class WriteAllowed:
         self.transactional_ids: set[str] = set()
 
 
-def acl_host(conn: KafkaConnection) -> str:
-    """The client's address as Kafka's ACL hosts name it (InetAddress.getHostAddress: no port)."""
-    host = conn.peer_host
-    return host if ":" not in host else java_host_address(host)
-
-
 def write_allowed(
     authz: AclAuthorizer, conn: KafkaConnection, txn_id: str | None, topics: list[tuple[str, Any]]
 ) -> bool:
@@ -58,13 +52,13 @@ def write_allowed(
     ):
         cache = conn.write_allowed = WriteAllowed(generation, principal)
     if txn_id is not None and txn_id not in cache.transactional_ids:
-        if not authz.authorize(principal, acl_host(conn), _WRITE, _TXN, txn_id):
+        if not authz.authorize(principal, java_host_address(conn.peer_host), _WRITE, _TXN, txn_id):
             return False
         cache.transactional_ids.add(txn_id)
     known = cache.topics
     for name, _ in topics:
         if name not in known:
-            if not authz.authorize(principal, acl_host(conn), _WRITE, _TOPIC, name):
+            if not authz.authorize(principal, java_host_address(conn.peer_host), _WRITE, _TOPIC, name):
                 return False
             known.add(name)
     return True
